@@ -1,0 +1,1 @@
+//! Runnable examples of `lock-runtime`; see the `examples/` folder of this package.

@@ -1,0 +1,235 @@
+//! The [`LockBackend`] trait and the backends that implement it.
+//!
+//! A backend owns the primitive operations (one acquisition attempt, waiting for a chance to
+//! acquire, extending, releasing) and its own way of waking waiters. The runtime
+//! ([`LockManager`](crate::LockManager)) owns the policy: validation, deadline and retry
+//! accounting, time bounds, the lease watchdog, release on drop and the task-scoped context.
+//!
+//! Implement [`LockBackend`] and pass it to
+//! [`LockManagerBuilder::backend`](crate::LockManagerBuilder::backend) to plug in a store of
+//! your own; run the project's conformance suite against it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::error::LockError;
+use crate::lost::LostSignal;
+
+pub mod memory;
+
+/// A boxed, `Send` future: what the object-safe [`LockBackend`] methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Identifies one acquisition: unique per process *and* across processes, never shared by two
+/// callers, never the lock's name.
+///
+/// ```
+/// let a = lock_runtime::backend::OwnerId::next();
+/// let b = lock_runtime::backend::OwnerId::next();
+/// assert_ne!(a, b);
+/// assert_ne!(a.to_string(), b.to_string());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerId {
+    process: u128,
+    seq: u64,
+}
+
+impl OwnerId {
+    /// A fresh owner id: a random per-process part and a per-process counter.
+    pub fn next() -> Self {
+        static SEQ: AtomicU64 = AtomicU64::new(1);
+        OwnerId { process: process_id(), seq: SEQ.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// The random part shared by every owner id of this process.
+    pub fn process(&self) -> u128 {
+        self.process
+    }
+
+    /// The per-process sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}-{:x}", self.process, self.seq)
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// 128 random bits chosen once per process (from the standard library's per-process
+/// SipHash keys, the process id and the clock), so owner ids of two processes never collide.
+fn process_id() -> u128 {
+    static ID: OnceLock<u128> = OnceLock::new();
+    *ID.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let mut parts = [0u64; 2];
+        for (i, part) in parts.iter_mut().enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(nanos);
+            h.write_u32(std::process::id());
+            h.write_usize(i);
+            *part = h.finish();
+        }
+        (u128::from(parts[0]) << 64) | u128::from(parts[1])
+    })
+}
+
+/// How the lease of an acquisition is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lease {
+    /// A fixed lease: the lock expires after it unless released; never renewed.
+    Fixed(Duration),
+    /// Kept alive by the runtime's watchdog while the guard lives; the backend should make the
+    /// lock expire after this long if renewals stop (the holder crashed).
+    Renewed(Duration),
+}
+
+impl Lease {
+    /// The lease duration, either way.
+    pub fn duration(&self) -> Duration {
+        match *self {
+            Lease::Fixed(d) | Lease::Renewed(d) => d,
+        }
+    }
+}
+
+/// One acquisition request, shared by [`LockBackend::try_acquire`] and [`LockBackend::wait`].
+#[derive(Debug)]
+pub struct Acquire<'a> {
+    /// The lock's name as the user gave it (for error messages).
+    pub name: Arc<str>,
+    /// The key in the backend: the manager's prefix followed by the name.
+    pub key: Arc<str>,
+    /// Unique to this acquisition.
+    pub owner: OwnerId,
+    /// How the lease is kept.
+    pub lease: Lease,
+    /// Fire this if the lock is lost while held (for backends that learn of it themselves,
+    /// e.g. a session loss). The runtime also fires it when the lease runs out unrenewed.
+    pub lost: &'a LostSignal,
+}
+
+/// A lock that was granted to an owner.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// Strictly greater than every earlier token for this name.
+    pub fencing_token: u64,
+    /// Whether the runtime must renew the lease with [`LockBackend::extend`] while the guard
+    /// lives ([`Lease::Renewed`] only). A backend whose locks cannot outlive their holder
+    /// (in-process, or tied to a session) says `false`.
+    pub needs_renewal: bool,
+    /// Backend-specific data the backend needs again to extend or release (e.g. a node path).
+    pub tag: Option<Arc<str>>,
+    /// A local instant at or before which the lease started (taken before the request was
+    /// sent, or at the hand-off): the runtime counts the lease from here, so its idea of the
+    /// lease never outlasts the store's.
+    pub granted_at: Instant,
+}
+
+/// The result of one acquisition attempt.
+#[derive(Debug, Clone)]
+pub enum Attempt {
+    /// The lock is now held by the requesting owner.
+    Acquired(Grant),
+    /// Someone else holds it.
+    Busy(Busy),
+}
+
+/// What a backend knows about a held lock it could not take.
+#[derive(Debug, Clone, Default)]
+pub struct Busy {
+    /// How long until the holder's lease runs out, if known: a waiter must try again by then
+    /// even if no release notification arrives (the holder may have crashed).
+    pub expires_in: Option<Duration>,
+}
+
+/// How a [`LockBackend::wait`] ended.
+#[derive(Debug, Clone)]
+pub enum Wake {
+    /// The backend handed the lock straight to this owner (fair, queue-based backends).
+    Acquired(Grant),
+    /// The lock may be free now (a release was observed, or the holder's lease ran out):
+    /// the runtime makes another attempt if its retry budget allows.
+    Retry,
+    /// The deadline passed with no chance to acquire.
+    TimedOut,
+}
+
+/// A lock that is held: what [`LockBackend::extend`] and [`LockBackend::release`] act on.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// The lock's name as the user gave it (for error messages).
+    pub name: Arc<str>,
+    /// The key in the backend (prefix + name).
+    pub key: Arc<str>,
+    /// The owner that holds it.
+    pub owner: OwnerId,
+    /// The token it was granted with.
+    pub fencing_token: u64,
+    /// The backend's [`Grant::tag`].
+    pub tag: Option<Arc<str>>,
+}
+
+/// The primitive operations of a lock store. Object-safe; used as `Arc<dyn LockBackend>`.
+///
+/// Contract (checked by the conformance suite):
+/// - at most one owner holds a key at a time; only the owner can extend or release it;
+/// - fencing tokens strictly increase per key, for the life of the store;
+/// - a lock held past its lease is lost: its release reports [`LockError::is_lost`];
+/// - a [`wait`](LockBackend::wait) is woken by a release (no polling with fixed sleeps) and by
+///   the holder's lease running out, and never outlives its deadline by more than a
+///   scheduling delay; a waiter whose future is dropped leaves nothing behind and is never
+///   handed the lock afterwards;
+/// - every method is bounded in time (the runtime adds an outer bound as well).
+pub trait LockBackend: Send + Sync + 'static {
+    /// A short name for messages and metrics (`"memory"`, `"redis"`, …).
+    fn kind(&self) -> &'static str;
+
+    /// One attempt to take the lock. Never waits for the holder.
+    fn try_acquire<'a>(&'a self, req: &'a Acquire<'a>) -> BoxFuture<'a, Result<Attempt, LockError>>;
+
+    /// Waits, at most until `deadline`, for a chance to take the lock after an attempt found it
+    /// `busy`. Queue-based backends may hand the lock over directly ([`Wake::Acquired`]).
+    fn wait<'a>(
+        &'a self,
+        req: &'a Acquire<'a>,
+        busy: &'a Busy,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<Wake, LockError>>;
+
+    /// Extends a [`Lease::Renewed`] lock to `lease` from now. A lock that is gone or owned by
+    /// someone else is an [`is_lost`](LockError::is_lost) error.
+    fn extend<'a>(&'a self, held: &'a Held, lease: Duration) -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Releases the lock. A lock that is gone or owned by someone else is an
+    /// [`is_lost`](LockError::is_lost) error.
+    fn release<'a>(&'a self, held: &'a Held) -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Releases at once without blocking, if the backend can (in-process stores); called from
+    /// `Drop`. Returns `false` when the runtime must spawn [`release`](LockBackend::release).
+    fn release_now(&self, held: &Held) -> bool {
+        let _ = held;
+        false
+    }
+
+    /// The longest a single backend operation may take before the runtime gives up on it with
+    /// an [`is_backend`](LockError::is_backend) error.
+    fn operation_timeout(&self) -> Duration {
+        Duration::from_secs(5)
+    }
+}

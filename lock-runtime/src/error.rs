@@ -1,0 +1,144 @@
+//! [`LockError`]: the one error type of the crate.
+
+use std::time::Duration;
+
+/// A boxed error from a backend's client library, kept as the [`source`](std::error::Error::source).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong when taking, holding or releasing a lock.
+///
+/// Every message names the lock and says what to do next. Match on the class with the
+/// `is_*` methods rather than on the message:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let manager = lock_runtime::LockManager::memory();
+/// let err = manager.lock("").await.unwrap_err();
+/// assert!(err.is_invalid());
+/// assert!(err.to_string().contains("lock ``"));
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Someone else held the lock for the whole `wait` (or all `retry` attempts).
+    #[error(
+        "lock `{name}` is held by someone else: not acquired after {attempts} attempt(s) in {waited:?}; \
+         retry later, raise `wait`, or give a `fallback`"
+    )]
+    Contended {
+        /// The lock's name (without the manager prefix).
+        name: String,
+        /// How long the call waited.
+        waited: Duration,
+        /// How many acquisition attempts were made.
+        attempts: u32,
+    },
+    /// The lease ran out, or the lock was taken away, while it was held.
+    #[error(
+        "lock `{name}` was lost while held ({reason}); work done since may not have been exclusive: \
+         use a longer lease, or the watchdog (no `lease`), and check fencing tokens downstream"
+    )]
+    Lost {
+        /// The lock's name (without the manager prefix).
+        name: String,
+        /// What the runtime observed.
+        reason: String,
+    },
+    /// The backend failed or could not be reached within its time bound.
+    #[error(
+        "lock `{name}`: the {backend} backend failed to {operation}: {source}; \
+         check that the server is reachable and healthy, then retry"
+    )]
+    Backend {
+        /// The lock's name (without the manager prefix).
+        name: String,
+        /// Which backend (`"memory"`, `"redis"`, `"zookeeper"`, …).
+        backend: &'static str,
+        /// What was being done (`"acquire"`, `"release"`, `"connect"`, …).
+        operation: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Bad input: an empty or over-long name, a zero or absurd duration, a malformed URL, ….
+    #[error("lock `{name}`: invalid input: {reason}")]
+    Invalid {
+        /// The lock's name (without the manager prefix), or the URL/host string being parsed.
+        name: String,
+        /// What is wrong and what is accepted.
+        reason: String,
+    },
+    /// The attribute found no manager.
+    #[error(
+        "lock `{name}`: no lock manager is configured; call `lock_runtime::set_default(manager)` at \
+         startup, or pass `manager = ..` to the attribute"
+    )]
+    NotConfigured {
+        /// The lock's name.
+        name: String,
+    },
+}
+
+impl LockError {
+    /// The lock was held by someone else for the whole `wait` / all `retry` attempts.
+    pub fn is_contended(&self) -> bool {
+        matches!(self, LockError::Contended { .. })
+    }
+
+    /// The lease was lost while the lock was held.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LockError::Lost { .. })
+    }
+
+    /// The backend failed or could not be reached (after the bounded time).
+    pub fn is_backend(&self) -> bool {
+        matches!(self, LockError::Backend { .. })
+    }
+
+    /// Bad input (empty or over-long name, zero lease, malformed URL, …).
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, LockError::Invalid { .. })
+    }
+
+    /// The attribute found no manager (`set_default` never called and no `manager = ..`).
+    pub fn is_not_configured(&self) -> bool {
+        matches!(self, LockError::NotConfigured { .. })
+    }
+
+    /// The name of the lock this error is about (without the manager prefix).
+    pub fn lock_name(&self) -> &str {
+        match self {
+            LockError::Contended { name, .. }
+            | LockError::Lost { name, .. }
+            | LockError::Backend { name, .. }
+            | LockError::Invalid { name, .. }
+            | LockError::NotConfigured { name } => name,
+        }
+    }
+
+    /// Builds an [`LockError::Invalid`].
+    pub fn invalid(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        LockError::Invalid { name: name.into(), reason: reason.into() }
+    }
+
+    /// Builds an [`LockError::Lost`].
+    pub fn lost(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        LockError::Lost { name: name.into(), reason: reason.into() }
+    }
+
+    /// Builds an [`LockError::Backend`] from a client library error.
+    pub fn backend(
+        name: impl Into<String>,
+        backend: &'static str,
+        operation: &'static str,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        LockError::Backend { name: name.into(), backend, operation, source: source.into() }
+    }
+
+    /// Builds the error for an operation that did not finish within its time bound.
+    pub fn timed_out(name: impl Into<String>, backend: &'static str, operation: &'static str, bound: Duration) -> Self {
+        Self::backend(name, backend, operation, format!("no answer within {bound:?}"))
+    }
+}

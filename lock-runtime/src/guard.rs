@@ -1,0 +1,140 @@
+//! [`LockGuard`]: a held lock.
+
+use std::sync::Arc;
+
+use tokio::task::AbortHandle;
+
+use crate::backend::{Held, LockBackend};
+use crate::error::LockError;
+use crate::lost::LostSignal;
+
+/// A held lock. Release it with [`release`](LockGuard::release) to learn whether it was still
+/// held; dropping it also releases, in the background (never blocking in `Drop`), and if even
+/// that cannot run, the lease is the safety net.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// let manager = lock_runtime::LockManager::memory();
+/// let guard = manager.lock("invoice:9").await?;
+/// println!("{} held with token {}", guard.key(), guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    state: Option<State>,
+    held: Held,
+    lost: LostSignal,
+}
+
+struct State {
+    backend: Arc<dyn LockBackend>,
+    watchdog: Option<AbortHandle>,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key())
+            .field("fencing_token", &self.fencing_token())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        backend: Arc<dyn LockBackend>,
+        held: Held,
+        lost: LostSignal,
+        watchdog: Option<AbortHandle>,
+    ) -> Self {
+        LockGuard { state: Some(State { backend, watchdog }), held, lost }
+    }
+
+    /// The lock's name, e.g. `"order:42"` (without the manager prefix).
+    #[allow(clippy::misnamed_getters)] // the key users see is the name, not the prefixed backend key
+    pub fn key(&self) -> &str {
+        &self.held.name
+    }
+
+    /// Strictly greater than every earlier token for this name: hand it to downstream stores
+    /// so they can reject writes from a holder that lost the lock.
+    pub fn fencing_token(&self) -> u64 {
+        self.held.fencing_token
+    }
+
+    /// Completes when the lock is lost: its lease ran out unrenewed, a renewal was refused, or
+    /// the backend reported the loss. Never completes while the lock is held.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::memory();
+    /// let guard = manager.lock("short").lease(Duration::from_millis(20)).await?;
+    /// guard.lost().await; // the fixed lease runs out
+    /// assert!(guard.release().await.unwrap_err().is_lost());
+    /// # Ok(()) }
+    /// ```
+    pub async fn lost(&self) {
+        self.lost.wait().await
+    }
+
+    /// Whether the lock is known to be lost (see [`lost`](LockGuard::lost)).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
+    /// The signal behind [`lost`](LockGuard::lost), for code that must outlive the borrow.
+    pub(crate) fn lost_signal(&self) -> &LostSignal {
+        &self.lost
+    }
+
+    /// Releases the lock. An [`is_lost`](LockError::is_lost) error means it was no longer held
+    /// (the lease ran out or it was taken away): work done under it may not have been exclusive.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let Some(state) = self.state.take() else { return Ok(()) };
+        if let Some(watchdog) = &state.watchdog {
+            watchdog.abort();
+        }
+        let bound = state.backend.operation_timeout();
+        let released = match tokio::time::timeout(bound, state.backend.release(&self.held)).await {
+            Ok(result) => result,
+            Err(_) => Err(LockError::timed_out(&*self.held.name, state.backend.kind(), "release", bound)),
+        };
+        match self.lost.reason() {
+            Some(reason) => Err(LockError::lost(&*self.held.name, reason)),
+            None => released,
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(state) = self.state.take() else { return };
+        if let Some(watchdog) = &state.watchdog {
+            watchdog.abort();
+        }
+        if state.backend.release_now(&self.held) {
+            return;
+        }
+        let held = self.held.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let bound = state.backend.operation_timeout();
+                    match tokio::time::timeout(bound, state.backend.release(&held)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::debug!(lock = %held.name, error = %e, "release on drop failed"),
+                        Err(_) => {
+                            tracing::warn!(lock = %held.name, "release on drop timed out; the lease will free it")
+                        }
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(lock = %held.name, "guard dropped outside a tokio runtime; the lease will free the lock");
+            }
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Declarative distributed locks for async Rust.
+//!
+//! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
+//! a lock is held, on whatever your system already runs: in-process memory (always
+//! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`).
+//!
+//! # Quick start (programmatic)
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_runtime::LockManager;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+//! let manager = LockManager::memory();
+//! let guard = manager.lock("order:42").wait(Duration::from_secs(2)).await?;
+//! // ... exclusive work; pass guard.fencing_token() to downstream stores ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Pieces
+//!
+//! - [`LockManager`]: takes locks on one backend; [`set_default`] makes one process-wide.
+//! - [`LockGuard`]: a held lock, with its fencing token and a [`lost`](LockGuard::lost) signal.
+//! - [`LockError`]: the one error type, classified by `is_*` methods.
+//! - [`current()`]: the innermost lock of the running locked call.
+//! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends.
+//!
+//! # Features
+//!
+//! - `macros` (default): re-exports the `#[distributed_locked]` attribute.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod backend;
+mod context;
+mod error;
+mod guard;
+mod lost;
+mod manager;
+mod options;
+mod watchdog;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use context::{current, CurrentLock};
+pub use error::{BoxError, LockError};
+pub use guard::LockGuard;
+pub use lost::LostSignal;
+pub use manager::{
+    default_manager, set_default, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
+};
+pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
+
+#[cfg(feature = "macros")]
+pub use lock_macros::distributed_locked;

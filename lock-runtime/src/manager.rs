@@ -1,0 +1,345 @@
+//! [`LockManager`]: the entry point, its builder, and the acquisition policy (deadline, retry
+//! accounting, time bounds).
+
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, OwnerId, Wake};
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::lost::LostSignal;
+use crate::options::{self, LockOptions};
+use crate::watchdog;
+
+/// The default `wait`: how long a call waits for a held lock when it gives no `wait`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(3);
+/// The default watchdog lease; renewed at a third of it while the guard lives.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// Takes locks on one backend. Cheap to clone (shared inside), `Send + Sync + 'static`.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::LockManager;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// let manager = LockManager::builder().prefix("myapp:").default_wait(Duration::from_secs(2)).memory();
+/// let guard = manager.lock("order:42").wait(Duration::from_millis(500)).await?;
+/// assert_eq!(guard.key(), "order:42");
+/// assert!(manager.try_lock("order:42").await?.is_none()); // held
+/// guard.release().await?;
+/// assert!(manager.try_lock("order:42").await?.is_some()); // free again
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockManager {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) prefix: String,
+    pub(crate) default_wait: Duration,
+    pub(crate) default_lease: Duration,
+    pub(crate) backend: Arc<dyn LockBackend>,
+}
+
+impl std::fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockManager")
+            .field("backend", &self.inner.backend.kind())
+            .field("prefix", &self.inner.prefix)
+            .field("default_wait", &self.inner.default_wait)
+            .field("default_lease", &self.inner.default_lease)
+            .finish()
+    }
+}
+
+/// Configures a [`LockManager`]; the backend comes last.
+///
+/// ```
+/// use std::time::Duration;
+/// let manager = lock_runtime::LockManager::builder()
+///     .prefix("myapp:")
+///     .default_wait(Duration::from_secs(3))
+///     .default_lease(Duration::from_secs(30))
+///     .memory();
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until its backend method (e.g. `.memory()`) is called"]
+pub struct LockManagerBuilder {
+    pub(crate) prefix: String,
+    pub(crate) default_wait: Duration,
+    pub(crate) default_lease: Duration,
+}
+
+impl Default for LockManagerBuilder {
+    fn default() -> Self {
+        LockManagerBuilder { prefix: String::new(), default_wait: DEFAULT_WAIT, default_lease: DEFAULT_LEASE }
+    }
+}
+
+impl LockManagerBuilder {
+    /// Prepended to every lock name in the backend (not shown in [`LockGuard::key`]).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Used when a call gives no `wait` (default [`DEFAULT_WAIT`]).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// The watchdog lease used when a call gives no `lease` (default [`DEFAULT_LEASE`]): the
+    /// lock is renewed at a third of it while its guard lives, and expires after it if the
+    /// holder dies.
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.default_lease = lease;
+        self
+    }
+
+    /// A manager on the in-process backend.
+    pub fn memory(self) -> LockManager {
+        self.backend(MemoryBackend::new())
+    }
+
+    /// A manager on any [`LockBackend`].
+    pub fn backend(self, backend: impl LockBackend) -> LockManager {
+        self.backend_arc(Arc::new(backend))
+    }
+
+    /// A manager on a shared backend.
+    pub fn backend_arc(self, backend: Arc<dyn LockBackend>) -> LockManager {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        LockManager {
+            inner: Arc::new(Inner {
+                id: IDS.fetch_add(1, Ordering::Relaxed),
+                prefix: self.prefix,
+                default_wait: self.default_wait,
+                default_lease: self.default_lease,
+                backend,
+            }),
+        }
+    }
+}
+
+static DEFAULT: RwLock<Option<LockManager>> = RwLock::new(None);
+
+/// Sets the process-wide manager that `#[distributed_locked]` uses when it is given no
+/// `manager = ..`; returns the previous one.
+///
+/// ```
+/// let previous = lock_runtime::set_default(lock_runtime::LockManager::memory());
+/// # let _ = previous;
+/// assert!(lock_runtime::default_manager().is_some());
+/// ```
+pub fn set_default(manager: LockManager) -> Option<LockManager> {
+    DEFAULT.write().unwrap_or_else(PoisonError::into_inner).replace(manager)
+}
+
+/// The manager set by [`set_default`], if any.
+pub fn default_manager() -> Option<LockManager> {
+    DEFAULT.read().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
+impl LockManager {
+    /// Starts configuring a manager.
+    pub fn builder() -> LockManagerBuilder {
+        LockManagerBuilder::default()
+    }
+
+    /// A manager on the in-process backend with default settings; same as
+    /// `LockManager::builder().memory()`.
+    pub fn memory() -> LockManager {
+        Self::builder().memory()
+    }
+
+    /// Asks for the lock `name`; configure the request, then `.await` it for a [`LockGuard`].
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::memory();
+    /// let guard = manager.lock("order:42").wait(Duration::from_secs(2)).lease(Duration::from_secs(10)).retry(3).await?;
+    /// assert!(guard.fencing_token() > 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn lock(&self, name: impl AsRef<str>) -> LockRequest {
+        LockRequest { manager: self.clone(), name: Arc::from(name.as_ref()), options: LockOptions::new() }
+    }
+
+    /// One attempt, no waiting: `Ok(None)` when someone else holds the lock.
+    pub async fn try_lock(&self, name: impl AsRef<str>) -> Result<Option<LockGuard>, LockError> {
+        match self.acquire(Arc::from(name.as_ref()), LockOptions::new().wait(Duration::ZERO).retry(0)).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(e) if e.is_contended() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The prefix prepended to every lock name in the backend.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The `wait` used when a call gives none.
+    pub fn default_wait(&self) -> Duration {
+        self.inner.default_wait
+    }
+
+    /// The watchdog lease used when a call gives no `lease`.
+    pub fn default_lease(&self) -> Duration {
+        self.inner.default_lease
+    }
+
+    /// The backend's short name (`"memory"`, `"redis"`, …).
+    pub fn backend_kind(&self) -> &'static str {
+        self.inner.backend.kind()
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Takes the lock `name` with `options`: the whole acquisition policy.
+    pub(crate) async fn acquire(&self, name: Arc<str>, options: LockOptions) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        let inner = &*self.inner;
+        options::check_name(&name)?;
+        let wait = options.wait_for().unwrap_or(inner.default_wait);
+        options::check_wait(&name, wait)?;
+        let lease = match options.lease_for() {
+            Some(lease) => {
+                options::check_lease(&name, "lease", lease, options::MIN_LEASE)?;
+                Lease::Fixed(lease)
+            }
+            None => {
+                options::check_lease(&name, "default_lease", inner.default_lease, options::MIN_DEFAULT_LEASE)?;
+                Lease::Renewed(inner.default_lease)
+            }
+        };
+        if let Some(retry) = options.retries() {
+            options::check_retry(&name, retry)?;
+        }
+        let key: Arc<str> =
+            if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
+        let lost = LostSignal::new();
+        let req = Acquire { name: name.clone(), key: key.clone(), owner: OwnerId::next(), lease, lost: &lost };
+        let deadline = started.checked_add(wait).unwrap_or(started);
+        let grant = self.attempts(&req, deadline, options.retries(), started).await?;
+
+        let held = Held { name, key, owner: req.owner, fencing_token: grant.fencing_token, tag: grant.tag.clone() };
+        let watchdog = match lease {
+            Lease::Fixed(d) => {
+                lost.set_deadline(grant.granted_at.checked_add(d));
+                None
+            }
+            Lease::Renewed(d) if grant.needs_renewal => {
+                lost.set_deadline(grant.granted_at.checked_add(d));
+                Some(watchdog::spawn(inner.backend.clone(), held.clone(), d, lost.clone()))
+            }
+            Lease::Renewed(_) => None,
+        };
+        Ok(LockGuard::new(inner.backend.clone(), held, lost, watchdog))
+    }
+
+    /// Attempts until granted, the deadline passes, or the retry budget is spent.
+    async fn attempts(
+        &self,
+        req: &Acquire<'_>,
+        deadline: Instant,
+        retry: Option<u32>,
+        started: Instant,
+    ) -> Result<Grant, LockError> {
+        let backend = &*self.inner.backend;
+        let bound = backend.operation_timeout();
+        let mut attempts = 1u32;
+        let mut busy: Busy = match self.bounded(req, "acquire", bound, backend.try_acquire(req)).await? {
+            Attempt::Acquired(grant) => return Ok(grant),
+            Attempt::Busy(busy) => busy,
+        };
+        let contended =
+            |attempts| LockError::Contended { name: req.name.to_string(), waited: started.elapsed(), attempts };
+        loop {
+            if Instant::now() >= deadline || retry.is_some_and(|r| attempts > r) {
+                return Err(contended(attempts));
+            }
+            let bound_wait = deadline.saturating_duration_since(Instant::now()) + bound;
+            match self.bounded(req, "wait for", bound_wait, backend.wait(req, &busy, deadline)).await? {
+                Wake::Acquired(grant) => return Ok(grant),
+                Wake::TimedOut => return Err(contended(attempts)),
+                Wake::Retry => {}
+            }
+            attempts += 1;
+            match self.bounded(req, "acquire", bound, backend.try_acquire(req)).await? {
+                Attempt::Acquired(grant) => return Ok(grant),
+                Attempt::Busy(b) => busy = b,
+            }
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        req: &Acquire<'_>,
+        operation: &'static str,
+        bound: Duration,
+        fut: impl Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(bound, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(LockError::timed_out(&*req.name, self.inner.backend.kind(), operation, bound)),
+        }
+    }
+}
+
+/// A lock request being configured: `.await` it for a [`LockGuard`].
+///
+/// Created by [`LockManager::lock`]. Every knob is optional and falls back to the manager's
+/// defaults.
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until it is awaited"]
+pub struct LockRequest {
+    manager: LockManager,
+    name: Arc<str>,
+    options: LockOptions,
+}
+
+impl LockRequest {
+    /// The longest time to wait for the lock; `Duration::ZERO` makes one attempt.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.options = self.options.wait(wait);
+        self
+    }
+
+    /// A fixed lease: the lock expires after it unless released; no watchdog renewal.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.options = self.options.lease(lease);
+        self
+    }
+
+    /// At most this many further attempts after the first, within `wait`.
+    pub fn retry(mut self, retry: u32) -> Self {
+        self.options = self.options.retry(retry);
+        self
+    }
+
+    /// Replaces all options at once.
+    pub fn options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+}
+
+impl IntoFuture for LockRequest {
+    type Output = Result<LockGuard, LockError>;
+    type IntoFuture = BoxFuture<'static, Result<LockGuard, LockError>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.manager.acquire(self.name, self.options).await })
+    }
+}

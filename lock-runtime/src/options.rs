@@ -1,0 +1,120 @@
+//! Per-call options ([`LockOptions`]) and the limits every input is checked against.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+
+/// The longest lock name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+/// The longest `wait` accepted.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest lease (fixed, or the manager's `default_lease`) accepted.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// The shortest lease accepted.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The shortest `default_lease` accepted (the watchdog renews at a third of it).
+pub const MIN_DEFAULT_LEASE: Duration = Duration::from_millis(30);
+/// The most `retry` attempts accepted.
+pub const MAX_RETRY: u32 = 1_000_000;
+
+/// What one acquisition asks for. Unset fields fall back to the manager's defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = lock_runtime::LockOptions::new().wait(Duration::from_millis(250)).retry(3);
+/// assert_eq!(opts.wait_for(), Some(Duration::from_millis(250)));
+/// assert_eq!(opts.lease_for(), None); // the watchdog keeps the lock alive
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockOptions {
+    wait: Option<Duration>,
+    lease: Option<Duration>,
+    retry: Option<u32>,
+}
+
+impl LockOptions {
+    /// No option set: the manager's `default_wait`, a watchdog lease, unlimited attempts.
+    pub const fn new() -> Self {
+        LockOptions { wait: None, lease: None, retry: None }
+    }
+
+    /// The longest time to wait for the lock; zero means one attempt.
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// A fixed lease: the lock expires after it unless released, and is never renewed.
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// At most this many further attempts after the first, within `wait`. An attempt is made
+    /// each time the backend signals that the lock may be free (a release, or the holder's
+    /// lease running out); a fair backend's direct hand-off counts as one.
+    pub const fn retry(mut self, retry: u32) -> Self {
+        self.retry = Some(retry);
+        self
+    }
+
+    /// The `wait` given, if any.
+    pub const fn wait_for(&self) -> Option<Duration> {
+        self.wait
+    }
+
+    /// The fixed `lease` given, if any.
+    pub const fn lease_for(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    /// The `retry` given, if any.
+    pub const fn retries(&self) -> Option<u32> {
+        self.retry
+    }
+}
+
+/// Checks a lock name: not empty, at most [`MAX_NAME_LEN`] bytes, no control characters.
+pub(crate) fn check_name(name: &str) -> Result<(), LockError> {
+    if name.is_empty() {
+        return Err(LockError::invalid(name, "the name is empty; give every lock a non-empty name"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        let shown: String = name.chars().take(64).collect();
+        return Err(LockError::invalid(
+            format!("{shown}…"),
+            format!("the name is {} bytes long; the most accepted is {MAX_NAME_LEN}", name.len()),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(LockError::invalid(name.escape_debug().to_string(), "the name contains control characters"));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_wait(name: &str, wait: Duration) -> Result<(), LockError> {
+    if wait > MAX_WAIT {
+        return Err(LockError::invalid(name, format!("wait {wait:?} is longer than the most accepted, {MAX_WAIT:?}")));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_lease(name: &str, what: &str, lease: Duration, min: Duration) -> Result<(), LockError> {
+    if lease < min {
+        return Err(LockError::invalid(name, format!("{what} {lease:?} is shorter than the least accepted, {min:?}")));
+    }
+    if lease > MAX_LEASE {
+        return Err(LockError::invalid(
+            name,
+            format!("{what} {lease:?} is longer than the most accepted, {MAX_LEASE:?}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_retry(name: &str, retry: u32) -> Result<(), LockError> {
+    if retry > MAX_RETRY {
+        return Err(LockError::invalid(name, format!("retry {retry} is more than the most accepted, {MAX_RETRY}")));
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! The lease watchdog: keeps a lock taken without a fixed `lease` alive while its guard lives.
+//!
+//! Renews at a third of the lease. A renewal the backend refuses (the key is gone or someone
+//! else's) fires `lost()` at once; renewals that cannot get through are retried until the
+//! lease runs out locally, which fires `lost()`. The task ends when the guard is released or
+//! dropped (its handle is aborted), or when the lock is lost.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::AbortHandle;
+
+use crate::backend::{Held, LockBackend};
+use crate::lost::LostSignal;
+
+/// Starts renewing `held` every `lease / 3` until aborted or lost.
+pub(crate) fn spawn(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost: LostSignal) -> AbortHandle {
+    tokio::spawn(renew(backend, held, lease, lost)).abort_handle()
+}
+
+async fn renew(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost: LostSignal) {
+    let period = lease / 3;
+    let mut next = Instant::now() + period;
+    loop {
+        tokio::select! {
+            _ = lost.wait() => return,
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+        let sent = Instant::now();
+        let bound = backend.operation_timeout().min(lease);
+        match tokio::time::timeout(bound, backend.extend(&held, lease)).await {
+            Ok(Ok(())) => {
+                lost.set_deadline(sent.checked_add(lease));
+                next = sent + period;
+            }
+            Ok(Err(e)) if e.is_lost() => {
+                tracing::warn!(lock = %held.name, error = %e, "lock lost: renewal refused");
+                lost.fire(format!("the watchdog's renewal was refused: {e}"));
+                return;
+            }
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {bound:?}"),
+                };
+                if lost.is_lost() {
+                    tracing::warn!(lock = %held.name, error = %why, "lock lost: could not renew before the lease ran out");
+                    lost.fire(format!("the watchdog could not renew it before the lease ran out: {why}"));
+                    return;
+                }
+                tracing::debug!(lock = %held.name, error = %why, "lease renewal failed; retrying");
+                // Try again soon, well before the local lease deadline.
+                next = Instant::now() + (period / 4).max(Duration::from_millis(5));
+            }
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Cross-crate test support: the backend conformance suite (run against every backend) and
+//! harnesses that start real servers for the backend tests.
+
+pub mod conformance;
+
+/// A name no other test (or earlier run against the same server) uses.
+pub fn unique(label: &str) -> String {
+    format!("{label}:{}", lock_runtime::backend::OwnerId::next())
+}
