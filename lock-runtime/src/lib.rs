@@ -34,6 +34,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backend;
+mod bounded;
 mod context;
 mod error;
 mod guard;
@@ -51,7 +52,7 @@ pub use error::{BoxError, LockError};
 pub use guard::LockGuard;
 pub use lost::LostSignal;
 pub use manager::{
-    default_manager, set_default, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
+    default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
 

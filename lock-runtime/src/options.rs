@@ -86,7 +86,9 @@ pub(crate) fn check_name(name: &str) -> Result<(), LockError> {
             format!("the name is {} bytes long; the most accepted is {MAX_NAME_LEN}", name.len()),
         ));
     }
-    if name.chars().any(char::is_control) {
+    let has_control =
+        if name.is_ascii() { name.bytes().any(|b| b.is_ascii_control()) } else { name.chars().any(char::is_control) };
+    if has_control {
         return Err(LockError::invalid(name.escape_debug().to_string(), "the name contains control characters"));
     }
     Ok(())
