@@ -14,3 +14,19 @@ pub(crate) async fn bounded<F: Future>(bound: Duration, fut: F) -> Option<F::Out
     }
     tokio::time::timeout(bound, fut).await.ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn ready_futures_need_no_timer_and_slow_ones_are_cut() {
+        assert_eq!(bounded(Duration::ZERO, async { 7 }).await, Some(7));
+        assert_eq!(bounded(Duration::from_millis(10), std::future::pending::<()>()).await, None);
+        let slow = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            8
+        };
+        assert_eq!(bounded(Duration::from_secs(5), slow).await, Some(8));
+    }
+}

@@ -116,3 +116,49 @@ impl LostSignal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn fires_once_with_the_first_reason() {
+        let signal = LostSignal::new();
+        assert!(!signal.is_lost());
+        let waiter = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.wait().await }
+        });
+        signal.fire("first");
+        signal.fire("second");
+        waiter.await.expect("woken");
+        assert!(signal.is_lost());
+        assert_eq!(signal.reason().as_deref(), Some("first"));
+    }
+
+    #[tokio::test]
+    async fn deadline_passing_counts_as_lost_and_renewal_moves_it() {
+        let signal = LostSignal::new();
+        signal.set_deadline(Some(Instant::now() + Duration::from_secs(3600)));
+        assert!(!signal.is_lost());
+        let waiter = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.wait().await }
+        });
+        signal.set_deadline(Some(Instant::now() + Duration::from_millis(20)));
+        tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("woken by the new deadline").expect("task");
+        assert!(signal.is_lost());
+        assert!(signal.reason().is_some_and(|r| r.contains("lease ran out")));
+    }
+
+    #[tokio::test]
+    async fn never_does_not_fire() {
+        let signal = LostSignal::never();
+        signal.fire("ignored");
+        signal.set_deadline(Some(Instant::now()));
+        assert!(!signal.is_lost());
+        assert!(signal.reason().is_none());
+        assert!(tokio::time::timeout(Duration::from_millis(20), signal.wait()).await.is_err());
+    }
+}
