@@ -247,6 +247,24 @@ struct Shared {
 struct Session {
     client: Client,
     generation: u64,
+    /// Set (under the `holders` lock) once the session is lost: nothing is granted through it
+    /// afterwards.
+    dead: AtomicBool,
+    /// Wakes the waits of a session that is lost.
+    died: tokio::sync::Notify,
+}
+
+impl Session {
+    /// Completes once the session is lost.
+    async fn lost(&self) {
+        let notified = self.died.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.dead.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await
+    }
 }
 
 struct HolderEntry {
@@ -286,6 +304,10 @@ fn zk_error(name: &str, operation: &'static str, e: zookeeper_client::Error) -> 
 
 fn gone(name: &str, operation: &'static str, what: String) -> LockError {
     LockError::backend(name, KIND, operation, what)
+}
+
+fn session_gone(name: &str, operation: &'static str) -> LockError {
+    gone(name, operation, "the ZooKeeper session was lost (expired, or disconnected too long)".to_owned())
 }
 
 impl ZookeeperBackend {
@@ -366,7 +388,10 @@ impl ZookeeperBackend {
             .connect(&shared.hosts);
         let client = match tokio::time::timeout(bound, connect).await {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(zk_error(name, operation, e)),
+            Ok(Err(e @ zookeeper_client::Error::BadArguments(_))) => return Err(zk_error(name, operation, e)),
+            Ok(Err(e)) => {
+                return Err(gone(name, operation, format!("could not connect to ZooKeeper at `{}`: {e}", shared.hosts)))
+            }
             Err(_) => {
                 return Err(gone(
                     name,
@@ -385,9 +410,9 @@ impl ZookeeperBackend {
         let generation = shared.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let grace = shared.options.lost_after_disconnect.unwrap_or(client.session_timeout() / 2);
         let watcher = client.state_watcher();
-        let session = Arc::new(Session { client, generation });
+        let session = Arc::new(Session { client, generation, dead: AtomicBool::new(false), died: Default::default() });
         *lock(&shared.current) = Some(session.clone());
-        tokio::spawn(supervise(Arc::downgrade(shared), generation, watcher, grace));
+        tokio::spawn(supervise(Arc::downgrade(shared), Arc::downgrade(&session), generation, watcher, grace));
         tracing::debug!(hosts = %shared.hosts, generation, "ZooKeeper session established");
         Ok(session)
     }
@@ -427,7 +452,7 @@ impl ZookeeperBackend {
     }
 
     /// Reports every lock held through session `generation` lost and forgets the session.
-    fn session_lost(shared: &Shared, generation: u64, reason: &str) {
+    fn session_lost(shared: &Shared, session: Option<Arc<Session>>, generation: u64, reason: &str) {
         {
             let mut current = lock(&shared.current);
             if current.as_ref().is_some_and(|s| s.generation == generation) {
@@ -436,6 +461,10 @@ impl ZookeeperBackend {
         }
         let lost: Vec<HolderEntry> = {
             let mut holders = lock(&shared.holders);
+            if let Some(session) = &session {
+                session.dead.store(true, Ordering::Release);
+                session.died.notify_waiters();
+            }
             let paths: Vec<Arc<str>> =
                 holders.iter().filter(|(_, e)| e.generation == generation).map(|(p, _)| p.clone()).collect();
             paths.iter().filter_map(|p| holders.remove(p)).collect()
@@ -504,7 +533,14 @@ impl ZookeeperBackend {
 
     /// Records a granted lock: its lost signal (fired on session loss), and a task that deletes
     /// the node when a fixed lease ends and fires `lost()` if the node is deleted by anyone else.
-    fn register(&self, session: &Session, req: &Acquire<'_>, node: &Node, granted_at: Instant) {
+    ///
+    /// Returns `false` (registering nothing) when the session is already lost.
+    #[must_use]
+    fn register(&self, session: &Session, req: &Acquire<'_>, node: &Node, granted_at: Instant) -> bool {
+        let mut holders = lock(&self.shared.holders);
+        if session.dead.load(Ordering::Acquire) {
+            return false;
+        }
         let released = Arc::new(AtomicBool::new(false));
         let lease_end = match req.lease {
             Lease::Fixed(d) => granted_at.checked_add(d),
@@ -520,7 +556,8 @@ impl ZookeeperBackend {
         ))
         .abort_handle();
         let entry = HolderEntry { generation: session.generation, lost: req.lost.clone(), released, task: Some(task) };
-        lock(&self.shared.holders).insert(node.path.clone(), entry);
+        holders.insert(node.path.clone(), entry);
+        true
     }
 
     fn grant(node: &Node, granted_at: Instant) -> Grant {
@@ -711,6 +748,7 @@ impl Drop for Waiting<'_> {
 /// disconnected past `grace`. Ends with the session (the backend dropped closes it).
 async fn supervise(
     shared: Weak<Shared>,
+    session: Weak<Session>,
     generation: u64,
     mut watcher: zookeeper_client::StateWatcher,
     grace: Duration,
@@ -731,7 +769,7 @@ async fn supervise(
         };
     };
     if let Some(shared) = shared.upgrade() {
-        ZookeeperBackend::session_lost(&shared, generation, &reason);
+        ZookeeperBackend::session_lost(&shared, session.upgrade(), generation, &reason);
     }
 }
 
@@ -816,8 +854,10 @@ impl LockBackend for ZookeeperBackend {
             let nodes = queue(children);
             match nodes.first() {
                 Some((seq, _)) if *seq == node.seq => {
+                    if !self.register(&session, req, &node, granted_at) {
+                        return Err(session_gone(&req.name, "acquire"));
+                    }
                     pending.disarm();
-                    self.register(&session, req, &node, granted_at);
                     Ok(Attempt::Acquired(Self::grant(&node, granted_at)))
                 }
                 Some(_) if nodes.iter().any(|(seq, _)| *seq == node.seq) => {
@@ -861,8 +901,10 @@ impl LockBackend for ZookeeperBackend {
                     return Err(gone(&req.name, "wait for", "its lock node vanished (the session ended)".to_owned()));
                 };
                 if index == 0 {
+                    if !self.register(&session, req, &node, checked_at) {
+                        return Err(session_gone(&req.name, "wait for"));
+                    }
                     pending.disarm();
-                    self.register(&session, req, &node, checked_at);
                     return Ok(Wake::Acquired(Self::grant(&node, checked_at)));
                 }
                 let predecessor = format!("{dir}/{}", nodes[index - 1].1);
@@ -879,6 +921,7 @@ impl LockBackend for ZookeeperBackend {
                             return Err(gone(&req.name, "wait for", format!("the ZooKeeper session ended ({}) while waiting", event.session_state)));
                         }
                     }
+                    _ = session.lost() => return Err(session_gone(&req.name, "wait for")),
                     _ = tokio::time::sleep_until(deadline.into()) => {
                         match delete_node(client, &node.path).await {
                             Ok(()) | Err(zookeeper_client::Error::NoNode) => pending.disarm(),
