@@ -245,6 +245,51 @@ async fn dropped_waiter_leaves_no_node() {
     held.release().await.expect("release");
 }
 
+/// A holder in another process that hangs with its session alive: its fixed lease (recorded in
+/// its node) still ends, and the next waiter frees the lock then, not before; a hung holder
+/// without a fixed lease is kept (its session vouches for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_frees_a_hung_holder_after_its_fixed_lease() {
+    use zookeeper_client::{Acls, Client, CreateMode};
+    let hosts = zk_server::shared().hosts();
+    let store = ZookeeperBackend::connect(&hosts).await.expect("connect");
+    let m = LockManager::builder().backend(store.clone());
+    let hung = Client::connect(&hosts).await.expect("the hung holder's session");
+    let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+
+    let name = lock_tests::unique("hung");
+    let dir = store.lock_path(&name);
+    hung.create(&dir, b"", &container).await.expect("lock node");
+    let lease = Duration::from_millis(300);
+    let started = Instant::now();
+    let (stat, _) = hung
+        .create(&format!("{dir}/lk-hung-"), format!("lease_ms={}", lease.as_millis()).as_bytes(), &ephemeral)
+        .await
+        .expect("the hung holder's node");
+    let g = m.lock(&name).wait(Duration::from_secs(10)).await.expect("freed after the lease");
+    let waited = started.elapsed();
+    assert!(waited >= lease, "freed before the holder's lease ended: {waited:?}");
+    assert!(waited < lease + Duration::from_secs(5), "freed late: {waited:?}");
+    assert!(g.fencing_token() > u64::try_from(stat.czxid).unwrap());
+    g.release().await.expect("release");
+
+    let name = lock_tests::unique("hung-watchdog");
+    let dir = store.lock_path(&name);
+    hung.create(&dir, b"", &container).await.expect("lock node");
+    hung.create(&format!("{dir}/lk-hung-"), b"", &ephemeral).await.expect("the hung holder's node");
+    let err = m.lock(&name).wait(Duration::from_millis(1500)).await.expect_err("kept while its session lives");
+    assert!(err.is_contended(), "{err}");
+    drop(hung); // closes its session: the lock is free
+    m.lock(&name)
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("free once the session ends")
+        .release()
+        .await
+        .expect("release");
+}
+
 /// Bad host lists and options are `is_invalid()`; an unreachable server is `is_backend()`,
 /// within the operation timeout.
 #[tokio::test]

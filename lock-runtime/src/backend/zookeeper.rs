@@ -501,6 +501,8 @@ impl ZookeeperBackend {
                         path: Arc::from(format!("{prefix}{seq}")),
                         seq: seq.into_i64(),
                         czxid: stat.czxid,
+                        ctime: stat.ctime,
+                        seen: Instant::now(),
                     })
                 }
                 Err(zookeeper_client::Error::NoNode) if tries < 4 => self.make_dir(client, dir).await?,
@@ -575,6 +577,10 @@ struct Node {
     path: Arc<str>,
     seq: i64,
     czxid: i64,
+    /// The server's clock when it was created (milliseconds since the epoch).
+    ctime: i64,
+    /// A local instant after its creation (when the reply arrived).
+    seen: Instant,
 }
 
 /// Percent-encodes a lock key into one znode name: ASCII letters, digits, `_`, `-` and `:` are
@@ -637,7 +643,13 @@ async fn find_own(client: &Client, dir: &str, owner: &str) -> Result<Option<Node
         let Some(seq) = sequence(&child) else { continue };
         let path = format!("{dir}/{child}");
         if let Some(stat) = client.check_stat(&path).await? {
-            return Ok(Some(Node { path: Arc::from(path), seq, czxid: stat.czxid }));
+            return Ok(Some(Node {
+                path: Arc::from(path),
+                seq,
+                czxid: stat.czxid,
+                ctime: stat.ctime,
+                seen: Instant::now(),
+            }));
         }
     }
     Ok(None)
@@ -816,9 +828,14 @@ async fn hold(
                 lock(&shared.holders).remove(&path);
                 drop(shared);
             }
-            if let Err(e) = delete_node(&client, &path).await {
-                if !matches!(e, zookeeper_client::Error::NoNode) {
-                    tracing::warn!(node = %path, error = %e, "could not delete a lock node whose lease ended");
+            for _ in 0..4 {
+                match delete_node(&client, &path).await {
+                    Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
+                    Err(zookeeper_client::Error::ConnectionLoss) if wait_connected(&client).await.is_ok() => {}
+                    Err(e) => {
+                        tracing::warn!(node = %path, error = %e, "could not delete a lock node whose lease ended");
+                        return;
+                    }
                 }
             }
             return;
@@ -908,10 +925,26 @@ impl LockBackend for ZookeeperBackend {
                     return Ok(Wake::Acquired(Self::grant(&node, checked_at)));
                 }
                 let predecessor = format!("{dir}/{}", nodes[index - 1].1);
-                let (stat, watcher) = client.check_and_watch_stat(&predecessor).await.map_err(fail)?;
-                if stat.is_none() {
-                    continue; // gone since the listing: look again
-                }
+                // Watch the predecessor; when it is the holder, also read the fixed lease it
+                // recorded, to free the lock if the holder's process cannot (see `stale_at`).
+                let (stale_at, watcher) = if index == 1 {
+                    match client.get_and_watch_data(&predecessor).await {
+                        Ok((data, stat, watcher)) => (stale_at(&data, &stat, &node), watcher),
+                        Err(zookeeper_client::Error::NoNode) => continue, // gone since the listing
+                        Err(e) => return Err(fail(e)),
+                    }
+                } else {
+                    match client.check_and_watch_stat(&predecessor).await.map_err(fail)? {
+                        (Some(_), watcher) => (None, watcher),
+                        (None, _) => continue, // gone since the listing: look again
+                    }
+                };
+                let stale = async {
+                    match stale_at {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let _waiting = Waiting::new(&self.shared.waiting);
                 tokio::select! {
                     biased;
@@ -922,6 +955,13 @@ impl LockBackend for ZookeeperBackend {
                         }
                     }
                     _ = session.lost() => return Err(session_gone(&req.name, "wait for")),
+                    _ = stale, if stale_at.is_some_and(|at| at < deadline) => {
+                        tracing::warn!(node = %predecessor, "the holder's fixed lease is over but its node remains: deleting it");
+                        match client.delete(&predecessor, None).await {
+                            Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                            Err(e) => return Err(fail(e)),
+                        }
+                    }
                     _ = tokio::time::sleep_until(deadline.into()) => {
                         match delete_node(client, &node.path).await {
                             Ok(()) | Err(zookeeper_client::Error::NoNode) => pending.disarm(),
@@ -994,12 +1034,28 @@ impl LockBackend for ZookeeperBackend {
     }
 }
 
-/// The data stored in a lock node: the fixed lease, if any, for operators and other tools.
+/// The data stored in a lock node: the fixed lease, if any, so that waiters in other processes
+/// can free the lock if the holder's process cannot.
 fn lease_data(lease: Lease) -> Vec<u8> {
     match lease {
         Lease::Fixed(d) => format!("lease_ms={}", d.as_millis()).into_bytes(),
         Lease::Renewed(_) => Vec::new(),
     }
+}
+
+/// Added to a holder's fixed lease before a waiter deletes its node: covers a step of the
+/// server's wall clock (or a leader change) between the two creations being compared.
+pub const STALE_HOLDER_MARGIN: Duration = Duration::from_secs(1);
+
+/// When a waiter may delete the holder's node: the holder recorded a fixed lease, and that
+/// lease plus [`STALE_HOLDER_MARGIN`] has passed. Both creation times come from the server's
+/// clock, so no client clocks are compared: the holder's lease ran from before its create
+/// reached the server (`holder.ctime`), and `own` was created at server time `own.ctime`, which
+/// the local clock had passed by `own.seen`.
+fn stale_at(data: &[u8], holder: &zookeeper_client::Stat, own: &Node) -> Option<Instant> {
+    let lease_ms: i64 = std::str::from_utf8(data).ok()?.strip_prefix("lease_ms=")?.parse().ok()?;
+    let left_ms = holder.ctime.checked_add(lease_ms)?.checked_sub(own.ctime)?.max(0);
+    own.seen.checked_add(Duration::from_millis(u64::try_from(left_ms).ok()?) + STALE_HOLDER_MARGIN)
 }
 
 impl LockManager {
