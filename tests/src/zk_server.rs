@@ -196,3 +196,117 @@ pub async fn children(hosts: &str, path: &str) -> Vec<String> {
         Err(e) => panic!("list the children of {path}: {e}"),
     }
 }
+
+/// A loopback TCP proxy in front of a ZooKeeper server that can lose the reply to one lock-node
+/// create: it forwards the request (the server applies it), then cuts the connection instead of
+/// forwarding the reply, as a network failure at the worst moment would. The client reconnects
+/// through it with the same session.
+#[derive(Debug)]
+pub struct ReplyCutter {
+    port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: std::sync::Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReplyCutter {
+    /// Starts the proxy in front of `upstream` (a port on 127.0.0.1).
+    pub async fn start(upstream: u16) -> ReplyCutter {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind the proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU32::new(0));
+        let (a, c) = (armed.clone(), cuts.clone());
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)).await else {
+                    continue;
+                };
+                connections.spawn(relay(client, server, a.clone(), c.clone()));
+            }
+        });
+        ReplyCutter { port, armed, cuts, task }
+    }
+
+    /// `127.0.0.1:<proxy port>`.
+    pub fn hosts(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Loses the reply to the next create of a lock node (`…/lk-…`).
+    pub fn cut_next_lock_create(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many replies were lost so far.
+    pub fn cuts(&self) -> u32 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ReplyCutter {
+    fn drop(&mut self) {
+        self.task.abort(); // drops the listener and every relay with it
+    }
+}
+
+/// Relays one client connection, frame by frame (4-byte length, then the payload).
+async fn relay(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: std::sync::Arc<AtomicU32>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn frame(from: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
+        let len = from.read_u32().await.ok()?;
+        let mut payload = vec![0; usize::try_from(len).ok()?];
+        from.read_exact(&mut payload).await.ok()?;
+        Some(payload)
+    }
+    fn xid(payload: &[u8]) -> Option<i32> {
+        Some(i32::from_be_bytes(payload.get(0..4)?.try_into().ok()?))
+    }
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    // The xid of the create whose reply is to be lost (0: none; client xids start at 1).
+    let doomed = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let to_server = {
+        let doomed = doomed.clone();
+        async move {
+            while let Some(payload) = frame(&mut client_rx).await {
+                // Request header: xid, op code (1 create, 15 create2), then the path.
+                let op = payload.get(4..8).map(|b| i32::from_be_bytes(b.try_into().unwrap_or_default()));
+                let is_lock_create = matches!(op, Some(1 | 15)) && payload.windows(4).any(|w| w == b"/lk-");
+                if is_lock_create && armed.swap(false, Ordering::SeqCst) {
+                    doomed.store(xid(&payload).unwrap_or(0), Ordering::SeqCst);
+                }
+                let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+                if server_tx.write_u32(len).await.is_err() || server_tx.write_all(&payload).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let to_client = async move {
+        while let Some(payload) = frame(&mut server_rx).await {
+            let lose = doomed.load(Ordering::SeqCst);
+            if lose != 0 && xid(&payload) == Some(lose) {
+                cuts.fetch_add(1, Ordering::SeqCst);
+                return; // the server applied the create; its reply is lost with the connection
+            }
+            let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+            if client_tx.write_u32(len).await.is_err() || client_tx.write_all(&payload).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever direction ends first closes both sockets (they are dropped here).
+    tokio::select! {
+        _ = to_server => {}
+        _ = to_client => {}
+    }
+}

@@ -290,6 +290,49 @@ async fn waiter_frees_a_hung_holder_after_its_fixed_lease() {
         .expect("release");
 }
 
+/// The reply to a lock node's create is lost with the connection: after reconnecting, the
+/// acquisition finds its node by its owner id instead of creating a second one, which would
+/// leave an orphan that holds the lock and blocks everyone while the session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_is_found_again() {
+    use zookeeper_client::{Acls, Client, CreateMode};
+    let server = zk_server::shared();
+    let proxy = zk_server::ReplyCutter::start(server.port()).await;
+    let store = ZookeeperBackend::connect(proxy.hosts()).await.expect("connect through the proxy");
+    let m = LockManager::builder().backend(store.clone());
+    let other = LockManager::zookeeper(server.hosts()).await.expect("direct");
+
+    let name = lock_tests::unique("lost-reply");
+    let dir = store.lock_path(&name);
+    // The lock's node exists, so the create whose reply is lost does succeed on the server.
+    let raw = Client::connect(&server.hosts()).await.expect("raw client");
+    raw.create(&dir, b"", &CreateMode::Container.with_acls(Acls::anyone_all())).await.expect("lock node");
+    proxy.cut_next_lock_create();
+    let g = m.try_lock(&name).await.expect("acquired despite the lost reply").expect("free");
+    assert_eq!(proxy.cuts(), 1, "the reply was lost");
+    let nodes = zk_server::children(&server.hosts(), &dir).await;
+    assert_eq!(nodes.len(), 1, "one node, no orphan: {nodes:?}");
+    assert!(other.try_lock(&name).await.expect("try").is_none(), "held");
+    g.release().await.expect("release");
+    let next = other.lock(&name).wait(Duration::from_secs(5)).await.expect("no orphan blocks the lock");
+    next.release().await.expect("release");
+    assert!(zk_server::children(&server.hosts(), &dir).await.is_empty());
+
+    // The same while waiting in the queue.
+    let held = other.lock(&name).await.expect("holder");
+    proxy.cut_next_lock_create();
+    let waiter = tokio::spawn(std::future::IntoFuture::into_future(m.lock(&name).wait(Duration::from_secs(20))));
+    let started = Instant::now();
+    while proxy.cuts() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no lock create went through the proxy");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.expect("release");
+    let g = waiter.await.expect("task").expect("handed over");
+    assert_eq!(zk_server::children(&server.hosts(), &dir).await.len(), 1, "no orphan");
+    g.release().await.expect("release");
+}
+
 /// Bad host lists and options are `is_invalid()`; an unreachable server is `is_backend()`,
 /// within the operation timeout.
 #[tokio::test]

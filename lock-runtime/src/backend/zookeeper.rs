@@ -59,10 +59,17 @@
 //! by itself. So the holder's process deletes its node when the lease ends: each grant starts
 //! a small task that sleeps until `granted_at + lease` (the instant at which the runtime also
 //! fires [`lost()`](crate::LockGuard::lost)) and then deletes the node, handing the lock to the
-//! next waiter. The task stops when the guard is released or dropped. The lease is also
-//! recorded in the node's data (`lease_ms=<n>`) for operators and other tools. If the holder's
-//! process dies, its session ends and the server frees the lock after the session timeout,
-//! which may be after the lease; it is never freed *before* the lease, so exclusion holds.
+//! next waiter. The task stops when the guard is released or dropped.
+//!
+//! The lease is also recorded in the node's data (`lease_ms=<n>`), for the case where the
+//! holder's process cannot delete its node (it hangs with its session alive, or is cut off from
+//! the ensemble). The next waiter (the one watching the holder) deletes the holder's node once
+//! the lease is over by the server's clock: it compares the holder node's creation time
+//! (`ctime`) with its own node's, both stamped by the server, so no two client clocks are
+//! compared, and adds [`STALE_HOLDER_MARGIN`] for a step of the server's clock or a leader
+//! change in between. The holder's own lease ran from before its create reached the server, so
+//! the lock is never taken away before the holder's runtime has reported it lost. If the
+//! holder's process dies and nobody waits, its session's end frees the node.
 //!
 //! **Session loss** fires `lost()` on every lock held through the session: at once when the
 //! session expires or is closed, and when the client has been disconnected for longer than
