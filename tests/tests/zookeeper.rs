@@ -338,6 +338,11 @@ async fn lost_create_reply_is_found_again() {
 #[tokio::test]
 async fn bad_configuration_is_reported() {
     assert!(LockManager::zookeeper("").await.expect_err("empty").is_invalid());
+    for hosts in ["127.0.0.1:notaport", "127.0.0.1:99999", "127.0.0.1:2181/chroot/"] {
+        let err = LockManager::builder().zookeeper(hosts).await.expect_err(hosts);
+        assert!(err.is_invalid(), "{hosts}: {err}");
+        assert!(err.to_string().contains(hosts), "{err}");
+    }
     let err = ZookeeperBackend::connect_with("127.0.0.1:2181", ZookeeperOptions::new().root("locks"))
         .await
         .expect_err("root");
