@@ -512,7 +512,8 @@ impl ZookeeperBackend {
                         seen: Instant::now(),
                     })
                 }
-                Err(zookeeper_client::Error::NoNode) if tries < 4 => self.make_dir(client, dir).await?,
+                // No parent yet, or a release just deleted the empty parent: (re)create it.
+                Err(zookeeper_client::Error::NoNode) if tries < 8 => self.make_dir(client, dir).await?,
                 Err(zookeeper_client::Error::ConnectionLoss) if tries < 4 => {
                     // The create may have happened: look for our node once the session is back.
                     wait_connected(client).await?;
