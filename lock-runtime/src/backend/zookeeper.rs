@@ -862,8 +862,8 @@ impl LockBackend for ZookeeperBackend {
     fn try_acquire<'a>(&'a self, req: &'a Acquire<'a>) -> BoxFuture<'a, Result<Attempt, LockError>> {
         Box::pin(async move {
             let granted_at = Instant::now();
-            let session = self.session(&req.name, "acquire").await?;
-            let dir: Arc<str> = Arc::from(self.lock_path(&req.key));
+            let session = self.session(req.name, "acquire").await?;
+            let dir: Arc<str> = Arc::from(self.lock_path(req.key));
             let owner = req.owner.to_string();
             let mut pending = Pending {
                 shared: self.shared.clone(),
@@ -872,7 +872,7 @@ impl LockBackend for ZookeeperBackend {
                 path: None,
                 armed: true,
             };
-            let fail = |e| zk_error(&req.name, "acquire", e);
+            let fail = |e| zk_error(req.name, "acquire", e);
             let node = self.create_node(&session, &dir, &owner, &lease_data(req.lease)).await.map_err(fail)?;
             pending.path = Some(node.path.clone());
             let children = session.client.list_children(&dir).await.map_err(fail)?;
@@ -880,7 +880,7 @@ impl LockBackend for ZookeeperBackend {
             match nodes.first() {
                 Some((seq, _)) if *seq == node.seq => {
                     if !self.register(&session, req, &node, granted_at) {
-                        return Err(session_gone(&req.name, "acquire"));
+                        return Err(session_gone(req.name, "acquire"));
                     }
                     pending.disarm();
                     Ok(Attempt::Acquired(Self::grant(&node, granted_at)))
@@ -893,7 +893,7 @@ impl LockBackend for ZookeeperBackend {
                     }
                     Ok(Attempt::Busy(Busy { expires_in: None }))
                 }
-                _ => Err(gone(&req.name, "acquire", "its new lock node vanished (the session ended)".to_owned())),
+                _ => Err(gone(req.name, "acquire", "its new lock node vanished (the session ended)".to_owned())),
             }
         })
     }
@@ -905,9 +905,9 @@ impl LockBackend for ZookeeperBackend {
         deadline: Instant,
     ) -> BoxFuture<'a, Result<Wake, LockError>> {
         Box::pin(async move {
-            let session = self.session(&req.name, "wait for").await?;
+            let session = self.session(req.name, "wait for").await?;
             let client = &session.client;
-            let dir: Arc<str> = Arc::from(self.lock_path(&req.key));
+            let dir: Arc<str> = Arc::from(self.lock_path(req.key));
             let owner = req.owner.to_string();
             let mut pending = Pending {
                 shared: self.shared.clone(),
@@ -916,18 +916,18 @@ impl LockBackend for ZookeeperBackend {
                 path: None,
                 armed: true,
             };
-            let fail = |e| zk_error(&req.name, "wait for", e);
+            let fail = |e| zk_error(req.name, "wait for", e);
             let node = self.create_node(&session, &dir, &owner, &lease_data(req.lease)).await.map_err(fail)?;
             pending.path = Some(node.path.clone());
             loop {
                 let checked_at = Instant::now();
                 let nodes = queue(client.list_children(&dir).await.map_err(fail)?);
                 let Some(index) = nodes.iter().position(|(seq, _)| *seq == node.seq) else {
-                    return Err(gone(&req.name, "wait for", "its lock node vanished (the session ended)".to_owned()));
+                    return Err(gone(req.name, "wait for", "its lock node vanished (the session ended)".to_owned()));
                 };
                 if index == 0 {
                     if !self.register(&session, req, &node, checked_at) {
-                        return Err(session_gone(&req.name, "wait for"));
+                        return Err(session_gone(req.name, "wait for"));
                     }
                     pending.disarm();
                     return Ok(Wake::Acquired(Self::grant(&node, checked_at)));
@@ -959,10 +959,10 @@ impl LockBackend for ZookeeperBackend {
                     event = watcher.changed() => {
                         self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
                         if event.event_type == EventType::Session && event.session_state.is_terminated() {
-                            return Err(gone(&req.name, "wait for", format!("the ZooKeeper session ended ({}) while waiting", event.session_state)));
+                            return Err(gone(req.name, "wait for", format!("the ZooKeeper session ended ({}) while waiting", event.session_state)));
                         }
                     }
-                    _ = session.lost() => return Err(session_gone(&req.name, "wait for")),
+                    _ = session.lost() => return Err(session_gone(req.name, "wait for")),
                     _ = stale, if stale_at.is_some_and(|at| at < deadline) => {
                         tracing::warn!(node = %predecessor, "the holder's fixed lease is over but its node remains: deleting it");
                         match client.delete(&predecessor, None).await {
