@@ -30,9 +30,7 @@ async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
 }
 
 async fn backend(server: &RedisServer, timeout: Duration) -> RedisBackend {
-    RedisBackend::connect_with(&server.url(), RedisOptions::default().command_timeout(timeout))
-        .await
-        .expect("connect")
+    RedisBackend::connect_with(&server.url(), RedisOptions::default().command_timeout(timeout)).await.expect("connect")
 }
 
 /// `calls` per command from `INFO commandstats`.
@@ -48,7 +46,8 @@ async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<
 }
 
 async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
-    let (_, n): (String, u64) = redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(conn).await.expect("NUMSUB");
+    let (_, n): (String, u64) =
+        redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(conn).await.expect("NUMSUB");
     n
 }
 
@@ -92,7 +91,8 @@ async fn unreachable_or_stalled_server_is_backend_within_the_timeout() {
     // Nothing listens.
     let started = Instant::now();
     let url = format!("redis://127.0.0.1:{}", free_port());
-    let err = RedisBackend::connect_with(&url, RedisOptions::default().command_timeout(timeout)).await.expect_err("refused");
+    let err =
+        RedisBackend::connect_with(&url, RedisOptions::default().command_timeout(timeout)).await.expect_err("refused");
     assert!(err.is_backend(), "{err}");
     assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
     // The server accepts connections but answers nothing.
@@ -146,10 +146,14 @@ fn cross_process_mutual_exclusion() {
 async fn deleted_key_fires_lost() {
     let server = RedisServer::start();
     let lease = Duration::from_millis(900);
-    let m = LockManager::builder().prefix("del:").default_lease(lease).backend(backend(&server, Duration::from_secs(1)).await);
+    let m = LockManager::builder()
+        .prefix("del:")
+        .default_lease(lease)
+        .backend(backend(&server, Duration::from_secs(1)).await);
     let guard = m.lock("victim").await.expect("lock");
     let mut conn = raw(&server).await;
-    let deleted: u64 = redis::cmd("DEL").arg(KeyLayout::of("del:victim").lock).query_async(&mut conn).await.expect("DEL");
+    let deleted: u64 =
+        redis::cmd("DEL").arg(KeyLayout::of("del:victim").lock).query_async(&mut conn).await.expect("DEL");
     assert_eq!(deleted, 1, "the lock key is where the layout says");
     let started = Instant::now();
     tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
@@ -163,16 +167,20 @@ async fn deleted_key_fires_lost() {
 #[tokio::test]
 async fn foreign_owner_is_lost() {
     let server = RedisServer::start();
-    let m = LockManager::builder().default_lease(Duration::from_millis(600)).backend(backend(&server, Duration::from_secs(1)).await);
+    let m = LockManager::builder()
+        .default_lease(Duration::from_millis(600))
+        .backend(backend(&server, Duration::from_secs(1)).await);
     let mut conn = raw(&server).await;
     let fixed = m.lock("fixed").lease(Duration::from_secs(30)).await.expect("lock");
-    let _: () = redis::cmd("SET").arg(KeyLayout::of("fixed").lock).arg("intruder").query_async(&mut conn).await.expect("SET");
+    let _: () =
+        redis::cmd("SET").arg(KeyLayout::of("fixed").lock).arg("intruder").query_async(&mut conn).await.expect("SET");
     let err = fixed.release().await.expect_err("foreign");
     assert!(err.is_lost() && err.to_string().contains("another owner"), "{err}");
     let value: String = redis::cmd("GET").arg(KeyLayout::of("fixed").lock).query_async(&mut conn).await.expect("GET");
     assert_eq!(value, "intruder", "a foreign lock is left untouched");
     let renewed = m.lock("renewed").await.expect("lock");
-    let _: () = redis::cmd("SET").arg(KeyLayout::of("renewed").lock).arg("intruder").query_async(&mut conn).await.expect("SET");
+    let _: () =
+        redis::cmd("SET").arg(KeyLayout::of("renewed").lock).arg("intruder").query_async(&mut conn).await.expect("SET");
     tokio::time::timeout(Duration::from_secs(3), renewed.lost()).await.expect("renewal noticed the intruder");
 }
 
@@ -290,7 +298,8 @@ async fn killed_pubsub_connection_still_wakes_waiters() {
             })
             .collect();
         await_numsub(&mut conn, &channel, 1).await;
-        let killed: u64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.expect("KILL");
+        let killed: u64 =
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.expect("KILL");
         assert!(killed >= 1, "no pub/sub client killed");
         if wait_for_resubscribe {
             await_numsub(&mut conn, &channel, 1).await;
@@ -325,7 +334,8 @@ async fn a_release_wakes_one_local_waiter() {
         .collect();
     // Every waiter made its first attempt (found it busy) before the release.
     let started = Instant::now();
-    while command_calls(&mut conn).await.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0)
+    while command_calls(&mut conn).await.get("evalsha").copied().unwrap_or(0)
+        - before.get("evalsha").copied().unwrap_or(0)
         < 1 + WAITERS
     {
         assert!(started.elapsed() < Duration::from_secs(10), "waiters never tried");
@@ -399,7 +409,8 @@ async fn ten_thousand_names_leave_no_keys_and_no_subscriptions() {
     // Unsubscribed once the grace period passes.
     let started = Instant::now();
     loop {
-        let channels: Vec<String> = redis::cmd("PUBSUB").arg("CHANNELS").arg("*").query_async(&mut conn).await.expect("PUBSUB");
+        let channels: Vec<String> =
+            redis::cmd("PUBSUB").arg("CHANNELS").arg("*").query_async(&mut conn).await.expect("PUBSUB");
         if channels.is_empty() && backend.subscribed_channels() == 0 {
             break;
         }

@@ -27,8 +27,12 @@ async fn main() {
                 let value: Option<u64> = redis::cmd("GET").arg(counter).query_async(&mut conn).await.expect("GET");
                 // Widen the race window: without the lock, concurrent increments would be lost.
                 tokio::task::yield_now().await;
-                let _: () =
-                    redis::cmd("SET").arg(counter).arg(value.unwrap_or(0) + 1).query_async(&mut conn).await.expect("SET");
+                let _: () = redis::cmd("SET")
+                    .arg(counter)
+                    .arg(value.unwrap_or(0) + 1)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("SET");
                 guard.release().await.expect("release");
             }
             println!("done");
