@@ -82,6 +82,9 @@ async fn malformed_url_is_invalid() {
     }
     let err = LockManager::redis("redis://:hunter2@127.0.0.1:notaport").await.expect_err("bad port");
     assert!(!err.to_string().contains("hunter2"), "password leaked: {err}");
+    let zero = RedisOptions::default().command_timeout(Duration::ZERO);
+    let err = RedisBackend::connect_with("redis://127.0.0.1:6379", zero).await.expect_err("zero timeout");
+    assert!(err.is_invalid(), "{err}");
 }
 
 #[tokio::test]
@@ -158,7 +161,7 @@ async fn deleted_key_fires_lost() {
     let started = Instant::now();
     tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
     let noticed = started.elapsed();
-    assert!(noticed <= lease / 3 + Duration::from_millis(400), "noticed after {noticed:?}");
+    assert!(noticed <= lease / 3 + Duration::from_millis(500), "noticed after {noticed:?}");
     let err = guard.release().await.expect_err("released a lost lock");
     assert!(err.is_lost(), "{err}");
 }
@@ -241,6 +244,7 @@ async fn paused_server_past_the_lease_then_resumed() {
     tokio::time::timeout(lease + Duration::from_secs(2), guard.lost()).await.expect("lost() while paused");
     server.resume();
     let again = lock_after_outage(&m, "paused").await;
+    assert!(guard.is_lost(), "a lock reported lost stays lost");
     assert!(again.fencing_token() > guard.fencing_token());
     let err = guard.release().await.expect_err("its lease ran out while the server was frozen");
     assert!(err.is_lost(), "{err}");
@@ -350,6 +354,8 @@ async fn a_release_wakes_one_local_waiter() {
     // 1 + 8 first attempts, 8 successful attempts, 9 releases; a herd would add up to 28 more.
     let expected = 1 + WAITERS + WAITERS + (WAITERS + 1);
     assert!(delta("evalsha") <= expected + 2, "evalsha calls: {} (expected {expected})", delta("evalsha"));
+    // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
+    // re-check per waiter once the channel subscription is confirmed.
     assert!(delta("pttl") <= 2 * WAITERS, "pttl calls: {}", delta("pttl"));
 }
 
