@@ -119,24 +119,28 @@ async fn main() {
     report("hand-off, waiter in the same backend", &handoff(&a, &a, "bench:handoff:same").await);
 
     // Commands per acquisition under contention.
-    let managers: Vec<LockManager> = {
-        let mut v = Vec::new();
-        for _ in 0..PROCESSES {
-            v.push(LockManager::builder().backend(RedisBackend::connect(&url).await.expect("connect")));
-        }
-        v
-    };
-    let before = command_calls(&mut conn).await;
+    for processes in [1, PROCESSES] {
+        contention(&url, &mut conn, processes).await;
+    }
+}
+
+/// `processes` backends of `TASKS` tasks each take one lock `ROUNDS` times each.
+async fn contention(url: &str, conn: &mut redis::aio::MultiplexedConnection, processes: usize) {
+    let mut managers = Vec::new();
+    for _ in 0..processes {
+        managers.push(LockManager::builder().backend(RedisBackend::connect(url).await.expect("connect")));
+    }
+    let name = format!("bench:contended:{processes}");
+    let before = command_calls(conn).await;
     let started = Instant::now();
     let acquisitions = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
     for m in &managers {
         for _ in 0..TASKS {
-            let (m, acquisitions) = (m.clone(), acquisitions.clone());
+            let (m, acquisitions, name) = (m.clone(), acquisitions.clone(), name.clone());
             tasks.push(tokio::spawn(async move {
                 for _ in 0..ROUNDS {
-                    let g =
-                        m.lock("bench:contended").wait(Duration::from_secs(60)).lease(Duration::from_secs(30)).await;
+                    let g = m.lock(&name).wait(Duration::from_secs(60)).lease(Duration::from_secs(30)).await;
                     let g = g.expect("lock");
                     acquisitions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tokio::task::yield_now().await;
@@ -149,21 +153,28 @@ async fn main() {
         t.await.expect("task");
     }
     let elapsed = started.elapsed();
-    let after = command_calls(&mut conn).await;
+    let after = command_calls(conn).await;
     let n = acquisitions.load(std::sync::atomic::Ordering::Relaxed);
-    let mut total = 0;
-    let mut lines = Vec::new();
-    for (cmd, calls) in &after {
-        let delta = calls - before.get(cmd).copied().unwrap_or(0);
-        if cmd == "info" || delta == 0 {
-            continue;
-        }
-        total += delta;
-        lines.push(format!("{cmd}={delta} ({:.2}/acq)", delta as f64 / n as f64));
-    }
+    let delta = |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
+    // `INFO commandstats` also counts the commands scripts run; what clients send is EVALSHA
+    // (acquire and release scripts), PTTL (waiter re-checks) and (UN)SUBSCRIBE.
+    let evalsha = delta("evalsha");
+    let busy = delta("set") - delta("incr"); // acquire attempts that found the lock held
+    let client_pttl = delta("pttl") - busy; // the acquire script runs PTTL on each busy attempt
+    let (sub, unsub) = (delta("subscribe"), delta("unsubscribe"));
+    let sent = evalsha + client_pttl + sub + unsub + delta("script|load") + delta("eval");
     println!(
-        "contention: {PROCESSES} backends x {TASKS} tasks, {n} acquisitions in {elapsed:?} ({:.0}/s)",
+        "contention: {processes} backend(s) x {TASKS} tasks, {n} acquisitions in {elapsed:?} ({:.0}/s)",
         n as f64 / elapsed.as_secs_f64()
     );
-    println!("redis commands per acquisition: {:.2} ({total} total: {})", total as f64 / n as f64, lines.join(", "));
+    println!(
+        "  commands sent per acquisition: {:.2} (evalsha {:.2} = 1 acquire + {:.2} busy attempts + 1 release; \
+         pttl {:.3}; subscribe {sub}, unsubscribe {unsub} in total)",
+        sent as f64 / n as f64,
+        evalsha as f64 / n as f64,
+        busy as f64 / n as f64,
+        client_pttl as f64 / n as f64,
+    );
+    let all: u64 = after.iter().filter(|(c, _)| c.as_str() != "info").map(|(c, _)| delta(c)).sum();
+    println!("  all commands executed (incl. inside scripts) per acquisition: {:.2}", all as f64 / n as f64);
 }
