@@ -58,6 +58,23 @@
 //!
 //! The background tasks (pub/sub connection, reconnection) run on the tokio runtime that
 //! created the backend, and stop when the backend is dropped.
+//!
+//! # Running Redis for locks
+//!
+//! - Use a `maxmemory-policy` of `noeviction` (the default) or a `volatile-*` one: evicting a
+//!   held lock's key would hand the lock to a second owner, and evicting a fencing counter
+//!   (which has no expiry, so `volatile-*` policies never pick it) would let tokens repeat.
+//! - With replicas, a failover can lose the last writes: a lock granted just before it may be
+//!   granted again, and a token may repeat. Check fencing tokens downstream where that matters.
+//!
+//! # Cost
+//!
+//! Measured on one machine against a local `redis-server` (`examples/bench_redis.rs`): a
+//! release hands the lock to a task waiting in another process in about 0.25 ms (p50).
+//! Under contention an acquisition costs about 3 commands when the competing tasks share one
+//! process (a first attempt that finds the lock held, the attempt after the wake-up, the
+//! release), and about one more per other competing process (5 with four processes), however
+//! many tasks each process runs.
 
 mod layout;
 mod waiters;
