@@ -317,30 +317,33 @@ async fn killed_pubsub_connection_still_wakes_waiters() {
     }
 }
 
-/// A release wakes one waiter per process, not all of them: eight local waiters handed the
-/// lock one after the other cost one acquire-script call each after their first attempt.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_wakes_one_local_waiter() {
-    let server = RedisServer::start();
-    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
-    let mut conn = raw(&server).await;
+/// Runs `per_backend` waiters in each of `backends` backends (as in as many processes) behind
+/// one holder, lets the lock pass through all of them, and returns the acquire/release script
+/// calls (`EVALSHA`) and `PTTL` calls the server saw.
+async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -> (u64, u64) {
+    let mut managers = Vec::new();
+    for _ in 0..backends {
+        managers.push(LockManager::builder().backend(backend(server, Duration::from_secs(1)).await));
+    }
+    let mut conn = raw(server).await;
     let before = command_calls(&mut conn).await;
-    let held = m.lock("herd").lease(Duration::from_secs(60)).await.expect("lock");
-    const WAITERS: u64 = 8;
-    let waiters: Vec<_> = (0..WAITERS)
-        .map(|_| {
-            let m = m.clone();
+    let held = managers[0].lock("herd").lease(Duration::from_secs(60)).await.expect("lock");
+    let waiters: Vec<_> = managers
+        .iter()
+        .flat_map(|m| std::iter::repeat_n(m.clone(), per_backend as usize))
+        .map(|m| {
             tokio::spawn(async move {
                 let g = m.lock("herd").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
                 g.release().await
             })
         })
         .collect();
+    let waiting = backends as u64 * per_backend;
     // Every waiter made its first attempt (found it busy) before the release.
     let started = Instant::now();
     while command_calls(&mut conn).await.get("evalsha").copied().unwrap_or(0)
         - before.get("evalsha").copied().unwrap_or(0)
-        < 1 + WAITERS
+        < 1 + waiting
     {
         assert!(started.elapsed() < Duration::from_secs(10), "waiters never tried");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -351,12 +354,34 @@ async fn a_release_wakes_one_local_waiter() {
     }
     let after = command_calls(&mut conn).await;
     let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    (delta("evalsha"), delta("pttl"))
+}
+
+/// A release wakes one waiter per process, not all of them: eight local waiters handed the
+/// lock one after the other cost one acquire-script call each after their first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_local_waiter() {
+    let server = RedisServer::start();
+    const WAITERS: u64 = 8;
+    let (evalsha, pttl) = hand_through(&server, 1, WAITERS).await;
     // 1 + 8 first attempts, 8 successful attempts, 9 releases; a herd would add up to 28 more.
     let expected = 1 + WAITERS + WAITERS + (WAITERS + 1);
-    assert!(delta("evalsha") <= expected + 2, "evalsha calls: {} (expected {expected})", delta("evalsha"));
+    assert!(evalsha <= expected + 2, "evalsha calls: {evalsha} (expected {expected})");
     // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
     // re-check per waiter once the channel subscription is confirmed.
-    assert!(delta("pttl") <= 2 * WAITERS, "pttl calls: {}", delta("pttl"));
+    assert!(pttl <= 2 * WAITERS, "pttl calls: {pttl}");
+}
+
+/// With waiters in two processes, each release costs at most one attempt per process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_per_process() {
+    let server = RedisServer::start();
+    const PER: u64 = 4;
+    let (evalsha, _) = hand_through(&server, 2, PER).await;
+    // 1 + 8 first attempts and 9 releases, then per release at most one attempt from each of
+    // the two processes (9 x 2); a herd would cost up to 8 attempts per release.
+    let bound = 1 + 2 * PER + (2 * PER + 1) + (2 * PER + 1) * 2;
+    assert!(evalsha <= bound + 2, "evalsha calls: {evalsha} (at most {bound})");
 }
 
 /// `SCRIPT FLUSH` (as after a failover): scripts are loaded again transparently.
