@@ -259,6 +259,12 @@ async fn killed_and_restarted_server_is_survived() {
     let timeout = Duration::from_millis(300);
     let m = LockManager::builder().default_lease(Duration::from_millis(900)).backend(backend(&server, timeout).await);
     let guard = m.lock("restart").await.expect("lock");
+    // A task waiting across the outage, for a lock whose 60 s lease vanishes with the restart.
+    let span = m.lock("span").lease(Duration::from_secs(60)).await.expect("lock");
+    let m2 = m.clone();
+    let spanning = tokio::spawn(async move { m2.lock("span").wait(Duration::from_secs(20)).await });
+    let mut conn = raw(&server).await;
+    await_numsub(&mut conn, &KeyLayout::of("span").channel, 1).await;
     server.kill();
     let started = Instant::now();
     let err = m.try_lock("down").await.expect_err("down");
@@ -266,10 +272,16 @@ async fn killed_and_restarted_server_is_survived() {
     assert!(started.elapsed() < timeout + Duration::from_secs(1), "took {:?}", started.elapsed());
     tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() while down");
     server.restart();
+    let restarted = Instant::now();
     let again = lock_after_outage(&m, "restart").await;
     let err = guard.release().await.expect_err("vanished with the restart");
     assert!(err.is_lost(), "{err}");
     again.release().await.expect("release");
+    // The waiter re-checked once the server was back, and took the vanished lock.
+    let got = spanning.await.expect("task").expect("the spanning waiter acquired");
+    assert!(restarted.elapsed() < Duration::from_secs(15), "long after the restart: {:?}", restarted.elapsed());
+    got.release().await.expect("release");
+    assert!(span.release().await.expect_err("vanished").is_lost());
     // Waiting works again too (the pub/sub connection came back).
     let held = m.lock("after").lease(Duration::from_secs(60)).await.expect("lock");
     let m2 = m.clone();

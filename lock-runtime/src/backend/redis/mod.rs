@@ -44,7 +44,8 @@
 //! holder that crashed publishes nothing, so the head also wakes when the holder's remaining
 //! lease (`PTTL`) runs out: a lost notification never strands a waiter beyond that lease. When
 //! the pub/sub connection drops (a server restart, `CLIENT KILL TYPE pubsub`), it reconnects,
-//! resubscribes, and the waiters re-check the lock.
+//! resubscribes, and the waiters re-check the lock (retrying a failed re-check with backoff
+//! while their `wait` lasts, so a task waiting across a server restart still gets the lock).
 //!
 //! # Failures
 //!
@@ -93,6 +94,9 @@ use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
 const KIND: &str = "redis";
+/// First and longest pause between two failed re-checks of a waiter.
+const RECHECK_MIN: Duration = Duration::from_millis(50);
+const RECHECK_MAX: Duration = Duration::from_secs(1);
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
@@ -260,30 +264,48 @@ impl RedisBackend {
             Joined::Retry => return Ok(Wake::Retry),
             Joined::Queued(reg) => reg,
         };
+        // A failed look at the lock (the server is restarting, say) is retried with backoff
+        // while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
+        let mut failed: Option<(LockError, Instant, Duration)> = None;
         loop {
             if Instant::now() >= deadline {
-                return Ok(Wake::TimedOut);
+                return match failed {
+                    Some((e, ..)) => Err(e),
+                    None => Ok(Wake::TimedOut),
+                };
             }
-            match reg.step() {
+            let (notify, until) = match reg.step() {
                 Step::Retry => return Ok(Wake::Retry),
-                Step::Check => {
-                    let sent = Instant::now();
-                    match self.pttl(&req.name, &layout.lock).await? {
-                        -2 => {
-                            reg.retry();
-                            return Ok(Wake::Retry);
+                Step::Check(notify, until) => match &failed {
+                    Some((_, again, _)) if Instant::now() < *again => {
+                        (notify, Some(until.map_or(*again, |t| t.min(*again))))
+                    }
+                    _ => {
+                        let sent = Instant::now();
+                        match self.pttl(&req.name, &layout.lock).await {
+                            Ok(-2) => {
+                                reg.retry();
+                                return Ok(Wake::Retry);
+                            }
+                            Ok(ms) => {
+                                failed = None;
+                                reg.checked(sent, u64::try_from(ms).ok().map(Duration::from_millis));
+                            }
+                            Err(e) => {
+                                let backoff = failed.as_ref().map_or(RECHECK_MIN, |f| (f.2 * 2).min(RECHECK_MAX));
+                                tracing::debug!(lock = %req.name, error = %e, "re-check failed; again in {backoff:?}");
+                                failed = Some((e, Instant::now() + backoff, backoff));
+                            }
                         }
-                        ms if ms >= 0 => reg.checked(sent, Some(Duration::from_millis(ms.unsigned_abs()))),
-                        _ => reg.checked(sent, None),
+                        continue;
                     }
-                }
-                Step::Sleep(notify, until) => {
-                    let until = until.map_or(deadline, |t| t.min(deadline));
-                    tokio::select! {
-                        _ = notify.notified() => {}
-                        _ = tokio::time::sleep_until(until.into()) => {}
-                    }
-                }
+                },
+                Step::Sleep(notify, until) => (notify, until),
+            };
+            let until = until.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
             }
         }
     }

@@ -122,8 +122,9 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 pub(super) enum Step {
     /// Make another attempt (woken by a release, or the holder's lease ran out).
     Retry,
-    /// Look at the lock (`PTTL`): a release may have gone unannounced to this waiter.
-    Check,
+    /// Look at the lock (`PTTL`): a release may have gone unannounced to this waiter. Carries
+    /// what to sleep on if the look must wait (it failed recently), and the holder's lease end.
+    Check(Arc<Notify>, Option<Instant>),
     /// Sleep until notified, or until the instant (the holder's lease end).
     Sleep(Arc<Notify>, Option<Instant>),
 }
@@ -250,7 +251,7 @@ impl Registration<'_> {
         }
         if let Sub::Confirmed(at) = ks.sub {
             if slot.checked.is_none_or(|c| c < at) {
-                return Step::Check;
+                return Step::Check(notify, ks.ttl_at);
             }
         }
         if ks.ttl_at.is_some_and(|t| now >= t) {
