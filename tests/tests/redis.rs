@@ -396,6 +396,40 @@ async fn a_release_wakes_one_waiter_per_process() {
     assert!(evalsha <= bound + 2, "evalsha calls: {evalsha} (at most {bound})");
 }
 
+/// A holder whose lease runs out (it publishes nothing) wakes one local waiter, not the whole
+/// queue; the rest follow one release at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_wakes_one_local_waiter() {
+    let server = RedisServer::start();
+    let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    let before = command_calls(&mut conn).await;
+    let evalsha = |calls: &HashMap<String, u64>| {
+        calls.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0)
+    };
+    let expiring = other.lock("expiry").lease(Duration::from_millis(700)).await.expect("lock");
+    const WAITERS: u64 = 8;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let g = m.lock("expiry").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                g.release().await
+            })
+        })
+        .collect();
+    for w in waiters {
+        w.await.expect("task").expect("waiter");
+    }
+    let calls = evalsha(&command_calls(&mut conn).await);
+    // 1 + 8 first attempts, 8 successful attempts, 8 releases (+2 for a wake-up a hair early);
+    // a cascade at the expiry would add up to 7 more.
+    let expected = 1 + WAITERS + WAITERS + WAITERS;
+    assert!(calls <= expected + 2, "evalsha calls: {calls} (expected {expected})");
+    assert!(expiring.release().await.expect_err("expired").is_lost());
+}
+
 /// `SCRIPT FLUSH` (as after a failover): scripts are loaded again transparently.
 #[tokio::test]
 async fn flushed_scripts_are_reloaded() {

@@ -37,6 +37,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(super) struct Waiters {
     state: Arc<Mutex<State>>,
     poke: mpsc::UnboundedSender<()>,
+    /// How long the rest of a queue gives a waiter that left it to make its attempt, before
+    /// its new head looks at the lock itself (the leaver may have been cancelled or failed).
+    handoff: Duration,
 }
 
 #[derive(Default)]
@@ -151,7 +154,7 @@ impl Waiters {
         let state = Arc::new(Mutex::new(State::default()));
         let (poke, rx) = mpsc::unbounded_channel();
         tokio::spawn(subscriber(state.clone(), client, rx, timeout, grace));
-        Waiters { state, poke }
+        Waiters { state, poke, handoff: timeout * 2 }
     }
 
     fn poke(&self) {
@@ -207,6 +210,7 @@ impl Waiters {
             if checked.is_none_or(|c| c < u) {
                 ks.unclaimed = None;
                 ks.remember_front(owner);
+                ks.ttl_at = now.checked_add(self.handoff);
                 if ks.queue.is_empty() {
                     ks.idle_since = Some(now);
                     st.idle.push_back((channel, now));
@@ -290,7 +294,11 @@ impl Registration<'_> {
         let Some(pos) = ks.queue.iter().position(|s| s.id == self.id) else { return };
         let Some(slot) = ks.queue.remove(pos) else { return };
         if !pass_wake {
+            // Off to make an attempt: the rest of the queue waits for its outcome (it takes the
+            // lock, or comes back at the front with the new holder's lease) rather than
+            // following it (no cascade when a lease runs out), but not forever.
             ks.remember_front(slot.owner);
+            ks.ttl_at = now.checked_add(self.waiters.handoff);
         } else if slot.woken && !ks.wake_one() {
             // Gave up just as it was woken: keep the release for whoever comes next.
             ks.unclaimed = Some(now);
