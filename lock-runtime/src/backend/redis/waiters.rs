@@ -3,7 +3,11 @@
 //! Waiters of one process on one key form a FIFO queue; only its head is woken, by a release
 //! message or by the holder's lease running out, so a release costs one attempt per process
 //! however many tasks wait (no thundering herd). A woken waiter that loses the race to another
-//! process comes back at the front.
+//! process comes back at the front. While a woken waiter makes its attempt, the rest of the
+//! queue waits for its outcome (it takes the lock, or comes back with the new holder's lease)
+//! instead of following it, so a lease running out does not set off the whole queue either;
+//! if it never reports back (cancelled, or its attempt failed), the next head looks for itself
+//! after a hand-off window of two command timeouts.
 //!
 //! One background task owns the pub/sub connection. It subscribes a key's release channel
 //! when a queue appears, and unsubscribes it once the queue has stayed empty for a short
