@@ -430,6 +430,38 @@ async fn lease_expiry_wakes_one_local_waiter() {
     assert!(expiring.release().await.expect_err("expired").is_lost());
 }
 
+/// Connections open on the server, by `CLIENT LIST TYPE <kind>`.
+async fn clients(conn: &mut redis::aio::MultiplexedConnection, kind: &str) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg(kind).query_async(conn).await.expect("CLIENT");
+    list.lines().filter(|l| !l.is_empty()).count()
+}
+
+/// Polls the server (no push signal exists for this) until `kind` has `want` connections.
+async fn await_clients(conn: &mut redis::aio::MultiplexedConnection, kind: &str, want: usize) {
+    let started = Instant::now();
+    while clients(conn, kind).await != want {
+        assert!(started.elapsed() < Duration::from_secs(10), "never {want} {kind} connection(s)");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A backend keeps one command and one pub/sub connection, and dropping the last manager
+/// (and guard) using it closes both: its background tasks stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_manager_stops_its_tasks_and_connections() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    let guard = m.lock("owned").await.expect("lock");
+    // Ours, the backend's command connection, and its pub/sub connection (typed `normal`
+    // while it has no subscription).
+    await_clients(&mut conn, "normal", 3).await;
+    drop(m);
+    guard.release().await.expect("release");
+    await_clients(&mut conn, "pubsub", 0).await;
+    await_clients(&mut conn, "normal", 1).await;
+}
+
 /// `SCRIPT FLUSH` (as after a failover): scripts are loaded again transparently.
 #[tokio::test]
 async fn flushed_scripts_are_reloaded() {

@@ -71,7 +71,8 @@
 //! # Cost
 //!
 //! Measured on one machine against a local `redis-server` (`examples/bench_redis.rs`): a
-//! release hands the lock to a task waiting in another process in about 0.25 ms (p50).
+//! release hands the lock to a task waiting in another process in 0.25 to 0.5 ms (p50, on a
+//! busy 2-core machine).
 //! Under contention an acquisition costs about 3 commands when the competing tasks share one
 //! process (a first attempt that finds the lock held, the attempt after the wake-up, the
 //! release), and about one more per other competing process (5 with four processes), however
