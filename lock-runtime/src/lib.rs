@@ -29,6 +29,7 @@
 //! # Features
 //!
 //! - `macros` (default): re-exports the `#[distributed_locked]` attribute.
+//! - `redis`: the Redis backend, [`LockManager::redis`] (see [`backend::redis`]).
 //! - `zookeeper`: the ZooKeeper backend, [`LockManager::zookeeper`] (see
 //!   [`backend::zookeeper`]).
 //! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
