@@ -3,9 +3,12 @@
 
 use proc_macro::TokenStream;
 
+mod expand;
+mod options;
+mod template;
+
 /// See `lock_runtime::distributed_locked`.
 #[proc_macro_attribute]
 pub fn distributed_locked(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let _ = attr;
-    item
+    expand::expand(attr.into(), item.into()).into()
 }

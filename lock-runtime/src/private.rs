@@ -3,6 +3,7 @@
 
 use std::borrow::Borrow;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -35,6 +36,102 @@ pub fn default_name(cell: &'static OnceLock<String>, module_path: &str, fn_name:
 /// The manager set with [`set_default`](crate::set_default), or the not-configured error.
 pub fn default_manager(name: &str) -> Result<LockManager, LockError> {
     crate::manager::default_manager().ok_or_else(|| LockError::NotConfigured { name: name.to_owned() })
+}
+
+/// Takes (or re-enters) the lock `name` on the default manager (see [`default_manager`]).
+pub async fn enter_default<N: Into<Arc<str>> + AsRef<str>>(
+    name: N,
+    options: LockOptions,
+) -> Result<Entered, LockError> {
+    let manager = default_manager(name.as_ref())?;
+    enter(manager, name, options).await
+}
+
+/// Notes why a locked call is about to call its fallback instead of its body.
+pub fn falling_back(error: &LockError) {
+    if error.is_contended() {
+        tracing::debug!(error = %error, "lock busy; calling the fallback");
+    } else {
+        tracing::warn!(error = %error, "lock not acquired; calling the fallback");
+    }
+}
+
+/// A return type that a lock failure can be returned through: `Result<_, E>` with
+/// `E: From<LockError>`. Required of locked fns without a `fallback`.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_locked]` without a `fallback` must return `Result<_, E>` with `E: From<LockError>`, not `{Self}`",
+    label = "this return type cannot carry a `LockError`",
+    note = "a lock that cannot be taken (or, with `on_lost = abort`, is lost) is returned as `Err(lock_error.into())`",
+    note = "return `Result<_, E>` where `E: From<lock_runtime::LockError>`, or add `fallback = some_async_fn` (called with the same arguments)"
+)]
+pub trait CarryLockError: Sized {
+    /// `Err(error.into())`.
+    fn from_lock_error(error: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> CarryLockError for Result<T, E> {
+    #[inline]
+    fn from_lock_error(error: LockError) -> Self {
+        Err(E::from(error))
+    }
+}
+
+/// A return type that the lost error of `on_lost = abort` can be returned through.
+#[diagnostic::on_unimplemented(
+    message = "`on_lost = abort` needs a return type that can carry the lost error: `Result<_, E>` with `E: From<LockError>`, not `{Self}`",
+    label = "this return type cannot carry a `LockError`",
+    note = "leave `on_lost` out (a function with a `fallback` whose return type cannot carry the error runs to its end) or write `on_lost = ignore`; or return `Result<_, E>` where `E: From<lock_runtime::LockError>`"
+)]
+pub trait CarryLostError: Sized {
+    /// `Err(error.into())`.
+    fn from_lost_error(error: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> CarryLostError for Result<T, E> {
+    #[inline]
+    fn from_lost_error(error: LockError) -> Self {
+        Err(E::from(error))
+    }
+}
+
+/// Picks the default `on_lost` of a locked fn with a `fallback`, by its return type `R`:
+/// abort when `R` can carry the lost error ([`AbortIfCarried`]), else run to the end
+/// ([`RunToEndOtherwise`]). Called as `(&Probe::<R>::new()).on_lost()` (autoref dispatch).
+#[derive(Debug)]
+pub struct Probe<R>(PhantomData<fn() -> R>);
+
+impl<R> Probe<R> {
+    /// The probe for return type `R`.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        Probe(PhantomData)
+    }
+}
+
+/// Chosen when `R` can carry a [`LockError`]: abort on loss, converting the error.
+pub trait AbortIfCarried<R> {
+    /// `Some(conversion)`: abort on loss.
+    fn on_lost(&self) -> Option<fn(LockError) -> R>;
+}
+
+impl<R: CarryLockError> AbortIfCarried<R> for Probe<R> {
+    #[inline]
+    fn on_lost(&self) -> Option<fn(LockError) -> R> {
+        Some(R::from_lock_error)
+    }
+}
+
+/// Chosen otherwise: run the body to its end.
+pub trait RunToEndOtherwise<R> {
+    /// `None`: run to the end.
+    fn on_lost(&self) -> Option<fn(LockError) -> R>;
+}
+
+impl<R> RunToEndOtherwise<R> for &Probe<R> {
+    #[inline]
+    fn on_lost(&self) -> Option<fn(LockError) -> R> {
+        None
+    }
 }
 
 /// Takes (or re-enters) the lock for a locked call.
@@ -107,6 +204,18 @@ impl Entered {
             }
         }
         output
+    }
+
+    /// [`run`](Entered::run) with [`OnLost::Abort`] converting the lost error with `carry` when
+    /// it is `Some`, else [`run_to_end`](Entered::run_to_end).
+    pub async fn run_with<F: Future>(self, carry: Option<fn(LockError) -> F::Output>, body: F) -> F::Output {
+        match carry {
+            Some(carry) => match self.run(OnLost::Abort, body).await {
+                Ok(output) => output,
+                Err(e) => carry(e),
+            },
+            None => self.run_to_end(body).await,
+        }
     }
 
     /// Runs `body` to its end under the lock (for [`OnLost::Ignore`], or return types that
