@@ -207,6 +207,9 @@ fn resolve(name: &str, params: &[Param], span: Span) -> Option<TokenStream> {
 }
 
 fn unknown_param(name: &str, params: &[Param]) -> String {
+    if name == "self" {
+        return "`{self.…}` in `name` needs a method with a `self` receiver".to_owned();
+    }
     let mut known: Vec<String> = Vec::new();
     for p in params {
         match p {
@@ -290,7 +293,7 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
 
     let (ret_ty, ret_span): (Type, Span) = match &func.sig.output {
         ReturnType::Type(_, ty) => ((**ty).clone(), ty.span()),
-        ReturnType::Default => (syn::parse_quote!(()), func.sig.paren_token.span.join()),
+        ReturnType::Default => (syn::parse_quote_spanned!(func.sig.ident.span()=> ()), func.sig.ident.span()),
     };
     let carry_lock = quote_spanned!(ret_span=> <#ret_ty as #private::CarryLockError>::from_lock_error);
 

@@ -130,10 +130,8 @@ mod actix_app {
 async fn actix_get_handler_serves_a_request() {
     use actix_web::{App, HttpServer};
 
-    let server = HttpServer::new(|| App::new().service(actix_app::item))
-        .workers(1)
-        .bind(("127.0.0.1", 0))
-        .expect("bind");
+    let server =
+        HttpServer::new(|| App::new().service(actix_app::item)).workers(1).bind(("127.0.0.1", 0)).expect("bind");
     let addr = server.addrs()[0];
     let server = server.run();
     let handle = server.handle();
