@@ -97,15 +97,23 @@ impl LockGuard {
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();
         }
-        let bound = state.backend.operation_timeout();
-        let released = match tokio::time::timeout(bound, state.backend.release(&self.held)).await {
-            Ok(result) => result,
-            Err(_) => Err(LockError::timed_out(&*self.held.name, state.backend.kind(), "release", bound)),
+        let released = match state.backend.release_now(&self.held) {
+            Some(result) => result,
+            // Boxed so that the in-process fast path keeps a small future.
+            None => Box::pin(release_remote(&*state.backend, &self.held)).await,
         };
         match self.lost.reason() {
             Some(reason) => Err(LockError::lost(&*self.held.name, reason)),
             None => released,
         }
+    }
+}
+
+async fn release_remote(backend: &dyn LockBackend, held: &Held) -> Result<(), LockError> {
+    let bound = backend.operation_timeout();
+    match crate::bounded::bounded(bound, backend.release(held)).await {
+        Some(result) => result,
+        None => Err(LockError::timed_out(&*held.name, backend.kind(), "release", bound)),
     }
 }
 
@@ -115,7 +123,7 @@ impl Drop for LockGuard {
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();
         }
-        if state.backend.release_now(&self.held) {
+        if state.backend.release_now(&self.held).is_some() {
             return;
         }
         let held = self.held.clone();

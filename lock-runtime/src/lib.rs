@@ -29,14 +29,17 @@
 //! # Features
 //!
 //! - `macros` (default): re-exports the `#[distributed_locked]` attribute.
+//! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backend;
+mod bounded;
 mod context;
 mod error;
 mod guard;
+pub mod http;
 mod lost;
 mod manager;
 mod options;
@@ -51,7 +54,7 @@ pub use error::{BoxError, LockError};
 pub use guard::LockGuard;
 pub use lost::LostSignal;
 pub use manager::{
-    default_manager, set_default, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
+    default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
 

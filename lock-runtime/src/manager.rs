@@ -169,8 +169,8 @@ impl LockManager {
     /// assert!(guard.fencing_token() > 0);
     /// # Ok(()) }
     /// ```
-    pub fn lock(&self, name: impl AsRef<str>) -> LockRequest {
-        LockRequest { manager: self.clone(), name: Arc::from(name.as_ref()), options: LockOptions::new() }
+    pub fn lock(&self, name: impl AsRef<str>) -> LockRequest<'_> {
+        LockRequest { manager: self, name: Arc::from(name.as_ref()), options: LockOptions::new() }
     }
 
     /// One attempt, no waiting: `Ok(None)` when someone else holds the lock.
@@ -208,7 +208,17 @@ impl LockManager {
 
     /// Takes the lock `name` with `options`: the whole acquisition policy.
     pub(crate) async fn acquire(&self, name: Arc<str>, options: LockOptions) -> Result<LockGuard, LockError> {
-        let started = Instant::now();
+        let plan = self.plan(name, options)?;
+        match self.attempt_now(&plan) {
+            Some(Ok(Attempt::Acquired(grant))) => Ok(self.guard(plan, grant, None)),
+            Some(Ok(Attempt::Busy(busy))) => self.acquire_slow(plan, Instant::now(), Some(busy)).await,
+            Some(Err(e)) => Err(e),
+            None => self.acquire_slow(plan, Instant::now(), None).await,
+        }
+    }
+
+    /// Validates a request and works out what to ask the backend for.
+    fn plan(&self, name: Arc<str>, options: LockOptions) -> Result<Plan, LockError> {
         let inner = &*self.inner;
         options::check_name(&name)?;
         let wait = options.wait_for().unwrap_or(inner.default_wait);
@@ -228,59 +238,82 @@ impl LockManager {
         }
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
-        let lost = LostSignal::new();
-        let req = Acquire { name: name.clone(), key: key.clone(), owner: OwnerId::next(), lease, lost: &lost };
-        let deadline = started.checked_add(wait).unwrap_or(started);
-        let grant = self.attempts(&req, deadline, options.retries(), started).await?;
+        Ok(Plan { name, key, owner: OwnerId::next(), lease, wait, retry: options.retries() })
+    }
 
-        let held = Held { name, key, owner: req.owner, fencing_token: grant.fencing_token, tag: grant.tag.clone() };
-        let watchdog = match lease {
+    /// The synchronous fast path of in-process backends: one attempt, no allocation for the
+    /// future or the lost signal.
+    fn attempt_now(&self, plan: &Plan) -> Option<Result<Attempt, LockError>> {
+        let never = LostSignal::never();
+        self.inner.backend.try_acquire_now(&plan.request(&never))
+    }
+
+    /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
+    fn guard(&self, plan: Plan, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
+        let inner = &*self.inner;
+        let held = Held {
+            name: plan.name,
+            key: plan.key,
+            owner: plan.owner,
+            fencing_token: grant.fencing_token,
+            tag: grant.tag,
+        };
+        let time_bound = matches!(plan.lease, Lease::Fixed(_)) || grant.needs_renewal;
+        let granted_at = || grant.granted_at.unwrap_or_else(Instant::now);
+        let lost = match lost {
+            Some(lost) => lost,
+            None if time_bound => LostSignal::new(),
+            None => LostSignal::never(),
+        };
+        let watchdog = match plan.lease {
             Lease::Fixed(d) => {
-                lost.set_deadline(grant.granted_at.checked_add(d));
+                lost.set_deadline(granted_at().checked_add(d));
                 None
             }
             Lease::Renewed(d) if grant.needs_renewal => {
-                lost.set_deadline(grant.granted_at.checked_add(d));
+                lost.set_deadline(granted_at().checked_add(d));
                 Some(watchdog::spawn(inner.backend.clone(), held.clone(), d, lost.clone()))
             }
             Lease::Renewed(_) => None,
         };
-        Ok(LockGuard::new(inner.backend.clone(), held, lost, watchdog))
+        LockGuard::new(inner.backend.clone(), held, lost, watchdog)
     }
 
-    /// Attempts until granted, the deadline passes, or the retry budget is spent.
-    async fn attempts(
-        &self,
-        req: &Acquire<'_>,
-        deadline: Instant,
-        retry: Option<u32>,
-        started: Instant,
-    ) -> Result<Grant, LockError> {
+    /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
+    /// is spent. `busy` is the outcome of a first attempt already made on the fast path.
+    async fn acquire_slow(&self, plan: Plan, started: Instant, busy: Option<Busy>) -> Result<LockGuard, LockError> {
         let backend = &*self.inner.backend;
         let bound = backend.operation_timeout();
-        let mut attempts = 1u32;
-        let mut busy: Busy = match self.bounded(req, "acquire", bound, backend.try_acquire(req)).await? {
-            Attempt::Acquired(grant) => return Ok(grant),
-            Attempt::Busy(busy) => busy,
-        };
+        let lost = LostSignal::new();
+        let req = plan.request(&lost);
+        let deadline = started.checked_add(plan.wait).unwrap_or(started);
         let contended =
-            |attempts| LockError::Contended { name: req.name.to_string(), waited: started.elapsed(), attempts };
-        loop {
-            if Instant::now() >= deadline || retry.is_some_and(|r| attempts > r) {
+            |attempts| LockError::Contended { name: plan.name.to_string(), waited: started.elapsed(), attempts };
+        let mut attempts = 1u32;
+        let mut busy = match busy {
+            Some(busy) => busy,
+            None => match self.bounded(&req, "acquire", bound, backend.try_acquire(&req)).await? {
+                Attempt::Acquired(grant) => return Ok(self.guard(plan, grant, Some(lost))),
+                Attempt::Busy(busy) => busy,
+            },
+        };
+        let grant = loop {
+            if Instant::now() >= deadline || plan.retry.is_some_and(|r| attempts > r) {
                 return Err(contended(attempts));
             }
             let bound_wait = deadline.saturating_duration_since(Instant::now()) + bound;
-            match self.bounded(req, "wait for", bound_wait, backend.wait(req, &busy, deadline)).await? {
-                Wake::Acquired(grant) => return Ok(grant),
+            match self.bounded(&req, "wait for", bound_wait, backend.wait(&req, &busy, deadline)).await? {
+                Wake::Acquired(grant) => break grant,
                 Wake::TimedOut => return Err(contended(attempts)),
                 Wake::Retry => {}
             }
             attempts += 1;
-            match self.bounded(req, "acquire", bound, backend.try_acquire(req)).await? {
-                Attempt::Acquired(grant) => return Ok(grant),
+            match self.bounded(&req, "acquire", bound, backend.try_acquire(&req)).await? {
+                Attempt::Acquired(grant) => break grant,
                 Attempt::Busy(b) => busy = b,
             }
-        }
+        };
+        Ok(self.guard(plan, grant, Some(lost)))
     }
 
     async fn bounded<T>(
@@ -290,10 +323,26 @@ impl LockManager {
         bound: Duration,
         fut: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(bound, fut).await {
-            Ok(result) => result,
-            Err(_) => Err(LockError::timed_out(&*req.name, self.inner.backend.kind(), operation, bound)),
+        match crate::bounded::bounded(bound, fut).await {
+            Some(result) => result,
+            None => Err(LockError::timed_out(&**req.name, self.inner.backend.kind(), operation, bound)),
         }
+    }
+}
+
+/// A validated request.
+struct Plan {
+    name: Arc<str>,
+    key: Arc<str>,
+    owner: OwnerId,
+    lease: Lease,
+    wait: Duration,
+    retry: Option<u32>,
+}
+
+impl Plan {
+    fn request<'a>(&'a self, lost: &'a LostSignal) -> Acquire<'a> {
+        Acquire { name: &self.name, key: &self.key, owner: self.owner, lease: self.lease, lost }
     }
 }
 
@@ -303,13 +352,13 @@ impl LockManager {
 /// defaults.
 #[derive(Debug)]
 #[must_use = "a lock request does nothing until it is awaited"]
-pub struct LockRequest {
-    manager: LockManager,
+pub struct LockRequest<'m> {
+    manager: &'m LockManager,
     name: Arc<str>,
     options: LockOptions,
 }
 
-impl LockRequest {
+impl LockRequest<'_> {
     /// The longest time to wait for the lock; `Duration::ZERO` makes one attempt.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.options = self.options.wait(wait);
@@ -335,11 +384,66 @@ impl LockRequest {
     }
 }
 
-impl IntoFuture for LockRequest {
+impl<'m> IntoFuture for LockRequest<'m> {
     type Output = Result<LockGuard, LockError>;
-    type IntoFuture = BoxFuture<'static, Result<LockGuard, LockError>>;
+    type IntoFuture = LockFuture<'m>;
 
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move { self.manager.acquire(self.name, self.options).await })
+    fn into_future(self) -> LockFuture<'m> {
+        LockFuture { state: LockFutureState::Start(self) }
+    }
+}
+
+/// The future of an awaited [`LockRequest`]. On an in-process backend an uncontended lock is
+/// taken on the first poll without allocating; otherwise the acquisition runs boxed.
+#[must_use = "futures do nothing unless polled"]
+pub struct LockFuture<'m> {
+    state: LockFutureState<'m>,
+}
+
+enum LockFutureState<'m> {
+    Start(LockRequest<'m>),
+    Running(BoxFuture<'m, Result<LockGuard, LockError>>),
+    Done,
+}
+
+impl std::fmt::Debug for LockFuture<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockFuture").finish_non_exhaustive()
+    }
+}
+
+impl Future for LockFuture<'_> {
+    type Output = Result<LockGuard, LockError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        if let LockFutureState::Start(_) = self.state {
+            let LockFutureState::Start(request) = std::mem::replace(&mut self.state, LockFutureState::Done) else {
+                return Poll::Pending; // unreachable: matched above
+            };
+            let LockRequest { manager, name, options } = request;
+            let plan = match manager.plan(name, options) {
+                Ok(plan) => plan,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            let busy = match manager.attempt_now(&plan) {
+                Some(Ok(Attempt::Acquired(grant))) => return Poll::Ready(Ok(manager.guard(plan, grant, None))),
+                Some(Ok(Attempt::Busy(busy))) => Some(busy),
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                None => None,
+            };
+            let started = Instant::now();
+            self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy)));
+        }
+        match &mut self.state {
+            LockFutureState::Running(fut) => {
+                let out = fut.as_mut().poll(cx);
+                if out.is_ready() {
+                    self.state = LockFutureState::Done;
+                }
+                out
+            }
+            _ => Poll::Ready(Err(LockError::invalid("", "a lock future was polled after it completed"))),
+        }
     }
 }

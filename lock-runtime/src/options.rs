@@ -86,7 +86,9 @@ pub(crate) fn check_name(name: &str) -> Result<(), LockError> {
             format!("the name is {} bytes long; the most accepted is {MAX_NAME_LEN}", name.len()),
         ));
     }
-    if name.chars().any(char::is_control) {
+    let has_control =
+        if name.is_ascii() { name.bytes().any(|b| b.is_ascii_control()) } else { name.chars().any(char::is_control) };
+    if has_control {
         return Err(LockError::invalid(name.escape_debug().to_string(), "the name contains control characters"));
     }
     Ok(())
@@ -117,4 +119,32 @@ pub(crate) fn check_retry(name: &str, retry: u32) -> Result<(), LockError> {
         return Err(LockError::invalid(name, format!("retry {retry} is more than the most accepted, {MAX_RETRY}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(check_name("order:42").is_ok());
+        assert!(check_name("заказ/42 ✓").is_ok());
+        assert!(check_name("").unwrap_err().is_invalid());
+        assert!(check_name("tab\there").unwrap_err().is_invalid());
+        assert!(check_name("c1\u{85}").unwrap_err().is_invalid());
+        assert!(check_name(&"x".repeat(MAX_NAME_LEN)).is_ok());
+        let err = check_name(&"x".repeat(MAX_NAME_LEN + 1)).unwrap_err();
+        assert!(err.is_invalid() && err.to_string().contains("1025 bytes"), "{err}");
+    }
+
+    #[test]
+    fn durations_and_retries() {
+        assert!(check_wait("n", Duration::ZERO).is_ok());
+        assert!(check_wait("n", MAX_WAIT + Duration::from_secs(1)).unwrap_err().is_invalid());
+        assert!(check_lease("n", "lease", Duration::ZERO, MIN_LEASE).unwrap_err().is_invalid());
+        assert!(check_lease("n", "lease", MIN_LEASE, MIN_LEASE).is_ok());
+        assert!(check_lease("n", "lease", MAX_LEASE * 2, MIN_LEASE).unwrap_err().is_invalid());
+        assert!(check_retry("n", MAX_RETRY).is_ok());
+        assert!(check_retry("n", MAX_RETRY + 1).unwrap_err().is_invalid());
+    }
 }

@@ -7,13 +7,14 @@
 //! never handed the lock afterwards. Fixed leases are enforced: a holder past its lease loses
 //! the lock to the next waiter.
 
-use std::collections::hash_map::Entry as MapEntry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use hashbrown::hash_table::Entry as TableEntry;
+use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::sync::oneshot;
 
 use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, OwnerId, Wake};
@@ -42,24 +43,24 @@ pub struct MemoryBackend {
 
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: DefaultHashBuilder,
     tokens: AtomicU64,
 }
 
 impl Default for Inner {
     fn default() -> Self {
         Inner {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: Default::default(),
             tokens: AtomicU64::new(1),
         }
     }
 }
 
-type Shard = HashMap<Arc<str>, Entry>;
+type Shard = HashTable<Entry>;
 
-#[derive(Default)]
 struct Entry {
+    key: Arc<str>,
     holder: Option<Holder>,
     waiters: VecDeque<Waiter>,
 }
@@ -107,7 +108,8 @@ impl MemoryBackend {
 
     /// How many callers wait for `key` (the backend key: prefix and name) right now.
     pub fn waiting(&self, key: &str) -> usize {
-        self.shard(key).get(key).map_or(0, |e| e.waiters.len())
+        let (hash, shard) = self.shard(key);
+        shard.find(hash, |e| *e.key == *key).map_or(0, |e| e.waiters.len())
     }
 
     /// The allocated capacity of the store, in entries (to check that it shrinks).
@@ -115,21 +117,27 @@ impl MemoryBackend {
         self.inner.shards.iter().map(|s| lock(s).capacity()).sum()
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        lock(&self.inner.shards[(self.inner.hasher.hash_one(key) as usize) % SHARDS])
+    /// The key's hash (computed once per operation) and its locked shard.
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.inner.hasher.hash_one(key);
+        (hash, lock(&self.inner.shards[((hash >> 40) as usize) % SHARDS]))
     }
 
     fn next_token(&self) -> u64 {
         self.inner.tokens.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn holder_for(&self, owner: OwnerId, lease: Lease, now: Instant) -> (Holder, Grant) {
+    fn holder_for(&self, owner: OwnerId, lease: Lease, now: Option<Instant>) -> (Holder, Grant) {
         let token = self.next_token();
-        let expires_at = match lease {
-            Lease::Fixed(d) => now.checked_add(d),
-            Lease::Renewed(_) => None,
+        let (expires_at, granted_at) = match lease {
+            Lease::Fixed(d) => {
+                let now = now.unwrap_or_else(Instant::now);
+                (now.checked_add(d), Some(now))
+            }
+            // Not time-bound: an in-process lock lives exactly as long as its guard.
+            Lease::Renewed(_) => (None, now),
         };
-        let grant = Grant { fencing_token: token, needs_renewal: false, tag: None, granted_at: now };
+        let grant = Grant { fencing_token: token, needs_renewal: false, tag: None, granted_at };
         (Holder { owner, token, expires_at }, grant)
     }
 
@@ -138,7 +146,7 @@ impl MemoryBackend {
     fn hand_off(&self, entry: &mut Entry, now: Instant) -> bool {
         debug_assert!(entry.holder.is_none());
         while let Some(waiter) = entry.waiters.pop_front() {
-            let (holder, grant) = self.holder_for(waiter.owner, waiter.lease, now);
+            let (holder, grant) = self.holder_for(waiter.owner, waiter.lease, Some(now));
             if waiter.grant.send(grant).is_ok() {
                 entry.holder = Some(holder);
                 return true;
@@ -147,28 +155,57 @@ impl MemoryBackend {
         false
     }
 
+    fn attempt(&self, req: &Acquire<'_>) -> Attempt {
+        let (hash, mut shard) = self.shard(req.key);
+        let hasher = &self.inner.hasher;
+        match shard.entry(hash, |e| *e.key == **req.key, |e| hasher.hash_one(&*e.key)) {
+            TableEntry::Vacant(slot) => {
+                let (holder, grant) = self.holder_for(req.owner, req.lease, None);
+                slot.insert(Entry { key: req.key.clone(), holder: Some(holder), waiters: VecDeque::new() });
+                Attempt::Acquired(grant)
+            }
+            TableEntry::Occupied(mut slot) => {
+                let entry = slot.get_mut();
+                let now = Instant::now();
+                if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
+                    entry.holder = None;
+                    self.hand_off(entry, now);
+                }
+                match &entry.holder {
+                    None => {
+                        let (holder, grant) = self.holder_for(req.owner, req.lease, Some(now));
+                        entry.holder = Some(holder);
+                        Attempt::Acquired(grant)
+                    }
+                    Some(h) => {
+                        Attempt::Busy(Busy { expires_in: h.expires_at.map(|at| at.saturating_duration_since(now)) })
+                    }
+                }
+            }
+        }
+    }
+
     /// Frees the entry of `key` held by `owner` (if it still is), hands it on or removes it.
     /// Returns whether `owner` still held it within its lease.
     fn release_sync(&self, key: &str, owner: OwnerId, token: u64) -> Result<(), &'static str> {
-        let now = Instant::now();
-        let mut shard = self.shard(key);
-        let Some(entry) = shard.get_mut(key) else {
+        let (hash, mut shard) = self.shard(key);
+        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
-        let verdict = match &entry.holder {
-            Some(h) if h.owner == owner && h.token == token => {
-                if h.expired(now) {
-                    Err("its lease ran out before the release")
-                } else {
-                    Ok(())
-                }
-            }
-            _ => return Err("its lease ran out and it is now held by another owner"),
+        let entry = slot.get_mut();
+        let mine = entry.holder.as_ref().filter(|h| h.owner == owner && h.token == token);
+        let Some(holder) = mine else {
+            return Err("its lease ran out and it is now held by another owner");
+        };
+        let now = holder.expires_at.map(|_| Instant::now());
+        let verdict = match now {
+            Some(now) if holder.expired(now) => Err("its lease ran out before the release"),
+            _ => Ok(()),
         };
         entry.holder = None;
-        if !self.hand_off(entry, now) {
-            shard.remove(key);
-            shrink(&mut shard);
+        if entry.waiters.is_empty() || !self.hand_off(entry, now.unwrap_or_else(Instant::now)) {
+            slot.remove();
+            shrink(&mut shard, &self.inner.hasher);
         }
         verdict
     }
@@ -176,13 +213,14 @@ impl MemoryBackend {
     /// Takes away the lock of a holder whose lease ran out, handing it on. Returns the next
     /// instant at which the (new) holder's lease runs out, if any.
     fn reap(&self, key: &str, now: Instant) -> Option<Instant> {
-        let mut shard = self.shard(key);
-        let entry = shard.get_mut(key)?;
+        let (hash, mut shard) = self.shard(key);
+        let mut slot = shard.find_entry(hash, |e| *e.key == *key).ok()?;
+        let entry = slot.get_mut();
         if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
             entry.holder = None;
             if !self.hand_off(entry, now) {
-                shard.remove(key);
-                shrink(&mut shard);
+                slot.remove();
+                shrink(&mut shard, &self.inner.hasher);
                 return None;
             }
         }
@@ -195,9 +233,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Gives memory back once a shard has emptied out after a burst.
-fn shrink(shard: &mut Shard) {
+fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
     if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
-        shard.shrink_to(shard.len() * 2);
+        shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
     }
 }
 
@@ -217,22 +255,25 @@ impl Drop for QueuedWaiter<'_> {
             return;
         }
         let now = Instant::now();
-        let mut shard = self.store.shard(self.key);
-        let Some(entry) = shard.get_mut(self.key) else { return };
+        let (hash, mut shard) = self.store.shard(self.key);
+        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *self.key) else { return };
+        let entry = slot.get_mut();
         entry.waiters.retain(|w| w.owner != self.owner);
         // Hand-offs happen under the shard lock, so a grant sent to us is visible now.
         self.grant.close();
-        if let Ok(grant) = self.grant.try_recv() {
+        let remove = if let Ok(grant) = self.grant.try_recv() {
             if entry.holder.as_ref().is_some_and(|h| h.owner == self.owner && h.token == grant.fencing_token) {
                 entry.holder = None;
-                if !self.store.hand_off(entry, now) {
-                    shard.remove(self.key);
-                    shrink(&mut shard);
-                }
+                !self.store.hand_off(entry, now)
+            } else {
+                false
             }
-        } else if entry.holder.is_none() && entry.waiters.is_empty() {
-            shard.remove(self.key);
-            shrink(&mut shard);
+        } else {
+            entry.holder.is_none() && entry.waiters.is_empty()
+        };
+        if remove {
+            slot.remove();
+            shrink(&mut shard, &self.store.inner.hasher);
         }
     }
 }
@@ -242,35 +283,12 @@ impl LockBackend for MemoryBackend {
         "memory"
     }
 
+    fn try_acquire_now(&self, req: &Acquire<'_>) -> Option<Result<Attempt, LockError>> {
+        Some(Ok(self.attempt(req)))
+    }
+
     fn try_acquire<'a>(&'a self, req: &'a Acquire<'a>) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        let now = Instant::now();
-        let mut shard = self.shard(&req.key);
-        let attempt = match shard.entry(req.key.clone()) {
-            MapEntry::Vacant(slot) => {
-                let (holder, grant) = self.holder_for(req.owner, req.lease, now);
-                slot.insert(Entry { holder: Some(holder), waiters: VecDeque::new() });
-                Attempt::Acquired(grant)
-            }
-            MapEntry::Occupied(mut slot) => {
-                let entry = slot.get_mut();
-                if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
-                    entry.holder = None;
-                    self.hand_off(entry, now);
-                }
-                match &entry.holder {
-                    None => {
-                        let (holder, grant) = self.holder_for(req.owner, req.lease, now);
-                        entry.holder = Some(holder);
-                        Attempt::Acquired(grant)
-                    }
-                    Some(h) => {
-                        Attempt::Busy(Busy { expires_in: h.expires_at.map(|at| at.saturating_duration_since(now)) })
-                    }
-                }
-            }
-        };
-        drop(shard);
-        Box::pin(std::future::ready(Ok(attempt)))
+        Box::pin(std::future::ready(Ok(self.attempt(req))))
     }
 
     fn wait<'a>(
@@ -282,8 +300,8 @@ impl LockBackend for MemoryBackend {
         Box::pin(async move {
             let (tx, rx) = oneshot::channel();
             let mut expiry = {
-                let mut shard = self.shard(&req.key);
-                let Some(entry) = shard.get_mut(&*req.key) else {
+                let (hash, mut shard) = self.shard(req.key);
+                let Some(entry) = shard.find_mut(hash, |e| *e.key == **req.key) else {
                     return Ok(Wake::Retry); // released since the attempt
                 };
                 let Some(holder) = &entry.holder else {
@@ -293,7 +311,7 @@ impl LockBackend for MemoryBackend {
                 entry.waiters.push_back(Waiter { owner: req.owner, lease: req.lease, grant: tx });
                 expiry
             };
-            let mut queued = QueuedWaiter { store: self, key: &req.key, owner: req.owner, grant: rx, finished: false };
+            let mut queued = QueuedWaiter { store: self, key: req.key, owner: req.owner, grant: rx, finished: false };
             loop {
                 let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
                 tokio::select! {
@@ -309,7 +327,7 @@ impl LockBackend for MemoryBackend {
                         let now = Instant::now();
                         if expiry.is_some_and(|e| now >= e) {
                             // The holder's lease ran out: take it away and hand it on (perhaps to us).
-                            expiry = self.reap(&req.key, now);
+                            expiry = self.reap(req.key, now);
                         }
                         if let Ok(grant) = queued.grant.try_recv() {
                             queued.finished = true;
@@ -326,8 +344,8 @@ impl LockBackend for MemoryBackend {
 
     fn extend<'a>(&'a self, held: &'a Held, lease: Duration) -> BoxFuture<'a, Result<(), LockError>> {
         let now = Instant::now();
-        let mut shard = self.shard(&held.key);
-        let result = match shard.get_mut(&*held.key).and_then(|e| e.holder.as_mut()) {
+        let (hash, mut shard) = self.shard(&held.key);
+        let result = match shard.find_mut(hash, |e| *e.key == *held.key).and_then(|e| e.holder.as_mut()) {
             Some(h) if h.owner == held.owner && h.token == held.fencing_token && !h.expired(now) => {
                 if h.expires_at.is_some() {
                     h.expires_at = now.checked_add(lease);
@@ -341,14 +359,17 @@ impl LockBackend for MemoryBackend {
     }
 
     fn release<'a>(&'a self, held: &'a Held) -> BoxFuture<'a, Result<(), LockError>> {
-        let result = self
-            .release_sync(&held.key, held.owner, held.fencing_token)
-            .map_err(|reason| LockError::lost(&*held.name, reason));
-        Box::pin(std::future::ready(result))
+        Box::pin(std::future::ready(self.release_checked(held)))
     }
 
-    fn release_now(&self, held: &Held) -> bool {
-        let _ = self.release_sync(&held.key, held.owner, held.fencing_token);
-        true
+    fn release_now(&self, held: &Held) -> Option<Result<(), LockError>> {
+        Some(self.release_checked(held))
+    }
+}
+
+impl MemoryBackend {
+    fn release_checked(&self, held: &Held) -> Result<(), LockError> {
+        self.release_sync(&held.key, held.owner, held.fencing_token)
+            .map_err(|reason| LockError::lost(&*held.name, reason))
     }
 }

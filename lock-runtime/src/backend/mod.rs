@@ -112,9 +112,9 @@ impl Lease {
 #[derive(Debug)]
 pub struct Acquire<'a> {
     /// The lock's name as the user gave it (for error messages).
-    pub name: Arc<str>,
+    pub name: &'a Arc<str>,
     /// The key in the backend: the manager's prefix followed by the name.
-    pub key: Arc<str>,
+    pub key: &'a Arc<str>,
     /// Unique to this acquisition.
     pub owner: OwnerId,
     /// How the lease is kept.
@@ -137,8 +137,9 @@ pub struct Grant {
     pub tag: Option<Arc<str>>,
     /// A local instant at or before which the lease started (taken before the request was
     /// sent, or at the hand-off): the runtime counts the lease from here, so its idea of the
-    /// lease never outlasts the store's.
-    pub granted_at: Instant,
+    /// lease never outlasts the store's. May be `None` only for a [`Lease::Renewed`] lock
+    /// that does not need renewal (nothing is counted from it).
+    pub granted_at: Option<Instant>,
 }
 
 /// The result of one acquisition attempt.
@@ -220,11 +221,21 @@ pub trait LockBackend: Send + Sync + 'static {
     /// [`is_lost`](LockError::is_lost) error.
     fn release<'a>(&'a self, held: &'a Held) -> BoxFuture<'a, Result<(), LockError>>;
 
-    /// Releases at once without blocking, if the backend can (in-process stores); called from
-    /// `Drop`. Returns `false` when the runtime must spawn [`release`](LockBackend::release).
-    fn release_now(&self, held: &Held) -> bool {
+    /// One attempt made at once without blocking, if the backend can (in-process stores):
+    /// the runtime's fast path, tried before [`try_acquire`](LockBackend::try_acquire).
+    /// `None` (the default) when the backend needs I/O. `req.lost` is a placeholder here that
+    /// never fires: such a backend must not keep it.
+    fn try_acquire_now(&self, req: &Acquire<'_>) -> Option<Result<Attempt, LockError>> {
+        let _ = req;
+        None
+    }
+
+    /// Releases at once without blocking, if the backend can (in-process stores); tried first
+    /// by `release()` and by `Drop`. `None` (the default) when the runtime must run
+    /// [`release`](LockBackend::release) instead.
+    fn release_now(&self, held: &Held) -> Option<Result<(), LockError>> {
         let _ = held;
-        false
+        None
     }
 
     /// The longest a single backend operation may take before the runtime gives up on it with
