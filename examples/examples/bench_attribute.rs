@@ -7,10 +7,11 @@
 //!
 //! Both variants take and release the lock "bench" on the same manager around the same body;
 //! the attribute adds the task-local context (`current()`, reentrancy) and the lost-lease
-//! watch. Rounds alternate between the variants; the median round is reported.
+//! watch. Rounds alternate between the variants; the least disturbed (min) and the median
+//! round are reported.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lock_runtime::{distributed_locked, LockError, LockManager};
 
@@ -42,23 +43,21 @@ async fn programmatic_templated(m: &LockManager, n: u64) -> Result<u64, LockErro
     Ok(out)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn main() -> Result<(), LockError> {
-    let calls: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200_000);
-    let rounds = 11;
+    let batch: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let rounds = 41;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         let m = LockManager::memory();
-        let mut report = Vec::new();
+        println!(
+            "memory backend, current-thread runtime; {rounds} rounds of {batch} calls per variant, alternating; \
+             ns per call (min = least disturbed round, median)"
+        );
         for (label, templated) in [("fixed name", false), ("templated name", true)] {
             let (mut attr, mut prog) = (Vec::new(), Vec::new());
-            for round in 0..rounds + 1 {
+            for round in 0..=rounds {
                 let t = Instant::now();
-                for n in 0..calls {
+                for n in 0..batch {
                     let out = if templated {
                         with_attribute_templated(&m, n % 64).await?
                     } else {
@@ -68,7 +67,7 @@ fn main() -> Result<(), LockError> {
                 }
                 let a = t.elapsed();
                 let t = Instant::now();
-                for n in 0..calls {
+                for n in 0..batch {
                     let out =
                         if templated { programmatic_templated(&m, n % 64).await? } else { programmatic(&m, n).await? };
                     black_box(out);
@@ -76,22 +75,20 @@ fn main() -> Result<(), LockError> {
                 let p = t.elapsed();
                 if round > 0 {
                     // round 0 warms up
-                    attr.push(a);
-                    prog.push(p);
+                    attr.push(a.as_nanos() as f64 / batch as f64);
+                    prog.push(p.as_nanos() as f64 / batch as f64);
                 }
             }
-            let (a, p) = (median(attr), median(prog));
-            let per = |d: Duration| d.as_nanos() as f64 / calls as f64;
-            report.push(format!(
-                "{label:>15}: attribute {:8.1} ns/call, programmatic {:8.1} ns/call, overhead {:+.1}%",
-                per(a),
-                per(p),
-                (per(a) / per(p) - 1.0) * 100.0
-            ));
-        }
-        println!("{calls} calls per round, median of {rounds} rounds, memory backend, current-thread runtime");
-        for line in report {
-            println!("{line}");
+            attr.sort_by(f64::total_cmp);
+            prog.sort_by(f64::total_cmp);
+            let (amin, pmin, amed, pmed) = (attr[0], prog[0], attr[attr.len() / 2], prog[prog.len() / 2]);
+            println!(
+                "{label:>15}: attribute min {amin:7.1} median {amed:7.1} | programmatic min {pmin:7.1} median {pmed:7.1} \
+                 | overhead min {:+.1}% ({:+.0} ns), median {:+.1}%",
+                (amin / pmin - 1.0) * 100.0,
+                amin - pmin,
+                (amed / pmed - 1.0) * 100.0
+            );
         }
         Ok(())
     })

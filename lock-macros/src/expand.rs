@@ -245,13 +245,12 @@ fn private(opts: &Options) -> TokenStream {
 fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> syn::Block {
     let m = Span::mixed_site();
     let private = private(opts);
-    let (entered, error, output, name_var, manager_var, fut) = (
+    let (entered, error, output, name_var, manager_var) = (
         Ident::new("__lock_entered", m),
         Ident::new("__lock_error", m),
         Ident::new("__lock_output", m),
         Ident::new("__lock_name", m),
         Ident::new("__lock_manager", m),
-        Ident::new("__lock_body", m),
     );
 
     // Pattern parameters bound by reference, for the template and the manager expression.
@@ -338,7 +337,7 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         ReturnType::Default => quote!(),
     };
     let stmts = &func.block.stmts;
-    let body_future = quote! {
+    let fut = quote! {
         async move {
             #(#by_value)*
             #fake_return
@@ -379,7 +378,6 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
             ::core::result::Result::Ok(#entered) => #entered,
             ::core::result::Result::Err(#error) => { #on_fail }
         };
-        let #fut = #body_future;
         #run
     }};
     match syn::parse2(tokens) {

@@ -39,10 +39,7 @@ pub fn default_manager(name: &str) -> Result<LockManager, LockError> {
 }
 
 /// Takes (or re-enters) the lock `name` on the default manager (see [`default_manager`]).
-pub async fn enter_default<N: Into<Arc<str>> + AsRef<str>>(
-    name: N,
-    options: LockOptions,
-) -> Result<Entered, LockError> {
+pub async fn enter_default<N: AsRef<str>>(name: N, options: LockOptions) -> Result<Entered, LockError> {
     let manager = default_manager(name.as_ref())?;
     enter(manager, name, options).await
 }
@@ -135,14 +132,17 @@ impl<R> RunToEndOtherwise<R> for &Probe<R> {
 }
 
 /// Takes (or re-enters) the lock for a locked call.
-pub async fn enter<M: Borrow<LockManager>>(
+///
+/// Acquires through [`LockManager::lock`] (the small, allocation-free future of the
+/// uncontended fast path), so a locked fn costs about what the programmatic API does.
+pub async fn enter<M: Borrow<LockManager>, N: AsRef<str>>(
     manager: M,
-    name: impl Into<Arc<str>>,
+    name: N,
     options: LockOptions,
 ) -> Result<Entered, LockError> {
     let manager = manager.borrow();
-    let name = name.into();
-    if let Some(outer) = context::find(manager.id(), &name) {
+    let name = name.as_ref();
+    if let Some(outer) = context::find(manager.id(), name) {
         // Same task, same manager, same name: re-enter without waiting for ourselves.
         let frame = Arc::new(Frame {
             manager: outer.manager,
@@ -153,16 +153,19 @@ pub async fn enter<M: Borrow<LockManager>>(
         });
         return Ok(Entered { guard: None, frame });
     }
-    let guard = manager.acquire(name, options).await?;
+    let guard = manager.lock(name).options(options).await?;
     let frame = Arc::new(Frame {
         manager: manager.id(),
-        name: guard.key().into(),
+        name: guard.name().clone(),
         fencing_token: guard.fencing_token(),
         lost: guard.lost_signal().clone(),
         parent: context::innermost(),
     });
     Ok(Entered { guard: Some(guard), frame })
 }
+
+/// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
+pub type Carry<R> = Option<fn(LockError) -> R>;
 
 /// A lock taken (or re-entered) for one locked call; runs the body.
 #[derive(Debug)]
@@ -177,57 +180,66 @@ impl Entered {
     /// Runs `body` under the lock and releases it afterwards (and on panic or cancellation,
     /// through the guard's `Drop`). With [`OnLost::Abort`], a loss of the lease stops the body
     /// at its next await and returns the lost error.
-    pub async fn run<F: Future>(self, on_lost: OnLost, body: F) -> Result<F::Output, LockError> {
-        if on_lost == OnLost::Ignore {
-            return Ok(self.run_to_end(body).await);
-        }
-        let Entered { guard, frame } = self;
-        let lost = frame.lost.clone();
-        let name = frame.name.clone();
-        let output = context::scope(frame, async move {
-            tokio::select! {
-                biased;
-                output = body => Ok(output),
-                _ = lost.wait() => Err(LockError::lost(
-                    &*name,
-                    lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()),
-                )),
-            }
-        })
-        .await;
-        if let Some(guard) = guard {
-            if let Err(e) = guard.release().await {
-                if e.is_lost() && output.is_ok() {
-                    return Err(e);
-                }
-                tracing::warn!(error = %e, "release after a locked call failed");
-            }
-        }
-        output
+    pub fn run<F: Future>(self, on_lost: OnLost, body: F) -> impl Future<Output = Result<F::Output, LockError>> {
+        let carry: Carry<Result<F::Output, LockError>> = match on_lost {
+            OnLost::Abort => Some(Err),
+            OnLost::Ignore => None,
+        };
+        self.drive(body, Ok, carry)
     }
 
     /// [`run`](Entered::run) with [`OnLost::Abort`] converting the lost error with `carry` when
     /// it is `Some`, else [`run_to_end`](Entered::run_to_end).
-    pub async fn run_with<F: Future>(self, carry: Option<fn(LockError) -> F::Output>, body: F) -> F::Output {
-        match carry {
-            Some(carry) => match self.run(OnLost::Abort, body).await {
-                Ok(output) => output,
-                Err(e) => carry(e),
-            },
-            None => self.run_to_end(body).await,
-        }
+    pub fn run_with<F: Future>(self, carry: Carry<F::Output>, body: F) -> impl Future<Output = F::Output> {
+        self.drive(body, |output| output, carry)
     }
 
     /// Runs `body` to its end under the lock (for [`OnLost::Ignore`], or return types that
     /// cannot carry a [`LockError`]), then releases it.
-    pub async fn run_to_end<F: Future>(self, body: F) -> F::Output {
+    pub fn run_to_end<F: Future>(self, body: F) -> impl Future<Output = F::Output> {
+        self.drive(body, |output| output, None)
+    }
+
+    /// The one state machine behind `run*` (one level, so a locked fn's future stays small):
+    /// runs `body` in the lock's context, watched for loss when `carry` is given and the lock
+    /// can be lost, then releases the lock.
+    async fn drive<F: Future, R>(self, body: F, wrap: fn(F::Output) -> R, carry: Carry<R>) -> R {
         let Entered { guard, frame } = self;
-        let output = context::scope(frame, body).await;
+        let output: Result<F::Output, R> = match carry {
+            // Boxed: the watch (a timer and a notification) would otherwise make every locked
+            // fn's future as large as the watched one. A lock that can be lost lives on a
+            // networked backend, where one allocation is noise.
+            Some(carry) if frame.lost.can_fire() => Box::pin(watched(frame, body)).await.map_err(carry),
+            _ => Ok(context::scope(frame, body).await),
+        };
         if let Some(guard) = guard {
             if let Err(e) = guard.release().await {
+                if let (Some(carry), true, true) = (carry, e.is_lost(), output.is_ok()) {
+                    return carry(e);
+                }
                 tracing::warn!(error = %e, "release after a locked call failed");
             }
         }
-        output
+        match output {
+            Ok(output) => wrap(output),
+            Err(lost) => lost,
+        }
     }
+}
+
+/// Runs `body` in `frame`'s context until it ends or the lock is lost.
+async fn watched<F: Future>(frame: Arc<Frame>, body: F) -> Result<F::Output, LockError> {
+    let lost = frame.lost.clone();
+    let name = frame.name.clone();
+    context::scope(frame, async move {
+        tokio::select! {
+            biased;
+            output = body => Ok(output),
+            _ = lost.wait() => Err(LockError::lost(
+                &*name,
+                lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()),
+            )),
+        }
+    })
+    .await
 }
