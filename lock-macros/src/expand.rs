@@ -388,3 +388,101 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expanded(attr: TokenStream, item: TokenStream) -> String {
+        expand(attr, item).to_string()
+    }
+
+    #[test]
+    fn every_error_is_reported_and_the_fn_still_emitted() {
+        let out = expanded(
+            quote!(wait = "2 sec", leese = 1, name = "{nope}"),
+            quote!(
+                fn f(id: u32) -> u32 {
+                    id
+                }
+            ),
+        );
+        assert_eq!(out.matches("compile_error").count(), 4, "{out}");
+        assert!(out.contains("add `async`"), "{out}");
+        assert!(out.contains("malformed duration"), "{out}");
+        assert!(out.contains("unknown option `leese`"), "{out}");
+        assert!(out.contains("`{nope}` in `name` is not a parameter; the parameters are `id`"), "{out}");
+        assert!(out.contains("fn f (id : u32) -> u32 { id }"), "the original fn is kept: {out}");
+    }
+
+    #[test]
+    fn patterns_are_renamed_and_destructured_after_the_lock() {
+        let out = expanded(
+            quote!(name = "p:{a}"),
+            quote!(
+                async fn f((a, b): (u32, u32), mut c: u32) -> Result<u32, E> {
+                    c += a + b;
+                    Ok(c)
+                }
+            ),
+        );
+        assert!(out.contains("async fn f (__lock_arg0 : (u32 , u32) , __lock_arg1 : u32)"), "{out}");
+        assert!(out.contains("let (a , b) = & __lock_arg0 ;"), "template binds by reference: {out}");
+        assert!(out.contains("let (a , b) = __lock_arg0 ;"), "body binds by value: {out}");
+        assert!(out.contains("let mut c = __lock_arg1 ;"), "{out}");
+        let enter = out.find("enter_default").expect("enters");
+        let body = out.find("async move").expect("body");
+        assert!(enter < body, "the lock is taken before the arguments move into the body");
+    }
+
+    #[test]
+    fn fallback_gets_the_same_arguments_and_methods_resolve_on_self() {
+        let out = expanded(
+            quote!(name = "m:{id}", fallback = busy),
+            quote!(
+                async fn m(&self, (x, _): (u8, u8), id: u32) -> u32 {
+                    id
+                }
+            ),
+        );
+        assert!(out.contains("return Self :: busy (self , __lock_arg1 , id) . await"), "{out}");
+        let out = expanded(
+            quote!(fallback = later),
+            quote!(
+                async fn f(id: u32) -> u32 {
+                    id
+                }
+            ),
+        );
+        assert!(out.contains("return later (id) . await"), "{out}");
+    }
+
+    #[test]
+    fn default_name_is_computed_once_per_fn() {
+        let out = expanded(
+            quote!(),
+            quote!(
+                async fn job() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("static __LOCK_DEFAULT_NAME"), "{out}");
+        assert!(out.contains(":: core :: module_path ! ()"), "{out}");
+        assert!(out.contains("\"job\""), "{out}");
+    }
+
+    #[test]
+    fn crate_path_is_used_everywhere() {
+        let out = expanded(
+            quote!(crate = "my::lr", name = "x"),
+            quote!(
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("my :: lr :: __private :: enter_default"), "{out}");
+        assert!(!out.contains(":: lock_runtime"), "{out}");
+    }
+}
