@@ -58,6 +58,14 @@ async fn patterns_busy(p: Pair, t: &(u32, u32), m: u32, _s: String, r: u32) -> R
     Ok(p.left + t.0 + m + r)
 }
 
+#[distributed_locked(name = "tuple:{pair.0}:{pair.1}", wait = "0s", manager = &*LOCKS, fallback = tuple_busy::<T>)]
+async fn tuple_index<T: Display + Send>(pair: (T, u8)) -> String {
+    pair.0.to_string()
+}
+async fn tuple_busy<T: Display + Send>(pair: (T, u8)) -> String {
+    format!("busy {}", pair.0)
+}
+
 pub trait Store {
     fn put(&self, k: u32) -> impl std::future::Future<Output = Result<u32, LockError>> + Send;
 }
@@ -103,6 +111,10 @@ fn main() {
         let pair = Pair { left: 1, right: (2, 3) };
         assert_eq!(patterns(pair, &(4, 5), 10, String::new(), 6).await.expect("locked"), 23);
         assert_eq!(Mem { shard: 1 }.put(9).await.expect("locked"), 9);
+        assert_eq!(tuple_index(("t", 1)).await, "t");
+        let held = LOCKS.lock("tuple:u:2").await.expect("held");
+        assert_eq!(tuple_index(("u", 2)).await, "busy u");
+        drop(held);
         assert_eq!(Arc::new(Mem { shard: 2 }).by_arc().await, 2);
         assert_eq!(Mem { shard: 3 }.by_value().await.expect("locked"), 3);
         assert_eq!(Mem::associated(4).await.expect("locked").shard, 4);
