@@ -155,6 +155,23 @@ async fn on_lost_abort_stops_the_body_and_returns_the_lost_error() {
     assert!(is_free(&m, "lease:a").await);
 }
 
+#[distributed_locked(name = "lease:{tag}", lease = "50ms", manager = m, fallback = not_taken)]
+async fn fallback_and_result(m: &LockManager, tag: &str) -> Result<(), AppError> {
+    std::future::pending::<()>().await;
+    Ok(())
+}
+async fn not_taken(_m: &LockManager, _tag: &str) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_a_fallback_and_a_result_the_default_on_lost_is_abort() {
+    let m = LockManager::memory();
+    let result = tokio::time::timeout(BOUND, fallback_and_result(&m, "f")).await.expect("aborted, not pending");
+    let err = result.expect_err("lost").0;
+    assert!(err.is_lost(), "{err}");
+}
+
 #[tokio::test]
 async fn on_lost_ignore_runs_to_the_end() {
     let m = LockManager::memory();
