@@ -29,6 +29,8 @@
 //! # Features
 //!
 //! - `macros` (default): re-exports the `#[distributed_locked]` attribute.
+//! - `zookeeper`: the ZooKeeper backend, [`LockManager::zookeeper`] (see
+//!   [`backend::zookeeper`]).
 //! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
