@@ -64,6 +64,7 @@ impl LockError {
         HttpAnswer { status, retry_after, body }
     }
 
+    #[cfg(any(feature = "axum", feature = "actix"))]
     pub(crate) fn log_for_http(&self) {
         match self {
             LockError::Contended { .. } => tracing::debug!(error = %self, "answering a request with 423 Locked"),
