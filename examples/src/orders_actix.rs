@@ -111,6 +111,7 @@ pub async fn reserve(
     state: web::Data<AppState>,
     web::Json(req): web::Json<ReserveRequest>,
 ) -> Result<web::Json<Reservation>, ApiError> {
-    let reservation = state.shop.reserve(&req.sku, req.quantity, fencing_token()).await.map_err(ApiError::OutOfStock)?;
+    let reservation =
+        state.shop.reserve(&req.sku, req.quantity, fencing_token()).await.map_err(ApiError::OutOfStock)?;
     Ok(web::Json(reservation))
 }

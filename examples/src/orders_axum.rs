@@ -103,6 +103,7 @@ pub async fn reserve(
     State(state): State<AppState>,
     Json(req): Json<ReserveRequest>,
 ) -> Result<Json<Reservation>, ApiError> {
-    let reservation = state.shop.reserve(&req.sku, req.quantity, fencing_token()).await.map_err(ApiError::OutOfStock)?;
+    let reservation =
+        state.shop.reserve(&req.sku, req.quantity, fencing_token()).await.map_err(ApiError::OutOfStock)?;
     Ok(Json(reservation))
 }
