@@ -113,6 +113,15 @@ async fn next(answers: &mut mpsc::UnboundedReceiver<Response>) -> Response {
     tokio::time::timeout(BOUND, answers.recv()).await.expect("an answer in time").expect("requests alive")
 }
 
+/// The next answer, failing at once if meanwhile another handler reaches the upstream (which
+/// means it ran under a lock that should have been held by someone else).
+async fn next_while_held(answers: &mut mpsc::UnboundedReceiver<Response>, gate: &mut GateControl) -> Response {
+    tokio::select! {
+        answer = next(answers) => answer,
+        what = gate.entered() => panic!("a second handler ran under `{what}` while its lock was held"),
+    }
+}
+
 fn receipt(answer: &Response) -> Receipt {
     assert_eq!(answer.status, 200, "{answer:?}");
     serde_json::from_str(&answer.body).expect("a receipt")
@@ -129,7 +138,7 @@ pub(crate) async fn burst_on_one_order(addr: SocketAddr, gate: &mut GateControl)
     assert_eq!(gate.entered().await, "order:7");
     // All the others are answered while it is held there: the burst provably overlapped.
     for _ in 1..BURST {
-        let answer = next(&mut answers).await;
+        let answer = next_while_held(&mut answers, gate).await;
         assert_eq!(answer.status, 409, "{answer:?}");
         assert_eq!(answer.header("retry-after"), Some("1"), "{answer:?}");
         assert!(answer.body.contains("order 7 is being paid"), "{answer:?}");
@@ -150,7 +159,7 @@ pub(crate) async fn burst_on_one_article(addr: SocketAddr, gate: &mut GateContro
     let mut answers = burst(BURST, |_| reserve(addr, "mug-7"));
     assert_eq!(gate.entered().await, "stock:mug-7");
     for _ in 1..BURST {
-        let answer = next(&mut answers).await;
+        let answer = next_while_held(&mut answers, gate).await;
         assert_eq!(answer.status, 423, "{answer:?}");
         assert_eq!(answer.header("retry-after"), Some("1"), "{answer:?}");
         assert!(answer.body.contains("stock:mug-7"), "the body names the lock: {answer:?}");
