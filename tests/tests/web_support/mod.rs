@@ -195,6 +195,7 @@ pub(crate) async fn different_orders_in_parallel(addr: SocketAddr, gate: &mut Ga
 /// Two instances of the app, each with its own manager on one Redis: while instance A pays an
 /// order, instance B's payment of it is answered 409; B pays other orders meanwhile; once A is
 /// done, B takes the lock, with a greater fencing token.
+#[cfg(feature = "redis")]
 pub(crate) async fn two_instances_exclude_each_other(
     (a, gate_a): (SocketAddr, &mut GateControl),
     (b, gate_b): (SocketAddr, &mut GateControl),
