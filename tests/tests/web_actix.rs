@@ -59,15 +59,23 @@ async fn different_orders_are_paid_in_parallel() {
 #[cfg(feature = "redis")]
 #[actix_web::test]
 async fn two_instances_on_one_redis_exclude_each_other() {
-    use lock_runtime::LockManager;
-
     let redis = lock_tests::redis_server::RedisServer::start();
     let prefix = lock_tests::unique("orders-actix");
-    let manager = || async { LockManager::builder().prefix(&prefix).redis(&redis.url()).await.expect("redis manager") };
-    let (state_a, mut gate_a) = gated_state(manager().await);
-    let (state_b, mut gate_b) = gated_state(manager().await);
+    let (state_a, mut gate_a) = gated_state(web_support::redis_locks(&redis.url(), &prefix).await);
+    let (state_b, mut gate_b) = gated_state(web_support::redis_locks(&redis.url(), &prefix).await);
     let (a, b) = (start(state_a), start(state_b));
     web_support::two_instances_exclude_each_other((a.addr, &mut gate_a), (b.addr, &mut gate_b)).await;
     a.stop().await;
     b.stop().await;
+}
+
+#[cfg(feature = "redis")]
+#[actix_web::test]
+async fn redis_outage_answers_503_with_retry_after() {
+    let mut redis = lock_tests::redis_server::RedisServer::start();
+    let locks = web_support::redis_locks(&redis.url(), &lock_tests::unique("orders-actix")).await;
+    let (state, mut gate) = gated_state(locks);
+    let app = start(state);
+    web_support::backend_outage_answers_503(app.addr, &mut gate, &mut redis).await;
+    app.stop().await;
 }

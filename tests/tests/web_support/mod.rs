@@ -84,6 +84,15 @@ pub(crate) fn memory_locks() -> LockManager {
     LockManager::builder().default_wait(RESERVE_WAIT).memory()
 }
 
+/// A manager on the Redis server at `url`, for one app instance.
+#[cfg(feature = "redis")]
+pub(crate) async fn redis_locks(url: &str, prefix: &str) -> LockManager {
+    use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+    let options = RedisOptions::default().command_timeout(Duration::from_millis(500));
+    let backend = RedisBackend::connect_with(url, options).await.expect("redis backend");
+    LockManager::builder().prefix(prefix).default_wait(RESERVE_WAIT).backend(backend)
+}
+
 /// `POST /orders/{id}/pay`.
 pub(crate) async fn pay(addr: SocketAddr, id: u64) -> Response {
     post_json(addr, &format!("/orders/{id}/pay"), r#"{"amount_cents":1250}"#).await
@@ -221,4 +230,28 @@ pub(crate) async fn two_instances_exclude_each_other(
         second.fencing_token > first.fencing_token,
         "one fencing sequence across instances: {first:?} then {second:?}"
     );
+}
+
+/// The lock backend down: `/stock/reserve` (no fallback) answers `503 Service Unavailable` +
+/// `Retry-After` by `LockError`'s own response; `/orders/{id}/pay` answers with its fallback,
+/// which runs whatever the reason the lock could not be taken.
+#[cfg(feature = "redis")]
+pub(crate) async fn backend_outage_answers_503(
+    addr: SocketAddr,
+    gate: &mut GateControl,
+    redis: &mut lock_tests::redis_server::RedisServer,
+) {
+    gate.open();
+    let answer = reserve(addr, "tea-42").await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(gate.entered().await, "stock:tea-42");
+
+    redis.kill();
+    let answer = reserve(addr, "tea-42").await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.header("retry-after"), Some("1"), "{answer:?}");
+    assert!(answer.body.contains("stock:tea-42"), "{answer:?}");
+    let answer = pay(addr, 5).await;
+    assert_eq!(answer.status, 409, "{answer:?}");
+    gate.assert_no_entry();
 }
