@@ -1,7 +1,7 @@
 //! The orders service in Actix-web: `#[distributed_locked]` under `#[post(..)]`.
 //!
 //! ```text
-//! # in memory, on 127.0.0.1:3001
+//! # in memory, on 127.0.0.1:3001 (another address: ORDERS_ADDR=127.0.0.1:8080, or pass it after `--`)
 //! cargo run -p examples --features actix --example actix_orders
 //!
 //! # on Redis, so that several instances share their locks (start two on different ports)

@@ -1,7 +1,7 @@
 //! The orders service in Axum: `#[distributed_locked]` on request handlers.
 //!
 //! ```text
-//! # in memory, on 127.0.0.1:3000
+//! # in memory, on 127.0.0.1:3000 (another address: ORDERS_ADDR=127.0.0.1:8080, or pass it after `--`)
 //! cargo run -p examples --features axum --example axum_orders
 //!
 //! # on Redis, so that several instances share their locks (start two on different ports)

@@ -174,10 +174,14 @@ pub fn fencing_token() -> u64 {
 /// Seconds a client is told to wait (`Retry-After`) when an order is being paid right now.
 pub const RETRY_AFTER_SECS: u32 = 1;
 
-/// The setup both example binaries share: the address to bind (`ORDERS_ADDR`, else
-/// `default_addr`) and the lock manager (Redis when `REDIS_URL` is set, else in memory).
+/// The setup both example binaries share: the address to bind (the first argument, else
+/// `ORDERS_ADDR`, else `default_addr`) and the lock manager (Redis when `REDIS_URL` is set, else
+/// in memory).
 pub async fn from_env(default_addr: &str) -> Result<(String, LockManager), Box<dyn std::error::Error>> {
-    let addr = std::env::var("ORDERS_ADDR").unwrap_or_else(|_| default_addr.to_owned());
+    let addr = std::env::args()
+        .nth(1)
+        .or_else(|| std::env::var("ORDERS_ADDR").ok())
+        .unwrap_or_else(|| default_addr.to_owned());
     let builder = LockManager::builder().prefix("orders:").default_wait(Duration::from_secs(2));
     let locks = match std::env::var("REDIS_URL") {
         Ok(url) => redis_manager(builder, &url).await?,

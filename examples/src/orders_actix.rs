@@ -80,7 +80,7 @@ impl ResponseError for ApiError {
 /// `POST /orders/{id}/pay`: charges the order once.
 ///
 /// `#[post(..)]` is the outermost attribute, then `#[tracing::instrument]`, then
-/// `#[distributed_locked]` (see `lock_runtime::http`).
+/// `#[distributed_locked]` (see [`lock_runtime::http`]).
 #[post("/orders/{id}/pay")]
 #[tracing::instrument(skip_all, fields(order_id = *id))]
 #[distributed_locked(name = "order:{id}", wait = "0s", manager = &state.locks, fallback = payment_in_progress)]

@@ -69,7 +69,7 @@ impl IntoResponse for ApiError {
 /// `POST /orders/{id}/pay`: charges the order once.
 ///
 /// `#[axum::debug_handler]` and `#[tracing::instrument]` go above `#[distributed_locked]` (see
-/// `lock_runtime::http`): they then see the parameters as written (`id`), and the span is
+/// [`lock_runtime::http`]): they then see the parameters as written (`id`), and the span is
 /// entered once the lock is held.
 #[axum::debug_handler]
 #[tracing::instrument(skip_all, fields(order_id = id))]
