@@ -208,6 +208,10 @@ impl LockManager {
 
     /// Takes the lock `name` with `options`: the whole acquisition policy.
     pub(crate) async fn acquire(&self, name: Arc<str>, options: LockOptions) -> Result<LockGuard, LockError> {
+        // An in-process lock may be taken without ever returning `Pending`: spend the task's
+        // cooperative budget like tokio's own primitives, so a tight lock loop cannot starve
+        // the other tasks and timers of its worker.
+        tokio::task::coop::consume_budget().await;
         let plan = self.plan(name, options)?;
         match self.attempt_now(&plan) {
             Some(Ok(Attempt::Acquired(grant))) => Ok(self.guard(plan, grant, None)),
@@ -418,6 +422,8 @@ impl Future for LockFuture<'_> {
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
         use std::task::Poll;
         if let LockFutureState::Start(_) = self.state {
+            // Spend the task's cooperative budget (see `acquire`): yields when it is used up.
+            let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
             let LockFutureState::Start(request) = std::mem::replace(&mut self.state, LockFutureState::Done) else {
                 return Poll::Pending; // unreachable: matched above
             };
@@ -427,7 +433,10 @@ impl Future for LockFuture<'_> {
                 Err(e) => return Poll::Ready(Err(e)),
             };
             let busy = match manager.attempt_now(&plan) {
-                Some(Ok(Attempt::Acquired(grant))) => return Poll::Ready(Ok(manager.guard(plan, grant, None))),
+                Some(Ok(Attempt::Acquired(grant))) => {
+                    coop.made_progress();
+                    return Poll::Ready(Ok(manager.guard(plan, grant, None)));
+                }
                 Some(Ok(Attempt::Busy(busy))) => Some(busy),
                 Some(Err(e)) => return Poll::Ready(Err(e)),
                 None => None,

@@ -72,3 +72,36 @@ fn one_manager_across_runtimes() {
     let token = other.join().expect("thread").expect("acquired on rt2");
     assert!(token > 0);
 }
+
+/// An uncontended in-process lock never waits, so a loop of lock/release must still yield to
+/// the other tasks of its worker (tokio's cooperative budget): on a current-thread runtime the
+/// sleeping main task would otherwise never run again.
+#[test]
+fn a_tight_lock_loop_does_not_starve_its_worker() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let m = LockManager::memory();
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let looping = tokio::spawn({
+                let (m, stop) = (m.clone(), stop.clone());
+                async move {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        m.lock("hot").await.expect("uncontended").release().await.expect("release");
+                        m.try_lock("hot2").await.expect("try").expect("free");
+                        n += 1;
+                    }
+                    n
+                }
+            });
+            tokio::task::yield_now().await; // let the loop start
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = done.send(looping.await.expect("loop"));
+        });
+    });
+    let rounds = finished.recv_timeout(Duration::from_secs(20)).expect("the lock loop starved the runtime");
+    assert!(rounds > 0);
+}
