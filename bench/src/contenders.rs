@@ -93,7 +93,10 @@ pub struct Ours {
 impl Ours {
     /// The in-memory backend, default options.
     pub fn memory() -> Self {
-        Ours { manager: lock_runtime::LockManager::builder().default_wait(Duration::from_secs(60)).memory(), lease: None }
+        Ours {
+            manager: lock_runtime::LockManager::builder().default_wait(Duration::from_secs(60)).memory(),
+            lease: None,
+        }
     }
 
     /// The Redis backend with a fixed lease, like the peers' TTL.
@@ -153,7 +156,8 @@ impl Contender for Rslock {
 }
 
 /// Compare-and-delete: the release every `SET NX PX` recipe ships.
-const NAIVE_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+const NAIVE_RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
 
 /// The recipe from the Redis docs: `SET key token NX PX ttl`, on failure sleep a fixed time and
 /// try again; release with a compare-and-delete script. One multiplexed connection for all tasks.

@@ -128,11 +128,8 @@ pub async fn contended<C: Contender>(c: &Arc<C>, name: &str, tasks: usize, run: 
         events.extend(in_window.into_iter().map(|(a, r)| (a, r, task)));
     }
     events.sort_unstable_by_key(|e| e.0);
-    let mut waits: Vec<Duration> = events
-        .windows(2)
-        .filter(|w| w[0].2 != w[1].2)
-        .map(|w| w[1].0.saturating_duration_since(w[0].1))
-        .collect();
+    let mut waits: Vec<Duration> =
+        events.windows(2).filter(|w| w[0].2 != w[1].2).map(|w| w[1].0.saturating_duration_since(w[0].1)).collect();
     waits.sort_unstable();
     let window = closed.duration_since(started).as_secs_f64();
     let most = per_task.iter().copied().max().unwrap_or(0);

@@ -47,7 +47,12 @@ impl Probe {
 
     /// Loads `script` and returns its SHA.
     pub async fn script_load(&mut self, script: &str) -> Result<String, String> {
-        redis::cmd("SCRIPT").arg("LOAD").arg(script).query_async(&mut self.con).await.map_err(|e| format!("SCRIPT LOAD: {e}"))
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script)
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| format!("SCRIPT LOAD: {e}"))
     }
 }
 
@@ -58,7 +63,7 @@ pub fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> (
         .map(|(k, v)| (k.clone(), v.saturating_sub(before.get(k).copied().unwrap_or(0))))
         .filter(|(_, v)| *v > 0)
         .collect();
-    per.sort_by(|a, b| b.1.cmp(&a.1));
+    per.sort_by_key(|p| std::cmp::Reverse(p.1));
     (per.iter().map(|(_, v)| v).sum(), per)
 }
 
@@ -68,10 +73,12 @@ pub const CEILING_SCRIPT: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', '
 return redis.call('incr', KEYS[2]) end return redis.call('pttl', KEYS[1])";
 
 /// The server's ceiling for that script: `redis-benchmark` EVALSHA at 50 clients on random
-/// keys (1 ms TTL, so nearly every call takes the acquire path). Requests per second.
-pub fn ceiling(port: u16, sha: &str, requests: u32) -> Result<f64, String> {
+/// keys (1 ms TTL, so nearly every call takes the acquire path), `pipeline` requests in flight
+/// per client. Requests per second.
+pub fn ceiling(port: u16, sha: &str, requests: u32, pipeline: u32) -> Result<f64, String> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-c", "50", "-n", &requests.to_string()])
+        .args(["-P", &pipeline.to_string()])
         .args(["-r", "1000000", "--csv", "EVALSHA", sha, "2", "bench:ceiling:{__rand_int__}"])
         .args(["bench:ceiling:fence", "owner", "1"])
         .output()
