@@ -1,11 +1,348 @@
 //! The `#[distributed_locked]` attribute of `lock-runtime`. Use it as
-//! `lock_runtime::distributed_locked`; this crate only parses and generates code.
+//! `lock_runtime::distributed_locked`; this crate only parses and generates code, the policy
+//! (waiting, retries, lease renewal, reentrancy, release) lives in `lock-runtime`.
+#![warn(missing_docs)]
 
 use proc_macro::TokenStream;
 
-/// See `lock_runtime::distributed_locked`.
+mod expand;
+mod options;
+mod template;
+
+/// Runs an async fn only while a distributed lock is held.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "invoice:{id}", wait = "2s")]
+/// async fn send_invoice(id: u64) -> Result<u64, LockError> {
+///     // Only one caller per invoice id runs this at a time, across every process that
+///     // shares the backend.
+///     Ok(id)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// lock_runtime::set_default(LockManager::memory()); // once, at startup
+/// assert_eq!(send_invoice(7).await?, 7);
+/// # Ok(()) }
+/// ```
+///
+/// A call to a locked fn:
+///
+/// 1. renders the lock name from its arguments (see `name`);
+/// 2. takes the lock on the manager (the one given to `lock_runtime::set_default`, or
+///    `manager = ..`), waiting up to `wait`, with at most `retry` further attempts;
+/// 3. if the lock cannot be taken, calls the `fallback` with the same arguments and returns its
+///    result, or, without a fallback, returns `Err(lock_error.into())`;
+/// 4. otherwise runs the body (the arguments move into it only now), with
+///    `lock_runtime::current()` giving the lock's key and fencing token, and releases the lock
+///    when the body ends: on return, `?`, panic, or when the call's future is dropped.
+///
+/// The lock is kept alive by a watchdog while the body runs (or expires after a fixed
+/// `lease`). If it is lost anyway, the body is stopped at its next await and the call returns
+/// the `is_lost()` error (see `on_lost`).
+///
+/// **Reentrancy:** a locked call made inside a locked call, in the same task, with the same
+/// manager and the same rendered name, enters at once instead of waiting for itself; the lock
+/// is released when the outermost call ends. Other tasks wait as usual. (A task spawned from a
+/// locked body is another task.)
+///
+/// ## The same code without the attribute
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::{LockError, LockManager};
+///
+/// async fn send_invoice(manager: &LockManager, id: u64) -> Result<u64, LockError> {
+///     let guard = manager.lock(format!("invoice:{id}")).wait(Duration::from_secs(2)).await?;
+///     let result = async { Ok(id) }.await; // the body
+///     guard.release().await?;
+///     result
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # assert_eq!(send_invoice(&LockManager::memory(), 7).await?, 7);
+/// # Ok(()) }
+/// ```
+///
+/// The attribute adds what is easy to get wrong by hand: release on panic and cancellation,
+/// stopping the body when the lease is lost, task-scoped reentrancy, `current()`, and
+/// compile-time checks of every option.
+///
+/// # Options
+///
+/// All are optional: `name`, `wait`, `lease`, `retry`, `fallback`, `manager`, `on_lost`,
+/// `crate`. Each is checked at compile time, with the error on the offending token; every
+/// problem of a build is reported together.
+///
+/// ## `name`: which lock
+///
+/// A string literal. `{param}` interpolates a parameter with `Display`, `{param.field.field}` a
+/// field of one, `{self.field}` a field of the receiver; `{{` and `}}` are literal braces.
+/// Parameters bound by a pattern (`(a, b): (u32, u32)`, `Path(id): Path<u64>`) are named by
+/// their bindings. A name that refers to anything else is a compile error.
+///
+/// Default: the md5 hex digest of `module_path!()` + `"::"` + the fn name, computed once per
+/// fn, not per call. (Methods of different types in one module with the same name share that
+/// default: give them a `name`.)
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// pub struct Order { pub id: u64 }
+///
+/// #[distributed_locked(name = "order:{order.id}")]
+/// async fn settle(order: &Order) -> Result<String, LockError> {
+///     Ok(lock_runtime::current().map(|l| l.key().to_owned()).unwrap_or_default())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// assert_eq!(settle(&Order { id: 42 }).await?, "order:42");
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `manager.lock(format!("order:{}", order.id))`.
+///
+/// ## `wait`: how long to wait for the lock
+///
+/// `"250ms"`, `"2s"`, `"1m"`, `"1h"`, or an integer number of milliseconds; at most 24 hours.
+/// `"0s"` makes one attempt. Default: the manager's `default_wait` (3 s unless configured).
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "report", wait = "0s")]
+/// async fn build_report() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # let manager = LockManager::memory();
+/// # lock_runtime::set_default(manager.clone());
+/// let held = manager.lock("report").await?; // someone else is building it
+/// assert!(build_report().await.unwrap_err().is_contended()); // one attempt, no waiting
+/// # drop(held);
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `manager.lock("report").wait(Duration::ZERO).await?` (or
+/// `manager.try_lock("report").await?` for an `Option`).
+///
+/// ## `lease`: a fixed lease instead of the watchdog
+///
+/// Same forms as `wait`; not zero, at most 24 hours. The lock expires after the lease unless
+/// released, and is never renewed: a body that runs longer loses it (see `on_lost`). Leave it
+/// out to have a watchdog renew the lock at a third of the manager's `default_lease` for as
+/// long as the body runs, which is what most code wants.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "tick", lease = "30s")]
+/// async fn tick() -> Result<(), LockError> {
+///     Ok(()) // must finish well within 30 s
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// tick().await?;
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `manager.lock("tick").lease(Duration::from_secs(30)).await?`.
+///
+/// ## `retry`: how many further attempts
+///
+/// An integer: at most this many further attempts after the first, all within `wait`. An
+/// attempt is made each time the backend signals that the lock may be free (a release, or the
+/// holder's lease running out), never on a timer. Default: unlimited within `wait`.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "sync", wait = "10s", retry = 3)]
+/// async fn sync_accounts() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// sync_accounts().await?;
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `manager.lock("sync").wait(Duration::from_secs(10)).retry(3).await?`.
+///
+/// ## `fallback`: what to do when the lock cannot be taken
+///
+/// The path of an async fn, called with the same arguments (receiver included) when the lock
+/// cannot be taken, for any reason: held by someone else for the whole `wait`, backend down,
+/// no manager configured; its result is returned. In a method, a bare name (`fallback = busy`)
+/// is a method: `Self::busy(self, ..)`; write `self::busy` for a free fn of the module. A
+/// fallback whose signature does not match is a compile error at `fallback = ..`.
+///
+/// With a fallback, the return type need not carry a `LockError`.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockManager};
+///
+/// pub struct Cache { pub locks: LockManager }
+///
+/// impl Cache {
+///     #[distributed_locked(name = "warm:{key}", wait = "0s", manager = &self.locks, fallback = Self::skip)]
+///     async fn warm(&self, key: &str) -> bool {
+///         true // warmed
+///     }
+///     async fn skip(&self, key: &str) -> bool {
+///         false // someone else is warming it
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// let cache = Cache { locks: LockManager::memory() };
+/// assert!(cache.warm("home").await);
+/// let held = cache.locks.lock("warm:home").await?;
+/// assert!(!cache.warm("home").await);
+/// # drop(held);
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use lock_runtime::LockManager;
+/// # pub struct Cache { pub locks: LockManager }
+/// impl Cache {
+///     async fn warm(&self, key: &str) -> bool {
+///         let Ok(guard) = self.locks.lock(format!("warm:{key}")).wait(Duration::ZERO).await else {
+///             return self.skip(key).await;
+///         };
+///         let warmed = true; // the body
+///         let _ = guard.release().await;
+///         warmed
+///     }
+///     async fn skip(&self, key: &str) -> bool {
+///         false
+///     }
+/// }
+/// ```
+///
+/// ## `manager`: which manager
+///
+/// An expression giving a `LockManager` or a `&LockManager`, evaluated on each call before the
+/// body runs; it may use the parameters (`manager = &self.locks`, `manager = &state.locks`
+/// with `State(state): State<AppState>`). Default: the manager given to
+/// `lock_runtime::set_default`; if none was, the call fails with an `is_not_configured()`
+/// error (or calls its fallback).
+///
+/// ```
+/// use std::sync::LazyLock;
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// static BILLING: LazyLock<LockManager> = LazyLock::new(|| LockManager::builder().prefix("billing:").memory());
+///
+/// #[distributed_locked(name = "run", manager = &*BILLING)]
+/// async fn billing_run() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// billing_run().await?;
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `BILLING.lock("run").await?`.
+///
+/// ## `on_lost`: what happens when the lock is lost while the body runs
+///
+/// `abort` (the default): the body is stopped at its next await (its future is dropped) and
+/// the call returns the `is_lost()` error converted with `From`. `ignore`: the body runs to its
+/// end and its result is returned. Either way, check fencing tokens downstream: a lost lock
+/// means the work may not have been exclusive.
+///
+/// `abort` needs a return type that can carry the error. For a fn with a `fallback` whose
+/// return type cannot (say `-> u32`), the default is to run to the end (there is no value to
+/// stop with); writing `on_lost = abort` there is a compile error.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "export", lease = "50ms", on_lost = abort)]
+/// async fn export() -> Result<(), LockError> {
+///     std::future::pending::<()>().await; // outlives the lease
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # lock_runtime::set_default(LockManager::memory());
+/// assert!(export().await.unwrap_err().is_lost());
+/// # }
+/// ```
+///
+/// Without the attribute:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use lock_runtime::{LockError, LockManager};
+/// async fn export(manager: &LockManager) -> Result<(), LockError> {
+///     let guard = manager.lock("export").lease(Duration::from_millis(50)).await?;
+///     tokio::select! {
+///         _ = std::future::pending::<()>() => {} // the body
+///         _ = guard.lost() => {}
+///     }
+///     guard.release().await // the `is_lost()` error when it was lost
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # assert!(export(&LockManager::memory()).await.unwrap_err().is_lost());
+/// # }
+/// ```
+///
+/// ## `crate`: where `lock_runtime` is
+///
+/// A string path, for crates that re-export `lock_runtime` under another name. The expansion
+/// names only items under that path. Default: `::lock_runtime`.
+///
+/// ```
+/// mod facade {
+///     pub use ::lock_runtime as locks;
+/// }
+/// use facade::locks::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "r", crate = "crate::facade::locks", manager = LockManager::memory())]
+/// async fn through_facade() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # through_facade().await
+/// # }
+/// ```
+///
+/// # Return type
+///
+/// Without a `fallback`, the fn must return `Result<T, E>` with `E: From<LockError>`: a
+/// failure to lock comes back as `Err(lock_error.into())`. Anything else is a compile error on
+/// the return type that says so. `impl Trait` return types are not supported.
+///
+/// # Where it works
+///
+/// Free async fns, async methods (`&self`, `&mut self`, `self`, `self: Arc<Self>`), associated
+/// fns, trait impl methods, generic fns, and parameters that are patterns; attributes,
+/// visibility, generics and where clauses pass through untouched. The locked fn's future is
+/// `Send` whenever the original's was, so it works as an Axum handler and under Actix-web's
+/// `#[get(..)]` (put `#[distributed_locked]` below the route attribute):
+///
+/// ```
+/// # mod axum { pub mod extract { pub struct Path<T>(pub T); } }
+/// use axum::extract::Path;
+/// use lock_runtime::{distributed_locked, LockManager};
+///
+/// #[distributed_locked(name = "item:{id}", wait = "0s", fallback = item_busy)]
+/// async fn item(Path(id): Path<u64>) -> String {
+///     format!("item {id}")
+/// }
+/// async fn item_busy(Path(id): Path<u64>) -> String {
+///     format!("item {id} is busy, try again")
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # lock_runtime::set_default(LockManager::memory());
+/// # assert_eq!(item(Path(1)).await, "item 1");
+/// # }
+/// ```
 #[proc_macro_attribute]
 pub fn distributed_locked(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let _ = attr;
-    item
+    expand::expand(attr.into(), item.into()).into()
 }

@@ -50,7 +50,7 @@ impl CurrentLock {
 
 /// The innermost lock held by the locked call this task is running, or `None` outside one.
 ///
-/// ```ignore
+/// ```
 /// use lock_runtime::{distributed_locked, LockError, LockManager};
 ///
 /// #[distributed_locked(name = "report:{day}", manager = LockManager::memory())]

@@ -58,6 +58,11 @@ impl LockGuard {
         &self.held.name
     }
 
+    /// The shared name, for holders that keep it beyond the guard's borrow.
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.held.name
+    }
+
     /// Strictly greater than every earlier token for this name: hand it to downstream stores
     /// so they can reject writes from a holder that lost the lock.
     pub fn fencing_token(&self) -> u64 {

@@ -29,6 +29,10 @@
 //! # Features
 //!
 //! - `macros` (default): re-exports the `#[distributed_locked]` attribute.
+//! - `redis`: the Redis backend, [`LockManager::redis`] (see [`backend::redis`]).
+//! - `zookeeper`: the ZooKeeper backend, [`LockManager::zookeeper`] (see
+//!   [`backend::zookeeper`]).
+//! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -38,6 +42,7 @@ mod bounded;
 mod context;
 mod error;
 mod guard;
+pub mod http;
 mod lost;
 mod manager;
 mod options;

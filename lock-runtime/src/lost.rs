@@ -50,6 +50,11 @@ impl LostSignal {
         LostSignal { inner: None }
     }
 
+    /// Whether this signal can ever fire (`false` for [`never`](LostSignal::never)).
+    pub(crate) fn can_fire(&self) -> bool {
+        self.inner.is_some()
+    }
+
     /// Marks the lock as lost, with what was observed, and wakes everyone waiting on it.
     /// The first reason given is kept.
     pub fn fire(&self, reason: impl Into<String>) {

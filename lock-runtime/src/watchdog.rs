@@ -29,6 +29,13 @@ async fn renew(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost:
         let sent = Instant::now();
         let bound = backend.operation_timeout().min(lease);
         match tokio::time::timeout(bound, backend.extend(&held, lease)).await {
+            Ok(Ok(())) if lost.is_lost() => {
+                // The local lease ran out while this renewal was in flight, and `lost()` may
+                // already have been observed: a lock reported lost stays lost (never revived).
+                tracing::warn!(lock = %held.name, "lock lost: the lease ran out before the renewal was confirmed");
+                lost.fire("its lease ran out before the watchdog's renewal was confirmed");
+                return;
+            }
             Ok(Ok(())) => {
                 lost.set_deadline(sent.checked_add(lease));
                 next = sent + period;

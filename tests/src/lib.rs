@@ -2,6 +2,9 @@
 //! harnesses that start real servers for the backend tests.
 
 pub mod conformance;
+#[cfg(feature = "redis")]
+pub mod redis_server;
+pub mod zk_server;
 
 /// A name no other test (or earlier run against the same server) uses.
 pub fn unique(label: &str) -> String {

@@ -20,6 +20,12 @@ use crate::error::LockError;
 use crate::lost::LostSignal;
 
 pub mod memory;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub mod zookeeper;
 
 /// A boxed, `Send` future: what the object-safe [`LockBackend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,0 +1,488 @@
+//! The expansion: keep the signature, take the lock, then run the body in `async move`.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+use syn::visit_mut::VisitMut;
+use syn::{FnArg, Ident, ItemFn, Pat, PatIdent, ReturnType, Type};
+
+use crate::options::{self, Errors, OnLost, Options};
+use crate::template::{self, Piece};
+
+/// One parameter of the locked fn, as the expansion sees it.
+enum Param {
+    /// `self`, `&self`, `&mut self`, `self: Arc<Self>`.
+    Receiver(syn::Token![self]),
+    /// A plain `ident: Type`: kept as is.
+    Plain(Ident),
+    /// A pattern (`(a, b): (u32, u32)`, `Path(id): Path<u64>`, `mut x: T`): renamed to `hidden`
+    /// in the signature and destructured inside.
+    Pattern { hidden: Ident, pat: Box<Pat>, bindings: Vec<Ident> },
+}
+
+impl Param {
+    /// The expression that passes this parameter on to the fallback.
+    fn argument(&self) -> TokenStream {
+        match self {
+            Param::Receiver(s) => s.to_token_stream(),
+            Param::Plain(id) => id.to_token_stream(),
+            Param::Pattern { hidden, .. } => hidden.to_token_stream(),
+        }
+    }
+}
+
+/// Expands the attribute; on any error, the function is emitted unchanged beside the errors.
+pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let opts = options::parse(attr, &mut errors);
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(e) => {
+            let e =
+                syn::Error::new(e.span(), format!("`#[distributed_locked]` goes on an `async fn` with a body ({e})"));
+            errors.push(e);
+            let e = errors.into_result().err().map(|e| e.into_compile_error());
+            return quote!(#e #item);
+        }
+    };
+    if func.sig.asyncness.is_none() {
+        errors.add(
+            func.sig.fn_token.span,
+            "`#[distributed_locked]` goes on an `async fn`: the lock is awaited; add `async`",
+        );
+    }
+    let params = collect_params(&mut func);
+    if let ReturnType::Type(_, ty) = &func.sig.output {
+        if let Some(span) = impl_trait(ty) {
+            errors
+                .add(span, "`#[distributed_locked]` needs a nameable return type; `impl Trait` is not supported here");
+        }
+    }
+    let name = match &opts.name {
+        Some(lit) => match render_name(lit, &params, &mut errors) {
+            Some(name) => name,
+            None => quote!(""),
+        },
+        None => default_name(&func, &private(&opts)),
+    };
+    if let Err(e) = errors.into_result() {
+        let original: ItemFn = match syn::parse2(item) {
+            Ok(f) => f,
+            Err(e2) => return e2.into_compile_error(),
+        };
+        let e = e.into_compile_error();
+        return quote!(#e #original);
+    }
+    let block = body(&func, &opts, &params, name);
+    *func.block = block;
+    func.into_token_stream()
+}
+
+/// Renames pattern parameters to hidden idents and returns the parameter list.
+fn collect_params(func: &mut ItemFn) -> Vec<Param> {
+    let mut params = Vec::new();
+    for (i, arg) in func.sig.inputs.iter_mut().enumerate() {
+        match arg {
+            FnArg::Receiver(r) => params.push(Param::Receiver(r.self_token)),
+            FnArg::Typed(t) => match &*t.pat {
+                Pat::Ident(PatIdent { by_ref: None, mutability: None, subpat: None, ident, attrs })
+                    if attrs.is_empty() && ident != "self" =>
+                {
+                    params.push(Param::Plain(ident.clone()))
+                }
+                _ => {
+                    let hidden = format_ident!("__lock_arg{}", i, span = Span::mixed_site());
+                    let pat = std::mem::replace(
+                        &mut t.pat,
+                        Box::new(Pat::Ident(PatIdent {
+                            attrs: Vec::new(),
+                            by_ref: None,
+                            mutability: None,
+                            ident: hidden.clone(),
+                            subpat: None,
+                        })),
+                    );
+                    let mut bindings = Bindings(Vec::new());
+                    bindings.visit_pat(&pat);
+                    params.push(Param::Pattern { hidden, pat, bindings: bindings.0 });
+                }
+            },
+        }
+    }
+    params
+}
+
+/// The idents a pattern binds.
+struct Bindings(Vec<Ident>);
+
+impl<'ast> Visit<'ast> for Bindings {
+    fn visit_pat_ident(&mut self, p: &'ast PatIdent) {
+        self.0.push(p.ident.clone());
+        syn::visit::visit_pat_ident(self, p);
+    }
+}
+
+/// Strips `mut` and `ref` so the pattern can bind by reference (match ergonomics).
+struct ByRef;
+
+impl VisitMut for ByRef {
+    fn visit_pat_ident_mut(&mut self, p: &mut PatIdent) {
+        p.by_ref = None;
+        p.mutability = None;
+        syn::visit_mut::visit_pat_ident_mut(self, p);
+    }
+}
+
+fn impl_trait(ty: &Type) -> Option<Span> {
+    struct Find(Option<Span>);
+    impl<'ast> Visit<'ast> for Find {
+        fn visit_type_impl_trait(&mut self, t: &'ast syn::TypeImplTrait) {
+            self.0.get_or_insert(t.impl_token.span);
+        }
+    }
+    let mut f = Find(None);
+    f.visit_type(ty);
+    f.0
+}
+
+/// `format!(..)` of the template, or its text when it has no parameter; `None` on errors.
+fn render_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors) -> Option<TokenStream> {
+    let pieces = match template::parse(&lit.value()) {
+        Ok(p) => p,
+        Err(e) => {
+            errors.add(lit.span(), format!("in `name`: {e}"));
+            return None;
+        }
+    };
+    if pieces.is_empty() {
+        errors.add(lit.span(), "`name` is empty; give the lock a name, or leave `name` out for the default");
+        return None;
+    }
+    let mut fmt = String::new();
+    let mut args = Vec::new();
+    let mut ok = true;
+    for piece in &pieces {
+        match piece {
+            Piece::Text(t) => fmt.push_str(&t.replace('{', "{{").replace('}', "}}")),
+            Piece::Field(path) => {
+                fmt.push_str("{}");
+                let Some(root) = resolve(&path[0], params, lit.span()) else {
+                    errors.add(lit.span(), unknown_param(&path[0], params));
+                    ok = false;
+                    continue;
+                };
+                let fields = path[1..].iter().map(|f| match f.parse::<u32>() {
+                    Ok(index) => syn::Index { index, span: lit.span() }.into_token_stream(),
+                    Err(_) => Ident::new(f, lit.span()).into_token_stream(),
+                });
+                args.push(quote_spanned!(lit.span()=> &#root #(.#fields)*));
+            }
+        }
+    }
+    if !ok {
+        return None;
+    }
+    if args.is_empty() {
+        let text = syn::LitStr::new(&fmt.replace("{{", "{").replace("}}", "}"), lit.span());
+        return Some(quote!(#text));
+    }
+    let fmt = syn::LitStr::new(&fmt, lit.span());
+    Some(quote_spanned!(lit.span()=> ::std::format!(#fmt, #(#args),*)))
+}
+
+/// The tokens naming template root `name`, if it is a parameter (or `self`).
+fn resolve(name: &str, params: &[Param], span: Span) -> Option<TokenStream> {
+    for p in params {
+        match p {
+            Param::Receiver(_) if name == "self" => return Some(quote_spanned!(span=> self)),
+            Param::Plain(id) if id == name => return Some(Ident::new(name, span).into_token_stream()),
+            Param::Pattern { bindings, .. } if bindings.iter().any(|b| b == name) => {
+                return Some(Ident::new(name, span).into_token_stream())
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn unknown_param(name: &str, params: &[Param]) -> String {
+    if name == "self" {
+        return "`{self.…}` in `name` needs a method with a `self` receiver".to_owned();
+    }
+    let mut known: Vec<String> = Vec::new();
+    for p in params {
+        match p {
+            Param::Receiver(_) => known.push("`self`".to_owned()),
+            Param::Plain(id) => known.push(format!("`{id}`")),
+            Param::Pattern { bindings, .. } => known.extend(bindings.iter().map(|b| format!("`{b}`"))),
+        }
+    }
+    if known.is_empty() {
+        format!("`{{{name}}}` in `name`: this function has no parameters to interpolate")
+    } else {
+        format!("`{{{name}}}` in `name` is not a parameter; the parameters are {}", known.join(", "))
+    }
+}
+
+/// md5 of `module_path!()::fn_name`, computed once per fn into a static inside its body.
+fn default_name(func: &ItemFn, private: &TokenStream) -> TokenStream {
+    let cell = Ident::new("__LOCK_DEFAULT_NAME", Span::mixed_site());
+    let fn_name = syn::LitStr::new(&func.sig.ident.to_string(), func.sig.ident.span());
+    quote!({
+        static #cell: ::std::sync::OnceLock<::std::string::String> = ::std::sync::OnceLock::new();
+        #private::default_name(&#cell, ::core::module_path!(), #fn_name)
+    })
+}
+
+/// `::lock_runtime::__private`, or under the `crate = ".."` given.
+fn private(opts: &Options) -> TokenStream {
+    let krate = opts.krate.clone().map(|p| p.into_token_stream()).unwrap_or_else(|| quote!(::lock_runtime));
+    quote!(#krate::__private)
+}
+
+/// The new body of the locked fn.
+fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> syn::Block {
+    let m = Span::mixed_site();
+    let private = private(opts);
+    let (entered, error, output, name_var, manager_var) = (
+        Ident::new("__lock_entered", m),
+        Ident::new("__lock_error", m),
+        Ident::new("__lock_output", m),
+        Ident::new("__lock_name", m),
+        Ident::new("__lock_manager", m),
+    );
+
+    // Pattern parameters bound by reference, for the template and the manager expression.
+    let by_ref: Vec<TokenStream> = params
+        .iter()
+        .filter_map(|p| match p {
+            Param::Pattern { hidden, pat, bindings } if !bindings.is_empty() => {
+                let mut pat = (**pat).clone();
+                ByRef.visit_pat_mut(&mut pat);
+                Some(quote!(#[allow(unused_variables)] let #pat = &#hidden;))
+            }
+            _ => None,
+        })
+        .collect();
+
+    let mut options = quote!(#private::LockOptions::new());
+    if let Some(w) = opts.wait {
+        let ms = w.ms;
+        options.extend(quote!(.wait(#private::millis(#ms))));
+    }
+    if let Some(l) = opts.lease {
+        let ms = l.ms;
+        options.extend(quote!(.lease(#private::millis(#ms))));
+    }
+    if let Some(r) = opts.retry {
+        options.extend(quote!(.retry(#r)));
+    }
+
+    let enter = match &opts.manager {
+        Some(manager) => quote! {
+            let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
+            #private::enter(#manager_var, #name_var, #options).await
+        },
+        None => quote! {
+            let #name_var = { #(#by_ref)* #name };
+            #private::enter_default(#name_var, #options).await
+        },
+    };
+
+    let (ret_ty, ret_span): (Type, Span) = match &func.sig.output {
+        ReturnType::Type(_, ty) => ((**ty).clone(), ty.span()),
+        ReturnType::Default => (syn::parse_quote_spanned!(func.sig.ident.span()=> ()), func.sig.ident.span()),
+    };
+    let carry_lock = quote_spanned!(ret_span=> <#ret_ty as #private::CarryLockError>::from_lock_error);
+
+    let on_fail = match &opts.fallback {
+        None => quote!(return #carry_lock(#error);),
+        Some((key, path)) => {
+            let receiver = params.iter().any(|p| matches!(p, Param::Receiver(_)));
+            let path = match path.get_ident() {
+                Some(method) if receiver => quote_spanned!(key.span()=> Self::#method),
+                _ => path.to_token_stream(),
+            };
+            let args = params.iter().map(Param::argument);
+            let span = key.span();
+            quote_spanned! {span=>
+                #private::falling_back(&#error);
+                return #path(#(#args),*).await;
+            }
+        }
+    };
+
+    // The body, in `async move`, with its output pinned to the declared return type. (Inner
+    // attributes stay in `func.attrs`; `ItemFn` prints them inside the new block.)
+    let by_value = params.iter().filter_map(|p| match p {
+        Param::Pattern { hidden, pat, .. } => Some(quote!(let #pat = #hidden;)),
+        _ => None,
+    });
+    let fake_return = match &func.sig.output {
+        ReturnType::Type(_, ty) => {
+            let fake = Ident::new("__lock_return", m);
+            quote! {
+                #[allow(
+                    unknown_lints, unreachable_code, clippy::diverging_sub_expression, clippy::empty_loop,
+                    clippy::let_unit_value, clippy::let_with_type_underscore, clippy::needless_return,
+                    clippy::unreachable
+                )]
+                if false {
+                    let #fake: #ty = loop {};
+                    return #fake;
+                }
+            }
+        }
+        ReturnType::Default => quote!(),
+    };
+    let stmts = &func.block.stmts;
+    let fut = quote! {
+        async move {
+            #(#by_value)*
+            #fake_return
+            #(#stmts)*
+        }
+    };
+
+    let run = match (opts.on_lost, &opts.fallback) {
+        (Some((OnLost::Ignore, _)), _) => quote!(#entered.run_to_end(#fut).await),
+        (Some((OnLost::Abort, span)), Some(_)) => {
+            let carry_lost = quote_spanned!(span=> <#ret_ty as #private::CarryLostError>::from_lost_error);
+            quote! {
+                match #entered.run(#private::OnLost::Abort, #fut).await {
+                    ::core::result::Result::Ok(#output) => #output,
+                    ::core::result::Result::Err(#error) => #carry_lost(#error),
+                }
+            }
+        }
+        (_, None) => quote! {
+            match #entered.run(#private::OnLost::Abort, #fut).await {
+                ::core::result::Result::Ok(#output) => #output,
+                ::core::result::Result::Err(#error) => #carry_lock(#error),
+            }
+        },
+        (None, Some(_)) => quote! {
+            #entered.run_with(
+                {
+                    use #private::{AbortIfCarried as _, RunToEndOtherwise as _};
+                    (&#private::Probe::<#ret_ty>::new()).on_lost()
+                },
+                #fut,
+            ).await
+        },
+    };
+
+    let tokens = quote! {{
+        let #entered = match { #enter } {
+            ::core::result::Result::Ok(#entered) => #entered,
+            ::core::result::Result::Err(#error) => { #on_fail }
+        };
+        #run
+    }};
+    match syn::parse2(tokens) {
+        Ok(block) => block,
+        Err(e) => syn::Block {
+            brace_token: Default::default(),
+            stmts: vec![syn::Stmt::Expr(syn::Expr::Verbatim(e.into_compile_error()), None)],
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expanded(attr: TokenStream, item: TokenStream) -> String {
+        expand(attr, item).to_string()
+    }
+
+    #[test]
+    fn every_error_is_reported_and_the_fn_still_emitted() {
+        let out = expanded(
+            quote!(wait = "2 sec", leese = 1, name = "{nope}"),
+            quote!(
+                fn f(id: u32) -> u32 {
+                    id
+                }
+            ),
+        );
+        assert_eq!(out.matches("compile_error").count(), 4, "{out}");
+        assert!(out.contains("add `async`"), "{out}");
+        assert!(out.contains("malformed duration"), "{out}");
+        assert!(out.contains("unknown option `leese`"), "{out}");
+        assert!(out.contains("`{nope}` in `name` is not a parameter; the parameters are `id`"), "{out}");
+        assert!(out.contains("fn f (id : u32) -> u32 { id }"), "the original fn is kept: {out}");
+    }
+
+    #[test]
+    fn patterns_are_renamed_and_destructured_after_the_lock() {
+        let out = expanded(
+            quote!(name = "p:{a}"),
+            quote!(
+                async fn f((a, b): (u32, u32), mut c: u32) -> Result<u32, E> {
+                    c += a + b;
+                    Ok(c)
+                }
+            ),
+        );
+        assert!(out.contains("async fn f (__lock_arg0 : (u32 , u32) , __lock_arg1 : u32)"), "{out}");
+        assert!(out.contains("let (a , b) = & __lock_arg0 ;"), "template binds by reference: {out}");
+        assert!(out.contains("let (a , b) = __lock_arg0 ;"), "body binds by value: {out}");
+        assert!(out.contains("let mut c = __lock_arg1 ;"), "{out}");
+        let enter = out.find("enter_default").expect("enters");
+        let body = out.find("async move").expect("body");
+        assert!(enter < body, "the lock is taken before the arguments move into the body");
+    }
+
+    #[test]
+    fn fallback_gets_the_same_arguments_and_methods_resolve_on_self() {
+        let out = expanded(
+            quote!(name = "m:{id}", fallback = busy),
+            quote!(
+                async fn m(&self, (x, _): (u8, u8), id: u32) -> u32 {
+                    id
+                }
+            ),
+        );
+        assert!(out.contains("return Self :: busy (self , __lock_arg1 , id) . await"), "{out}");
+        let out = expanded(
+            quote!(fallback = later),
+            quote!(
+                async fn f(id: u32) -> u32 {
+                    id
+                }
+            ),
+        );
+        assert!(out.contains("return later (id) . await"), "{out}");
+    }
+
+    #[test]
+    fn default_name_is_computed_once_per_fn() {
+        let out = expanded(
+            quote!(),
+            quote!(
+                async fn job() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("static __LOCK_DEFAULT_NAME"), "{out}");
+        assert!(out.contains(":: core :: module_path ! ()"), "{out}");
+        assert!(out.contains("\"job\""), "{out}");
+    }
+
+    #[test]
+    fn crate_path_is_used_everywhere() {
+        let out = expanded(
+            quote!(crate = "my::lr", name = "x"),
+            quote!(
+                async fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("my :: lr :: __private :: enter_default"), "{out}");
+        assert!(!out.contains(":: lock_runtime"), "{out}");
+    }
+}

@@ -1,0 +1,323 @@
+//! The attribute's options: parsed once into [`Options`], every problem collected.
+
+use proc_macro2::{Span, TokenStream};
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream, Parser};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+
+/// Every option, in the order the docs list them.
+pub(crate) const OPTIONS: &[&str] = &["name", "wait", "lease", "retry", "fallback", "manager", "on_lost", "crate"];
+
+/// The longest `wait` and `lease` accepted, in milliseconds (`lock_runtime::MAX_WAIT`/`MAX_LEASE`).
+pub(crate) const MAX_MILLIS: u64 = 24 * 60 * 60 * 1000;
+/// The most `retry` attempts accepted (`lock_runtime::MAX_RETRY`).
+pub(crate) const MAX_RETRY: u32 = 1_000_000;
+
+/// `on_lost = ..`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLost {
+    Abort,
+    Ignore,
+}
+
+/// A checked duration option.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Millis {
+    pub(crate) ms: u64,
+}
+
+/// The parsed options; each keeps the span of its key for diagnostics.
+#[derive(Default)]
+pub(crate) struct Options {
+    pub(crate) name: Option<LitStr>,
+    pub(crate) wait: Option<Millis>,
+    pub(crate) lease: Option<Millis>,
+    pub(crate) retry: Option<u32>,
+    pub(crate) fallback: Option<(Ident, Path)>,
+    pub(crate) manager: Option<Expr>,
+    pub(crate) on_lost: Option<(OnLost, Span)>,
+    pub(crate) krate: Option<Path>,
+}
+
+/// `key = value`, with any expression as the value (interpreted per key afterwards).
+struct RawOption {
+    key: Ident,
+    value: Expr,
+}
+
+impl Parse for RawOption {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let key = Ident::parse_any(input)?;
+        if !input.peek(Token![=]) {
+            let hint = if OPTIONS.contains(&key.to_string().as_str()) {
+                format!("expected `=` after `{key}`: write `{key} = ..`")
+            } else {
+                unknown(&key)
+            };
+            return Err(syn::Error::new(key.span(), hint));
+        }
+        input.parse::<Token![=]>()?;
+        let value = input.parse()?;
+        Ok(RawOption { key, value })
+    }
+}
+
+fn unknown(key: &Ident) -> String {
+    let list: Vec<String> = OPTIONS.iter().map(|o| format!("`{o}`")).collect();
+    format!("unknown option `{key}`; expected one of {}", list.join(", "))
+}
+
+/// Collects errors so that one build shows them all.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub(crate) fn add(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, message));
+    }
+
+    pub(crate) fn into_result(self) -> Result<(), syn::Error> {
+        match self.0 {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Parses the attribute's arguments. Problems go to `errors`; what parsed is returned.
+pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
+    let mut options = Options::default();
+    let raw = match Punctuated::<RawOption, Token![,]>::parse_terminated.parse2(attr) {
+        Ok(raw) => raw,
+        Err(e) => {
+            errors.push(e);
+            return options;
+        }
+    };
+    let mut seen: Vec<Ident> = Vec::new();
+    for RawOption { key, value } in raw {
+        let k = key.to_string();
+        if !OPTIONS.contains(&k.as_str()) {
+            errors.add(key.span(), unknown(&key));
+            continue;
+        }
+        if let Some(first) = seen.iter().find(|s| **s == key) {
+            let mut e = syn::Error::new(key.span(), format!("option `{key}` given twice; keep one"));
+            e.combine(syn::Error::new(first.span(), format!("`{key}` first given here")));
+            errors.push(e);
+            continue;
+        }
+        seen.push(key.clone());
+        let result = match k.as_str() {
+            "name" => string(&key, &value, "a string literal template, e.g. `name = \"order:{order.id}\"`")
+                .map(|s| options.name = Some(s)),
+            "wait" => duration(&key, &value).map(|d| options.wait = Some(d)),
+            "lease" => duration(&key, &value).and_then(|d| {
+                if d.ms == 0 {
+                    return Err(syn::Error::new(
+                        value.span(),
+                        "a zero lease would expire at once; give at least 1ms, or leave `lease` out so a \
+                         watchdog keeps the lock alive while the function runs",
+                    ));
+                }
+                options.lease = Some(d);
+                Ok(())
+            }),
+            "retry" => retry(&value).map(|r| options.retry = Some(r)),
+            "fallback" => match &value {
+                Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => {
+                    options.fallback = Some((key.clone(), p.path.clone()));
+                    Ok(())
+                }
+                _ => Err(syn::Error::new(
+                    value.span(),
+                    "`fallback` takes the path of an async fn, e.g. `fallback = settle_later`, \
+                     `fallback = Self::busy` or a method name on `self`",
+                )),
+            },
+            "manager" => {
+                options.manager = Some(value.clone());
+                Ok(())
+            }
+            "on_lost" => on_lost(&value).map(|o| options.on_lost = Some((o, value.span()))),
+            "crate" => string(&key, &value, "a string path, e.g. `crate = \"my_facade::lock_runtime\"`")
+                .and_then(|s| s.parse::<Path>().map_err(|e| syn::Error::new(s.span(), format!("`crate`: {e}"))))
+                .map(|p| options.krate = Some(p)),
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    options
+}
+
+fn string(key: &Ident, value: &Expr, what: &str) -> syn::Result<LitStr> {
+    match value {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(s.clone()),
+        _ => Err(syn::Error::new(value.span(), format!("`{key}` takes {what}"))),
+    }
+}
+
+fn duration(key: &Ident, value: &Expr) -> syn::Result<Millis> {
+    let ms = match value {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => {
+            parse_duration(&s.value()).map_err(|m| syn::Error::new(s.span(), m))?
+        }
+        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => i.base10_parse::<u64>().map_err(|_| {
+            syn::Error::new(i.span(), format!("`{key}` in milliseconds must be a whole number up to {MAX_MILLIS}"))
+        })?,
+        _ => {
+            return Err(syn::Error::new(
+                value.span(),
+                format!("`{key}` takes a duration: \"250ms\", \"2s\", \"1m\", \"1h\", or an integer (milliseconds)"),
+            ))
+        }
+    };
+    if ms > MAX_MILLIS {
+        return Err(syn::Error::new(
+            value.span(),
+            format!("`{key}` of {ms}ms is longer than the most accepted, 24h ({MAX_MILLIS}ms)"),
+        ));
+    }
+    Ok(Millis { ms })
+}
+
+/// `"250ms"`, `"2s"`, `"1m"`, `"1h"` to milliseconds.
+pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
+    let malformed = || {
+        format!(
+            "malformed duration \"{text}\"; write a whole number and a unit: \"250ms\", \"2s\", \"1m\", \"1h\" \
+             (or an integer number of milliseconds)"
+        )
+    };
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() {
+        return Err(malformed());
+    }
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(malformed()),
+    };
+    let too_long = || format!("duration \"{text}\" is longer than the most accepted, 24h");
+    let n: u64 = number.parse().map_err(|_| too_long())?;
+    n.checked_mul(factor).ok_or_else(too_long)
+}
+
+fn retry(value: &Expr) -> syn::Result<u32> {
+    let Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) = value else {
+        return Err(syn::Error::new(value.span(), "`retry` takes an integer: at most this many further attempts"));
+    };
+    match i.base10_parse::<u32>() {
+        Ok(n) if n <= MAX_RETRY => Ok(n),
+        _ => Err(syn::Error::new(i.span(), format!("`retry` must be a whole number up to {MAX_RETRY}"))),
+    }
+}
+
+fn on_lost(value: &Expr) -> syn::Result<OnLost> {
+    if let Expr::Path(p) = value {
+        if p.qself.is_none() {
+            if let Some(id) = p.path.get_ident() {
+                match id.to_string().as_str() {
+                    "abort" => return Ok(OnLost::Abort),
+                    "ignore" => return Ok(OnLost::Ignore),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Err(syn::Error::new(value.span(), "`on_lost` takes `abort` (the default) or `ignore`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse_ok(ts: TokenStream) -> Options {
+        let mut errors = Errors::default();
+        let o = parse(ts, &mut errors);
+        if let Err(e) = errors.into_result() {
+            panic!("unexpected error: {e}");
+        }
+        o
+    }
+
+    fn parse_err(ts: TokenStream) -> Vec<String> {
+        let mut errors = Errors::default();
+        let _ = parse(ts, &mut errors);
+        errors.into_result().err().map(|e| e.into_iter().map(|e| e.to_string()).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(250));
+        assert_eq!(parse_duration("2s"), Ok(2_000));
+        assert_eq!(parse_duration("1m"), Ok(60_000));
+        assert_eq!(parse_duration("1h"), Ok(3_600_000));
+        assert_eq!(parse_duration("0s"), Ok(0));
+        for bad in ["", "s", "2", "2 s", "2sec", "-1s", "1.5s", "1d", "ms2"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn every_option() {
+        let o = parse_ok(quote!(
+            name = "order:{order.id}",
+            wait = "2s",
+            lease = 1500,
+            retry = 3,
+            fallback = Self::later,
+            manager = &self.locks,
+            on_lost = ignore,
+            crate = "my::lr",
+        ));
+        assert_eq!(o.name.map(|n| n.value()).as_deref(), Some("order:{order.id}"));
+        assert_eq!(o.wait.map(|w| w.ms), Some(2_000));
+        assert_eq!(o.lease.map(|w| w.ms), Some(1_500));
+        assert_eq!(o.retry, Some(3));
+        assert!(o.fallback.is_some() && o.manager.is_some() && o.krate.is_some());
+        assert_eq!(o.on_lost.map(|o| o.0), Some(OnLost::Ignore));
+        assert!(parse_ok(quote!()).name.is_none());
+    }
+
+    #[test]
+    fn errors_are_all_reported() {
+        let errs =
+            parse_err(quote!(leese = "2s", wait = "2 sec", wait = "1s", lease = "0s", retry = -1, on_lost = stop));
+        assert_eq!(errs.len(), 7, "{errs:#?}"); // the duplicate carries a second "first given here"
+        assert!(errs[0].contains("unknown option `leese`; expected one of `name`, `wait`"));
+        assert!(errs[1].contains("malformed duration"));
+        assert!(errs[2].contains("given twice"));
+        assert!(errs[4].contains("zero lease"));
+        assert!(errs[5].contains("`retry`"));
+        assert!(errs[6].contains("`abort`"));
+    }
+
+    #[test]
+    fn limits() {
+        assert!(parse_err(quote!(wait = "25h"))[0].contains("longer than the most accepted"));
+        assert!(parse_err(quote!(lease = 86400001))[0].contains("longer than the most accepted"));
+        assert!(parse_ok(quote!(wait = "24h", lease = "1ms")).lease.is_some());
+        assert!(parse_err(quote!(retry = 1000001))[0].contains("up to 1000000"));
+        assert!(parse_err(quote!(name = order))[0].contains("string literal"));
+        assert!(parse_err(quote!(fallback = "f"))[0].contains("path of an async fn"));
+        assert!(parse_err(quote!(crate = "not a path"))[0].contains("`crate`"));
+        assert!(parse_err(quote!(wait))[0].contains("expected `=` after `wait`"));
+    }
+}

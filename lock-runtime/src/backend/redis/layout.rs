@@ -1,0 +1,128 @@
+//! Where a lock lives in Redis: its key, its release channel, and its slot's fencing counter.
+//!
+//! All three share one hash slot (Redis Cluster's unit of sharding), so every script touches a
+//! single slot:
+//!
+//! | what | name |
+//! |---|---|
+//! | the lock (a string: the owner id, expiring with the lease) | `lock:{<key>}` |
+//! | the channel a release publishes on | `lock:{<key>}:released` |
+//! | the fencing counter of the slot | `lock:fence:{<tag>}`, `<tag>` a short string of the same slot |
+//!
+//! `<key>` is the manager prefix followed by the lock name. There is one fencing counter per
+//! hash slot ever used (at most 16,384), never one per name, so the keys left behind stay
+//! bounded however many names are locked.
+
+use std::sync::OnceLock;
+
+/// The number of hash slots of Redis Cluster.
+pub(super) const SLOTS: usize = 16_384;
+
+/// The Redis names of one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    /// The lock key, `lock:{<key>}`.
+    pub lock: String,
+    /// The release channel, `lock:{<key>}:released`.
+    pub channel: String,
+    /// The fencing counter of the lock key's hash slot, `lock:fence:{<tag>}`.
+    pub fence: String,
+}
+
+impl KeyLayout {
+    /// The names used for the backend key `key` (the manager prefix followed by the lock name).
+    pub fn of(key: &str) -> Self {
+        let lock = format!("lock:{{{key}}}");
+        let channel = format!("{lock}:released");
+        let fence = format!("lock:fence:{{{}}}", slot_tag(key_slot(lock.as_bytes())));
+        KeyLayout { lock, channel, fence }
+    }
+}
+
+/// The hash slot of a Redis key, as Redis Cluster computes it: CRC16 (XMODEM) of the hash tag
+/// (the part between the first `{` and the next `}`, when not empty), else of the whole key.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    (crc16(hashed) as usize % SLOTS) as u16
+}
+
+/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), the checksum of Redis Cluster.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// A short string whose hash slot is `slot`: the first base-36 number that lands there.
+fn slot_tag(slot: u16) -> &'static str {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![String::new(); SLOTS];
+        let mut missing = SLOTS;
+        let mut n: u64 = 0;
+        while missing > 0 {
+            let tag = base36(n);
+            let slot = (crc16(tag.as_bytes()) as usize) % SLOTS;
+            if tags[slot].is_empty() {
+                tags[slot] = tag;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    &tags[usize::from(slot) % SLOTS]
+}
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc16_matches_redis_cluster_spec() {
+        // The reference value from the Redis Cluster specification.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"{user1000}.followers"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_eq!(key_slot(b"{}a"), (crc16(b"{}a") as usize % SLOTS) as u16);
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_and_a_lock_shares_its_slot() {
+        for slot in [0u16, 1, 12182, 16383] {
+            assert_eq!(key_slot(slot_tag(slot).as_bytes()), slot);
+        }
+        for key in ["order:42", "myapp:x", "a{b}c", "é"] {
+            let l = KeyLayout::of(key);
+            let slot = key_slot(l.lock.as_bytes());
+            assert_eq!(key_slot(l.channel.as_bytes()), slot, "{key}");
+            assert_eq!(key_slot(l.fence.as_bytes()), slot, "{key}");
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! A real ZooKeeper server for the tests: the Debian `zookeeper` package's jar, started as its
+//! own JVM on a free loopback port with a temporary data directory, stopped by its pid.
+//!
+//! ```ignore
+//! let mut zk = lock_tests::zk_server::ZkServer::start();
+//! let manager = lock_runtime::LockManager::zookeeper(zk.hosts()).await?;
+//! zk.kill();     // SIGKILL, like a crash
+//! zk.restart();  // same port, same data directory
+//! ```
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The ZooKeeper jar the Debian package installs (its manifest names its dependencies).
+pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// The packaged configuration directory (log configuration) put on the class path.
+pub const ZOOKEEPER_CONF_DIR: &str = "/etc/zookeeper/conf";
+
+/// How long an empty container node may live before the server reaps it, in this test server.
+pub const CONTAINER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One ZooKeeper server process, killed on drop.
+#[derive(Debug)]
+pub struct ZkServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl ZkServer {
+    /// Starts a standalone server on a free loopback port and waits until it serves clients.
+    /// Panics (failing the test) if `java` or the jar is missing or the server does not start.
+    pub fn start() -> ZkServer {
+        assert!(
+            std::path::Path::new(ZOOKEEPER_JAR).exists(),
+            "{ZOOKEEPER_JAR} is missing: install the `zookeeper` package (scripts/test does)"
+        );
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-tests-zk-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("data")).expect("create the ZooKeeper data directory");
+        let port = free_port();
+        let config = format!(
+            "tickTime=250\n\
+             minSessionTimeout=500\n\
+             maxSessionTimeout=30000\n\
+             dataDir={data}\n\
+             clientPort={port}\n\
+             clientPortAddress=127.0.0.1\n\
+             maxClientCnxns=0\n\
+             admin.enableServer=false\n\
+             4lw.commands.whitelist=ruok,srvr,mntr\n\
+             forceSync=no\n",
+            data = dir.join("data").display(),
+        );
+        std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
+        let mut server = ZkServer { port, dir, child: None };
+        server.spawn();
+        server
+    }
+
+    /// `127.0.0.1:<port>`: the host list to give the client.
+    pub fn hosts(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server at once (SIGKILL, as a crash) and waits for the process to end.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same data (after [`kill`](Self::kill)).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.join("server.log")).expect("create the server log");
+        let child = Command::new("java")
+            .args([
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-Xshare:auto",
+                "-Dzookeeper.admin.enableServer=false",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                &format!("-Dznode.container.checkIntervalMs={}", CONTAINER_CHECK_INTERVAL.as_millis()),
+                "-Dznode.container.maxPerMinute=1000000",
+                "-cp",
+                &format!("{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}"),
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+            ])
+            .arg(self.dir.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start `java` (install a JRE, e.g. the `zookeeper` package's dependencies)");
+        // If this test process ends without dropping the server (a static, a crash), a small
+        // reaper kills the JVM by its pid: it lives while both processes do.
+        let reaper = format!(
+            "while kill -0 {test} 2>/dev/null && kill -0 {java} 2>/dev/null; do sleep 0.5; done; \
+             kill -9 {java} 2>/dev/null; kill -0 {test} 2>/dev/null || rm -rf '{dir}'",
+            test = std::process::id(),
+            java = child.id(),
+            dir = self.dir.display(),
+        );
+        let _ = Command::new("sh")
+            .args(["-c", &reaper])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let started = Instant::now();
+        loop {
+            if self.serving() {
+                return;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                    panic!("ZooKeeper exited with {status} before it was ready:\n{log}");
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "ZooKeeper did not start serving within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the server serves clients: its `srvr` four-letter word reports a mode (`ruok`
+    /// answers `imok` as soon as the process listens, before sessions can be opened).
+    pub fn serving(&self) -> bool {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        if stream.write_all(b"srvr").is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.contains("Mode: ")
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// One server shared by every test of a test binary (started on first use; the reaper stops it
+/// when the binary exits). Tests that kill or restart a server start their own.
+pub fn shared() -> &'static ZkServer {
+    static SERVER: std::sync::OnceLock<ZkServer> = std::sync::OnceLock::new();
+    SERVER.get_or_init(ZkServer::start)
+}
+
+/// The children of `path` (empty if it does not exist), read through a fresh client session.
+#[cfg(feature = "zookeeper")]
+pub async fn children(hosts: &str, path: &str) -> Vec<String> {
+    let client = zookeeper_client::Client::connect(hosts).await.expect("connect a checking client");
+    match client.list_children(path).await {
+        Ok(children) => children,
+        Err(zookeeper_client::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list the children of {path}: {e}"),
+    }
+}
+
+/// A loopback TCP proxy in front of a ZooKeeper server that can lose the reply to one lock-node
+/// create: it forwards the request (the server applies it), then cuts the connection instead of
+/// forwarding the reply, as a network failure at the worst moment would. The client reconnects
+/// through it with the same session.
+#[derive(Debug)]
+pub struct ReplyCutter {
+    port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: std::sync::Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReplyCutter {
+    /// Starts the proxy in front of `upstream` (a port on 127.0.0.1).
+    pub async fn start(upstream: u16) -> ReplyCutter {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.expect("bind the proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU32::new(0));
+        let (a, c) = (armed.clone(), cuts.clone());
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)).await else {
+                    continue;
+                };
+                connections.spawn(relay(client, server, a.clone(), c.clone()));
+            }
+        });
+        ReplyCutter { port, armed, cuts, task }
+    }
+
+    /// `127.0.0.1:<proxy port>`.
+    pub fn hosts(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Loses the reply to the next create of a lock node (`…/lk-…`).
+    pub fn cut_next_lock_create(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many replies were lost so far.
+    pub fn cuts(&self) -> u32 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ReplyCutter {
+    fn drop(&mut self) {
+        self.task.abort(); // drops the listener and every relay with it
+    }
+}
+
+/// Relays one client connection, frame by frame (4-byte length, then the payload).
+async fn relay(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cuts: std::sync::Arc<AtomicU32>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn frame(from: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
+        let len = from.read_u32().await.ok()?;
+        let mut payload = vec![0; usize::try_from(len).ok()?];
+        from.read_exact(&mut payload).await.ok()?;
+        Some(payload)
+    }
+    fn xid(payload: &[u8]) -> Option<i32> {
+        Some(i32::from_be_bytes(payload.get(0..4)?.try_into().ok()?))
+    }
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    // The xid of the create whose reply is to be lost (0: none; client xids start at 1).
+    let doomed = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let to_server = {
+        let doomed = doomed.clone();
+        async move {
+            while let Some(payload) = frame(&mut client_rx).await {
+                // Request header: xid, op code (1 create, 15 create2), then the path.
+                let op = payload.get(4..8).map(|b| i32::from_be_bytes(b.try_into().unwrap_or_default()));
+                let is_lock_create = matches!(op, Some(1 | 15)) && payload.windows(4).any(|w| w == b"/lk-");
+                if is_lock_create && armed.swap(false, Ordering::SeqCst) {
+                    doomed.store(xid(&payload).unwrap_or(0), Ordering::SeqCst);
+                }
+                let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+                if server_tx.write_u32(len).await.is_err() || server_tx.write_all(&payload).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let to_client = async move {
+        while let Some(payload) = frame(&mut server_rx).await {
+            let lose = doomed.load(Ordering::SeqCst);
+            if lose != 0 && xid(&payload) == Some(lose) {
+                cuts.fetch_add(1, Ordering::SeqCst);
+                return; // the server applied the create; its reply is lost with the connection
+            }
+            let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+            if client_tx.write_u32(len).await.is_err() || client_tx.write_all(&payload).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever direction ends first closes both sockets (they are dropped here).
+    tokio::select! {
+        _ = to_server => {}
+        _ = to_client => {}
+    }
+}

@@ -1,0 +1,530 @@
+//! The Redis backend against real `redis-server` processes this test binary starts (each test
+//! its own, on a free loopback port): the conformance suite, cross-process exclusion, and
+//! fault injection (deleted keys, killed holders, a paused / killed / restarted server, killed
+//! pub/sub connections), plus leak checks.
+
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
+use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::redis_server::{free_port, RedisServer};
+
+lock_tests::conformance_suite!({
+    let server = Arc::new(RedisServer::start());
+    move |builder: LockManagerBuilder| {
+        let url = server.url();
+        async move { builder.redis(url).await.expect("connect") }
+    }
+});
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(server.url()).expect("url");
+    client.get_multiplexed_async_connection().await.expect("raw connection")
+}
+
+async fn backend(server: &RedisServer, timeout: Duration) -> RedisBackend {
+    RedisBackend::connect_with(&server.url(), RedisOptions::default().command_timeout(timeout)).await.expect("connect")
+}
+
+/// `calls` per command from `INFO commandstats`.
+async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
+    let (_, n): (String, u64) =
+        redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(conn).await.expect("NUMSUB");
+    n
+}
+
+/// Polls the server (no push signal exists for this) until `numsub(channel) == want`.
+async fn await_numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str, want: u64) {
+    let started = Instant::now();
+    while numsub(conn, channel).await != want {
+        assert!(started.elapsed() < Duration::from_secs(10), "{channel} never had {want} subscriber(s)");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Retries `lock` until the backend answers again (after an outage), within 15 s.
+async fn lock_after_outage(m: &LockManager, name: &str) -> lock_runtime::LockGuard {
+    let started = Instant::now();
+    loop {
+        match m.lock(name).wait(Duration::from_secs(2)).await {
+            Ok(guard) => return guard,
+            Err(e) if e.is_backend() && started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no recovery after {:?}: {e}", started.elapsed()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn malformed_url_is_invalid() {
+    for url in ["", "nonsense", "http://127.0.0.1:6379", "redis://127.0.0.1:notaport", "redis://[::1"] {
+        let err = LockManager::redis(url).await.expect_err(url);
+        assert!(err.is_invalid(), "{url}: {err}");
+    }
+    let err = LockManager::redis("redis://:hunter2@127.0.0.1:notaport").await.expect_err("bad port");
+    assert!(!err.to_string().contains("hunter2"), "password leaked: {err}");
+    let zero = RedisOptions::default().command_timeout(Duration::ZERO);
+    let err = RedisBackend::connect_with("redis://127.0.0.1:6379", zero).await.expect_err("zero timeout");
+    assert!(err.is_invalid(), "{err}");
+}
+
+#[tokio::test]
+async fn unreachable_or_stalled_server_is_backend_within_the_timeout() {
+    let timeout = Duration::from_millis(400);
+    let bound = timeout + Duration::from_secs(1);
+    // Nothing listens.
+    let started = Instant::now();
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let err =
+        RedisBackend::connect_with(&url, RedisOptions::default().command_timeout(timeout)).await.expect_err("refused");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    // The server accepts connections but answers nothing.
+    let server = RedisServer::start();
+    let m = LockManager::builder().backend(backend(&server, timeout).await);
+    server.pause();
+    let started = Instant::now();
+    let err = RedisBackend::connect_with(&server.url(), RedisOptions::default().command_timeout(timeout))
+        .await
+        .expect_err("stalled");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < bound, "connect took {:?}", started.elapsed());
+    let started = Instant::now();
+    let err = m.try_lock("stalled").await.expect_err("stalled");
+    assert!(err.is_backend(), "{err}");
+    assert!(err.to_string().contains("stalled"), "{err}");
+    assert!(started.elapsed() < bound, "try_lock took {:?}", started.elapsed());
+    server.resume();
+    lock_after_outage(&m, "stalled").await.release().await.expect("release");
+}
+
+/// Four OS processes increment one Redis counter with GET then SET under one lock: no update
+/// is lost.
+#[test]
+fn cross_process_mutual_exclusion() {
+    let server = RedisServer::start();
+    const WORKERS: usize = 4;
+    const TIMES: u64 = 50;
+    let counter = lock_tests::unique("counter");
+    let children: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_redis_worker"))
+                .args([&server.url(), "increment", "xproc", &counter, &TIMES.to_string()])
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().expect("worker").success(), "a worker failed");
+    }
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client.get_connection().expect("connection");
+    let value: u64 = redis::cmd("GET").arg(&counter).query(&mut conn).expect("GET");
+    assert_eq!(value, WORKERS as u64 * TIMES, "lost updates");
+}
+
+/// Deleting a held lock's key is noticed by the watchdog's next renewal: `lost()` fires within
+/// a third of the lease plus a round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_key_fires_lost() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(900);
+    let m = LockManager::builder()
+        .prefix("del:")
+        .default_lease(lease)
+        .backend(backend(&server, Duration::from_secs(1)).await);
+    let guard = m.lock("victim").await.expect("lock");
+    let mut conn = raw(&server).await;
+    let deleted: u64 =
+        redis::cmd("DEL").arg(KeyLayout::of("del:victim").lock).query_async(&mut conn).await.expect("DEL");
+    assert_eq!(deleted, 1, "the lock key is where the layout says");
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fired");
+    let noticed = started.elapsed();
+    assert!(noticed <= lease / 3 + Duration::from_millis(500), "noticed after {noticed:?}");
+    let err = guard.release().await.expect_err("released a lost lock");
+    assert!(err.is_lost(), "{err}");
+}
+
+/// Another owner's value in the key: release and renewal report the lock lost.
+#[tokio::test]
+async fn foreign_owner_is_lost() {
+    let server = RedisServer::start();
+    let m = LockManager::builder()
+        .default_lease(Duration::from_millis(600))
+        .backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    let fixed = m.lock("fixed").lease(Duration::from_secs(30)).await.expect("lock");
+    let _: () =
+        redis::cmd("SET").arg(KeyLayout::of("fixed").lock).arg("intruder").query_async(&mut conn).await.expect("SET");
+    let err = fixed.release().await.expect_err("foreign");
+    assert!(err.is_lost() && err.to_string().contains("another owner"), "{err}");
+    let value: String = redis::cmd("GET").arg(KeyLayout::of("fixed").lock).query_async(&mut conn).await.expect("GET");
+    assert_eq!(value, "intruder", "a foreign lock is left untouched");
+    let renewed = m.lock("renewed").await.expect("lock");
+    let _: () =
+        redis::cmd("SET").arg(KeyLayout::of("renewed").lock).arg("intruder").query_async(&mut conn).await.expect("SET");
+    tokio::time::timeout(Duration::from_secs(3), renewed.lost()).await.expect("renewal noticed the intruder");
+}
+
+/// A holder process killed with SIGKILL: a waiter in another process gets the lock within the
+/// lease plus one second (woken by the lease running out: the dead holder publishes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_within_the_lease() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(1500);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redis_worker"))
+        .args([&server.url(), "hold", "crash", &lease.as_millis().to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        line
+    })
+    .await
+    .expect("reader");
+    let their_token: u64 = line.trim().strip_prefix("held ").expect("held line").parse().expect("token");
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    assert!(m.try_lock("crash").await.expect("try").is_none(), "the worker holds it");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = m2.lock("crash").wait(Duration::from_secs(20)).await.expect("waiter");
+        (Instant::now(), guard)
+    });
+    // Let the holder renew a couple of times while the waiter waits.
+    tokio::time::sleep(lease).await;
+    assert!(!waiter.is_finished(), "acquired while the holder lived");
+    child.kill().expect("SIGKILL");
+    let killed_at = Instant::now();
+    child.wait().expect("reaped");
+    let (acquired_at, guard) = waiter.await.expect("waiter");
+    let took = acquired_at.duration_since(killed_at);
+    assert!(took <= lease + Duration::from_secs(1), "acquired {took:?} after the kill");
+    assert!(guard.fencing_token() > their_token);
+    guard.release().await.expect("release");
+}
+
+/// The server frozen (SIGSTOP) past the lease, then resumed: clear errors meanwhile, the lost
+/// lock reported lost, and new locks work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_past_the_lease_then_resumed() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let lease = Duration::from_millis(900);
+    let m = LockManager::builder().default_lease(lease).backend(backend(&server, timeout).await);
+    let guard = m.lock("paused").await.expect("lock");
+    server.pause();
+    let started = Instant::now();
+    let err = m.try_lock("other").await.expect_err("paused");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < timeout + Duration::from_secs(1), "took {:?}", started.elapsed());
+    tokio::time::timeout(lease + Duration::from_secs(2), guard.lost()).await.expect("lost() while paused");
+    server.resume();
+    let again = lock_after_outage(&m, "paused").await;
+    assert!(guard.is_lost(), "a lock reported lost stays lost");
+    assert!(again.fencing_token() > guard.fencing_token());
+    let err = guard.release().await.expect_err("its lease ran out while the server was frozen");
+    assert!(err.is_lost(), "{err}");
+    again.release().await.expect("release");
+}
+
+/// The server killed and restarted on the same port: clear errors while it is down, the lock
+/// that vanished is reported lost, and the same manager works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_and_restarted_server_is_survived() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let m = LockManager::builder().default_lease(Duration::from_millis(900)).backend(backend(&server, timeout).await);
+    let guard = m.lock("restart").await.expect("lock");
+    // A task waiting across the outage, for a lock whose 60 s lease vanishes with the restart.
+    let span = m.lock("span").lease(Duration::from_secs(60)).await.expect("lock");
+    let m2 = m.clone();
+    let spanning = tokio::spawn(async move { m2.lock("span").wait(Duration::from_secs(20)).await });
+    let mut conn = raw(&server).await;
+    await_numsub(&mut conn, &KeyLayout::of("span").channel, 1).await;
+    server.kill();
+    let started = Instant::now();
+    let err = m.try_lock("down").await.expect_err("down");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < timeout + Duration::from_secs(1), "took {:?}", started.elapsed());
+    tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() while down");
+    server.restart();
+    let restarted = Instant::now();
+    let again = lock_after_outage(&m, "restart").await;
+    let err = guard.release().await.expect_err("vanished with the restart");
+    assert!(err.is_lost(), "{err}");
+    again.release().await.expect("release");
+    // The waiter re-checked once the server was back, and took the vanished lock.
+    let got = spanning.await.expect("task").expect("the spanning waiter acquired");
+    assert!(restarted.elapsed() < Duration::from_secs(15), "long after the restart: {:?}", restarted.elapsed());
+    got.release().await.expect("release");
+    assert!(span.release().await.expect_err("vanished").is_lost());
+    // Waiting works again too (the pub/sub connection came back).
+    let held = m.lock("after").lease(Duration::from_secs(60)).await.expect("lock");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { m2.lock("after").wait(Duration::from_secs(20)).await.map(drop) });
+    let mut conn = raw(&server).await;
+    await_numsub(&mut conn, &KeyLayout::of("after").channel, 1).await;
+    held.release().await.expect("release");
+    waiter.await.expect("task").expect("woken by the release, not the 60 s lease");
+}
+
+/// `CLIENT KILL TYPE pubsub` while tasks wait: they still get the lock once it is free, both
+/// when the release comes before and after the subscription is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_pubsub_connection_still_wakes_waiters() {
+    let server = RedisServer::start();
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    for (round, wait_for_resubscribe) in [(0, false), (1, true)] {
+        let name = format!("pubsub-{round}");
+        let channel = KeyLayout::of(&name).channel;
+        // A fixed 60 s lease: only a release notification (or a re-check) can wake the waiters in time.
+        let held = m.lock(&name).lease(Duration::from_secs(60)).await.expect("lock");
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let (m, name) = (m.clone(), name.clone());
+                tokio::spawn(async move {
+                    let g = m.lock(&name).wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                    g.release().await
+                })
+            })
+            .collect();
+        await_numsub(&mut conn, &channel, 1).await;
+        let killed: u64 =
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.expect("KILL");
+        assert!(killed >= 1, "no pub/sub client killed");
+        if wait_for_resubscribe {
+            await_numsub(&mut conn, &channel, 1).await;
+        }
+        let started = Instant::now();
+        held.release().await.expect("release");
+        for w in waiters {
+            w.await.expect("task").expect("waiter acquired and released");
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "round {round} took {:?}", started.elapsed());
+    }
+}
+
+/// Runs `per_backend` waiters in each of `backends` backends (as in as many processes) behind
+/// one holder, lets the lock pass through all of them, and returns the acquire/release script
+/// calls (`EVALSHA`) and `PTTL` calls the server saw.
+async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -> (u64, u64) {
+    let mut managers = Vec::new();
+    for _ in 0..backends {
+        managers.push(LockManager::builder().backend(backend(server, Duration::from_secs(1)).await));
+    }
+    let mut conn = raw(server).await;
+    let before = command_calls(&mut conn).await;
+    let held = managers[0].lock("herd").lease(Duration::from_secs(60)).await.expect("lock");
+    let waiters: Vec<_> = managers
+        .iter()
+        .flat_map(|m| std::iter::repeat_n(m.clone(), per_backend as usize))
+        .map(|m| {
+            tokio::spawn(async move {
+                let g = m.lock("herd").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                g.release().await
+            })
+        })
+        .collect();
+    let waiting = backends as u64 * per_backend;
+    // Every waiter made its first attempt (found it busy) before the release.
+    let started = Instant::now();
+    while command_calls(&mut conn).await.get("evalsha").copied().unwrap_or(0)
+        - before.get("evalsha").copied().unwrap_or(0)
+        < 1 + waiting
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "waiters never tried");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.release().await.expect("release");
+    for w in waiters {
+        w.await.expect("task").expect("waiter");
+    }
+    let after = command_calls(&mut conn).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    (delta("evalsha"), delta("pttl"))
+}
+
+/// A release wakes one waiter per process, not all of them: eight local waiters handed the
+/// lock one after the other cost one acquire-script call each after their first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_local_waiter() {
+    let server = RedisServer::start();
+    const WAITERS: u64 = 8;
+    let (evalsha, pttl) = hand_through(&server, 1, WAITERS).await;
+    // 1 + 8 first attempts, 8 successful attempts, 9 releases; a herd would add up to 28 more.
+    let expected = 1 + WAITERS + WAITERS + (WAITERS + 1);
+    assert!(evalsha <= expected + 2, "evalsha calls: {evalsha} (expected {expected})");
+    // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
+    // re-check per waiter once the channel subscription is confirmed.
+    assert!(pttl <= 2 * WAITERS, "pttl calls: {pttl}");
+}
+
+/// With waiters in two processes, each release costs at most one attempt per process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_per_process() {
+    let server = RedisServer::start();
+    const PER: u64 = 4;
+    let (evalsha, _) = hand_through(&server, 2, PER).await;
+    // 1 + 8 first attempts and 9 releases, then per release at most one attempt from each of
+    // the two processes (9 x 2); a herd would cost up to 8 attempts per release.
+    let bound = 1 + 2 * PER + (2 * PER + 1) + (2 * PER + 1) * 2;
+    assert!(evalsha <= bound + 2, "evalsha calls: {evalsha} (at most {bound})");
+}
+
+/// A holder whose lease runs out (it publishes nothing) wakes one local waiter, not the whole
+/// queue; the rest follow one release at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_wakes_one_local_waiter() {
+    let server = RedisServer::start();
+    let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    let before = command_calls(&mut conn).await;
+    let evalsha = |calls: &HashMap<String, u64>| {
+        calls.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0)
+    };
+    let expiring = other.lock("expiry").lease(Duration::from_millis(700)).await.expect("lock");
+    const WAITERS: u64 = 8;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let g = m.lock("expiry").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                g.release().await
+            })
+        })
+        .collect();
+    for w in waiters {
+        w.await.expect("task").expect("waiter");
+    }
+    let calls = evalsha(&command_calls(&mut conn).await);
+    // 1 + 8 first attempts, 8 successful attempts, 8 releases (+2 for a wake-up a hair early);
+    // a cascade at the expiry would add up to 7 more.
+    let expected = 1 + WAITERS + WAITERS + WAITERS;
+    assert!(calls <= expected + 2, "evalsha calls: {calls} (expected {expected})");
+    assert!(expiring.release().await.expect_err("expired").is_lost());
+}
+
+/// Connections open on the server, by `CLIENT LIST TYPE <kind>`.
+async fn clients(conn: &mut redis::aio::MultiplexedConnection, kind: &str) -> usize {
+    let list: String = redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg(kind).query_async(conn).await.expect("CLIENT");
+    list.lines().filter(|l| !l.is_empty()).count()
+}
+
+/// Polls the server (no push signal exists for this) until `kind` has `want` connections.
+async fn await_clients(conn: &mut redis::aio::MultiplexedConnection, kind: &str, want: usize) {
+    let started = Instant::now();
+    while clients(conn, kind).await != want {
+        assert!(started.elapsed() < Duration::from_secs(10), "never {want} {kind} connection(s)");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A backend keeps one command and one pub/sub connection, and dropping the last manager
+/// (and guard) using it closes both: its background tasks stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_manager_stops_its_tasks_and_connections() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    let guard = m.lock("owned").await.expect("lock");
+    // Ours, the backend's command connection, and its pub/sub connection (typed `normal`
+    // while it has no subscription).
+    await_clients(&mut conn, "normal", 3).await;
+    drop(m);
+    guard.release().await.expect("release");
+    await_clients(&mut conn, "pubsub", 0).await;
+    await_clients(&mut conn, "normal", 1).await;
+}
+
+/// `SCRIPT FLUSH` (as after a failover): scripts are loaded again transparently.
+#[tokio::test]
+async fn flushed_scripts_are_reloaded() {
+    let server = RedisServer::start();
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    let first = m.lock("flush").await.expect("lock");
+    let first_token = first.fencing_token();
+    first.release().await.expect("release");
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    let second = m.lock("flush").await.expect("lock after flush");
+    assert!(second.fencing_token() > first_token);
+    second.release().await.expect("release after flush");
+}
+
+/// 10,000 distinct names locked and released (some contended): no lock key is left, only the
+/// bounded per-slot fencing counters, and no channel stays subscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_names_leave_no_keys_and_no_subscriptions() {
+    let server = RedisServer::start();
+    let backend = backend(&server, Duration::from_secs(2)).await;
+    let m = LockManager::builder().prefix("tenk:").backend(backend.clone());
+    const NAMES: usize = 10_000;
+    const TASKS: usize = 16;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                for i in (t..NAMES).step_by(TASKS) {
+                    let name = format!("n{i}");
+                    let guard = m.lock(&name).await.expect("lock");
+                    if i % 100 == 0 {
+                        // Contended: a waiter subscribes to this name's channel.
+                        let m2 = m.clone();
+                        let waiter = tokio::spawn(async move { m2.lock(name).wait(Duration::from_secs(20)).await });
+                        tokio::task::yield_now().await;
+                        guard.release().await.expect("release");
+                        waiter.await.expect("task").expect("waiter").release().await.expect("release");
+                    } else {
+                        guard.release().await.expect("release");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut conn = raw(&server).await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("KEYS");
+    let strays: Vec<&String> = keys.iter().filter(|k| !k.starts_with("lock:fence:{")).collect();
+    assert!(strays.is_empty(), "keys left behind: {:?}", &strays[..strays.len().min(10)]);
+    assert!(keys.len() <= 16_384, "{} counters", keys.len());
+    // Unsubscribed once the grace period passes.
+    let started = Instant::now();
+    loop {
+        let channels: Vec<String> =
+            redis::cmd("PUBSUB").arg("CHANNELS").arg("*").query_async(&mut conn).await.expect("PUBSUB");
+        if channels.is_empty() && backend.subscribed_channels() == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "still subscribed: {channels:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(numsub(&mut conn, &KeyLayout::of("tenk:n0").channel).await, 0);
+}

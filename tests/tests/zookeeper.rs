@@ -1,0 +1,364 @@
+//! The ZooKeeper backend against a real ZooKeeper server started by the tests
+//! (`lock_tests::zk_server`): the conformance suite and the recipe's own properties.
+#![cfg(feature = "zookeeper")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
+use lock_runtime::LockManager;
+use lock_tests::zk_server::{self, ZkServer};
+
+lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
+    builder.zookeeper(zk_server::shared().hosts()).await.expect("connect to the test ZooKeeper")
+});
+
+/// A backend with its own lock root, so a test can inspect what it leaves behind.
+async fn backend(hosts: &str, root: &str) -> ZookeeperBackend {
+    ZookeeperBackend::connect_with(hosts, ZookeeperOptions::new().root(root)).await.expect("connect")
+}
+
+fn unique_root(label: &str) -> String {
+    format!("/t-{}", lock_tests::unique(label).replace(':', "-"))
+}
+
+/// Several sessions (one manager each) contend for one name: no two holders at once, no lost
+/// update, and fencing tokens strictly increase in the order the lock was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_and_fencing_across_sessions() {
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("shared");
+    let mut managers = Vec::new();
+    for _ in 0..4 {
+        managers.push(LockManager::zookeeper(&hosts).await.expect("connect"));
+    }
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let last_token = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for m in &managers {
+        for _ in 0..4 {
+            let (m, name) = (m.clone(), name.clone());
+            let (counter, inside, last_token) = (counter.clone(), inside.clone(), last_token.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let g = m.lock(&name).wait(Duration::from_secs(60)).await.expect("acquire");
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    let previous = last_token.swap(g.fencing_token(), Ordering::SeqCst);
+                    assert!(g.fencing_token() > previous, "token {} after {previous}", g.fencing_token());
+                    let read = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(read + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 4 * 4 * 5);
+}
+
+/// Tokens keep increasing when the lock's parent node is deleted and recreated in between
+/// (the sequence suffix restarts then; the czxid does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_survive_parent_recreation() {
+    let hosts = zk_server::shared().hosts();
+    let a = LockManager::zookeeper(&hosts).await.expect("a");
+    let b = LockManager::zookeeper(&hosts).await.expect("b");
+    let name = lock_tests::unique("recreated");
+    let mut last = 0;
+    for i in 0..10 {
+        let m = if i % 2 == 0 { &a } else { &b };
+        let g = m.lock(&name).await.expect("acquire");
+        assert!(g.fencing_token() > last, "{} after {last}", g.fencing_token());
+        last = g.fencing_token();
+        g.release().await.expect("release"); // the parent is deleted with the last node
+    }
+}
+
+/// No herd: 16 waiters each watch only their predecessor, so each release wakes exactly one.
+/// When the k-th waiter gets the lock, exactly k watch wake-ups have happened in all sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_waiter() {
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("herd");
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        backends.push(ZookeeperBackend::connect(&hosts).await.expect("connect"));
+    }
+    let managers: Vec<LockManager> = backends.iter().map(|b| LockManager::builder().backend(b.clone())).collect();
+    let wakeups = {
+        let backends = backends.clone();
+        move || backends.iter().map(|b| b.stats().wakeups).sum::<u64>()
+    };
+    let waiting = {
+        let backends = backends.clone();
+        move || backends.iter().map(|b| b.stats().waiting).sum::<u64>()
+    };
+    let holder = managers[0].lock(&name).await.expect("holder");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let base = Arc::new(AtomicU64::new(u64::MAX));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let (m, name, seen, base, wakeups) =
+            (managers[i % 4].clone(), name.clone(), seen.clone(), base.clone(), wakeups.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock(&name).wait(Duration::from_secs(60)).await.expect("waiter");
+            seen.lock().unwrap().push(wakeups() - base.load(Ordering::SeqCst));
+            g.release().await.expect("release");
+        }));
+    }
+    // All 16 queued and watching (a condition, checked until it holds, bounded).
+    let started = Instant::now();
+    while waiting() < 16 {
+        assert!(started.elapsed() < Duration::from_secs(30), "only {} waiters queued", waiting());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    base.store(wakeups(), Ordering::SeqCst);
+    holder.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, (1..=16).collect::<Vec<u64>>(), "wake-ups counted at each hand-off");
+    assert_eq!(wakeups() - base.load(Ordering::SeqCst), 16, "one wake-up per release");
+}
+
+/// The server is killed while a lock is held: `lost()` fires within the session timeout, new
+/// attempts fail with clear backend errors, and locking works again once the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_fires_lost_then_recovers() {
+    let mut zk = ZkServer::start();
+    let session_timeout = Duration::from_secs(2);
+    let options = ZookeeperOptions::new().session_timeout(session_timeout).operation_timeout(Duration::from_secs(3));
+    let store = ZookeeperBackend::connect_with(zk.hosts(), options).await.expect("connect");
+    let m = LockManager::builder().backend(store.clone());
+    let guard = m.lock("held").await.expect("holder");
+    let fixed = m.lock("fixed").lease(Duration::from_secs(60)).await.expect("fixed-lease holder");
+
+    let killed_at = Instant::now();
+    zk.kill();
+    tokio::time::timeout(session_timeout, guard.lost()).await.expect("lost() within the session timeout");
+    tokio::time::timeout(Duration::from_secs(1), fixed.lost()).await.expect("every lock of the session is lost");
+    let after = killed_at.elapsed();
+    assert!(after <= session_timeout, "lost after {after:?}");
+
+    let started = Instant::now();
+    let err = m.lock("other").wait(Duration::from_secs(1)).await.expect_err("no server");
+    assert!(err.is_backend(), "{err}");
+    assert!(err.to_string().contains("zookeeper") && err.to_string().contains("other"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "failed after {:?}", started.elapsed());
+    assert!(m.try_lock("other").await.expect_err("no server").is_backend());
+
+    zk.restart();
+    let again = m.lock("other").wait(Duration::from_secs(10)).await.expect("works after restart");
+    again.release().await.expect("release");
+    // The old session's node, if the server restored that session, goes when it expires.
+    let held_again = m.lock("held").wait(session_timeout * 5).await.expect("the lost lock is free again");
+    assert!(held_again.fencing_token() > guard.fencing_token());
+    held_again.release().await.expect("release");
+    assert!(guard.release().await.expect_err("was lost").is_lost());
+    assert!(store.stats().sessions >= 2, "a new session was established");
+    drop(fixed);
+}
+
+/// 1,000 distinct names locked and released (and a few busy attempts and timed-out waits)
+/// leave no znode under the lock root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_names_leave_no_znodes() {
+    let hosts = zk_server::shared().hosts();
+    let root = unique_root("names");
+    let store = backend(&hosts, &root).await;
+    let m = LockManager::builder().backend(store.clone());
+    for i in 0..1000u32 {
+        let g = m.lock(format!("name/{i}")).await.expect("acquire");
+        g.release().await.expect("release");
+    }
+    for i in 0..10u32 {
+        let g = m.lock(format!("busy/{i}")).await.expect("acquire");
+        assert!(m.try_lock(format!("busy/{i}")).await.expect("try").is_none());
+        let err = m.lock(format!("busy/{i}")).wait(Duration::from_millis(50)).await.expect_err("held");
+        assert!(err.is_contended(), "{err}");
+        drop(g); // released in the background
+    }
+    // Released in the background (dropped guards): wait for the root to empty out, bounded.
+    let started = Instant::now();
+    loop {
+        let left = zk_server::children(&hosts, &root).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Any valid lock name, `/` and `..` included, is one znode under the root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_names_are_single_znodes() {
+    let hosts = zk_server::shared().hosts();
+    let root = unique_root("odd");
+    let store = backend(&hosts, &root).await;
+    let m = LockManager::builder().backend(store.clone());
+    for name in ["a/b/c", "..", ".", "/", "zookeeper", "100%", "日本語 name", "x".repeat(1024).as_str()] {
+        let g = m.lock(name).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let children = zk_server::children(&hosts, &root).await;
+        assert_eq!(children.len(), 1, "{name}: {children:?}");
+        assert!(!children[0].contains('/'));
+        g.release().await.expect("release");
+    }
+}
+
+/// A waiter whose future is dropped has its node deleted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_waiter_leaves_no_node() {
+    let hosts = zk_server::shared().hosts();
+    let root = unique_root("dropped");
+    let store = backend(&hosts, &root).await;
+    let m = LockManager::builder().backend(store.clone());
+    let held = m.lock("q").await.expect("holder");
+    let dir = store.lock_path("q");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { m2.lock("q").wait(Duration::from_secs(30)).await });
+    let started = Instant::now();
+    while store.stats().waiting < 1 {
+        assert!(started.elapsed() < Duration::from_secs(10), "waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(zk_server::children(&hosts, &dir).await.len(), 2, "holder and waiter nodes");
+    waiter.abort();
+    let _ = waiter.await;
+    let started = Instant::now();
+    loop {
+        let left = zk_server::children(&hosts, &dir).await;
+        if left.len() == 1 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "the dropped waiter's node stayed: {left:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.expect("release");
+}
+
+/// A holder in another process that hangs with its session alive: its fixed lease (recorded in
+/// its node) still ends, and the next waiter frees the lock then, not before; a hung holder
+/// without a fixed lease is kept (its session vouches for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_frees_a_hung_holder_after_its_fixed_lease() {
+    use zookeeper_client::{Acls, Client, CreateMode};
+    let hosts = zk_server::shared().hosts();
+    let store = ZookeeperBackend::connect(&hosts).await.expect("connect");
+    let m = LockManager::builder().backend(store.clone());
+    let hung = Client::connect(&hosts).await.expect("the hung holder's session");
+    let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+
+    let name = lock_tests::unique("hung");
+    let dir = store.lock_path(&name);
+    hung.create(&dir, b"", &container).await.expect("lock node");
+    let lease = Duration::from_millis(300);
+    let started = Instant::now();
+    let (stat, _) = hung
+        .create(&format!("{dir}/lk-hung-"), format!("lease_ms={}", lease.as_millis()).as_bytes(), &ephemeral)
+        .await
+        .expect("the hung holder's node");
+    let g = m.lock(&name).wait(Duration::from_secs(10)).await.expect("freed after the lease");
+    let waited = started.elapsed();
+    assert!(waited >= lease, "freed before the holder's lease ended: {waited:?}");
+    assert!(waited < lease + Duration::from_secs(5), "freed late: {waited:?}");
+    assert!(g.fencing_token() > u64::try_from(stat.czxid).unwrap());
+    g.release().await.expect("release");
+
+    let name = lock_tests::unique("hung-watchdog");
+    let dir = store.lock_path(&name);
+    hung.create(&dir, b"", &container).await.expect("lock node");
+    hung.create(&format!("{dir}/lk-hung-"), b"", &ephemeral).await.expect("the hung holder's node");
+    let err = m.lock(&name).wait(Duration::from_millis(1500)).await.expect_err("kept while its session lives");
+    assert!(err.is_contended(), "{err}");
+    drop(hung); // closes its session: the lock is free
+    m.lock(&name)
+        .wait(Duration::from_secs(10))
+        .await
+        .expect("free once the session ends")
+        .release()
+        .await
+        .expect("release");
+}
+
+/// The reply to a lock node's create is lost with the connection: after reconnecting, the
+/// acquisition finds its node by its owner id instead of creating a second one, which would
+/// leave an orphan that holds the lock and blocks everyone while the session lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_is_found_again() {
+    use zookeeper_client::{Acls, Client, CreateMode};
+    let server = zk_server::shared();
+    let proxy = zk_server::ReplyCutter::start(server.port()).await;
+    let store = ZookeeperBackend::connect(proxy.hosts()).await.expect("connect through the proxy");
+    let m = LockManager::builder().backend(store.clone());
+    let other = LockManager::zookeeper(server.hosts()).await.expect("direct");
+
+    let name = lock_tests::unique("lost-reply");
+    let dir = store.lock_path(&name);
+    // The lock's node exists, so the create whose reply is lost does succeed on the server.
+    let raw = Client::connect(&server.hosts()).await.expect("raw client");
+    raw.create(&dir, b"", &CreateMode::Container.with_acls(Acls::anyone_all())).await.expect("lock node");
+    proxy.cut_next_lock_create();
+    let g = m.try_lock(&name).await.expect("acquired despite the lost reply").expect("free");
+    assert_eq!(proxy.cuts(), 1, "the reply was lost");
+    let nodes = zk_server::children(&server.hosts(), &dir).await;
+    assert_eq!(nodes.len(), 1, "one node, no orphan: {nodes:?}");
+    assert!(other.try_lock(&name).await.expect("try").is_none(), "held");
+    g.release().await.expect("release");
+    let next = other.lock(&name).wait(Duration::from_secs(5)).await.expect("no orphan blocks the lock");
+    next.release().await.expect("release");
+    assert!(zk_server::children(&server.hosts(), &dir).await.is_empty());
+
+    // The same while waiting in the queue.
+    let held = other.lock(&name).await.expect("holder");
+    proxy.cut_next_lock_create();
+    let (m2, name2) = (m.clone(), name.clone());
+    let waiter = tokio::spawn(async move { m2.lock(&name2).wait(Duration::from_secs(20)).await });
+    let started = Instant::now();
+    while proxy.cuts() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no lock create went through the proxy");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.expect("release");
+    let g = waiter.await.expect("task").expect("handed over");
+    assert_eq!(zk_server::children(&server.hosts(), &dir).await.len(), 1, "no orphan");
+    g.release().await.expect("release");
+}
+
+/// Bad host lists and options are `is_invalid()`; an unreachable server is `is_backend()`,
+/// within the operation timeout.
+#[tokio::test]
+async fn bad_configuration_is_reported() {
+    assert!(LockManager::zookeeper("").await.expect_err("empty").is_invalid());
+    for hosts in ["127.0.0.1:notaport", "127.0.0.1:99999", "127.0.0.1:2181/chroot/"] {
+        let err = LockManager::builder().zookeeper(hosts).await.expect_err(hosts);
+        assert!(err.is_invalid(), "{hosts}: {err}");
+        assert!(err.to_string().contains(hosts), "{err}");
+    }
+    let err = ZookeeperBackend::connect_with("127.0.0.1:2181", ZookeeperOptions::new().root("locks"))
+        .await
+        .expect_err("root");
+    assert!(err.is_invalid(), "{err}");
+    let started = Instant::now();
+    let options = ZookeeperOptions::new().operation_timeout(Duration::from_secs(2));
+    let err = ZookeeperBackend::connect_with("127.0.0.1:1", options).await.expect_err("nobody listens on port 1");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+}
+
+/// Managers, guards and the backend are `Send + Sync`.
+#[test]
+fn types_are_send_and_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<ZookeeperBackend>();
+    check::<ZookeeperOptions>();
+}
