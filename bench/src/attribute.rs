@@ -24,32 +24,28 @@ async fn programmatic(m: &LockManager, n: u64) -> Result<u64, LockError> {
     Ok(out)
 }
 
-/// Calls per round.
-const BATCH: u64 = 20_000;
-
-/// `rounds` alternating rounds of each variant in one task (after one warm-up round); the least
-/// disturbed round of each is compared.
-pub async fn overhead(rounds: usize) -> Result<Attribute, String> {
+/// `rounds` alternating rounds of `batch` calls of each variant in one task, on `m` (after one
+/// warm-up round); the least disturbed round of each is compared.
+pub async fn overhead(m: LockManager, rounds: usize, batch: u64) -> Result<Attribute, String> {
     tokio::spawn(async move {
-        let m = LockManager::memory();
         let (mut attr, mut prog) = (f64::INFINITY, f64::INFINITY);
         for round in 0..=rounds {
             let t = Instant::now();
-            for n in 0..BATCH {
+            for n in 0..batch {
                 black_box(with_attribute(&m, n).await.map_err(|e| e.to_string())?);
             }
-            let a = t.elapsed().as_nanos() as f64 / BATCH as f64;
+            let a = t.elapsed().as_nanos() as f64 / batch as f64;
             let t = Instant::now();
-            for n in 0..BATCH {
+            for n in 0..batch {
                 black_box(programmatic(&m, n).await.map_err(|e| e.to_string())?);
             }
-            let p = t.elapsed().as_nanos() as f64 / BATCH as f64;
+            let p = t.elapsed().as_nanos() as f64 / batch as f64;
             if round > 0 {
                 attr = attr.min(a);
                 prog = prog.min(p);
             }
         }
-        Ok(Attribute { attribute_ns: attr, programmatic_ns: prog })
+        Ok(Attribute { attribute_ns: attr, programmatic_ns: prog, rounds, batch })
     })
     .await
     .map_err(|e| format!("attribute task failed: {e}"))?

@@ -134,7 +134,8 @@ async fn run(args: Args) -> Result<(), String> {
 
     // ---------------------------------------------------------------- attribute
     #[cfg(feature = "attribute")]
-    let attribute = Some(attribute::overhead(plan.attribute_rounds).await?);
+    let attribute =
+        Some(attribute::overhead(lock_runtime::LockManager::memory(), plan.attribute_rounds, 20_000).await?);
     #[cfg(not(feature = "attribute"))]
     let attribute: Option<report::Attribute> = None;
 
@@ -143,6 +144,17 @@ async fn run(args: Args) -> Result<(), String> {
     // tasks and allocations are not there yet).
     let (redis_rows, ceiling, ceiling_pipelined) =
         if args.memory_only { (Vec::new(), 0.0, 0.0) } else { redis_part(&url, args.port, &mut probe, plan).await? };
+    // The same comparison where it matters in production: over Redis round trips.
+    #[cfg(all(feature = "attribute", feature = "ours-redis"))]
+    let attribute_redis = if args.memory_only {
+        None
+    } else {
+        eprintln!("attribute over redis ...");
+        let m = lock_runtime::LockManager::redis(&url).await.map_err(|e| format!("attribute (redis): {e}"))?;
+        Some(attribute::overhead(m, plan.attribute_rounds / 4, 500).await?)
+    };
+    #[cfg(not(all(feature = "attribute", feature = "ours-redis")))]
+    let attribute_redis: Option<report::Attribute> = None;
 
     let results = Results {
         machine,
@@ -152,6 +164,7 @@ async fn run(args: Args) -> Result<(), String> {
         ceiling_pipelined_rps: ceiling_pipelined,
         memory: memory_rows,
         attribute,
+        attribute_redis,
         ours_redis_built: cfg!(feature = "ours-redis"),
     };
     println!("{}", results.text());
