@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use contenders::{Contender, KeyedMap, Naive, Ours, Rslock, TokioMutex};
 use report::{Machine, MemoryRow, RedisRow, Results};
-use scenario::{keys, Contended, Cycles};
+use scenario::{keys, Clock, Contended, Cycles};
 
 /// How long each measurement runs.
 #[derive(Clone, Copy)]
@@ -228,10 +228,10 @@ async fn redis_part(
 async fn redis_uncontended<C: Contender>(c: &Arc<C>, tag: &str, plan: Plan, warm: bool) -> Result<(f64, f64), String> {
     let one_key = keys(&format!("bench:{tag}:one:"), 1);
     if warm {
-        scenario::cycles(c, &one_key, plan.warm).await?;
+        scenario::cycles(c, &one_key, plan.warm, Clock::Wall).await?;
     }
-    let one = scenario::cycles(c, &one_key, plan.redis_cycles).await?;
-    let many = scenario::cycles(c, &keys(&format!("bench:{tag}:many:"), MANY), plan.redis_cycles).await?;
+    let one = scenario::cycles(c, &one_key, plan.redis_cycles, Clock::Wall).await?;
+    let many = scenario::cycles(c, &keys(&format!("bench:{tag}:many:"), MANY), plan.redis_cycles, Clock::Wall).await?;
     Ok((one.per_sec, many.per_sec))
 }
 
@@ -274,10 +274,10 @@ fn keep_best(best: &mut (f64, f64), got: (f64, f64)) {
 async fn uncontended<C: Contender>(c: &Arc<C>, plan: Plan, warm: bool) -> Result<(f64, f64), String> {
     let one_key = keys("mem:one:", 1);
     if warm {
-        scenario::cycles(c, &one_key, plan.warm).await?;
+        scenario::cycles(c, &one_key, plan.warm, Clock::Cpu).await?;
     }
-    let one: Cycles = scenario::cycles(c, &one_key, plan.memory_cycles).await?;
-    let many: Cycles = scenario::cycles(c, &keys("mem:many:", MANY), plan.memory_cycles).await?;
+    let one: Cycles = scenario::cycles(c, &one_key, plan.memory_cycles, Clock::Cpu).await?;
+    let many: Cycles = scenario::cycles(c, &keys("mem:many:", MANY), plan.memory_cycles, Clock::Cpu).await?;
     Ok((one.per_sec, many.per_sec))
 }
 

@@ -416,7 +416,7 @@ multiplex many tasks over one connection batch their requests, so they can pass 
         }
         let _ = writeln!(
             s,
-            "\n## In-memory\n\nSame loops, no server; the uncontended figures are the best of 7 alternating rounds of 200 ms (this machine is shared and noisy). `tokio::sync::Mutex` is one pre-built mutex per name (no lookup); the \
+            "\n## In-memory\n\nSame loops, no server; the uncontended figures are the best of 7 alternating rounds of 200 ms (this machine is shared and noisy), and the 1-task figure counts the on-CPU time of the task's worker thread (`/proc/thread-self/schedstat`), not the time other processes held the CPU. `tokio::sync::Mutex` is one pre-built mutex per name (no lookup); the \
 keyed map looks the name up (inserting when missing) and locks the mutex inside.\n"
         );
         let _ = writeln!(

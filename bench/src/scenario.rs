@@ -24,7 +24,12 @@ impl Cycles {
 }
 
 /// `tasks` tasks, each locking and releasing its own name in a loop, for `run`.
-pub async fn cycles<C: Contender>(c: &Arc<C>, names: &[Key], run: Duration) -> Result<Cycles, String> {
+///
+/// With `Clock::Cpu` and one task whose lock never waits (in process), the figure is taken from
+/// the on-CPU time of the worker thread running it (`/proc/thread-self/schedstat`) when the task
+/// stayed on that thread: on a shared machine the wall clock also counts the time other
+/// processes held the CPU. Otherwise wall-clock time.
+pub async fn cycles<C: Contender>(c: &Arc<C>, names: &[Key], run: Duration, clock: Clock) -> Result<Cycles, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::with_capacity(names.len());
@@ -32,14 +37,19 @@ pub async fn cycles<C: Contender>(c: &Arc<C>, names: &[Key], run: Duration) -> R
     for key in names {
         let (c, stop, total, key) = (c.clone(), stop.clone(), total.clone(), key.clone());
         handles.push(tokio::spawn(async move {
+            let (thread, cpu0) = (std::thread::current().id(), thread_cpu_ns());
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let guard = c.lock(&key).await?;
                 c.unlock(guard).await?;
                 n += 1;
             }
+            let cpu = match (cpu0, thread_cpu_ns()) {
+                (Some(a), Some(b)) if std::thread::current().id() == thread && b > a => Some(b - a),
+                _ => None,
+            };
             total.fetch_add(n, Ordering::Relaxed);
-            Ok::<(), String>(())
+            Ok::<_, String>(cpu)
         }));
     }
     // A std thread closes the window: an always-ready lock never yields, and tasks that never
@@ -51,12 +61,32 @@ pub async fn cycles<C: Contender>(c: &Arc<C>, names: &[Key], run: Duration) -> R
             stop.store(true, Ordering::Relaxed);
         })
     };
+    let mut cpu = Vec::with_capacity(handles.len());
     for h in handles {
-        h.await.map_err(|e| format!("task failed: {e}"))??;
+        cpu.push(h.await.map_err(|e| format!("task failed: {e}"))??);
     }
     timer.join().map_err(|_| "timer thread panicked".to_string())?;
-    let elapsed = started.elapsed().as_secs_f64();
-    Ok(Cycles { per_sec: total.load(Ordering::Relaxed) as f64 / elapsed })
+    let wall = started.elapsed().as_secs_f64();
+    let ops = total.load(Ordering::Relaxed) as f64;
+    let on_cpu = match (clock, cpu.as_slice()) {
+        (Clock::Cpu, [Some(ns)]) => Some(*ns as f64 / 1e9),
+        _ => None,
+    };
+    Ok(Cycles { per_sec: ops / on_cpu.unwrap_or(wall) })
+}
+
+/// How `cycles` times a single task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// Wall-clock time (anything that waits on I/O).
+    Wall,
+    /// The worker thread's on-CPU time (in-process locks that never wait).
+    Cpu,
+}
+
+/// Nanoseconds the current thread has run on a CPU (Linux), if readable.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// Many tasks on one name.
