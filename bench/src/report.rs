@@ -461,7 +461,7 @@ keyed map looks the name up (inserting when missing) and locks the mutex inside.
             let _ = writeln!(
                 s,
                 "\nThe same over the Redis backend (1 task, least disturbed of {} alternating rounds of {} calls): \
-**{:.1} µs vs {:.1} µs per call, {:+.1}%** (round-trip noise is larger than the difference).",
+**{:.1} µs vs {:.1} µs per call, {:+.1}%** (Redis round trips dominate both; a few % either way is within run-to-run noise).",
                 a.rounds,
                 a.batch,
                 a.attribute_ns / 1e3,
