@@ -13,8 +13,12 @@ use dashmap::DashMap;
 use lock_runtime::backend::memory::MemoryBackend;
 use lock_runtime::LockManager;
 
-const OPS: u32 = 1_000_000;
 const NAMES: u32 = 1024;
+
+/// Operations per round (`BENCH_OPS` overrides; e.g. a small count under callgrind).
+fn ops() -> u32 {
+    std::env::var("BENCH_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
+}
 
 fn names() -> Vec<String> {
     (0..NAMES).map(|i| format!("order:{i}")).collect()
@@ -22,7 +26,7 @@ fn names() -> Vec<String> {
 
 async fn ours(manager: &LockManager, names: &[String]) -> Duration {
     let started = Instant::now();
-    for i in 0..OPS {
+    for i in 0..ops() {
         let guard = manager.lock(&names[(i % NAMES) as usize]).await.expect("uncontended");
         guard.release().await.expect("release");
     }
@@ -31,7 +35,7 @@ async fn ours(manager: &LockManager, names: &[String]) -> Duration {
 
 async fn ours_drop(manager: &LockManager, names: &[String]) -> Duration {
     let started = Instant::now();
-    for i in 0..OPS {
+    for i in 0..ops() {
         let guard = manager.lock(&names[(i % NAMES) as usize]).await.expect("uncontended");
         drop(guard);
     }
@@ -40,7 +44,7 @@ async fn ours_drop(manager: &LockManager, names: &[String]) -> Duration {
 
 async fn keyed_map(map: &DashMap<String, Arc<tokio::sync::Mutex<()>>>, names: &[String]) -> Duration {
     let started = Instant::now();
-    for i in 0..OPS {
+    for i in 0..ops() {
         let name = &names[(i % NAMES) as usize];
         let mutex = map.entry(name.clone()).or_default().clone();
         let guard = mutex.lock_owned().await;
@@ -50,7 +54,7 @@ async fn keyed_map(map: &DashMap<String, Arc<tokio::sync::Mutex<()>>>, names: &[
 }
 
 fn per_op(d: Duration) -> f64 {
-    d.as_nanos() as f64 / f64::from(OPS)
+    d.as_nanos() as f64 / f64::from(ops())
 }
 
 fn main() {
@@ -71,7 +75,7 @@ fn main() {
         }
         let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
         let (a, b, c) = (best(&a), best(&b), best(&c));
-        println!("uncontended lock+release, 1 task, best of 3 x {OPS} ops:");
+        println!("uncontended lock+release, 1 task, best of 3 x {} ops:", ops());
         println!("  lock-runtime (memory), release().await  {a:8.1} ns/op   {:.2}x baseline", a / b);
         println!("  lock-runtime (memory), drop(guard)      {c:8.1} ns/op   {:.2}x baseline", c / b);
         println!(
@@ -80,11 +84,12 @@ fn main() {
         );
 
         let before = store.capacity();
-        for i in 0..OPS {
+        for i in 0..ops() {
             manager.lock(format!("distinct:{i}")).await.expect("acquire").release().await.expect("release");
         }
         println!(
-            "after {OPS} distinct names: {} entries, capacity {} -> {} slots (baseline map would hold {OPS} entries)",
+            "after {} distinct names: {} entries, capacity {} -> {} slots (baseline map would hold as many entries)",
+            ops(),
             store.len(),
             before,
             store.capacity()

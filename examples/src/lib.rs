@@ -1,1 +1,12 @@
 //! Runnable examples of `lock-runtime`; see the `examples/` folder of this package.
+//!
+//! With the `axum` / `actix` features, the orders service of the `axum_orders` and
+//! `actix_orders` examples (the tests in `lock-tests` serve the same code).
+#![warn(missing_docs)]
+
+#[cfg(any(feature = "axum", feature = "actix"))]
+pub mod orders;
+#[cfg(feature = "actix")]
+pub mod orders_actix;
+#[cfg(feature = "axum")]
+pub mod orders_axum;

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use crate::lost::LostSignal;
 
 tokio::task_local! {
-    static HELD: Option<Arc<Frame>>;
+    /// The innermost lock of the task's running locked call; outer ones hang off `parent`.
+    /// Inline (not boxed), so the outermost locked call allocates nothing for its context.
+    static HELD: Frame;
 }
 
 /// One lock held by the current task.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Frame {
     pub(crate) manager: u64,
     pub(crate) name: Arc<str>,
@@ -63,26 +65,36 @@ impl CurrentLock {
 /// # Ok(()) }
 /// ```
 pub fn current() -> Option<CurrentLock> {
-    innermost().map(|f| CurrentLock { name: f.name.clone(), fencing_token: f.fencing_token })
+    HELD.try_with(|f| CurrentLock { name: f.name.clone(), fencing_token: f.fencing_token }).ok()
 }
 
-pub(crate) fn innermost() -> Option<Arc<Frame>> {
-    HELD.try_with(|held| held.clone()).ok().flatten()
+/// What a locked call finds in its task's context before taking its lock.
+pub(crate) struct Lookup {
+    /// The frame of the same manager and name, if this task already holds that lock.
+    pub(crate) held: Option<Frame>,
+    /// The innermost frame, to become the parent of the new one.
+    pub(crate) parent: Option<Arc<Frame>>,
 }
 
-/// The frame of `name` on `manager` if this task already holds it.
-pub(crate) fn find(manager: u64, name: &str) -> Option<Arc<Frame>> {
-    let mut frame = innermost();
-    while let Some(f) = frame {
-        if f.manager == manager && *f.name == *name {
-            return Some(f);
+/// Looks `name` on `manager` up in the task's context (one task-local access; none held: no
+/// allocation).
+pub(crate) fn lookup(manager: u64, name: &str) -> Lookup {
+    HELD.try_with(|innermost| {
+        let mut frame = Some(innermost);
+        let mut held = None;
+        while let Some(f) = frame {
+            if f.manager == manager && *f.name == *name {
+                held = Some(f.clone());
+                break;
+            }
+            frame = f.parent.as_deref();
         }
-        frame = f.parent.clone();
-    }
-    None
+        Lookup { held, parent: Some(Arc::new(innermost.clone())) }
+    })
+    .unwrap_or(Lookup { held: None, parent: None })
 }
 
-/// Runs `body` with `frame` pushed on the task's context.
-pub(crate) fn scope<F: Future>(frame: Arc<Frame>, body: F) -> impl Future<Output = F::Output> {
-    HELD.scope(Some(frame), body)
+/// Runs `body` with `frame` as the task's innermost lock.
+pub(crate) fn scope<F: Future>(frame: Frame, body: F) -> impl Future<Output = F::Output> {
+    HELD.scope(frame, body)
 }

@@ -97,20 +97,61 @@ impl LockGuard {
 
     /// Releases the lock. An [`is_lost`](LockError::is_lost) error means it was no longer held
     /// (the lease ran out or it was taken away): work done under it may not have been exclusive.
-    pub async fn release(mut self) -> Result<(), LockError> {
-        let Some(state) = self.state.take() else { return Ok(()) };
-        if let Some(watchdog) = &state.watchdog {
-            watchdog.abort();
-        }
-        let released = match state.backend.release_now(&self.held) {
-            Some(result) => result,
-            // Boxed so that the in-process fast path keeps a small future.
-            None => Box::pin(release_remote(&*state.backend, &self.held)).await,
-        };
+    pub fn release(self) -> ReleaseFuture {
+        ReleaseFuture { guard: Some(self), remote: None }
+    }
+
+    /// The verdict of a release: a lock already known to be lost is reported lost.
+    fn verdict(&self, released: Result<(), LockError>) -> Result<(), LockError> {
         match self.lost.reason() {
             Some(reason) => Err(LockError::lost(&*self.held.name, reason)),
             None => released,
         }
+    }
+}
+
+/// The future of [`LockGuard::release`]. An in-process backend releases on the first poll
+/// without allocating; a networked one runs its release, bounded by its operation timeout.
+#[must_use = "futures do nothing unless polled; dropping this releases in the background"]
+pub struct ReleaseFuture {
+    guard: Option<LockGuard>,
+    remote: Option<crate::backend::BoxFuture<'static, Result<(), LockError>>>,
+}
+
+impl std::fmt::Debug for ReleaseFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseFuture").finish_non_exhaustive()
+    }
+}
+
+impl std::future::Future for ReleaseFuture {
+    type Output = Result<(), LockError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        if let Some(remote) = &mut self.remote {
+            return remote.as_mut().poll(cx);
+        }
+        let Some(mut guard) = self.guard.take() else { return Poll::Ready(Ok(())) };
+        let Some(state) = &guard.state else { return Poll::Ready(Ok(())) };
+        if let Some(watchdog) = &state.watchdog {
+            watchdog.abort();
+        }
+        if let Some(released) = state.backend.release_now(&guard.held) {
+            guard.state = None;
+            return Poll::Ready(guard.verdict(released));
+        }
+        // The guard keeps its state until the release is answered: if this future is dropped
+        // half-way, the guard's `Drop` still releases in the background.
+        let backend = state.backend.clone();
+        let mut remote: crate::backend::BoxFuture<'static, _> = Box::pin(async move {
+            let released = release_remote(&*backend, &guard.held).await;
+            guard.state = None;
+            guard.verdict(released)
+        });
+        let polled = remote.as_mut().poll(cx);
+        self.remote = Some(remote);
+        polled
     }
 }
 

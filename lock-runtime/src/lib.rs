@@ -54,7 +54,7 @@ pub mod __private;
 
 pub use context::{current, CurrentLock};
 pub use error::{BoxError, LockError};
-pub use guard::LockGuard;
+pub use guard::{LockGuard, ReleaseFuture};
 pub use lost::LostSignal;
 pub use manager::{
     default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,

@@ -75,7 +75,19 @@ impl LockOptions {
 }
 
 /// Checks a lock name: not empty, at most [`MAX_NAME_LEN`] bytes, no control characters.
+#[inline]
 pub(crate) fn check_name(name: &str) -> Result<(), LockError> {
+    // The common case, printable ASCII of an accepted length, in one pass.
+    let plain = name.len() <= MAX_NAME_LEN && !name.is_empty() && name.bytes().all(|b| (0x20..0x7f).contains(&b));
+    if plain {
+        Ok(())
+    } else {
+        check_name_fully(name)
+    }
+}
+
+#[cold]
+fn check_name_fully(name: &str) -> Result<(), LockError> {
     if name.is_empty() {
         return Err(LockError::invalid(name, "the name is empty; give every lock a non-empty name"));
     }
@@ -94,14 +106,29 @@ pub(crate) fn check_name(name: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+#[inline]
 pub(crate) fn check_wait(name: &str, wait: Duration) -> Result<(), LockError> {
     if wait > MAX_WAIT {
-        return Err(LockError::invalid(name, format!("wait {wait:?} is longer than the most accepted, {MAX_WAIT:?}")));
+        return wait_too_long(name, wait);
     }
     Ok(())
 }
 
+#[cold]
+fn wait_too_long(name: &str, wait: Duration) -> Result<(), LockError> {
+    Err(LockError::invalid(name, format!("wait {wait:?} is longer than the most accepted, {MAX_WAIT:?}")))
+}
+
+#[inline]
 pub(crate) fn check_lease(name: &str, what: &str, lease: Duration, min: Duration) -> Result<(), LockError> {
+    if lease >= min && lease <= MAX_LEASE {
+        return Ok(());
+    }
+    lease_out_of_range(name, what, lease, min)
+}
+
+#[cold]
+fn lease_out_of_range(name: &str, what: &str, lease: Duration, min: Duration) -> Result<(), LockError> {
     if lease < min {
         return Err(LockError::invalid(name, format!("{what} {lease:?} is shorter than the least accepted, {min:?}")));
     }

@@ -4,7 +4,7 @@
 use std::borrow::Borrow;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use crate::error::LockError;
@@ -142,25 +142,19 @@ pub async fn enter<M: Borrow<LockManager>, N: AsRef<str>>(
 ) -> Result<Entered, LockError> {
     let manager = manager.borrow();
     let name = name.as_ref();
-    if let Some(outer) = context::find(manager.id(), name) {
+    let context::Lookup { held, parent } = context::lookup(manager.id(), name);
+    if let Some(outer) = held {
         // Same task, same manager, same name: re-enter without waiting for ourselves.
-        let frame = Arc::new(Frame {
-            manager: outer.manager,
-            name: outer.name.clone(),
-            fencing_token: outer.fencing_token,
-            lost: outer.lost.clone(),
-            parent: context::innermost(),
-        });
-        return Ok(Entered { guard: None, frame });
+        return Ok(Entered { guard: None, frame: Frame { parent, ..outer } });
     }
     let guard = manager.lock(name).options(options).await?;
-    let frame = Arc::new(Frame {
+    let frame = Frame {
         manager: manager.id(),
         name: guard.name().clone(),
         fencing_token: guard.fencing_token(),
         lost: guard.lost_signal().clone(),
-        parent: context::innermost(),
-    });
+        parent,
+    };
     Ok(Entered { guard: Some(guard), frame })
 }
 
@@ -173,7 +167,7 @@ pub type Carry<R> = Option<fn(LockError) -> R>;
 pub struct Entered {
     /// `None` when re-entered: the outermost call releases.
     guard: Option<LockGuard>,
-    frame: Arc<Frame>,
+    frame: Frame,
 }
 
 impl Entered {
@@ -228,7 +222,7 @@ impl Entered {
 }
 
 /// Runs `body` in `frame`'s context until it ends or the lock is lost.
-async fn watched<F: Future>(frame: Arc<Frame>, body: F) -> Result<F::Output, LockError> {
+async fn watched<F: Future>(frame: Frame, body: F) -> Result<F::Output, LockError> {
     let lost = frame.lost.clone();
     let name = frame.name.clone();
     context::scope(frame, async move {

@@ -2,6 +2,7 @@
 //! harnesses that start real servers for the backend tests.
 
 pub mod conformance;
+pub mod http;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod zk_server;

@@ -16,6 +16,7 @@
 //! succeed as is once the holder is done, which is what `Retry-After` says. Invalid input is a
 //! `500`, not a `400`: lock names and durations come from the server's own code (a template
 //! rendered from a request that the handler already accepted).
+#![doc = include_str!("handlers.md")]
 
 use crate::error::LockError;
 
