@@ -25,10 +25,12 @@ async fn programmatic(m: &LockManager, n: u64) -> Result<u64, LockError> {
 }
 
 /// `rounds` alternating rounds of `batch` calls of each variant in one task, on `m` (after one
-/// warm-up round); the least disturbed round of each is compared.
+/// warm-up round); the least disturbed round of each is compared, and the median of the paired
+/// rounds' ratios is kept beside it.
 pub async fn overhead(m: LockManager, rounds: usize, batch: u64) -> Result<Attribute, String> {
     tokio::spawn(async move {
         let (mut attr, mut prog) = (f64::INFINITY, f64::INFINITY);
+        let mut paired = Vec::with_capacity(rounds);
         for round in 0..=rounds {
             let t = Instant::now();
             for n in 0..batch {
@@ -43,9 +45,12 @@ pub async fn overhead(m: LockManager, rounds: usize, batch: u64) -> Result<Attri
             if round > 0 {
                 attr = attr.min(a);
                 prog = prog.min(p);
+                paired.push(a / p - 1.0);
             }
         }
-        Ok(Attribute { attribute_ns: attr, programmatic_ns: prog, rounds, batch })
+        paired.sort_by(f64::total_cmp);
+        let median_overhead = paired.get(paired.len() / 2).copied().unwrap_or(f64::NAN);
+        Ok(Attribute { attribute_ns: attr, programmatic_ns: prog, median_overhead, rounds, batch })
     })
     .await
     .map_err(|e| format!("attribute task failed: {e}"))?

@@ -151,7 +151,7 @@ async fn run(args: Args) -> Result<(), String> {
     } else {
         eprintln!("attribute over redis ...");
         let m = lock_runtime::LockManager::redis(&url).await.map_err(|e| format!("attribute (redis): {e}"))?;
-        Some(attribute::overhead(m, plan.attribute_rounds / 4, 500).await?)
+        Some(attribute::overhead(m, plan.attribute_rounds / 2, 500).await?)
     };
     #[cfg(not(all(feature = "attribute", feature = "ours-redis")))]
     let attribute_redis: Option<report::Attribute> = None;
