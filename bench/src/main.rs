@@ -1,0 +1,294 @@
+//! lock-runtime against its peers, in one run, on one local `redis-server`.
+//!
+//! ```text
+//! scripts/bench                                    # the one command: starts redis, builds, runs, charts
+//! lock-bench --port 6379 --out bench [--quick]     # what it runs (a redis-server must listen on --port)
+//! ```
+//!
+//! Prints the table, writes `RESULTS.md` and `chart.svg` into `--out`.
+
+mod contenders;
+mod report;
+mod scenario;
+mod server;
+
+#[cfg(feature = "attribute")]
+mod attribute;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contenders::{Contender, KeyedMap, Naive, Ours, Rslock, TokioMutex};
+use report::{Machine, MemoryRow, RedisRow, Results};
+use scenario::{keys, Clock, Contended, Cycles};
+
+/// How long each measurement runs.
+#[derive(Clone, Copy)]
+struct Plan {
+    warm: Duration,
+    redis_cycles: Duration,
+    redis_contended: Duration,
+    memory_cycles: Duration,
+    memory_contended: Duration,
+    ceiling_requests: u32,
+    #[cfg_attr(not(feature = "attribute"), allow(dead_code))]
+    attribute_rounds: usize,
+}
+
+impl Plan {
+    fn full() -> Self {
+        Plan {
+            warm: Duration::from_millis(200),
+            redis_cycles: Duration::from_millis(500),
+            redis_contended: Duration::from_secs(4),
+            memory_cycles: Duration::from_millis(200),
+            memory_contended: Duration::from_secs(2),
+            ceiling_requests: 200_000,
+            attribute_rounds: 41,
+        }
+    }
+
+    fn quick() -> Self {
+        Plan {
+            warm: Duration::from_millis(50),
+            redis_cycles: Duration::from_millis(150),
+            redis_contended: Duration::from_secs(1),
+            memory_cycles: Duration::from_millis(50),
+            memory_contended: Duration::from_millis(300),
+            ceiling_requests: 20_000,
+            attribute_rounds: 5,
+        }
+    }
+}
+
+/// Tasks in the "many tasks, distinct names" runs.
+const MANY: usize = 64;
+/// Tasks fighting over one name in the contended runs.
+const CONTENDERS: usize = 16;
+
+struct Args {
+    port: u16,
+    out: std::path::PathBuf,
+    quick: bool,
+    /// Skip the Redis part (for looking at the in-process figures alone).
+    memory_only: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args { port: 6379, out: "bench".into(), quick: false, memory_only: false };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--port" => a.port = it.next().and_then(|p| p.parse().ok()).ok_or("--port needs a number")?,
+            "--out" => a.out = it.next().ok_or("--out needs a directory")?.into(),
+            "--quick" => a.quick = true,
+            "--memory-only" => a.memory_only = true,
+            other => {
+                return Err(format!("unknown argument {other:?} (use --port N --out DIR [--quick] [--memory-only])"))
+            }
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    let result = args().and_then(|args| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| format!("runtime: {e}"))?;
+        rt.block_on(run(args))
+    });
+    if let Err(e) = result {
+        eprintln!("bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let plan = if args.quick { Plan::quick() } else { Plan::full() };
+    let url = format!("redis://127.0.0.1:{}/", args.port);
+    let mut probe = server::Probe::connect(&url).await?;
+    let machine = Machine::detect(probe.version().await?);
+    eprintln!("machine: {}", machine.line());
+
+    // ---------------------------------------------------------------- memory
+    // Uncontended windows are short and noisy: alternate the contenders over a few rounds so
+    // none gets a quieter machine, keep each one's best.
+    let (ours, tokio_mutex, keyed) =
+        (Arc::new(Ours::memory()), Arc::new(TokioMutex::new(MANY)), Arc::new(KeyedMap::default()));
+    let mut best = [(0.0f64, 0.0f64); 3];
+    for round in 0..MEMORY_ROUNDS {
+        eprintln!("memory: uncontended round {}/{MEMORY_ROUNDS} ...", round + 1);
+        let warm = round == 0;
+        keep_best(&mut best[0], uncontended(&ours, plan, warm).await?);
+        keep_best(&mut best[1], uncontended(&tokio_mutex, plan, warm).await?);
+        keep_best(&mut best[2], uncontended(&keyed, plan, warm).await?);
+    }
+    let memory_rows = vec![
+        memory_row("lock-runtime (memory)", true, &ours, best[0], plan).await?,
+        memory_row("tokio::sync::Mutex (one per name)", false, &tokio_mutex, best[1], plan).await?,
+        memory_row("DashMap<String, Arc<Mutex<()>>>", false, &keyed, best[2], plan).await?,
+    ];
+
+    // ---------------------------------------------------------------- attribute
+    #[cfg(feature = "attribute")]
+    let attribute =
+        Some(attribute::overhead(lock_runtime::LockManager::memory(), plan.attribute_rounds, 20_000).await?);
+    #[cfg(not(feature = "attribute"))]
+    let attribute: Option<report::Attribute> = None;
+
+    // ---------------------------------------------------------------- Redis
+    // Last: the in-process figures are taken on a fresh process (the Redis clients' background
+    // tasks and allocations are not there yet).
+    let (redis_rows, ceiling, ceiling_pipelined) =
+        if args.memory_only { (Vec::new(), 0.0, 0.0) } else { redis_part(&url, args.port, &mut probe, plan).await? };
+    // The same comparison where it matters in production: over Redis round trips.
+    #[cfg(all(feature = "attribute", feature = "ours-redis"))]
+    let attribute_redis = if args.memory_only {
+        None
+    } else {
+        eprintln!("attribute over redis ...");
+        let m = lock_runtime::LockManager::redis(&url).await.map_err(|e| format!("attribute (redis): {e}"))?;
+        Some(attribute::overhead(m, plan.attribute_rounds / 2, 500).await?)
+    };
+    #[cfg(not(all(feature = "attribute", feature = "ours-redis")))]
+    let attribute_redis: Option<report::Attribute> = None;
+
+    let results = Results {
+        machine,
+        quick: args.quick,
+        redis: redis_rows,
+        ceiling_rps: ceiling,
+        ceiling_pipelined_rps: ceiling_pipelined,
+        memory: memory_rows,
+        attribute,
+        attribute_redis,
+        ours_redis_built: cfg!(feature = "ours-redis"),
+    };
+    println!("{}", results.text());
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let md = args.out.join("RESULTS.md");
+    std::fs::write(&md, results.markdown()).map_err(|e| format!("{}: {e}", md.display()))?;
+    let svg = args.out.join("chart.svg");
+    std::fs::write(&svg, results.svg()).map_err(|e| format!("{}: {e}", svg.display()))?;
+    eprintln!("wrote {} and {}", md.display(), svg.display());
+    Ok(())
+}
+
+/// Rounds of the Redis uncontended runs (best kept).
+const REDIS_ROUNDS: usize = 3;
+
+/// The Redis contenders, then the server's own ceiling.
+async fn redis_part(
+    url: &str,
+    port: u16,
+    probe: &mut server::Probe,
+    plan: Plan,
+) -> Result<(Vec<RedisRow>, f64, f64), String> {
+    #[cfg(feature = "ours-redis")]
+    let ours = Arc::new(Ours::redis(url).await?);
+    let rslock = Arc::new(Rslock::new(url));
+    let naive1 = Arc::new(Naive::new(url, Duration::from_millis(1)).await?);
+    let naive10 = Arc::new(Naive::new(url, Duration::from_millis(10)).await?);
+
+    // Uncontended: alternating rounds, best kept. The two naive loops only differ when they
+    // have to wait, so the 10 ms one is not run uncontended.
+    #[cfg(feature = "ours-redis")]
+    let mut best_ours = (0.0, 0.0);
+    let (mut best_rslock, mut best_naive) = ((0.0, 0.0), (0.0, 0.0));
+    for round in 0..REDIS_ROUNDS {
+        eprintln!("redis: uncontended round {}/{REDIS_ROUNDS} ...", round + 1);
+        let warm = round == 0;
+        #[cfg(feature = "ours-redis")]
+        keep_best(&mut best_ours, redis_uncontended(&ours, "ours", plan, warm).await?);
+        keep_best(&mut best_rslock, redis_uncontended(&rslock, "rslock", plan, warm).await?);
+        keep_best(&mut best_naive, redis_uncontended(&naive1, "naive", plan, warm).await?);
+    }
+
+    let mut redis_rows = Vec::new();
+    #[cfg(feature = "ours-redis")]
+    redis_rows.push(redis_row("lock-runtime (redis)", true, &ours, probe, plan, "ours", Some(best_ours)).await?);
+    redis_rows
+        .push(redis_row("rslock 0.10 (defaults)", false, &rslock, probe, plan, "rslock", Some(best_rslock)).await?);
+    redis_rows
+        .push(redis_row("naive SET NX PX, 1 ms sleep", false, &naive1, probe, plan, "naive1", Some(best_naive)).await?);
+    redis_rows.push(redis_row("naive SET NX PX, 10 ms sleep", false, &naive10, probe, plan, "naive10", None).await?);
+
+    eprintln!("redis-benchmark EVALSHA, 50 clients ...");
+    let sha = probe.script_load(server::CEILING_SCRIPT).await?;
+    let ceiling = server::ceiling(port, &sha, plan.ceiling_requests, 1)?;
+    let ceiling_pipelined = server::ceiling(port, &sha, plan.ceiling_requests * 2, 16)?;
+
+    Ok((redis_rows, ceiling, ceiling_pipelined))
+}
+
+/// One window of 1 task and one of `MANY` tasks on distinct names: cycles per second of each.
+async fn redis_uncontended<C: Contender>(c: &Arc<C>, tag: &str, plan: Plan, warm: bool) -> Result<(f64, f64), String> {
+    let one_key = keys(&format!("bench:{tag}:one:"), 1);
+    if warm {
+        scenario::cycles(c, &one_key, plan.warm, Clock::Wall).await?;
+    }
+    let one = scenario::cycles(c, &one_key, plan.redis_cycles, Clock::Wall).await?;
+    let many = scenario::cycles(c, &keys(&format!("bench:{tag}:many:"), MANY), plan.redis_cycles, Clock::Wall).await?;
+    Ok((one.per_sec, many.per_sec))
+}
+
+/// The contended run (with the server's command counts around it) and the row.
+async fn redis_row<C: Contender>(
+    label: &'static str,
+    ours: bool,
+    c: &Arc<C>,
+    probe: &mut server::Probe,
+    plan: Plan,
+    tag: &str,
+    uncontended: Option<(f64, f64)>,
+) -> Result<RedisRow, String> {
+    eprintln!("redis: {label}, contended ...");
+    let before = probe.command_calls().await?;
+    let contended = scenario::contended(c, &format!("bench:{tag}:hot"), CONTENDERS, plan.redis_contended).await?;
+    let after = probe.command_calls().await?;
+    let (commands, per_command) = server::delta(&before, &after);
+    let acquisitions = contended.acquisitions_total.max(1) as f64;
+    Ok(RedisRow {
+        label,
+        ours,
+        one: uncontended.map(|(one, _)| Cycles { per_sec: one }),
+        many: uncontended.map(|(_, many)| Cycles { per_sec: many }),
+        contended,
+        commands_per_acquisition: commands as f64 / acquisitions,
+        per_command: per_command.into_iter().map(|(k, v)| (k, v as f64 / acquisitions)).collect(),
+    })
+}
+
+/// Rounds of the in-memory uncontended runs (best kept).
+const MEMORY_ROUNDS: usize = 7;
+
+fn keep_best(best: &mut (f64, f64), got: (f64, f64)) {
+    best.0 = best.0.max(got.0);
+    best.1 = best.1.max(got.1);
+}
+
+/// One window of 1 task and one of `MANY` tasks: cycles per second of each.
+async fn uncontended<C: Contender>(c: &Arc<C>, plan: Plan, warm: bool) -> Result<(f64, f64), String> {
+    let one_key = keys("mem:one:", 1);
+    if warm {
+        scenario::cycles(c, &one_key, plan.warm, Clock::Cpu).await?;
+    }
+    let one: Cycles = scenario::cycles(c, &one_key, plan.memory_cycles, Clock::Cpu).await?;
+    let many: Cycles = scenario::cycles(c, &keys("mem:many:", MANY), plan.memory_cycles, Clock::Cpu).await?;
+    Ok((one.per_sec, many.per_sec))
+}
+
+async fn memory_row<C: Contender>(
+    label: &'static str,
+    ours: bool,
+    c: &Arc<C>,
+    (one, many): (f64, f64),
+    plan: Plan,
+) -> Result<MemoryRow, String> {
+    eprintln!("memory: {label}, contended ...");
+    let contended: Contended = scenario::contended(c, "mem:hot", CONTENDERS, plan.memory_contended).await?;
+    Ok(MemoryRow { label, ours, one: Cycles { per_sec: one }, many: Cycles { per_sec: many }, contended })
+}

@@ -1,0 +1,643 @@
+//! The table (terminal and Markdown), the targets from issue 7, and the SVG chart.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::scenario::{Contended, Cycles};
+
+/// What the numbers were measured on.
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub redis: String,
+    pub rustc: String,
+    pub date: String,
+}
+
+impl Machine {
+    pub fn detect(redis: String) -> Self {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let cpuinfo = read("/proc/cpuinfo");
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        let memory_gib = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|kb| kb / (1024.0 * 1024.0))
+            .unwrap_or(0.0);
+        Machine {
+            cpu,
+            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            memory_gib,
+            kernel: format!("Linux {}", read("/proc/sys/kernel/osrelease").trim()),
+            redis,
+            rustc: std::env::var("BENCH_RUSTC").unwrap_or_else(|_| "rustc (unknown)".into()),
+            date: std::env::var("BENCH_DATE").unwrap_or_default(),
+        }
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "{}, {} cores, {:.0} GiB RAM, {}, redis-server {}, {}{}",
+            self.cpu,
+            self.cores,
+            self.memory_gib,
+            self.kernel,
+            self.redis,
+            self.rustc,
+            if self.date.is_empty() { String::new() } else { format!(", {}", self.date) }
+        )
+    }
+}
+
+pub struct RedisRow {
+    pub label: &'static str,
+    pub ours: bool,
+    pub one: Option<Cycles>,
+    pub many: Option<Cycles>,
+    pub contended: Contended,
+    pub commands_per_acquisition: f64,
+    pub per_command: Vec<(String, f64)>,
+}
+
+pub struct MemoryRow {
+    pub label: &'static str,
+    pub ours: bool,
+    pub one: Cycles,
+    pub many: Cycles,
+    pub contended: Contended,
+}
+
+/// A locked fn against the same body with the programmatic API (in-memory backend, 1 task).
+pub struct Attribute {
+    pub attribute_ns: f64,
+    pub programmatic_ns: f64,
+    /// Median over rounds of (attribute round / programmatic round of the same pair) - 1.
+    pub median_overhead: f64,
+    /// Measured rounds per variant, and calls per round.
+    pub rounds: usize,
+    pub batch: u64,
+}
+
+impl Attribute {
+    pub fn overhead(&self) -> f64 {
+        self.attribute_ns / self.programmatic_ns - 1.0
+    }
+}
+
+pub struct Results {
+    pub machine: Machine,
+    pub quick: bool,
+    pub redis: Vec<RedisRow>,
+    /// `redis-benchmark -c 50` EVALSHA, one request in flight per client (the issue's reference).
+    pub ceiling_rps: f64,
+    /// The same with `-P 16`: what the server does when requests are batched, as a multiplexed
+    /// client connection does under load.
+    pub ceiling_pipelined_rps: f64,
+    pub memory: Vec<MemoryRow>,
+    pub attribute: Option<Attribute>,
+    /// The same over the Redis backend.
+    pub attribute_redis: Option<Attribute>,
+    pub ours_redis_built: bool,
+}
+
+/// One target of issue 7 and how this run did.
+pub struct Target {
+    pub what: &'static str,
+    pub goal: &'static str,
+    pub measured: String,
+    /// `None`: not measured in this run.
+    pub met: Option<bool>,
+    /// How far off, when missed.
+    pub gap: String,
+}
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1e3;
+    if ms < 0.1 {
+        format!("{:.1} µs", ms * 1e3)
+    } else if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+fn count(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.1} k", v / 1e3)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn opt_count(c: Option<Cycles>) -> String {
+    c.map(|c| count(c.per_sec)).unwrap_or_else(|| "(as 1 ms)".into())
+}
+
+impl Results {
+    fn ours_redis(&self) -> Option<&RedisRow> {
+        self.redis.iter().find(|r| r.ours)
+    }
+
+    fn rslock(&self) -> Option<&RedisRow> {
+        self.redis.iter().find(|r| r.label.starts_with("rslock"))
+    }
+
+    fn memory_row(&self, prefix: &str) -> Option<&MemoryRow> {
+        self.memory.iter().find(|r| r.label.starts_with(prefix))
+    }
+
+    /// The targets of issue 7, as ratios measured in this run.
+    pub fn targets(&self) -> Vec<Target> {
+        let mut t = Vec::new();
+        let not_built = |what, goal| Target {
+            what,
+            goal,
+            measured: "not measured: Redis backend not built (feature ours-redis)".into(),
+            met: None,
+            gap: String::new(),
+        };
+        match (self.ours_redis(), self.rslock()) {
+            (Some(ours), Some(rs)) => {
+                let ratio = ours.contended.handoffs_per_sec / rs.contended.handoffs_per_sec.max(1e-9);
+                t.push(Target {
+                    what: "Redis contended hand-offs/s vs rslock",
+                    goal: ">= 20x",
+                    measured: format!(
+                        "{:.1}x ({} vs {})",
+                        ratio,
+                        count(ours.contended.handoffs_per_sec),
+                        count(rs.contended.handoffs_per_sec)
+                    ),
+                    met: Some(ratio >= 20.0),
+                    gap: format!("{:.0}% short", (1.0 - ratio / 20.0) * 100.0),
+                });
+                let p99 = ours.contended.wait_p99;
+                t.push(Target {
+                    what: "Redis hand-off wait p99",
+                    goal: "< 5 ms",
+                    measured: ms(p99),
+                    met: Some(p99 < Duration::from_millis(5)),
+                    gap: format!("{} over", ms(p99.saturating_sub(Duration::from_millis(5)))),
+                });
+                let f = ours.contended.fairness;
+                t.push(Target {
+                    what: "Redis contended fairness (fewest/most per task)",
+                    goal: ">= 0.5",
+                    measured: format!("{f:.2}"),
+                    met: Some(f >= 0.5),
+                    gap: format!("{:.2} short", 0.5 - f),
+                });
+                let (o, r) = (ours.many.map(|c| c.per_sec).unwrap_or(0.0), rs.many.map(|c| c.per_sec).unwrap_or(1.0));
+                t.push(Target {
+                    what: "Redis uncontended, 64 tasks, vs rslock",
+                    goal: ">= 1x",
+                    measured: format!("{:.2}x ({} vs {} cycles/s)", o / r, count(o), count(r)),
+                    met: Some(o >= r),
+                    gap: format!("{:.0}% short", (1.0 - o / r) * 100.0),
+                });
+            }
+            _ => {
+                t.push(not_built("Redis contended hand-offs/s vs rslock", ">= 20x"));
+                t.push(not_built("Redis hand-off wait p99", "< 5 ms"));
+                t.push(not_built("Redis contended fairness (fewest/most per task)", ">= 0.5"));
+                t.push(not_built("Redis uncontended, 64 tasks, vs rslock", ">= 1x"));
+            }
+        }
+        if let (Some(ours), Some(map)) = (self.memory_row("lock-runtime"), self.memory_row("DashMap")) {
+            let ratio = ours.one.ns_per_cycle() / map.one.ns_per_cycle();
+            t.push(Target {
+                what: "In-memory uncontended ns/cycle vs keyed map",
+                goal: "<= 2x",
+                measured: format!("{ratio:.2}x ({:.0} vs {:.0} ns)", ours.one.ns_per_cycle(), map.one.ns_per_cycle()),
+                met: Some(ratio <= 2.0),
+                gap: format!("{:.0}% over", (ratio / 2.0 - 1.0) * 100.0),
+            });
+        }
+        match &self.attribute {
+            Some(a) => t.push(Target {
+                what: "Attribute overhead vs programmatic API (memory)",
+                goal: "< 5%",
+                measured: format!(
+                    "{:+.1}% ({:.0} vs {:.0} ns per call)",
+                    a.overhead() * 100.0,
+                    a.attribute_ns,
+                    a.programmatic_ns
+                ),
+                met: Some(a.overhead() < 0.05),
+                gap: format!("{:.1} points over", a.overhead() * 100.0 - 5.0),
+            }),
+            None => t.push(Target {
+                what: "Attribute overhead vs programmatic API",
+                goal: "< 5%",
+                measured: "not measured: attribute not built (feature attribute)".into(),
+                met: None,
+                gap: String::new(),
+            }),
+        }
+        t
+    }
+
+    fn verdict(t: &Target) -> String {
+        match t.met {
+            Some(true) => "met".into(),
+            Some(false) => format!("MISSED ({})", t.gap),
+            None => "-".into(),
+        }
+    }
+
+    /// The terminal table.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "\nmachine: {}{}", self.machine.line(), if self.quick { " (QUICK run)" } else { "" });
+        let _ = writeln!(
+            s,
+            "\nRedis: uncontended cycles/s (1 task | {} tasks, distinct names); contended ({} tasks, one name)",
+            crate::MANY,
+            crate::CONTENDERS
+        );
+        let _ = writeln!(
+            s,
+            "  {:<30} {:>10} {:>10} | {:>11} {:>10} {:>10} {:>8} {:>9}",
+            "contender", "1 task", "64 tasks", "hand-offs/s", "wait p50", "wait p99", "fairness", "cmds/acq"
+        );
+        for r in &self.redis {
+            let c = &r.contended;
+            let _ = writeln!(
+                s,
+                "  {:<30} {:>10} {:>10} | {:>11} {:>10} {:>10} {:>8.2} {:>9.1}",
+                r.label,
+                opt_count(r.one),
+                opt_count(r.many),
+                count(c.handoffs_per_sec),
+                ms(c.wait_p50),
+                ms(c.wait_p99),
+                c.fairness,
+                r.commands_per_acquisition
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  server ceiling: redis-benchmark EVALSHA (SET NX PX + INCR script), 50 clients: {} req/s = {} cycles/s at 2 scripts per cycle; pipelined (-P 16): {} req/s",
+            count(self.ceiling_rps),
+            count(self.ceiling_rps / 2.0),
+            count(self.ceiling_pipelined_rps)
+        );
+        let _ = writeln!(s, "\nIn-memory:");
+        let _ = writeln!(
+            s,
+            "  {:<34} {:>10} {:>10} | {:>11} {:>10} {:>10} {:>8}",
+            "contender", "1 task ns", "64 tasks/s", "hand-offs/s", "wait p50", "wait p99", "fairness"
+        );
+        for r in &self.memory {
+            let c = &r.contended;
+            let _ = writeln!(
+                s,
+                "  {:<34} {:>10.0} {:>10} | {:>11} {:>10} {:>10} {:>8.2}",
+                r.label,
+                r.one.ns_per_cycle(),
+                count(r.many.per_sec),
+                count(c.handoffs_per_sec),
+                ms(c.wait_p50),
+                ms(c.wait_p99),
+                c.fairness
+            );
+        }
+        if let Some(a) = &self.attribute {
+            let _ = writeln!(
+                s,
+                "\nAttribute (memory): locked fn {:.0} ns vs programmatic {:.0} ns per call: {:+.1}%",
+                a.attribute_ns,
+                a.programmatic_ns,
+                a.overhead() * 100.0
+            );
+        }
+        if let Some(a) = &self.attribute_redis {
+            let _ = writeln!(
+                s,
+                "Attribute (redis):  locked fn {:.1} µs vs programmatic {:.1} µs per call: {:+.1}% (median of paired rounds {:+.1}%)",
+                a.attribute_ns / 1e3,
+                a.programmatic_ns / 1e3,
+                a.overhead() * 100.0,
+                a.median_overhead * 100.0
+            );
+        }
+        let _ = writeln!(s, "\nTargets (issue 7):");
+        for t in self.targets() {
+            let _ = writeln!(s, "  {:<48} {:>7}  {:<44} {}", t.what, t.goal, t.measured, Self::verdict(&t));
+        }
+        s
+    }
+
+    /// `RESULTS.md`.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "# Benchmark results\n");
+        let _ = writeln!(
+            s,
+            "Generated by `scripts/bench`; do not edit by hand.{}\n",
+            if self.quick { " **QUICK run: short windows, indicative only.**" } else { "" }
+        );
+        let _ = writeln!(s, "Machine: {}.\n", self.machine.line());
+        let _ = writeln!(s, "## Targets (issue 7)\n");
+        let _ = writeln!(s, "| target | goal | measured | verdict |\n|---|---|---|---|");
+        for t in self.targets() {
+            let _ = writeln!(s, "| {} | {} | {} | {} |", t.what, t.goal, t.measured, Self::verdict(&t));
+        }
+        let _ = writeln!(
+            s,
+            "\n## Redis\n\nUncontended: lock+release cycles per second, 1 task, and {} tasks on distinct names (best of 3 alternating \
+rounds of 500 ms). \
+Contended: {} tasks on one name, empty critical section; a hand-off is an acquisition by a different task than \
+the previous holder (re-acquisitions by the same task are not counted), its wait runs from the previous holder's \
+release call to the acquisition; fairness is fewest over most acquisitions per task; commands per acquisition \
+is the `INFO commandstats` delta over acquisitions (commands run inside Lua scripts count too). Every \
+contender uses a 10 s lease/TTL without renewal.\n",
+            crate::MANY,
+            crate::CONTENDERS
+        );
+        let _ = writeln!(
+            s,
+            "| contender | 1 task cycles/s | {} tasks cycles/s | hand-offs/s | acquisitions/s | hand-off wait p50 | p99 | fairness | Redis cmds/acquisition |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            crate::MANY
+        );
+        for r in &self.redis {
+            let c = &r.contended;
+            let b = if r.ours { "**" } else { "" };
+            let _ = writeln!(
+                s,
+                "| {b}{}{b} | {} | {} | {} | {} | {} | {} | {:.2} | {:.1} |",
+                r.label,
+                opt_count(r.one),
+                opt_count(r.many),
+                count(c.handoffs_per_sec),
+                count(c.acquisitions_per_sec),
+                ms(c.wait_p50),
+                ms(c.wait_p99),
+                c.fairness,
+                r.commands_per_acquisition
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nServer ceiling (reference): `redis-benchmark -c 50 EVALSHA` of a `SET NX PX` + `INCR` script on random keys: \
+**{} requests/s**, i.e. {} lock+release cycles/s at two script calls per cycle. With `-P 16` (16 requests in flight \
+per client, as a multiplexed connection batches them under load): {} requests/s = {} cycles/s. Clients that \
+multiplex many tasks over one connection batch their requests, so they can pass the unpipelined figure.\n",
+            count(self.ceiling_rps),
+            count(self.ceiling_rps / 2.0),
+            count(self.ceiling_pipelined_rps),
+            count(self.ceiling_pipelined_rps / 2.0)
+        );
+        if let Some(ours) = self.ours_redis() {
+            if let Some(many) = ours.many {
+                let _ = writeln!(
+                    s,
+                    "Ours at {} tasks: {:.0}% of the unpipelined cycle ceiling, {:.0}% of the pipelined one.\n",
+                    crate::MANY,
+                    many.per_sec / (self.ceiling_rps / 2.0) * 100.0,
+                    many.per_sec / (self.ceiling_pipelined_rps / 2.0) * 100.0
+                );
+            }
+        }
+        let _ = writeln!(s, "Commands per acquisition under contention, by command:\n");
+        for r in &self.redis {
+            let parts: Vec<String> = r.per_command.iter().take(8).map(|(k, v)| format!("{k} {v:.2}")).collect();
+            let _ = writeln!(s, "- {}: {}", r.label, parts.join(", "));
+        }
+        let _ = writeln!(
+            s,
+            "\n## In-memory\n\nSame loops, no server; the uncontended figures are the best of 7 alternating rounds of 200 ms (this machine is shared and noisy), and the 1-task figure counts the on-CPU time of the task's worker thread (`/proc/thread-self/schedstat`), not the time other processes held the CPU. `tokio::sync::Mutex` is one pre-built mutex per name (no lookup); the \
+keyed map looks the name up (inserting when missing) and locks the mutex inside.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| contender | 1 task ns/cycle | {} tasks cycles/s | hand-offs/s | hand-off wait p50 | p99 | fairness |\n|---|---:|---:|---:|---:|---:|---:|",
+            crate::MANY
+        );
+        for r in &self.memory {
+            let c = &r.contended;
+            let b = if r.ours { "**" } else { "" };
+            let _ = writeln!(
+                s,
+                "| {b}{}{b} | {:.0} | {} | {} | {} | {} | {:.2} |",
+                r.label,
+                r.one.ns_per_cycle(),
+                count(r.many.per_sec),
+                count(c.handoffs_per_sec),
+                ms(c.wait_p50),
+                ms(c.wait_p99),
+                c.fairness
+            );
+        }
+        let _ = writeln!(s, "\n## Attribute overhead\n");
+        match &self.attribute {
+            Some(a) => {
+                let _ = writeln!(
+                    s,
+                    "A `#[distributed_locked]` fn against the same body written with `manager.lock(..).await` + \
+`guard.release().await` (in-memory backend, 1 task, least disturbed of {} alternating rounds of {} calls): **{:.0} ns vs {:.0} ns per call, {:+.1}%** (median of the paired rounds' ratios: {:+.1}%).",
+                    a.rounds,
+                    a.batch,
+                    a.attribute_ns,
+                    a.programmatic_ns,
+                    a.overhead() * 100.0,
+                    a.median_overhead * 100.0
+                );
+            }
+            None => {
+                let _ = writeln!(s, "Not measured in this run (the `attribute` feature of the bench was off).");
+            }
+        }
+        if let Some(a) = &self.attribute_redis {
+            let _ = writeln!(
+                s,
+                "\nThe same over the Redis backend (1 task, least disturbed of {} alternating rounds of {} calls): \
+**{:.1} µs vs {:.1} µs per call, {:+.1}%** (median of the paired rounds' ratios: {:+.1}%; Redis round trips \
+dominate both, and a few % either way is within run-to-run noise).",
+                a.rounds,
+                a.batch,
+                a.attribute_ns / 1e3,
+                a.programmatic_ns / 1e3,
+                a.overhead() * 100.0,
+                a.median_overhead * 100.0
+            );
+        }
+        if !self.ours_redis_built {
+            let _ = writeln!(s, "\nThe Redis backend was not built in this run (bench feature `ours-redis` off).");
+        }
+        let _ = writeln!(s, "\n![chart](chart.png)");
+        s
+    }
+
+    /// The chart: six panels of labelled horizontal bars, ours highlighted.
+    pub fn svg(&self) -> String {
+        let mut panels: Vec<Panel> = Vec::new();
+        let redis_bars = |f: &dyn Fn(&RedisRow) -> Option<f64>, fmt: &dyn Fn(f64) -> String| -> Vec<Bar> {
+            self.redis
+                .iter()
+                .filter_map(|r| f(r).map(|v| Bar { label: r.label.to_string(), value: v, text: fmt(v), ours: r.ours }))
+                .collect()
+        };
+        panels.push(Panel {
+            title: format!("Redis contended: hand-offs/s ({} tasks, one name)", crate::CONTENDERS),
+            note: "higher is better",
+            bars: redis_bars(&|r| Some(r.contended.handoffs_per_sec), &|v| count(v)),
+        });
+        panels.push(Panel {
+            title: "Redis contended: hand-off wait p99 (ms)".into(),
+            note: "lower is better",
+            bars: redis_bars(&|r| Some(r.contended.wait_p99.as_secs_f64() * 1e3), &|v| format!("{v:.2} ms")),
+        });
+        let mut many = redis_bars(&|r| r.many.map(|c| c.per_sec), &|v| count(v));
+        many.push(Bar {
+            label: "server ceiling, EVALSHA / 2".into(),
+            value: self.ceiling_rps / 2.0,
+            text: count(self.ceiling_rps / 2.0),
+            ours: false,
+        });
+        many.push(Bar {
+            label: "server ceiling, -P 16, / 2".into(),
+            value: self.ceiling_pipelined_rps / 2.0,
+            text: count(self.ceiling_pipelined_rps / 2.0),
+            ours: false,
+        });
+        panels.push(Panel {
+            title: format!("Redis uncontended: cycles/s, {} tasks, distinct names", crate::MANY),
+            note: "higher is better",
+            bars: many,
+        });
+        panels.push(Panel {
+            title: "Redis contended: fairness (fewest/most per task)".into(),
+            note: "higher is better, 1 = equal",
+            bars: redis_bars(&|r| Some(r.contended.fairness), &|v| format!("{v:.2}")),
+        });
+        let mem_bars = |f: &dyn Fn(&MemoryRow) -> f64, fmt: &dyn Fn(f64) -> String| -> Vec<Bar> {
+            self.memory
+                .iter()
+                .map(|r| {
+                    let v = f(r);
+                    Bar { label: r.label.to_string(), value: v, text: fmt(v), ours: r.ours }
+                })
+                .collect()
+        };
+        panels.push(Panel {
+            title: "In-memory uncontended: ns per lock+release (1 task)".into(),
+            note: "lower is better",
+            bars: mem_bars(&|r| r.one.ns_per_cycle(), &|v| format!("{v:.0} ns")),
+        });
+        panels.push(Panel {
+            title: format!("In-memory contended: hand-offs/s ({} tasks, one name)", crate::CONTENDERS),
+            note: "higher is better",
+            bars: mem_bars(&|r| r.contended.handoffs_per_sec, &|v| count(v)),
+        });
+        render(&panels, &format!("lock-runtime vs peers: {}", self.machine.line()))
+    }
+}
+
+struct Bar {
+    label: String,
+    value: f64,
+    text: String,
+    ours: bool,
+}
+
+struct Panel {
+    title: String,
+    note: &'static str,
+    bars: Vec<Bar>,
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn render(panels: &[Panel], footer: &str) -> String {
+    const W: f64 = 1420.0;
+    const COLS: usize = 2;
+    const PANEL_W: f64 = 680.0;
+    const LABEL_W: f64 = 250.0;
+    const BAR_H: f64 = 22.0;
+    const GAP: f64 = 8.0;
+    const HEAD: f64 = 48.0;
+    let rows = panels.len().div_ceil(COLS);
+    let max_bars = panels.iter().map(|p| p.bars.len()).max().unwrap_or(1) as f64;
+    let panel_h = HEAD + max_bars * (BAR_H + GAP) + 16.0;
+    let h = 60.0 + rows as f64 * panel_h + 40.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="DejaVu Sans, Arial, sans-serif">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r##"<text x="20" y="34" font-size="22" font-weight="bold" fill="#222">lock-runtime against its peers (one run, one local redis-server)</text>"##
+    );
+    for (i, p) in panels.iter().enumerate() {
+        let x0 = 20.0 + (i % COLS) as f64 * (PANEL_W + 20.0);
+        let y0 = 60.0 + (i / COLS) as f64 * panel_h;
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x0}" y="{y0}" width="{PANEL_W}" height="{}" fill="#fafafa" stroke="#ddd"/>"##,
+            panel_h - 10.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" font-size="16" font-weight="bold" fill="#222">{}</text>"##,
+            x0 + 10.0,
+            y0 + 22.0,
+            esc(&p.title)
+        );
+        let _ =
+            writeln!(s, r##"<text x="{}" y="{}" font-size="12" fill="#777">{}</text>"##, x0 + 10.0, y0 + 39.0, p.note);
+        let max = p.bars.iter().map(|b| b.value).fold(0.0f64, f64::max).max(1e-12);
+        let bar_max = PANEL_W - LABEL_W - 110.0;
+        for (j, b) in p.bars.iter().enumerate() {
+            let y = y0 + HEAD + j as f64 * (BAR_H + GAP);
+            let w = (b.value / max * bar_max).max(1.0);
+            let color = if b.ours {
+                "#d9480f"
+            } else if b.label.starts_with("server") {
+                "#868e96"
+            } else {
+                "#4c6ef5"
+            };
+            let weight = if b.ours { "bold" } else { "normal" };
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{}" font-size="13" text-anchor="end" font-weight="{weight}" fill="#222">{}</text>"##,
+                x0 + LABEL_W,
+                y + 16.0,
+                esc(&b.label)
+            );
+            let _ = writeln!(
+                s,
+                r##"<rect x="{}" y="{y}" width="{w:.1}" height="{BAR_H}" fill="{color}" rx="2"/>"##,
+                x0 + LABEL_W + 8.0
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{}" font-size="13" font-weight="{weight}" fill="#222">{}</text>"##,
+                x0 + LABEL_W + 14.0 + w,
+                y + 16.0,
+                esc(&b.text)
+            );
+        }
+    }
+    let _ = writeln!(s, r##"<text x="20" y="{}" font-size="12" fill="#555">{}</text>"##, h - 16.0, esc(footer));
+    s.push_str("</svg>\n");
+    s
+}
