@@ -10,7 +10,10 @@
 //! watch. Rounds alternate between the variants; the least disturbed (min) and the median
 //! round are reported.
 
+use std::future::Future;
 use std::hint::black_box;
+use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use lock_runtime::{distributed_locked, LockError, LockManager};
@@ -43,6 +46,30 @@ async fn programmatic_templated(m: &LockManager, n: u64) -> Result<u64, LockErro
     Ok(out)
 }
 
+/// Polls a variant's future through a named, never-inlined fn per variant, so an instruction
+/// profile (`valgrind --tool=callgrind`, then `callgrind_annotate --inclusive=yes`) shows each
+/// variant's cost per call under its own name.
+macro_rules! measured {
+    ($($name:ident),*) => {$(
+        #[inline(never)]
+        fn $name<F: Future>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            fut.poll(cx)
+        }
+    )*};
+}
+measured!(
+    measure_with_attribute,
+    measure_programmatic,
+    measure_with_attribute_templated,
+    measure_programmatic_templated
+);
+
+/// Awaits `fut`, polling it through `poll`.
+async fn run<F: Future>(poll: fn(Pin<&mut F>, &mut Context<'_>) -> Poll<F::Output>, fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    std::future::poll_fn(|cx| poll(fut.as_mut(), cx)).await
+}
+
 fn main() -> Result<(), LockError> {
     let batch: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let rounds = 41;
@@ -59,17 +86,20 @@ fn main() -> Result<(), LockError> {
                 let t = Instant::now();
                 for n in 0..batch {
                     let out = if templated {
-                        with_attribute_templated(&m, n % 64).await?
+                        run(measure_with_attribute_templated, with_attribute_templated(&m, n % 64)).await?
                     } else {
-                        with_attribute(&m, n).await?
+                        run(measure_with_attribute, with_attribute(&m, n)).await?
                     };
                     black_box(out);
                 }
                 let a = t.elapsed();
                 let t = Instant::now();
                 for n in 0..batch {
-                    let out =
-                        if templated { programmatic_templated(&m, n % 64).await? } else { programmatic(&m, n).await? };
+                    let out = if templated {
+                        run(measure_programmatic_templated, programmatic_templated(&m, n % 64)).await?
+                    } else {
+                        run(measure_programmatic, programmatic(&m, n)).await?
+                    };
                     black_box(out);
                 }
                 let p = t.elapsed();

@@ -245,8 +245,8 @@ fn private(opts: &Options) -> TokenStream {
 fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> syn::Block {
     let m = Span::mixed_site();
     let private = private(opts);
-    let (entered, error, output, name_var, manager_var) = (
-        Ident::new("__lock_entered", m),
+    let (hold, error, output, name_var, manager_var) = (
+        Ident::new("__lock_hold", m),
         Ident::new("__lock_error", m),
         Ident::new("__lock_output", m),
         Ident::new("__lock_name", m),
@@ -279,14 +279,16 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         options.extend(quote!(.retry(#r)));
     }
 
+    // The lock goes into `hold`, a local of the locked fn's future: entered in place, then run.
     let enter = match &opts.manager {
         Some(manager) => quote! {
             let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
-            #private::enter(#manager_var, #name_var, #options).await
+            #private::enter(&mut #hold, &#manager_var, #name_var, #options).await
         },
         None => quote! {
             let #name_var = { #(#by_ref)* #name };
-            #private::enter_default(#name_var, #options).await
+            let #manager_var = #private::default_manager();
+            #private::enter_default(&mut #hold, &#manager_var, #name_var, #options).await
         },
     };
 
@@ -346,24 +348,24 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
     };
 
     let run = match (opts.on_lost, &opts.fallback) {
-        (Some((OnLost::Ignore, _)), _) => quote!(#entered.run_to_end(#fut).await),
+        (Some((OnLost::Ignore, _)), _) => quote!(#hold.run_to_end(#fut).await),
         (Some((OnLost::Abort, span)), Some(_)) => {
             let carry_lost = quote_spanned!(span=> <#ret_ty as #private::CarryLostError>::from_lost_error);
             quote! {
-                match #entered.run(#private::OnLost::Abort, #fut).await {
+                match #hold.run(#private::OnLost::Abort, #fut).await {
                     ::core::result::Result::Ok(#output) => #output,
                     ::core::result::Result::Err(#error) => #carry_lost(#error),
                 }
             }
         }
         (_, None) => quote! {
-            match #entered.run(#private::OnLost::Abort, #fut).await {
+            match #hold.run(#private::OnLost::Abort, #fut).await {
                 ::core::result::Result::Ok(#output) => #output,
                 ::core::result::Result::Err(#error) => #carry_lock(#error),
             }
         },
         (None, Some(_)) => quote! {
-            #entered.run_with(
+            #hold.run_with(
                 {
                     use #private::{AbortIfCarried as _, RunToEndOtherwise as _};
                     (&#private::Probe::<#ret_ty>::new()).on_lost()
@@ -374,10 +376,10 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
     };
 
     let tokens = quote! {{
-        let #entered = match { #enter } {
-            ::core::result::Result::Ok(#entered) => #entered,
-            ::core::result::Result::Err(#error) => { #on_fail }
-        };
+        let mut #hold = #private::Hold::new();
+        if let ::core::result::Result::Err(#error) = { #enter } {
+            #on_fail
+        }
         #run
     }};
     match syn::parse2(tokens) {

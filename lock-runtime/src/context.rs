@@ -5,15 +5,17 @@
 //! instead of waiting for itself; `current()` reads the innermost entry. The scope belongs to
 //! the task: a task spawned from a locked body starts with an empty context.
 
-use std::future::Future;
+use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::lost::LostSignal;
 
-tokio::task_local! {
-    /// The innermost lock of the task's running locked call; outer ones hang off `parent`.
-    /// Inline (not boxed), so the outermost locked call allocates nothing for its context.
-    static HELD: Frame;
+thread_local! {
+    /// The innermost lock of the locked call being polled on this thread; outer ones hang off
+    /// `parent`. Set only while a [`Scope`] polls (or drops) its body, so it belongs to the task
+    /// doing the polling. Inline (not boxed), so the outermost locked call allocates nothing for
+    /// its context.
+    static HELD: Cell<Option<Frame>> = const { Cell::new(None) };
 }
 
 /// One lock held by the current task.
@@ -65,7 +67,27 @@ impl CurrentLock {
 /// # Ok(()) }
 /// ```
 pub fn current() -> Option<CurrentLock> {
-    HELD.try_with(|f| CurrentLock { name: f.name.clone(), fencing_token: f.fencing_token }).ok()
+    with_innermost(|f| f.map(|f| CurrentLock { name: f.name.clone(), fencing_token: f.fencing_token }))
+}
+
+/// Calls `f` with the innermost frame of the running locked call (`None` outside one).
+#[inline]
+fn with_innermost<T>(f: impl FnOnce(Option<&Frame>) -> T) -> T {
+    let Some(innermost) = HELD.try_with(Cell::take).ok().flatten() else { return f(None) };
+    // Put back by a guard, so a panic in `f` leaves the context as it was.
+    let innermost = Restore(Some(innermost));
+    f(innermost.0.as_ref())
+}
+
+/// Puts the innermost frame back into the thread's context when dropped.
+struct Restore(Option<Frame>);
+
+impl Drop for Restore {
+    #[inline]
+    fn drop(&mut self) {
+        let frame = self.0.take();
+        let _ = HELD.try_with(|held| held.set(frame));
+    }
 }
 
 /// What a locked call finds in its task's context before taking its lock.
@@ -79,7 +101,8 @@ pub(crate) struct Lookup {
 /// Looks `name` on `manager` up in the task's context (one task-local access; none held: no
 /// allocation).
 pub(crate) fn lookup(manager: u64, name: &str) -> Lookup {
-    HELD.try_with(|innermost| {
+    with_innermost(|innermost| {
+        let Some(innermost) = innermost else { return Lookup { held: None, parent: None } };
         let mut frame = Some(innermost);
         let mut held = None;
         while let Some(f) = frame {
@@ -91,10 +114,26 @@ pub(crate) fn lookup(manager: u64, name: &str) -> Lookup {
         }
         Lookup { held, parent: Some(Arc::new(innermost.clone())) }
     })
-    .unwrap_or(Lookup { held: None, parent: None })
 }
 
-/// Runs `body` with `frame` as the task's innermost lock.
-pub(crate) fn scope<F: Future>(frame: Frame, body: F) -> impl Future<Output = F::Output> {
-    HELD.scope(frame, body)
+/// Runs `f` with `frame` installed as the thread's innermost lock, then swaps it back out and
+/// restores the outer context (also when `f` panics). While `f` runs, `frame` holds the outer
+/// context: two swaps, nothing dropped.
+#[inline]
+pub(crate) fn within<T>(frame: &mut Option<Frame>, f: impl FnOnce() -> T) -> T {
+    if HELD.try_with(|held| held.swap(Cell::from_mut(frame))).is_err() {
+        return f(); // the thread is exiting: run without context
+    }
+    let _back = SwapBack(frame);
+    f()
+}
+
+/// Swaps the scope's frame and the outer context back when dropped.
+struct SwapBack<'a>(&'a mut Option<Frame>);
+
+impl Drop for SwapBack<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|held| held.swap(Cell::from_mut(self.0)));
+    }
 }

@@ -101,6 +101,19 @@ impl LockGuard {
         ReleaseFuture { guard: Some(self), remote: None }
     }
 
+    /// Releases at once when the backend can (an in-process one): `Some(verdict)`, as
+    /// [`release`](LockGuard::release) would give. `None`: the backend's release must be awaited.
+    #[inline]
+    pub(crate) fn release_at_once(&mut self) -> Option<Result<(), LockError>> {
+        let Some(state) = &self.state else { return Some(Ok(())) };
+        if let Some(watchdog) = &state.watchdog {
+            watchdog.abort();
+        }
+        let released = state.backend.release_now(&self.held)?;
+        self.state = None;
+        Some(self.verdict(released))
+    }
+
     /// The verdict of a release: a lock already known to be lost is reported lost.
     fn verdict(&self, released: Result<(), LockError>) -> Result<(), LockError> {
         match self.lost.reason() {
@@ -133,14 +146,10 @@ impl std::future::Future for ReleaseFuture {
             return remote.as_mut().poll(cx);
         }
         let Some(mut guard) = self.guard.take() else { return Poll::Ready(Ok(())) };
+        if let Some(verdict) = guard.release_at_once() {
+            return Poll::Ready(verdict);
+        }
         let Some(state) = &guard.state else { return Poll::Ready(Ok(())) };
-        if let Some(watchdog) = &state.watchdog {
-            watchdog.abort();
-        }
-        if let Some(released) = state.backend.release_now(&guard.held) {
-            guard.state = None;
-            return Poll::Ready(guard.verdict(released));
-        }
         // The guard keeps its state until the release is answered: if this future is dropped
         // half-way, the guard's `Drop` still releases in the background.
         let backend = state.backend.clone();

@@ -2,9 +2,11 @@
 //! may change in any release.
 
 use std::borrow::Borrow;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
-use std::sync::OnceLock;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 pub use crate::error::LockError;
@@ -12,7 +14,8 @@ pub use crate::manager::LockManager;
 pub use crate::options::LockOptions;
 
 use crate::context::{self, Frame};
-use crate::guard::LockGuard;
+use crate::guard::{LockGuard, ReleaseFuture};
+use crate::manager::LockFuture;
 
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,15 +36,10 @@ pub fn default_name(cell: &'static OnceLock<String>, module_path: &str, fn_name:
     cell.get_or_init(|| format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))
 }
 
-/// The manager set with [`set_default`](crate::set_default), or the not-configured error.
-pub fn default_manager(name: &str) -> Result<LockManager, LockError> {
-    crate::manager::default_manager().ok_or_else(|| LockError::NotConfigured { name: name.to_owned() })
-}
-
-/// Takes (or re-enters) the lock `name` on the default manager (see [`default_manager`]).
-pub async fn enter_default<N: AsRef<str>>(name: N, options: LockOptions) -> Result<Entered, LockError> {
-    let manager = default_manager(name.as_ref())?;
-    enter(manager, name, options).await
+/// The manager set with [`set_default`](crate::set_default), if any (see [`enter_default`]).
+#[inline]
+pub fn default_manager() -> Option<LockManager> {
+    crate::manager::default_manager()
 }
 
 /// Notes why a locked call is about to call its fallback instead of its body.
@@ -131,50 +129,131 @@ impl<R> RunToEndOtherwise<R> for &Probe<R> {
     }
 }
 
-/// Takes (or re-enters) the lock for a locked call.
+/// Where a locked call keeps its lock while the body runs: filled by [`enter`], used and
+/// emptied by [`Hold::run`]. Lives in the locked fn's own future, so the guard is written once
+/// and never moved until it is released.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct Hold {
+    /// `None` when re-entered: the outermost call releases.
+    guard: Option<LockGuard>,
+    /// The lock's frame; swapped into the task's context while the body is polled.
+    frame: Option<Frame>,
+}
+
+impl Hold {
+    /// An empty hold.
+    #[inline]
+    pub const fn new() -> Self {
+        Hold { guard: None, frame: None }
+    }
+}
+
+/// Takes (or re-enters) the lock `name` on `manager` into `hold`, for a locked call.
 ///
 /// Acquires through [`LockManager::lock`] (the small, allocation-free future of the
 /// uncontended fast path), so a locked fn costs about what the programmatic API does.
-pub async fn enter<M: Borrow<LockManager>, N: AsRef<str>>(
-    manager: M,
+#[inline]
+pub fn enter<'a, M: Borrow<LockManager>, N: AsRef<str>>(
+    hold: &'a mut Hold,
+    manager: &'a M,
     name: N,
     options: LockOptions,
-) -> Result<Entered, LockError> {
+) -> Enter<'a> {
     let manager = manager.borrow();
     let name = name.as_ref();
     let context::Lookup { held, parent } = context::lookup(manager.id(), name);
-    if let Some(outer) = held {
-        // Same task, same manager, same name: re-enter without waiting for ourselves.
-        return Ok(Entered { guard: None, frame: Frame { parent, ..outer } });
-    }
-    let guard = manager.lock(name).options(options).await?;
-    let frame = Frame {
-        manager: manager.id(),
-        name: guard.name().clone(),
-        fencing_token: guard.fencing_token(),
-        lost: guard.lost_signal().clone(),
-        parent,
+    let stage = match held {
+        Some(outer) => {
+            // Same task, same manager, same name: re-enter without waiting for ourselves.
+            hold.frame = Some(Frame { parent, ..outer });
+            Stage::Entered
+        }
+        None => {
+            Stage::Taking { lock: manager.lock(name).options(options).into_future(), manager: manager.id(), parent }
+        }
     };
-    Ok(Entered { guard: Some(guard), frame })
+    Enter { hold, stage }
+}
+
+/// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
+#[inline]
+pub fn enter_default<'a, N: AsRef<str>>(
+    hold: &'a mut Hold,
+    manager: &'a Option<LockManager>,
+    name: N,
+    options: LockOptions,
+) -> Enter<'a> {
+    match manager {
+        Some(manager) => enter(hold, manager, name, options),
+        None => Enter { hold, stage: Stage::Refused(LockError::NotConfigured { name: name.as_ref().to_owned() }) },
+    }
+}
+
+/// The future of [`enter`]: `Ok(())` once the lock is in the [`Hold`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Enter<'a> {
+    hold: &'a mut Hold,
+    stage: Stage<'a>,
+}
+
+#[derive(Debug)]
+enum Stage<'a> {
+    Taking { lock: LockFuture<'a>, manager: u64, parent: Option<Arc<Frame>> },
+    Refused(LockError),
+    Entered,
+}
+
+impl Future for Enter<'_> {
+    type Output = Result<(), LockError>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &mut this.stage {
+            Stage::Taking { lock, manager, parent } => {
+                let guard = match ready!(Pin::new(lock).poll(cx)) {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        this.stage = Stage::Entered;
+                        return Poll::Ready(Err(e));
+                    }
+                };
+                let frame = Frame {
+                    manager: *manager,
+                    name: guard.name().clone(),
+                    fencing_token: guard.fencing_token(),
+                    lost: guard.lost_signal().clone(),
+                    parent: parent.take(),
+                };
+                this.hold.frame = Some(frame);
+                this.hold.guard = Some(guard);
+                // (The stage stays: its finished lock future is dropped with `Enter`.)
+                Poll::Ready(Ok(()))
+            }
+            Stage::Refused(_) => match std::mem::replace(&mut this.stage, Stage::Entered) {
+                Stage::Refused(e) => Poll::Ready(Err(e)),
+                _ => Poll::Ready(Ok(())), // unreachable: matched above
+            },
+            Stage::Entered => Poll::Ready(Ok(())),
+        }
+    }
 }
 
 /// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
 pub type Carry<R> = Option<fn(LockError) -> R>;
 
-/// A lock taken (or re-entered) for one locked call; runs the body.
-#[derive(Debug)]
-#[must_use]
-pub struct Entered {
-    /// `None` when re-entered: the outermost call releases.
-    guard: Option<LockGuard>,
-    frame: Frame,
-}
-
-impl Entered {
+impl Hold {
     /// Runs `body` under the lock and releases it afterwards (and on panic or cancellation,
     /// through the guard's `Drop`). With [`OnLost::Abort`], a loss of the lease stops the body
     /// at its next await and returns the lost error.
-    pub fn run<F: Future>(self, on_lost: OnLost, body: F) -> impl Future<Output = Result<F::Output, LockError>> {
+    #[inline]
+    pub fn run<'a, F: Future + 'a>(
+        &'a mut self,
+        on_lost: OnLost,
+        body: F,
+    ) -> impl Future<Output = Result<F::Output, LockError>> + 'a {
         let carry: Carry<Result<F::Output, LockError>> = match on_lost {
             OnLost::Abort => Some(Err),
             OnLost::Ignore => None,
@@ -182,58 +261,160 @@ impl Entered {
         self.drive(body, Ok, carry)
     }
 
-    /// [`run`](Entered::run) with [`OnLost::Abort`] converting the lost error with `carry` when
-    /// it is `Some`, else [`run_to_end`](Entered::run_to_end).
-    pub fn run_with<F: Future>(self, carry: Carry<F::Output>, body: F) -> impl Future<Output = F::Output> {
-        self.drive(body, |output| output, carry)
+    /// [`run`](Hold::run) with [`OnLost::Abort`] converting the lost error with `carry` when
+    /// it is `Some`, else [`run_to_end`](Hold::run_to_end).
+    #[inline]
+    pub fn run_with<'a, F: Future + 'a>(
+        &'a mut self,
+        carry: Carry<F::Output>,
+        body: F,
+    ) -> impl Future<Output = F::Output> + 'a {
+        self.drive(body, identity, carry)
     }
 
     /// Runs `body` to its end under the lock (for [`OnLost::Ignore`], or return types that
     /// cannot carry a [`LockError`]), then releases it.
-    pub fn run_to_end<F: Future>(self, body: F) -> impl Future<Output = F::Output> {
-        self.drive(body, |output| output, None)
+    #[inline]
+    pub fn run_to_end<'a, F: Future + 'a>(&'a mut self, body: F) -> impl Future<Output = F::Output> + 'a {
+        self.drive(body, identity, None)
     }
 
-    /// The one state machine behind `run*` (one level, so a locked fn's future stays small):
-    /// runs `body` in the lock's context, watched for loss when `carry` is given and the lock
-    /// can be lost, then releases the lock.
-    async fn drive<F: Future, R>(self, body: F, wrap: fn(F::Output) -> R, carry: Carry<R>) -> R {
-        let Entered { guard, frame } = self;
-        let output: Result<F::Output, R> = match carry {
+    /// The one future behind `run*`: watched for loss when `carry` is given and the lock can be
+    /// lost.
+    #[inline]
+    fn drive<F: Future, R, W: FnOnce(F::Output) -> R>(
+        &mut self,
+        body: F,
+        wrap: W,
+        carry: Carry<R>,
+    ) -> Run<'_, F, R, W> {
+        let watch = match (carry, &self.frame) {
             // Boxed: the watch (a timer and a notification) would otherwise make every locked
             // fn's future as large as the watched one. A lock that can be lost lives on a
-            // networked backend, where one allocation is noise.
-            Some(carry) if frame.lost.can_fire() => Box::pin(watched(frame, body)).await.map_err(carry),
-            _ => Ok(context::scope(frame, body).await),
-        };
-        if let Some(guard) = guard {
-            if let Err(e) = guard.release().await {
-                if let (Some(carry), true, true) = (carry, e.is_lost(), output.is_ok()) {
-                    return carry(e);
-                }
-                tracing::warn!(error = %e, "release after a locked call failed");
+            // networked backend (or has a fixed lease), where one allocation is noise.
+            (Some(_), Some(frame)) if frame.lost.can_fire() => {
+                let lost = frame.lost.clone();
+                let name = frame.name.clone();
+                let watch: Watch = Box::pin(async move {
+                    lost.wait().await;
+                    LockError::lost(&*name, lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()))
+                });
+                Some(watch)
             }
-        }
-        match output {
-            Ok(output) => wrap(output),
-            Err(lost) => lost,
+            _ => None,
+        };
+        Run { hold: self, body: Some(body), watch, output: None, release: None, wrap: Some(wrap), carry }
+    }
+}
+
+fn identity<T>(t: T) -> T {
+    t
+}
+
+/// Completes with the lost error once the lock is lost.
+type Watch = Pin<Box<dyn Future<Output = LockError> + Send>>;
+
+pin_project_lite::pin_project! {
+    /// The future of [`Hold::run`]: the body in the lock's context (each poll swaps the frame
+    /// into the task's context and back, also on unwind), raced against the loss of the lock
+    /// when watched, then the release.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Run<'a, F: Future, R, W> {
+        hold: &'a mut Hold,
+        // `None` once the body has completed (or was stopped by the loss of the lock).
+        #[pin]
+        body: Option<F>,
+        watch: Option<Watch>,
+        // The body's output (`Err`: the carried lost error) while the lock is released.
+        output: Option<Result<F::Output, R>>,
+        // A release that must be awaited (a networked backend's), boxed to keep this small.
+        release: Option<Pin<Box<ReleaseFuture>>>,
+        // How the body's output becomes the locked fn's (`Ok`, or as is); a zero-sized fn item.
+        wrap: Option<W>,
+        carry: Carry<R>,
+    }
+
+    impl<'a, F: Future, R, W> PinnedDrop for Run<'a, F, R, W> {
+        fn drop(this: Pin<&mut Self>) {
+            // A body dropped before completion (cancellation) drops in its context, as it ran.
+            let this = this.project();
+            let mut body = this.body;
+            if body.is_some() {
+                context::within(&mut this.hold.frame, || body.set(None));
+            }
         }
     }
 }
 
-/// Runs `body` in `frame`'s context until it ends or the lock is lost.
-async fn watched<F: Future>(frame: Frame, body: F) -> Result<F::Output, LockError> {
-    let lost = frame.lost.clone();
-    let name = frame.name.clone();
-    context::scope(frame, async move {
-        tokio::select! {
-            biased;
-            output = body => Ok(output),
-            _ = lost.wait() => Err(LockError::lost(
-                &*name,
-                lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()),
-            )),
+impl<F: Future, R, W: FnOnce(F::Output) -> R> Future for Run<'_, F, R, W> {
+    type Output = R;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
+        let mut this = self.project();
+        if this.output.is_none() {
+            let (mut body, output, carry) = (this.body.as_mut(), &mut *this.output, *this.carry);
+            let watch = this.watch.as_mut().filter(|_| carry.is_some());
+            // The body's output goes straight into `output`: no large value moves out of here.
+            let done = context::within(&mut this.hold.frame, || {
+                let Some(fut) = body.as_mut().as_pin_mut() else { return false };
+                if let Poll::Ready(out) = fut.poll(cx) {
+                    *output = Some(Ok(out));
+                } else if let (Some(watch), Some(carry)) = (watch, carry) {
+                    let Poll::Ready(lost) = watch.as_mut().poll(cx) else { return false };
+                    *output = Some(Err(carry(lost)));
+                } else {
+                    return false;
+                }
+                body.set(None); // in its context, like the rest of the body
+                true
+            });
+            if !done {
+                return Poll::Pending;
+            }
+            *this.watch = None;
+            if let Some(guard) = &mut this.hold.guard {
+                match guard.release_at_once() {
+                    Some(released) => {
+                        this.hold.guard = None;
+                        if let Err(e) = released {
+                            if let Some(lost) = released_lost(e, *this.carry, this.output) {
+                                return Poll::Ready(lost);
+                            }
+                        }
+                    }
+                    None => *this.release = this.hold.guard.take().map(|guard| Box::pin(guard.release())),
+                }
+            }
         }
-    })
-    .await
+        if let Some(release) = this.release {
+            let released = ready!(release.as_mut().poll(cx));
+            *this.release = None;
+            if let Err(e) = released {
+                if let Some(lost) = released_lost(e, *this.carry, this.output) {
+                    return Poll::Ready(lost);
+                }
+            }
+        }
+        match this.output.take() {
+            Some(Ok(output)) => match this.wrap.take() {
+                Some(wrap) => Poll::Ready(wrap(output)),
+                None => Poll::Pending, // unreachable: taken once, with the output
+            },
+            Some(Err(lost)) => Poll::Ready(lost),
+            None => Poll::Pending, // polled after completion: the caller's bug; never wakes
+        }
+    }
+}
+
+/// A failed release after a locked call: a loss found by the release of a body that completed
+/// becomes the output when the loss is carried; other failures are logged.
+#[cold]
+fn released_lost<T, R>(e: LockError, carry: Carry<R>, output: &mut Option<Result<T, R>>) -> Option<R> {
+    if let (Some(carry), true, Some(Ok(_))) = (carry, e.is_lost(), &*output) {
+        *output = None;
+        return Some(carry(e));
+    }
+    tracing::warn!(error = %e, "release after a locked call failed");
+    None
 }

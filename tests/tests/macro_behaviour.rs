@@ -235,6 +235,76 @@ async fn current_is_the_innermost_lock_and_none_outside() {
     assert!(lock_runtime::current().is_none());
 }
 
+#[distributed_locked(name = "cur:paused", manager = m)]
+async fn paused(m: &LockManager, go: oneshot::Receiver<()>, entered: oneshot::Sender<()>) -> Result<String, AppError> {
+    let _ = entered.send(());
+    go.await.expect("go");
+    Ok(lock_runtime::current().expect("inside, after the pause").key().to_owned())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn current_belongs_to_the_task_not_the_thread() {
+    // Both tasks run on this one thread: the paused locked call's frame must not show in the
+    // other task, and must be back when the locked call resumes.
+    let m = LockManager::memory();
+    let (go_tx, go_rx) = oneshot::channel();
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let m2 = m.clone();
+    let locked = tokio::spawn(async move { paused(&m2, go_rx, entered_tx).await.expect("locked") });
+    entered_rx.await.expect("entered");
+    assert!(lock_runtime::current().is_none(), "another task's lock is not ours");
+    let other = tokio::spawn(async { lock_runtime::current().map(|c| c.key().to_owned()) });
+    assert_eq!(other.await.expect("task"), None);
+    go_tx.send(()).expect("send");
+    assert_eq!(locked.await.expect("task"), "cur:paused");
+    assert!(lock_runtime::current().is_none());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_panicking_body_leaves_no_context_behind() {
+    let m = LockManager::memory();
+    let m2 = m.clone();
+    let joined = tokio::spawn(async move { exits(&m2, "panic").await }).await;
+    assert!(joined.expect_err("panicked").is_panic());
+    // Same thread: the panic unwound through the poll that had installed the frame.
+    assert!(lock_runtime::current().is_none());
+    let seen = tokio::spawn(async { lock_runtime::current().is_none() }).await.expect("task");
+    assert!(seen, "a later task on the thread sees no lock");
+}
+
+/// Records what `current()` says when it is dropped.
+struct SeesOnDrop(Option<oneshot::Sender<Option<String>>>);
+
+impl Drop for SeesOnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(lock_runtime::current().map(|c| c.key().to_owned()));
+        }
+    }
+}
+
+#[distributed_locked(name = "cur:dropped", manager = m)]
+async fn dropped_in_context(m: &LockManager, probe: SeesOnDrop, entered: oneshot::Sender<()>) -> Result<(), AppError> {
+    let _probe = probe;
+    let _ = entered.send(());
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancelled_body_is_dropped_in_its_context() {
+    let m = LockManager::memory();
+    let (seen_tx, seen_rx) = oneshot::channel();
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let m2 = m.clone();
+    let task = tokio::spawn(async move { dropped_in_context(&m2, SeesOnDrop(Some(seen_tx)), entered_tx).await });
+    entered_rx.await.expect("entered");
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    assert_eq!(seen_rx.await.expect("dropped").as_deref(), Some("cur:dropped"));
+    assert!(is_free(&m, "cur:dropped").await);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Release on every exit
 
