@@ -1,9 +1,14 @@
 //! The task-scoped lock context: [`current()`] and reentrancy.
 //!
-//! A locked call runs its body inside a task-local scope that records which locks the task
-//! holds, innermost first. A nested locked call with the same manager and name re-enters
-//! instead of waiting for itself; `current()` reads the innermost entry. The scope belongs to
-//! the task: a task spawned from a locked body starts with an empty context.
+//! A locked call runs its body inside a scope that records which locks the task holds,
+//! innermost first. A nested locked call with the same manager and name re-enters instead of
+//! waiting for itself; `current()` reads the innermost entry. The scope belongs to the task: a
+//! task spawned from a locked body starts with an empty context.
+//!
+//! The scope is a thread-local slot that the locked call's future fills on each poll of its
+//! body and empties again after it (also on unwind): a swap of a few words each way, cheaper
+//! than `tokio::task_local!`, and just as bound to the task, since only the task polling the
+//! body can see it.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -12,7 +17,7 @@ use crate::lost::LostSignal;
 
 thread_local! {
     /// The innermost lock of the locked call being polled on this thread; outer ones hang off
-    /// `parent`. Set only while a [`Scope`] polls (or drops) its body, so it belongs to the task
+    /// `parent`. Set only while a locked call polls (or drops) its body ([`within`]), so it belongs to the task
     /// doing the polling. Inline (not boxed), so the outermost locked call allocates nothing for
     /// its context.
     static HELD: Cell<Option<Frame>> = const { Cell::new(None) };
@@ -98,22 +103,29 @@ pub(crate) struct Lookup {
     pub(crate) parent: Option<Arc<Frame>>,
 }
 
-/// Looks `name` on `manager` up in the task's context (one task-local access; none held: no
+/// Looks `name` on `manager` up in the task's context (one thread-local access; none held: no
 /// allocation).
+#[inline]
 pub(crate) fn lookup(manager: u64, name: &str) -> Lookup {
-    with_innermost(|innermost| {
-        let Some(innermost) = innermost else { return Lookup { held: None, parent: None } };
-        let mut frame = Some(innermost);
-        let mut held = None;
-        while let Some(f) = frame {
-            if f.manager == manager && *f.name == *name {
-                held = Some(f.clone());
-                break;
-            }
-            frame = f.parent.as_deref();
-        }
-        Lookup { held, parent: Some(Arc::new(innermost.clone())) }
+    with_innermost(|innermost| match innermost {
+        None => Lookup { held: None, parent: None },
+        Some(innermost) => lookup_in(innermost, manager, name),
     })
+}
+
+/// [`lookup`] inside a locked call (the nested, less common case).
+#[inline(never)]
+fn lookup_in(innermost: &Frame, manager: u64, name: &str) -> Lookup {
+    let mut frame = Some(innermost);
+    let mut held = None;
+    while let Some(f) = frame {
+        if f.manager == manager && *f.name == *name {
+            held = Some(f.clone());
+            break;
+        }
+        frame = f.parent.as_deref();
+    }
+    Lookup { held, parent: Some(Arc::new(innermost.clone())) }
 }
 
 /// Runs `f` with `frame` installed as the thread's innermost lock, then swaps it back out and

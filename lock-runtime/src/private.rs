@@ -282,7 +282,7 @@ impl Hold {
     /// The one future behind `run*`: watched for loss when `carry` is given and the lock can be
     /// lost.
     #[inline]
-    fn drive<F: Future, R, W: FnOnce(F::Output) -> R>(
+    fn drive<F: Future, R, W: FnOnce(F::Output) -> R + Copy>(
         &mut self,
         body: F,
         wrap: W,
@@ -303,7 +303,7 @@ impl Hold {
             }
             _ => None,
         };
-        Run { hold: self, body: Some(body), watch, output: None, release: None, wrap: Some(wrap), carry }
+        Run { hold: self, body: Some(body), watch, pending: None, wrap, carry }
     }
 }
 
@@ -325,12 +325,11 @@ pin_project_lite::pin_project! {
         #[pin]
         body: Option<F>,
         watch: Option<Watch>,
-        // The body's output (`Err`: the carried lost error) while the lock is released.
-        output: Option<Result<F::Output, R>>,
-        // A release that must be awaited (a networked backend's), boxed to keep this small.
-        release: Option<Pin<Box<ReleaseFuture>>>,
+        // A release that must be awaited (a networked backend's) and the output it holds back;
+        // boxed, so the common case stays small.
+        pending: Option<Box<Pending<F::Output, R>>>,
         // How the body's output becomes the locked fn's (`Ok`, or as is); a zero-sized fn item.
-        wrap: Option<W>,
+        wrap: W,
         carry: Carry<R>,
     }
 
@@ -346,73 +345,87 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F: Future, R, W: FnOnce(F::Output) -> R> Future for Run<'_, F, R, W> {
+/// A release being awaited, with the output of the body (`Err`: the carried lost error).
+struct Pending<T, R> {
+    release: ReleaseFuture,
+    output: Result<T, R>,
+}
+
+impl<F: Future, R, W: FnOnce(F::Output) -> R + Copy> Future for Run<'_, F, R, W> {
     type Output = R;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
-        let mut this = self.project();
-        if this.output.is_none() {
-            let (mut body, output, carry) = (this.body.as_mut(), &mut *this.output, *this.carry);
-            let watch = this.watch.as_mut().filter(|_| carry.is_some());
-            // The body's output goes straight into `output`: no large value moves out of here.
-            let done = context::within(&mut this.hold.frame, || {
-                let Some(fut) = body.as_mut().as_pin_mut() else { return false };
-                if let Poll::Ready(out) = fut.poll(cx) {
-                    *output = Some(Ok(out));
-                } else if let (Some(watch), Some(carry)) = (watch, carry) {
-                    let Poll::Ready(lost) = watch.as_mut().poll(cx) else { return false };
-                    *output = Some(Err(carry(lost)));
-                } else {
-                    return false;
+        let this = self.project();
+        let (carry, wrap) = (*this.carry, *this.wrap);
+        if let Some(pending) = this.pending {
+            let released = ready!(Pin::new(&mut pending.release).poll(cx));
+            let Some(pending) = this.pending.take() else { return Poll::Pending };
+            return Poll::Ready(finish(pending.output, released, carry, wrap));
+        }
+        let mut output = None;
+        let mut body = this.body;
+        let watch = this.watch.as_mut().filter(|_| carry.is_some());
+        context::within(&mut this.hold.frame, || {
+            let Some(fut) = body.as_mut().as_pin_mut() else { return };
+            if let Poll::Ready(out) = fut.poll(cx) {
+                output = Some(Ok(out));
+            } else if let (Some(watch), Some(carry)) = (watch, carry) {
+                if let Poll::Ready(lost) = watch.as_mut().poll(cx) {
+                    output = Some(Err(carry(lost)));
                 }
+            }
+            if output.is_some() {
                 body.set(None); // in its context, like the rest of the body
-                true
-            });
-            if !done {
-                return Poll::Pending;
             }
-            *this.watch = None;
-            if let Some(guard) = &mut this.hold.guard {
-                match guard.release_at_once() {
-                    Some(released) => {
-                        this.hold.guard = None;
-                        if let Err(e) = released {
-                            if let Some(lost) = released_lost(e, *this.carry, this.output) {
-                                return Poll::Ready(lost);
-                            }
-                        }
-                    }
-                    None => *this.release = this.hold.guard.take().map(|guard| Box::pin(guard.release())),
+        });
+        // (`None` also when polled after completion: the caller's bug; never wakes.)
+        let Some(output) = output else { return Poll::Pending };
+        *this.watch = None;
+        let released = match &mut this.hold.guard {
+            None => Ok(()), // re-entered: the outermost call releases
+            Some(guard) => match guard.release_at_once() {
+                Some(released) => {
+                    this.hold.guard = None;
+                    released
                 }
-            }
-        }
-        if let Some(release) = this.release {
-            let released = ready!(release.as_mut().poll(cx));
-            *this.release = None;
-            if let Err(e) = released {
-                if let Some(lost) = released_lost(e, *this.carry, this.output) {
-                    return Poll::Ready(lost);
+                None => {
+                    let Some(guard) = this.hold.guard.take() else { return Poll::Pending };
+                    let pending = this.pending.insert(Box::new(Pending { release: guard.release(), output }));
+                    let released = ready!(Pin::new(&mut pending.release).poll(cx));
+                    let Some(pending) = this.pending.take() else { return Poll::Pending };
+                    return Poll::Ready(finish(pending.output, released, carry, wrap));
                 }
-            }
-        }
-        match this.output.take() {
-            Some(Ok(output)) => match this.wrap.take() {
-                Some(wrap) => Poll::Ready(wrap(output)),
-                None => Poll::Pending, // unreachable: taken once, with the output
             },
-            Some(Err(lost)) => Poll::Ready(lost),
-            None => Poll::Pending, // polled after completion: the caller's bug; never wakes
+        };
+        Poll::Ready(finish(output, released, carry, wrap))
+    }
+}
+
+/// The locked fn's output, from the body's and the release's.
+#[inline]
+fn finish<T, R>(
+    output: Result<T, R>,
+    released: Result<(), LockError>,
+    carry: Carry<R>,
+    wrap: impl FnOnce(T) -> R,
+) -> R {
+    if let Err(e) = released {
+        if let Some(lost) = released_lost(e, carry, output.is_ok()) {
+            return lost;
         }
+    }
+    match output {
+        Ok(output) => wrap(output),
+        Err(lost) => lost,
     }
 }
 
 /// A failed release after a locked call: a loss found by the release of a body that completed
 /// becomes the output when the loss is carried; other failures are logged.
 #[cold]
-fn released_lost<T, R>(e: LockError, carry: Carry<R>, output: &mut Option<Result<T, R>>) -> Option<R> {
-    if let (Some(carry), true, Some(Ok(_))) = (carry, e.is_lost(), &*output) {
-        *output = None;
+fn released_lost<R>(e: LockError, carry: Carry<R>, completed: bool) -> Option<R> {
+    if let (Some(carry), true, true) = (carry, e.is_lost(), completed) {
         return Some(carry(e));
     }
     tracing::warn!(error = %e, "release after a locked call failed");

@@ -605,3 +605,70 @@ fn locked_futures_are_send() {
     assert_send(&patterns(&m, (1, 2), Wrap(3), Named { key: String::new(), n: 1 }, 0));
     assert_send(&on_shared());
 }
+
+// ---------------------------------------------------------------------------------------------
+// A backend whose release must be awaited (as a networked one's)
+
+/// The in-memory backend without its synchronous fast paths, and with a release that yields
+/// once before releasing: the locked call takes the path of a networked backend.
+struct Awaited {
+    inner: lock_runtime::backend::memory::MemoryBackend,
+    releases: AtomicU32,
+}
+
+impl lock_runtime::backend::LockBackend for Awaited {
+    fn kind(&self) -> &'static str {
+        "awaited-memory"
+    }
+
+    fn try_acquire<'a>(
+        &'a self,
+        req: &'a lock_runtime::backend::Acquire<'a>,
+    ) -> lock_runtime::backend::BoxFuture<'a, Result<lock_runtime::backend::Attempt, LockError>> {
+        self.inner.try_acquire(req)
+    }
+
+    fn wait<'a>(
+        &'a self,
+        req: &'a lock_runtime::backend::Acquire<'a>,
+        busy: &'a lock_runtime::backend::Busy,
+        deadline: std::time::Instant,
+    ) -> lock_runtime::backend::BoxFuture<'a, Result<lock_runtime::backend::Wake, LockError>> {
+        self.inner.wait(req, busy, deadline)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        held: &'a lock_runtime::backend::Held,
+        lease: Duration,
+    ) -> lock_runtime::backend::BoxFuture<'a, Result<(), LockError>> {
+        self.inner.extend(held, lease)
+    }
+
+    fn release<'a>(
+        &'a self,
+        held: &'a lock_runtime::backend::Held,
+    ) -> lock_runtime::backend::BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            self.inner.release(held).await
+        })
+    }
+}
+
+#[distributed_locked(name = "awaited:{id}", manager = m)]
+async fn on_awaited(m: &LockManager, id: u32) -> Result<(u32, String), AppError> {
+    tokio::task::yield_now().await;
+    Ok((id, lock_runtime::current().expect("inside").key().to_owned()))
+}
+
+#[tokio::test]
+async fn a_release_that_must_be_awaited_is_awaited_before_returning() {
+    let backend =
+        Arc::new(Awaited { inner: lock_runtime::backend::memory::MemoryBackend::new(), releases: AtomicU32::new(0) });
+    let m = LockManager::builder().backend_arc(backend.clone());
+    assert_eq!(on_awaited(&m, 7).await.expect("locked"), (7, "awaited:7".to_owned()));
+    assert_eq!(backend.releases.load(Ordering::SeqCst), 1, "released before the call returned");
+    assert!(m.try_lock("awaited:7").await.expect("try_lock").is_some(), "free again");
+}
