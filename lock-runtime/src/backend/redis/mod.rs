@@ -20,11 +20,11 @@
 //!
 //! # Protocol
 //!
-//! - **Acquire, extend and release** are atomic Lua scripts (`acquire.lua`, `extend.lua`,
-//!   `release.lua` beside this file), sent by SHA (`EVALSHA`) and loaded again transparently
+//! - **Acquire, extend, release and a waiter's look at the lock** are atomic Lua scripts
+//!   (`acquire.lua`, `extend.lua`, `release.lua`, `watch.lua` beside this file), sent by SHA (`EVALSHA`) and loaded again transparently
 //!   when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //! - **The lock** is a string key holding the owner id (unique to each acquisition), set with
-//!   `NX` and a `PX` lease. Extend and release act only when the key still holds the caller's
+//!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see below). Extend and release act only when the key still holds the caller's
 //!   owner id; otherwise the caller learns that the lock was lost
 //!   ([`LockError::is_lost`](crate::LockError::is_lost)).
 //! - **Fencing tokens** come from a counter incremented by the acquire script. There is one
@@ -36,13 +36,22 @@
 //!
 //! # Waiting
 //!
-//! The release script publishes on the lock's channel. Each backend keeps **one** pub/sub
+//! The release script publishes on the lock's channel, but only when someone may be waiting:
+//! an attempt that finds the lock held marks its value as waited on (a `+` after the owner id)
+//! in the same atomic step, and so does a waiter's look at the lock once its channel is
+//! subscribed (`watch.lua`), so a release either comes before that step (the attempt takes the
+//! lock, the look finds it free) or after it (and is announced). An acquisition made while
+//! other tasks of the same process queue for the lock is marked at once. The mark lives and
+//! dies with the lock's value: an uncontended lock/release cycle publishes nothing. (A
+//! `try_lock` that finds the lock held marks it too: its release is announced to nobody.)
+//!
+//! Each backend keeps **one** pub/sub
 //! connection; a channel is subscribed while some task of this process waits for its lock,
 //! and unsubscribed shortly after nobody does. Tasks of one process waiting for the same lock
 //! queue locally: a release wakes one of them per process (the head of the queue), never all
 //! of them; a waiter that loses the race to another process keeps its place at the front. A
 //! holder that crashed publishes nothing, so the head also wakes when the holder's remaining
-//! lease (`PTTL`) runs out: a lost notification never strands a waiter beyond that lease. When
+//! lease runs out: a lost notification never strands a waiter beyond that lease. When
 //! the pub/sub connection drops (a server restart, `CLIENT KILL TYPE pubsub`), it reconnects,
 //! resubscribes, and the waiters re-check the lock (retrying a failed re-check with backoff
 //! while their `wait` lasts, so a task waiting across a server restart still gets the lock).
@@ -102,6 +111,7 @@ const RECHECK_MAX: Duration = Duration::from_secs(1);
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 
 /// The default [`RedisOptions::command_timeout`].
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -249,14 +259,12 @@ impl RedisBackend {
         }
     }
 
-    async fn pttl(&self, name: &str, key: &str) -> Result<i64, LockError> {
-        let mut conn = self.inner.conn.clone();
-        let timeout = self.inner.options.command_timeout;
-        match tokio::time::timeout(timeout, redis::cmd("PTTL").arg(key).query_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(LockError::backend(name, KIND, "wait for", e)),
-            Err(_) => Err(LockError::timed_out(name, KIND, "wait for", timeout)),
-        }
+    /// A waiter's look at the lock (`watch.lua`): -2 if it is free, else the holder's
+    /// remaining lease, the lock now being marked waited on.
+    async fn watch(&self, name: &str, lock: &str) -> Result<i64, LockError> {
+        let mut invocation = WATCH.prepare_invoke();
+        invocation.key(lock);
+        self.eval(name, "wait for", invocation).await
     }
 
     async fn wait_inner(&self, req: &Acquire<'_>, busy: &Busy, deadline: Instant) -> Result<Wake, LockError> {
@@ -283,8 +291,9 @@ impl RedisBackend {
                     }
                     _ => {
                         let sent = Instant::now();
-                        match self.pttl(req.name, &layout.lock).await {
+                        match self.watch(req.name, &layout.lock).await {
                             Ok(-2) => {
+                                reg.checked(sent, None);
                                 reg.retry();
                                 return Ok(Wake::Retry);
                             }
@@ -351,7 +360,14 @@ impl LockBackend for RedisBackend {
             let lease = req.lease.duration();
             let sent = Instant::now();
             let mut invocation = ACQUIRE.prepare_invoke();
-            invocation.key(&layout.lock).key(&layout.fence).arg(req.owner.to_string()).arg(lease_millis(lease));
+            // Tasks of this process queued for the lock rely on its release being announced.
+            let queued = self.inner.waiters.queued(&layout.channel);
+            invocation
+                .key(&layout.lock)
+                .key(&layout.fence)
+                .arg(req.owner.to_string())
+                .arg(lease_millis(lease))
+                .arg(u8::from(queued));
             let (status, value): (i64, i64) = self.eval(req.name, "acquire", invocation).await?;
             if status == 1 {
                 let fencing_token = u64::try_from(value).map_err(|_| {
@@ -459,5 +475,7 @@ mod tests {
         for src in [include_str!("acquire.lua"), include_str!("extend.lua"), include_str!("release.lua")] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
+        let watch = include_str!("watch.lua");
+        assert!(watch.contains("KEYS[1]") && watch.contains("Returns"));
     }
 }

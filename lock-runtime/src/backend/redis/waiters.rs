@@ -16,8 +16,9 @@
 //! resubscribes everything still waited on, and makes each queue's head re-check the lock.
 //!
 //! A release can be missed only while its waiter's channel is not yet subscribed: a head whose
-//! last look at the lock predates the subscription re-checks it (`PTTL`) once the
-//! subscription is confirmed. A release that arrives while the queue is empty (its woken
+//! last look at the lock predates the subscription re-checks it (`watch.lua`, which also marks
+//! the lock as waited on so its release is announced) once the subscription is confirmed; one
+//! such look stands for the whole queue. A release that arrives while the queue is empty (its woken
 //! waiter is racing) is kept, and hands an immediate retry to the next waiter whose last
 //! attempt predates it.
 
@@ -68,6 +69,9 @@ struct KeyState {
     unclaimed: Option<Instant>,
     /// When each owner's last attempt that found the lock busy was sent.
     tries: HashMap<OwnerId, Instant>,
+    /// When the last look at the lock (a head's re-check) was sent: it stands for the whole
+    /// queue, so one re-check per subscription is enough.
+    checked: Option<Instant>,
     idle_since: Option<Instant>,
 }
 
@@ -96,6 +100,7 @@ impl KeyState {
             ttl_at: None,
             unclaimed: None,
             tries: HashMap::new(),
+            checked: None,
             idle_since: None,
         }
     }
@@ -234,6 +239,11 @@ impl Waiters {
         Joined::Queued(Registration { waiters: self, channel, id, done: false })
     }
 
+    /// Whether tasks of this process are queued for the lock of `channel`.
+    pub(super) fn queued(&self, channel: &str) -> bool {
+        lock(&self.state).keys.get(channel).is_some_and(|ks| !ks.queue.is_empty())
+    }
+
     /// Channels subscribed or being subscribed right now (for tests and metrics).
     pub(super) fn channels(&self) -> usize {
         lock(&self.state).keys.len()
@@ -258,7 +268,7 @@ impl Registration<'_> {
             return Step::Sleep(notify, None);
         }
         if let Sub::Confirmed(at) = ks.sub {
-            if slot.checked.is_none_or(|c| c < at) {
+            if slot.checked.max(ks.checked).is_none_or(|c| c < at) {
                 return Step::Check(notify, ks.ttl_at);
             }
         }
@@ -275,6 +285,7 @@ impl Registration<'_> {
         let mut guard = lock(&self.waiters.state);
         if let Some(ks) = guard.keys.get_mut(&self.channel) {
             ks.ttl_at = pttl.and_then(|d| Instant::now().checked_add(d));
+            ks.checked = ks.checked.max(Some(sent));
             if let Some(slot) = ks.queue.iter_mut().find(|s| s.id == self.id) {
                 slot.checked = Some(sent);
             }
