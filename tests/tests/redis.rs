@@ -575,3 +575,67 @@ async fn release_publishes_only_when_someone_waits() {
     let after = command_calls(&mut conn).await;
     assert_eq!(delta(&after, "publish"), 1, "one announcement for the one waited-on release");
 }
+
+/// Tasks of one process contending for one name take turns in FIFO order: a task that calls
+/// `lock` again right after its release queues behind the waiting ones instead of racing the
+/// woken one to Redis, so every acquisition is a hand-off and almost no attempt fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_callers_queue_behind_local_waiters() {
+    let server = RedisServer::start();
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(2)).await);
+    let mut conn = raw(&server).await;
+    // Load the acquire and release scripts (a first call is answered `NOSCRIPT` and sent again).
+    m.lock("warm").await.expect("lock").release().await.expect("release");
+    let before = command_calls(&mut conn).await;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 25;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (m, order) = (m.clone(), order.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let g = m.lock("fifo").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                    order.lock().unwrap().push(t);
+                    g.release().await?;
+                }
+                Ok::<(), lock_runtime::LockError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task").expect("locked and released");
+    }
+    let after = command_calls(&mut conn).await;
+    let evalsha = after["evalsha"] - before.get("evalsha").copied().unwrap_or(0);
+    let acquisitions = (TASKS * ROUNDS) as u64;
+    // One successful attempt and one release per acquisition; beyond that the first attempts
+    // of the tasks that found it held, and a re-check or two (with its script's first load).
+    // Racing the woken waiter would add about one failed attempt per acquisition.
+    assert!(evalsha <= 2 * acquisitions + 10, "evalsha calls: {evalsha} for {acquisitions} acquisitions");
+    let order = order.lock().unwrap();
+    let repeats = order.windows(2).filter(|w| w[0] == w[1]).count();
+    assert!(repeats <= 5, "{repeats} re-acquisitions by the previous holder in {order:?}");
+}
+
+/// `try_lock` (and any request that does not wait) still makes its one real attempt while
+/// tasks of the same process queue for the lock: the lock is free in Redis, so it gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_attempts_even_behind_local_waiters() {
+    let server = RedisServer::start();
+    let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    let held = other.lock("jump").lease(Duration::from_secs(60)).await.expect("lock");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { m2.lock("jump").wait(Duration::from_secs(20)).await.map(drop) });
+    await_numsub(&mut conn, &KeyLayout::of("jump").channel, 1).await;
+    // Free the lock behind everyone's back (no announcement): the local waiter sleeps on.
+    let _: u64 = redis::cmd("DEL").arg(KeyLayout::of("jump").lock).query_async(&mut conn).await.expect("DEL");
+    let got = m.try_lock("jump").await.expect("try_lock").expect("a real attempt finds the lock free");
+    let zero = m.lock("jump").wait(Duration::ZERO).await;
+    assert!(zero.expect_err("held by the try_lock").is_contended());
+    got.release().await.expect("release");
+    waiter.await.expect("task").expect("the waiter is woken by the announced release");
+    let _ = held.release().await;
+}

@@ -50,6 +50,11 @@
 //! and unsubscribed shortly after nobody does. Tasks of one process waiting for the same lock
 //! queue locally: a release wakes one of them per process (the head of the queue), never all
 //! of them; a waiter that loses the race to another process keeps its place at the front. A
+//! new request for a lock this process's tasks already queue for joins the back of the queue
+//! without asking Redis (local FIFO), so a task that releases and locks again at once does not
+//! race the woken waiter; a request that does not wait (`try_lock`, a zero `wait`,
+//! `retry(0)`) still makes its one real attempt. If a woken waiter is cancelled (or fails)
+//! before its attempt answers, the next one looks at the lock at once. A
 //! holder that crashed publishes nothing, so the head also wakes when the holder's remaining
 //! lease runs out: a lost notification never strands a waiter beyond that lease. When
 //! the pub/sub connection drops (a server restart, `CLIENT KILL TYPE pubsub`), it reconnects,
@@ -97,9 +102,9 @@ use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use layout::{key_slot, KeyLayout};
-use waiters::{Joined, Step, Waiters};
+use waiters::{Before, Joined, Step, Waiters};
 
-use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, Wake};
+use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
@@ -321,6 +326,22 @@ impl RedisBackend {
     }
 }
 
+/// Tells the waiters when an attempt's future is dropped before its answer came.
+struct Abandon<'a> {
+    backend: &'a RedisBackend,
+    channel: &'a str,
+    owner: OwnerId,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.backend.inner.waiters.abandoned(self.channel, self.owner);
+        }
+    }
+}
+
 /// The URL with any password replaced by `***`, for messages.
 fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else { return url.to_owned() };
@@ -358,17 +379,29 @@ impl LockBackend for RedisBackend {
         Box::pin(async move {
             let layout = KeyLayout::of(req.key);
             let lease = req.lease.duration();
+            let before = self.inner.waiters.before_attempt(&layout.channel, req.owner);
+            if before == Before::Queued && req.will_wait {
+                // Local FIFO: a new caller queues behind this process's waiters rather than
+                // racing the woken one to Redis (it would most likely fail, or jump the queue).
+                return Ok(Attempt::Busy(Busy { expires_in: None }));
+            }
+            // If this future is dropped before the answer, a queue waiting for the outcome
+            // of this (woken waiter's) attempt moves on at once.
+            let mut abandon = Abandon { backend: self, channel: &layout.channel, owner: req.owner, armed: true };
             let sent = Instant::now();
             let mut invocation = ACQUIRE.prepare_invoke();
             // Tasks of this process queued for the lock rely on its release being announced.
-            let queued = self.inner.waiters.queued(&layout.channel);
+            let queued = before != Before::Alone;
             invocation
                 .key(&layout.lock)
                 .key(&layout.fence)
                 .arg(req.owner.to_string())
                 .arg(lease_millis(lease))
                 .arg(u8::from(queued));
-            let (status, value): (i64, i64) = self.eval(req.name, "acquire", invocation).await?;
+            let outcome = self.eval::<(i64, i64)>(req.name, "acquire", invocation).await;
+            // A failed call reports back to nobody either.
+            abandon.armed = outcome.is_err();
+            let (status, value) = outcome?;
             if status == 1 {
                 let fencing_token = u64::try_from(value).map_err(|_| {
                     LockError::backend(&**req.name, KIND, "acquire", format!("the fencing counter returned {value}"))

@@ -6,8 +6,10 @@
 //! process comes back at the front. While a woken waiter makes its attempt, the rest of the
 //! queue waits for its outcome (it takes the lock, or comes back with the new holder's lease)
 //! instead of following it, so a lease running out does not set off the whole queue either;
-//! if it never reports back (cancelled, or its attempt failed), the next head looks for itself
-//! after a hand-off window of two command timeouts.
+//! if its attempt is cancelled or fails, the next head looks for itself at once (and if it
+//! never reports back otherwise, after a hand-off window of two command timeouts). A new
+//! request that would wait joins the back of an existing queue without an attempt (see
+//! [`Waiters::before_attempt`]).
 //!
 //! One background task owns the pub/sub connection. It subscribes a key's release channel
 //! when a queue appears, and unsubscribes it once the queue has stayed empty for a short
@@ -141,6 +143,17 @@ pub(super) enum Step {
     Sleep(Arc<Notify>, Option<Instant>),
 }
 
+/// Result of [`Waiters::before_attempt`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Before {
+    /// No task of this process waits for the lock.
+    Alone,
+    /// Tasks of this process wait for it; the caller is not one of them.
+    Queued,
+    /// Tasks of this process wait for it, and the caller is a woken waiter of theirs.
+    Returning,
+}
+
 /// Result of [`Waiters::register`].
 pub(super) enum Joined<'a> {
     /// A release was announced since this owner's last attempt: retry at once.
@@ -239,9 +252,33 @@ impl Waiters {
         Joined::Queued(Registration { waiters: self, channel, id, done: false })
     }
 
-    /// Whether tasks of this process are queued for the lock of `channel`.
-    pub(super) fn queued(&self, channel: &str) -> bool {
-        lock(&self.state).keys.get(channel).is_some_and(|ks| !ks.queue.is_empty())
+    /// Before `owner` makes an attempt on the lock of `channel`: whether tasks of this process
+    /// are queued for it, and whether `owner` is one of them coming back (a woken waiter).
+    pub(super) fn before_attempt(&self, channel: &str, owner: OwnerId) -> Before {
+        let st = lock(&self.state);
+        match st.keys.get(channel) {
+            Some(ks) if !ks.queue.is_empty() => {
+                if ks.front.contains(&owner) {
+                    Before::Returning
+                } else {
+                    Before::Queued
+                }
+            }
+            _ => Before::Alone,
+        }
+    }
+
+    /// An attempt by `owner` was abandoned (its future dropped) before it reported back: if
+    /// the queue was waiting for its outcome, its head looks for itself at once.
+    pub(super) fn abandoned(&self, channel: &str, owner: OwnerId) {
+        let mut st = lock(&self.state);
+        let Some(ks) = st.keys.get_mut(channel) else { return };
+        let Some(i) = ks.front.iter().position(|o| *o == owner) else { return };
+        ks.front.remove(i);
+        ks.ttl_at = Some(Instant::now());
+        if let Some(head) = ks.queue.front() {
+            head.notify.notify_one();
+        }
     }
 
     /// Channels subscribed or being subscribed right now (for tests and metrics).
