@@ -21,12 +21,13 @@
 //! # Protocol
 //!
 //! - **Acquire, extend, release and a waiter's look at the lock** are atomic Lua scripts
-//!   (`acquire.lua`, `extend.lua`, `release.lua`, `watch.lua` beside this file), sent by SHA (`EVALSHA`) and loaded again transparently
-//!   when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+//!   (`acquire.lua`, `extend.lua`, `release.lua`, `watch.lua` beside this file), sent by SHA
+//!   (`EVALSHA`) and loaded again transparently when the server answers `NOSCRIPT` (after a
+//!   restart or `SCRIPT FLUSH`).
 //! - **The lock** is a string key holding the owner id (unique to each acquisition), set with
-//!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see below). Extend and release act only when the key still holds the caller's
-//!   owner id; otherwise the caller learns that the lock was lost
-//!   ([`LockError::is_lost`](crate::LockError::is_lost)).
+//!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see below). Extend and
+//!   release act only when the key still holds the caller's owner id; otherwise the caller
+//!   learns that the lock was lost ([`LockError::is_lost`](crate::LockError::is_lost)).
 //! - **Fencing tokens** come from a counter incremented by the acquire script. There is one
 //!   counter per Redis Cluster hash slot (see [`KeyLayout`]), so tokens strictly increase per
 //!   name for the life of the dataset, and the keys left behind stay bounded (at most 16,384
@@ -249,19 +250,22 @@ impl RedisBackend {
         self.inner.waiters.channels()
     }
 
+    /// How many tasks of this backend are queued right now waiting for a lock to be released
+    /// (for tests and metrics).
+    pub fn local_waiters(&self) -> usize {
+        self.inner.waiters.queued()
+    }
+
     async fn eval<T: FromRedisValue>(
         &self,
         name: &str,
         operation: &'static str,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
+        // Bounded by the connection's response timeout (the command timeout); no timer of our
+        // own on this hot path (the runtime bounds every backend operation as well).
         let mut conn = self.inner.conn.clone();
-        let timeout = self.inner.options.command_timeout;
-        match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(LockError::backend(name, KIND, operation, e)),
-            Err(_) => Err(LockError::timed_out(name, KIND, operation, timeout)),
-        }
+        invocation.invoke_async(&mut conn).await.map_err(|e| LockError::backend(name, KIND, operation, e))
     }
 
     /// A waiter's look at the lock (`watch.lua`): -2 if it is free, else the holder's

@@ -281,6 +281,11 @@ impl Waiters {
         }
     }
 
+    /// Tasks queued right now, all keys together (for tests and metrics).
+    pub(super) fn queued(&self) -> usize {
+        lock(&self.state).keys.values().map(|ks| ks.queue.len()).sum()
+    }
+
     /// Channels subscribed or being subscribed right now (for tests and metrics).
     pub(super) fn channels(&self) -> usize {
         lock(&self.state).keys.len()
