@@ -641,3 +641,67 @@ async fn try_lock_attempts_even_behind_local_waiters() {
     waiter.await.expect("task").expect("the waiter is woken by the announced release");
     let _ = held.release().await;
 }
+
+/// Polls (no signal exists for this) until `backend` has `want` tasks queued.
+async fn await_local_waiters(backend: &RedisBackend, want: usize) {
+    let started = Instant::now();
+    while backend.local_waiters() != want {
+        assert!(started.elapsed() < Duration::from_secs(10), "never {want} local waiter(s)");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A woken waiter cancelled while its attempt is in flight: the next local waiter looks at the
+/// lock at once, not after the hand-off window (two command timeouts, 10 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_woken_waiter_moves_the_queue_on() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_secs(5);
+    let b = backend(&server, timeout).await;
+    let m = LockManager::builder().backend(b.clone());
+    let other = LockManager::builder().backend(backend(&server, timeout).await);
+    let mut conn = raw(&server).await;
+    let layout = KeyLayout::of("cancel");
+    let held = other.lock("cancel").lease(Duration::from_secs(60)).await.expect("lock");
+    // The first waiter's lease is short: its cancelled attempt still lands, and frees soon.
+    let m1 = m.clone();
+    let first = tokio::spawn(async move {
+        m1.lock("cancel").wait(Duration::from_secs(30)).lease(Duration::from_millis(500)).await.map(drop)
+    });
+    await_local_waiters(&b, 1).await;
+    let m2 = m.clone();
+    let second = tokio::spawn(async move {
+        let g = m2.lock("cancel").wait(Duration::from_secs(30)).lease(Duration::from_secs(60)).await?;
+        let at = Instant::now();
+        g.release().await.map(|()| at)
+    });
+    await_local_waiters(&b, 2).await;
+    await_numsub(&mut conn, &layout.channel, 1).await;
+    // Free the lock with an announcement, and freeze the server right after, so the woken
+    // waiter's attempt hangs there.
+    let _: () = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(&layout.lock)
+        .ignore()
+        .cmd("PUBLISH")
+        .arg(&layout.channel)
+        .arg("released")
+        .ignore()
+        .cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("MULTI");
+    // The woken waiter left the queue for its attempt; cancel it.
+    await_local_waiters(&b, 1).await;
+    first.abort();
+    let aborted = Instant::now();
+    let acquired = second.await.expect("task").expect("the second waiter acquired");
+    let took = acquired.duration_since(aborted);
+    assert!(took < Duration::from_secs(6), "the queue moved on {took:?} after the cancellation");
+    let _ = held.release().await;
+}
