@@ -352,7 +352,8 @@ impl Plan {
             owner: self.owner,
             lease: self.lease,
             lost,
-            will_wait: !self.wait.is_zero() && self.retry != Some(0),
+            // A retry budget counts attempts: such a request always gets real ones.
+            will_wait: !self.wait.is_zero() && self.retry.is_none(),
         }
     }
 }
