@@ -346,15 +346,7 @@ struct Plan {
 
 impl Plan {
     fn request<'a>(&'a self, lost: &'a LostSignal) -> Acquire<'a> {
-        Acquire {
-            name: &self.name,
-            key: &self.key,
-            owner: self.owner,
-            lease: self.lease,
-            lost,
-            // A retry budget counts attempts: such a request always gets real ones.
-            will_wait: !self.wait.is_zero() && self.retry.is_none(),
-        }
+        Acquire { name: &self.name, key: &self.key, owner: self.owner, lease: self.lease, lost }
     }
 }
 

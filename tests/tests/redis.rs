@@ -334,15 +334,10 @@ async fn killed_pubsub_connection_still_wakes_waiters() {
 /// calls (`EVALSHA`) and `PTTL` calls the server saw.
 async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -> (u64, u64) {
     let mut managers = Vec::new();
-    let mut redis_backends = Vec::new();
     for _ in 0..backends {
-        let b = backend(server, Duration::from_secs(1)).await;
-        managers.push(LockManager::builder().backend(b.clone()));
-        redis_backends.push(b);
+        managers.push(LockManager::builder().backend(backend(server, Duration::from_secs(1)).await));
     }
     let mut conn = raw(server).await;
-    // Load the acquire and release scripts (a first call is answered `NOSCRIPT` and sent again).
-    managers[0].lock("warm").await.expect("lock").release().await.expect("release");
     let before = command_calls(&mut conn).await;
     let held = managers[0].lock("herd").lease(Duration::from_secs(60)).await.expect("lock");
     let waiters: Vec<_> = managers
@@ -356,11 +351,13 @@ async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -
         })
         .collect();
     let waiting = backends as u64 * per_backend;
-    // Every waiter is queued (after a first attempt that found the lock busy, or behind its
-    // process's queue without one) before the release. No signal exists for this: poll.
+    // Every waiter made its first attempt (found it busy) before the release.
     let started = Instant::now();
-    while redis_backends.iter().map(|b| b.local_waiters()).sum::<usize>() < waiting as usize {
-        assert!(started.elapsed() < Duration::from_secs(10), "waiters never queued");
+    while command_calls(&mut conn).await.get("evalsha").copied().unwrap_or(0)
+        - before.get("evalsha").copied().unwrap_or(0)
+        < 1 + waiting
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "waiters never tried");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     held.release().await.expect("release");
@@ -379,10 +376,7 @@ async fn a_release_wakes_one_local_waiter() {
     let server = RedisServer::start();
     const WAITERS: u64 = 8;
     let (evalsha, pttl) = hand_through(&server, 1, WAITERS).await;
-    // 1 + at most 8 first attempts (local FIFO spares most), 8 successful attempts, 9 releases;
-    // a herd would add up to 28 more.
-    // Beyond that: the one re-check (`watch.lua`) once the channel is subscribed, whose first
-    // call is answered `NOSCRIPT` and sent again.
+    // 1 + 8 first attempts, 8 successful attempts, 9 releases; a herd would add up to 28 more.
     let expected = 1 + WAITERS + WAITERS + (WAITERS + 1);
     assert!(evalsha <= expected + 2, "evalsha calls: {evalsha} (expected {expected})");
     // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
@@ -396,11 +390,10 @@ async fn a_release_wakes_one_waiter_per_process() {
     let server = RedisServer::start();
     const PER: u64 = 4;
     let (evalsha, _) = hand_through(&server, 2, PER).await;
-    // 1 + at most 8 first attempts and 9 releases, then per release at most one attempt from each of
-    // the two processes (9 x 2); a herd would cost up to 8 attempts per release. Beyond that:
-    // one re-check per process once subscribed, and the re-check script's first load.
+    // 1 + 8 first attempts and 9 releases, then per release at most one attempt from each of
+    // the two processes (9 x 2); a herd would cost up to 8 attempts per release.
     let bound = 1 + 2 * PER + (2 * PER + 1) + (2 * PER + 1) * 2;
-    assert!(evalsha <= bound + 3, "evalsha calls: {evalsha} (at most {bound})");
+    assert!(evalsha <= bound + 2, "evalsha calls: {evalsha} (at most {bound})");
 }
 
 /// A holder whose lease runs out (it publishes nothing) wakes one local waiter, not the whole
@@ -411,8 +404,6 @@ async fn lease_expiry_wakes_one_local_waiter() {
     let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
     let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
     let mut conn = raw(&server).await;
-    // Load the acquire and release scripts (a first call is answered `NOSCRIPT` and sent again).
-    m.lock("warm").await.expect("lock").release().await.expect("release");
     let before = command_calls(&mut conn).await;
     let evalsha = |calls: &HashMap<String, u64>| {
         calls.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0)
@@ -432,11 +423,10 @@ async fn lease_expiry_wakes_one_local_waiter() {
         w.await.expect("task").expect("waiter");
     }
     let calls = evalsha(&command_calls(&mut conn).await);
-    // 1 + 8 first attempts, 8 successful attempts, 8 releases; +2 for the re-check once the
-    // channel is subscribed (its first call answered `NOSCRIPT` and sent again), +2 for a
-    // wake-up a hair early; a cascade at the expiry would add up to 7 more.
+    // 1 + 8 first attempts, 8 successful attempts, 8 releases (+2 for a wake-up a hair early);
+    // a cascade at the expiry would add up to 7 more.
     let expected = 1 + WAITERS + WAITERS + WAITERS;
-    assert!(calls <= expected + 4, "evalsha calls: {calls} (expected {expected})");
+    assert!(calls <= expected + 2, "evalsha calls: {calls} (expected {expected})");
     assert!(expiring.release().await.expect_err("expired").is_lost());
 }
 
@@ -537,171 +527,4 @@ async fn ten_thousand_names_leave_no_keys_and_no_subscriptions() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(numsub(&mut conn, &KeyLayout::of("tenk:n0").channel).await, 0);
-}
-
-/// A release publishes only when someone waits: uncontended lock/release cycles send no
-/// `PUBLISH`, while a task waiting in another process (behind a 60 s lease, so only the
-/// announcement can wake it in time) is still woken by exactly one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_publishes_only_when_someone_waits() {
-    let server = RedisServer::start();
-    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
-    let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
-    let mut conn = raw(&server).await;
-    // Load the scripts (a first call is answered `NOSCRIPT` and sent again).
-    m.lock("warm").await.expect("lock").release().await.expect("release");
-    let before = command_calls(&mut conn).await;
-    let delta = |after: &HashMap<String, u64>, c: &str| {
-        after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0)
-    };
-    for i in 0..20 {
-        m.lock(format!("quiet-{}", i % 3)).await.expect("lock").release().await.expect("release");
-    }
-    let after = command_calls(&mut conn).await;
-    assert_eq!(delta(&after, "evalsha"), 40, "one acquire and one release script per cycle");
-    assert_eq!(delta(&after, "publish"), 0, "uncontended releases published");
-
-    let held = m.lock("watched").lease(Duration::from_secs(60)).await.expect("lock");
-    let waiter = tokio::spawn(async move {
-        let g = other.lock("watched").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
-        g.release().await
-    });
-    // The waiter's failed attempt has run (it marks the lock as waited on).
-    let started = Instant::now();
-    while delta(&command_calls(&mut conn).await, "evalsha") < 42 {
-        assert!(started.elapsed() < Duration::from_secs(10), "the waiter never tried");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    held.release().await.expect("release");
-    waiter.await.expect("task").expect("woken by the announced release, not the 60 s lease");
-    let after = command_calls(&mut conn).await;
-    assert_eq!(delta(&after, "publish"), 1, "one announcement for the one waited-on release");
-}
-
-/// Tasks of one process contending for one name take turns in FIFO order: a task that calls
-/// `lock` again right after its release queues behind the waiting ones instead of racing the
-/// woken one to Redis, so every acquisition is a hand-off and almost no attempt fails.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_callers_queue_behind_local_waiters() {
-    let server = RedisServer::start();
-    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(2)).await);
-    let mut conn = raw(&server).await;
-    // Load the acquire and release scripts (a first call is answered `NOSCRIPT` and sent again).
-    m.lock("warm").await.expect("lock").release().await.expect("release");
-    let before = command_calls(&mut conn).await;
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 25;
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|t| {
-            let (m, order) = (m.clone(), order.clone());
-            tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    let g = m.lock("fifo").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
-                    order.lock().unwrap().push(t);
-                    g.release().await?;
-                }
-                Ok::<(), lock_runtime::LockError>(())
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("task").expect("locked and released");
-    }
-    let after = command_calls(&mut conn).await;
-    let evalsha = after["evalsha"] - before.get("evalsha").copied().unwrap_or(0);
-    let acquisitions = (TASKS * ROUNDS) as u64;
-    // One successful attempt and one release per acquisition; beyond that the first attempts
-    // of the tasks that found it held, and a re-check or two (with its script's first load).
-    // Racing the woken waiter would add about one failed attempt per acquisition.
-    assert!(evalsha <= 2 * acquisitions + 10, "evalsha calls: {evalsha} for {acquisitions} acquisitions");
-    let order = order.lock().unwrap();
-    let repeats = order.windows(2).filter(|w| w[0] == w[1]).count();
-    assert!(repeats <= 5, "{repeats} re-acquisitions by the previous holder in {order:?}");
-}
-
-/// `try_lock` (and any request that does not wait) still makes its one real attempt while
-/// tasks of the same process queue for the lock: the lock is free in Redis, so it gets it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn try_lock_attempts_even_behind_local_waiters() {
-    let server = RedisServer::start();
-    let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
-    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
-    let mut conn = raw(&server).await;
-    let held = other.lock("jump").lease(Duration::from_secs(60)).await.expect("lock");
-    let m2 = m.clone();
-    let waiter = tokio::spawn(async move { m2.lock("jump").wait(Duration::from_secs(20)).await.map(drop) });
-    await_numsub(&mut conn, &KeyLayout::of("jump").channel, 1).await;
-    // Free the lock behind everyone's back (no announcement): the local waiter sleeps on.
-    let _: u64 = redis::cmd("DEL").arg(KeyLayout::of("jump").lock).query_async(&mut conn).await.expect("DEL");
-    let got = m.try_lock("jump").await.expect("try_lock").expect("a real attempt finds the lock free");
-    let zero = m.lock("jump").wait(Duration::ZERO).await;
-    assert!(zero.expect_err("held by the try_lock").is_contended());
-    got.release().await.expect("release");
-    waiter.await.expect("task").expect("the waiter is woken by the announced release");
-    let _ = held.release().await;
-}
-
-/// Polls (no signal exists for this) until `backend` has `want` tasks queued.
-async fn await_local_waiters(backend: &RedisBackend, want: usize) {
-    let started = Instant::now();
-    while backend.local_waiters() != want {
-        assert!(started.elapsed() < Duration::from_secs(10), "never {want} local waiter(s)");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// A woken waiter cancelled while its attempt is in flight: the next local waiter looks at the
-/// lock at once, not after the hand-off window (two command timeouts, 10 s here).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_woken_waiter_moves_the_queue_on() {
-    let server = RedisServer::start();
-    let timeout = Duration::from_secs(5);
-    let b = backend(&server, timeout).await;
-    let m = LockManager::builder().backend(b.clone());
-    let other = LockManager::builder().backend(backend(&server, timeout).await);
-    let mut conn = raw(&server).await;
-    let layout = KeyLayout::of("cancel");
-    let held = other.lock("cancel").lease(Duration::from_secs(60)).await.expect("lock");
-    // The first waiter's lease is short: its cancelled attempt still lands, and frees soon.
-    let m1 = m.clone();
-    let first = tokio::spawn(async move {
-        m1.lock("cancel").wait(Duration::from_secs(30)).lease(Duration::from_millis(500)).await.map(drop)
-    });
-    await_local_waiters(&b, 1).await;
-    let m2 = m.clone();
-    let second = tokio::spawn(async move {
-        let g = m2.lock("cancel").wait(Duration::from_secs(30)).lease(Duration::from_secs(60)).await?;
-        let at = Instant::now();
-        g.release().await.map(|()| at)
-    });
-    await_local_waiters(&b, 2).await;
-    await_numsub(&mut conn, &layout.channel, 1).await;
-    // Free the lock with an announcement, and freeze the server right after, so the woken
-    // waiter's attempt hangs there.
-    let _: () = redis::pipe()
-        .atomic()
-        .cmd("DEL")
-        .arg(&layout.lock)
-        .ignore()
-        .cmd("PUBLISH")
-        .arg(&layout.channel)
-        .arg("released")
-        .ignore()
-        .cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("ALL")
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .expect("MULTI");
-    // The woken waiter left the queue for its attempt; cancel it.
-    await_local_waiters(&b, 1).await;
-    first.abort();
-    let aborted = Instant::now();
-    let acquired = second.await.expect("task").expect("the second waiter acquired");
-    let took = acquired.duration_since(aborted);
-    assert!(took < Duration::from_secs(6), "the queue moved on {took:?} after the cancellation");
-    let _ = held.release().await;
 }

@@ -128,12 +128,6 @@ pub struct Acquire<'a> {
     /// Fire this if the lock is lost while held (for backends that learn of it themselves,
     /// e.g. a session loss). The runtime also fires it when the lease runs out unrenewed.
     pub lost: &'a LostSignal,
-    /// Whether the caller waits when an attempt finds the lock busy, with no retry budget
-    /// (`false` for `try_lock`, a zero `wait`, or any `retry(n)`, whose attempts are counted).
-    /// A backend may answer such a caller's first attempt `Busy` without asking its store, to
-    /// queue it behind its own local waiters (fairness); any other caller always gets a real
-    /// attempt.
-    pub will_wait: bool,
 }
 
 /// A lock that was granted to an owner.

@@ -1,31 +1,15 @@
--- acquire.lua: one attempt to take a lock, minting its fencing token; an attempt that finds
--- the lock held marks it as waited on, so that its release is announced.
+-- acquire.lua: one attempt to take a lock, minting its fencing token.
 --
--- KEYS[1]  the lock key, `lock:{<key>}` (a string holding the owner id, followed by `+` once
---          someone waits for it; expires with the lease)
+-- KEYS[1]  the lock key, `lock:{<key>}` (a string holding the owner id; expires with the lease)
 -- KEYS[2]  the fencing counter of the lock key's hash slot, `lock:fence:{<slot tag>}` (same slot)
 -- ARGV[1]  the owner id: unique to this acquisition
 -- ARGV[2]  the lease in milliseconds
--- ARGV[3]  `1` if other tasks of the caller's process wait for this lock (the new value is
---          then marked waited on at once), else `0`
 --
 -- Returns  {1, token}  acquired: `token` is the counter's next value, strictly greater than
 --                      every token handed out before for any key of this slot
---          {0, pttl}   held by someone else (now marked waited on); `pttl` is its remaining
---                      lease in milliseconds (-1 if the key has no expiry)
---
--- Why the mark: release.lua publishes only for a marked value. The mark is set in the same
--- atomic step that sees the lock held, so a release either comes before that step (and this
--- attempt takes the lock) or after it (and publishes). APPEND keeps the key's expiry.
-local value = ARGV[1]
-if ARGV[3] == '1' then
-  value = value .. '+'
-end
-if redis.call('set', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
+--          {0, pttl}   held by someone else; `pttl` is its remaining lease in milliseconds
+--                      (-1 if the key has no expiry)
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('incr', KEYS[2])}
-end
-local holder = redis.pcall('get', KEYS[1])
-if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
-  redis.call('append', KEYS[1], '+')
 end
 return {0, redis.call('pttl', KEYS[1])}

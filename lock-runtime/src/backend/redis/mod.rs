@@ -20,14 +20,13 @@
 //!
 //! # Protocol
 //!
-//! - **Acquire, extend, release and a waiter's look at the lock** are atomic Lua scripts
-//!   (`acquire.lua`, `extend.lua`, `release.lua`, `watch.lua` beside this file), sent by SHA
-//!   (`EVALSHA`) and loaded again transparently when the server answers `NOSCRIPT` (after a
-//!   restart or `SCRIPT FLUSH`).
+//! - **Acquire, extend and release** are atomic Lua scripts (`acquire.lua`, `extend.lua`,
+//!   `release.lua` beside this file), sent by SHA (`EVALSHA`) and loaded again transparently
+//!   when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //! - **The lock** is a string key holding the owner id (unique to each acquisition), set with
-//!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see below). Extend and
-//!   release act only when the key still holds the caller's owner id; otherwise the caller
-//!   learns that the lock was lost ([`LockError::is_lost`](crate::LockError::is_lost)).
+//!   `NX` and a `PX` lease. Extend and release act only when the key still holds the caller's
+//!   owner id; otherwise the caller learns that the lock was lost
+//!   ([`LockError::is_lost`](crate::LockError::is_lost)).
 //! - **Fencing tokens** come from a counter incremented by the acquire script. There is one
 //!   counter per Redis Cluster hash slot (see [`KeyLayout`]), so tokens strictly increase per
 //!   name for the life of the dataset, and the keys left behind stay bounded (at most 16,384
@@ -37,27 +36,13 @@
 //!
 //! # Waiting
 //!
-//! The release script publishes on the lock's channel, but only when someone may be waiting:
-//! an attempt that finds the lock held marks its value as waited on (a `+` after the owner id)
-//! in the same atomic step, and so does a waiter's look at the lock once its channel is
-//! subscribed (`watch.lua`), so a release either comes before that step (the attempt takes the
-//! lock, the look finds it free) or after it (and is announced). An acquisition made while
-//! other tasks of the same process queue for the lock is marked at once. The mark lives and
-//! dies with the lock's value: an uncontended lock/release cycle publishes nothing. (A
-//! `try_lock` that finds the lock held marks it too: its release is announced to nobody.)
-//!
-//! Each backend keeps **one** pub/sub
+//! The release script publishes on the lock's channel. Each backend keeps **one** pub/sub
 //! connection; a channel is subscribed while some task of this process waits for its lock,
 //! and unsubscribed shortly after nobody does. Tasks of one process waiting for the same lock
 //! queue locally: a release wakes one of them per process (the head of the queue), never all
 //! of them; a waiter that loses the race to another process keeps its place at the front. A
-//! new request for a lock this process's tasks already queue for joins the back of the queue
-//! without asking Redis (local FIFO), so a task that releases and locks again at once does not
-//! race the woken waiter; a request that does not wait (`try_lock`, a zero `wait`) or counts
-//! its attempts (`retry(n)`) still makes real attempts. If a woken waiter is cancelled (or fails)
-//! before its attempt answers, the next one looks at the lock at once. A
 //! holder that crashed publishes nothing, so the head also wakes when the holder's remaining
-//! lease runs out: a lost notification never strands a waiter beyond that lease. When
+//! lease (`PTTL`) runs out: a lost notification never strands a waiter beyond that lease. When
 //! the pub/sub connection drops (a server restart, `CLIENT KILL TYPE pubsub`), it reconnects,
 //! resubscribes, and the waiters re-check the lock (retrying a failed re-check with backoff
 //! while their `wait` lasts, so a task waiting across a server restart still gets the lock).
@@ -88,12 +73,10 @@
 //! Measured on one machine against a local `redis-server` (`examples/bench_redis.rs`): a
 //! release hands the lock to a task waiting in another process in 0.25 to 0.5 ms (p50, on a
 //! busy 2-core machine).
-//! An uncontended lock/release cycle is two script calls (6 server commands counting those
-//! inside the scripts' `SET NX PX` + `INCR`, `GET` + `DEL`) and publishes nothing. Under
-//! contention an acquisition costs about 2 commands when the competing tasks share one process
-//! (the woken waiter's attempt, the release: new local requests queue behind the woken one
-//! instead of racing it), and a little under one more per other competing process (4.6 with
-//! four processes of 8 tasks each), however many tasks each process runs.
+//! Under contention an acquisition costs about 3 commands when the competing tasks share one
+//! process (a first attempt that finds the lock held, the attempt after the wake-up, the
+//! release), and about one more per other competing process (5 with four processes), however
+//! many tasks each process runs.
 
 mod layout;
 mod waiters;
@@ -105,9 +88,9 @@ use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use layout::{key_slot, KeyLayout};
-use waiters::{Before, Joined, Step, Waiters};
+use waiters::{Joined, Step, Waiters};
 
-use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, OwnerId, Wake};
+use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, Wake};
 use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
@@ -119,7 +102,6 @@ const RECHECK_MAX: Duration = Duration::from_secs(1);
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
-static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 
 /// The default [`RedisOptions::command_timeout`].
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -252,30 +234,29 @@ impl RedisBackend {
         self.inner.waiters.channels()
     }
 
-    /// How many tasks of this backend are queued right now waiting for a lock to be released
-    /// (for tests and metrics).
-    pub fn local_waiters(&self) -> usize {
-        self.inner.waiters.queued()
-    }
-
     async fn eval<T: FromRedisValue>(
         &self,
         name: &str,
         operation: &'static str,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        // Bounded by the connection's response timeout (the command timeout); no timer of our
-        // own on this hot path (the runtime bounds every backend operation as well).
         let mut conn = self.inner.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(|e| LockError::backend(name, KIND, operation, e))
+        let timeout = self.inner.options.command_timeout;
+        match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(LockError::backend(name, KIND, operation, e)),
+            Err(_) => Err(LockError::timed_out(name, KIND, operation, timeout)),
+        }
     }
 
-    /// A waiter's look at the lock (`watch.lua`): -2 if it is free, else the holder's
-    /// remaining lease, the lock now being marked waited on.
-    async fn watch(&self, name: &str, lock: &str) -> Result<i64, LockError> {
-        let mut invocation = WATCH.prepare_invoke();
-        invocation.key(lock);
-        self.eval(name, "wait for", invocation).await
+    async fn pttl(&self, name: &str, key: &str) -> Result<i64, LockError> {
+        let mut conn = self.inner.conn.clone();
+        let timeout = self.inner.options.command_timeout;
+        match tokio::time::timeout(timeout, redis::cmd("PTTL").arg(key).query_async(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(LockError::backend(name, KIND, "wait for", e)),
+            Err(_) => Err(LockError::timed_out(name, KIND, "wait for", timeout)),
+        }
     }
 
     async fn wait_inner(&self, req: &Acquire<'_>, busy: &Busy, deadline: Instant) -> Result<Wake, LockError> {
@@ -302,9 +283,8 @@ impl RedisBackend {
                     }
                     _ => {
                         let sent = Instant::now();
-                        match self.watch(req.name, &layout.lock).await {
+                        match self.pttl(req.name, &layout.lock).await {
                             Ok(-2) => {
-                                reg.checked(sent, None);
                                 reg.retry();
                                 return Ok(Wake::Retry);
                             }
@@ -328,22 +308,6 @@ impl RedisBackend {
                 _ = notify.notified() => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
             }
-        }
-    }
-}
-
-/// Tells the waiters when an attempt's future is dropped before its answer came.
-struct Abandon<'a> {
-    backend: &'a RedisBackend,
-    channel: &'a str,
-    owner: OwnerId,
-    armed: bool,
-}
-
-impl Drop for Abandon<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.backend.inner.waiters.abandoned(self.channel, self.owner);
         }
     }
 }
@@ -385,29 +349,10 @@ impl LockBackend for RedisBackend {
         Box::pin(async move {
             let layout = KeyLayout::of(req.key);
             let lease = req.lease.duration();
-            let before = self.inner.waiters.before_attempt(&layout.channel, req.owner);
-            if before == Before::Queued && req.will_wait {
-                // Local FIFO: a new caller queues behind this process's waiters rather than
-                // racing the woken one to Redis (it would most likely fail, or jump the queue).
-                return Ok(Attempt::Busy(Busy { expires_in: None }));
-            }
-            // If this future is dropped before the answer, a queue waiting for the outcome
-            // of this (woken waiter's) attempt moves on at once.
-            let mut abandon = Abandon { backend: self, channel: &layout.channel, owner: req.owner, armed: true };
             let sent = Instant::now();
             let mut invocation = ACQUIRE.prepare_invoke();
-            // Tasks of this process queued for the lock rely on its release being announced.
-            let queued = before != Before::Alone;
-            invocation
-                .key(&layout.lock)
-                .key(&layout.fence)
-                .arg(req.owner.to_string())
-                .arg(lease_millis(lease))
-                .arg(u8::from(queued));
-            let outcome = self.eval::<(i64, i64)>(req.name, "acquire", invocation).await;
-            // A failed call reports back to nobody either.
-            abandon.armed = outcome.is_err();
-            let (status, value) = outcome?;
+            invocation.key(&layout.lock).key(&layout.fence).arg(req.owner.to_string()).arg(lease_millis(lease));
+            let (status, value): (i64, i64) = self.eval(req.name, "acquire", invocation).await?;
             if status == 1 {
                 let fencing_token = u64::try_from(value).map_err(|_| {
                     LockError::backend(&**req.name, KIND, "acquire", format!("the fencing counter returned {value}"))
@@ -514,7 +459,5 @@ mod tests {
         for src in [include_str!("acquire.lua"), include_str!("extend.lua"), include_str!("release.lua")] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
-        let watch = include_str!("watch.lua");
-        assert!(watch.contains("KEYS[1]") && watch.contains("Returns"));
     }
 }

@@ -6,10 +6,8 @@
 //! process comes back at the front. While a woken waiter makes its attempt, the rest of the
 //! queue waits for its outcome (it takes the lock, or comes back with the new holder's lease)
 //! instead of following it, so a lease running out does not set off the whole queue either;
-//! if its attempt is cancelled or fails, the next head looks for itself at once (and if it
-//! never reports back otherwise, after a hand-off window of two command timeouts). A new
-//! request that would wait joins the back of an existing queue without an attempt (see
-//! [`Waiters::before_attempt`]).
+//! if it never reports back (cancelled, or its attempt failed), the next head looks for itself
+//! after a hand-off window of two command timeouts.
 //!
 //! One background task owns the pub/sub connection. It subscribes a key's release channel
 //! when a queue appears, and unsubscribes it once the queue has stayed empty for a short
@@ -18,9 +16,8 @@
 //! resubscribes everything still waited on, and makes each queue's head re-check the lock.
 //!
 //! A release can be missed only while its waiter's channel is not yet subscribed: a head whose
-//! last look at the lock predates the subscription re-checks it (`watch.lua`, which also marks
-//! the lock as waited on so its release is announced) once the subscription is confirmed; one
-//! such look stands for the whole queue. A release that arrives while the queue is empty (its woken
+//! last look at the lock predates the subscription re-checks it (`PTTL`) once the
+//! subscription is confirmed. A release that arrives while the queue is empty (its woken
 //! waiter is racing) is kept, and hands an immediate retry to the next waiter whose last
 //! attempt predates it.
 
@@ -71,9 +68,6 @@ struct KeyState {
     unclaimed: Option<Instant>,
     /// When each owner's last attempt that found the lock busy was sent.
     tries: HashMap<OwnerId, Instant>,
-    /// When the last look at the lock (a head's re-check) was sent: it stands for the whole
-    /// queue, so one re-check per subscription is enough.
-    checked: Option<Instant>,
     idle_since: Option<Instant>,
 }
 
@@ -102,7 +96,6 @@ impl KeyState {
             ttl_at: None,
             unclaimed: None,
             tries: HashMap::new(),
-            checked: None,
             idle_since: None,
         }
     }
@@ -141,17 +134,6 @@ pub(super) enum Step {
     Check(Arc<Notify>, Option<Instant>),
     /// Sleep until notified, or until the instant (the holder's lease end).
     Sleep(Arc<Notify>, Option<Instant>),
-}
-
-/// Result of [`Waiters::before_attempt`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Before {
-    /// No task of this process waits for the lock.
-    Alone,
-    /// Tasks of this process wait for it; the caller is not one of them.
-    Queued,
-    /// Tasks of this process wait for it, and the caller is a woken waiter of theirs.
-    Returning,
 }
 
 /// Result of [`Waiters::register`].
@@ -252,40 +234,6 @@ impl Waiters {
         Joined::Queued(Registration { waiters: self, channel, id, done: false })
     }
 
-    /// Before `owner` makes an attempt on the lock of `channel`: whether tasks of this process
-    /// are queued for it, and whether `owner` is one of them coming back (a woken waiter).
-    pub(super) fn before_attempt(&self, channel: &str, owner: OwnerId) -> Before {
-        let st = lock(&self.state);
-        match st.keys.get(channel) {
-            Some(ks) if !ks.queue.is_empty() => {
-                if ks.front.contains(&owner) {
-                    Before::Returning
-                } else {
-                    Before::Queued
-                }
-            }
-            _ => Before::Alone,
-        }
-    }
-
-    /// An attempt by `owner` was abandoned (its future dropped) before it reported back: if
-    /// the queue was waiting for its outcome, its head looks for itself at once.
-    pub(super) fn abandoned(&self, channel: &str, owner: OwnerId) {
-        let mut st = lock(&self.state);
-        let Some(ks) = st.keys.get_mut(channel) else { return };
-        let Some(i) = ks.front.iter().position(|o| *o == owner) else { return };
-        ks.front.remove(i);
-        ks.ttl_at = Some(Instant::now());
-        if let Some(head) = ks.queue.front() {
-            head.notify.notify_one();
-        }
-    }
-
-    /// Tasks queued right now, all keys together (for tests and metrics).
-    pub(super) fn queued(&self) -> usize {
-        lock(&self.state).keys.values().map(|ks| ks.queue.len()).sum()
-    }
-
     /// Channels subscribed or being subscribed right now (for tests and metrics).
     pub(super) fn channels(&self) -> usize {
         lock(&self.state).keys.len()
@@ -310,7 +258,7 @@ impl Registration<'_> {
             return Step::Sleep(notify, None);
         }
         if let Sub::Confirmed(at) = ks.sub {
-            if slot.checked.max(ks.checked).is_none_or(|c| c < at) {
+            if slot.checked.is_none_or(|c| c < at) {
                 return Step::Check(notify, ks.ttl_at);
             }
         }
@@ -327,7 +275,6 @@ impl Registration<'_> {
         let mut guard = lock(&self.waiters.state);
         if let Some(ks) = guard.keys.get_mut(&self.channel) {
             ks.ttl_at = pttl.and_then(|d| Instant::now().checked_add(d));
-            ks.checked = ks.checked.max(Some(sent));
             if let Some(slot) = ks.queue.iter_mut().find(|s| s.id == self.id) {
                 slot.checked = Some(sent);
             }
