@@ -175,7 +175,7 @@ impl LockManager {
 
     /// One attempt, no waiting: `Ok(None)` when someone else holds the lock.
     pub async fn try_lock(&self, name: impl AsRef<str>) -> Result<Option<LockGuard>, LockError> {
-        match self.acquire(Arc::from(name.as_ref()), LockOptions::new().wait(Duration::ZERO).retry(0)).await {
+        match self.lock(name).wait(Duration::ZERO).retry(0).await {
             Ok(guard) => Ok(Some(guard)),
             Err(e) if e.is_contended() => Ok(None),
             Err(e) => Err(e),
@@ -204,21 +204,6 @@ impl LockManager {
 
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
-    }
-
-    /// Takes the lock `name` with `options`: the whole acquisition policy.
-    pub(crate) async fn acquire(&self, name: Arc<str>, options: LockOptions) -> Result<LockGuard, LockError> {
-        // An in-process lock may be taken without ever returning `Pending`: spend the task's
-        // cooperative budget like tokio's own primitives, so a tight lock loop cannot starve
-        // the other tasks and timers of its worker.
-        tokio::task::coop::consume_budget().await;
-        let plan = self.plan(name, options)?;
-        match self.attempt_now(&plan) {
-            Some(Ok(Attempt::Acquired(grant))) => Ok(self.guard(plan, grant, None)),
-            Some(Ok(Attempt::Busy(busy))) => self.acquire_slow(plan, Instant::now(), Some(busy)).await,
-            Some(Err(e)) => Err(e),
-            None => self.acquire_slow(plan, Instant::now(), None).await,
-        }
     }
 
     /// Validates a request and works out what to ask the backend for.
@@ -422,7 +407,9 @@ impl Future for LockFuture<'_> {
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
         use std::task::Poll;
         if let LockFutureState::Start(_) = self.state {
-            // Spend the task's cooperative budget (see `acquire`): yields when it is used up.
+            // An in-process lock may be taken without ever returning `Pending`: spend the task's
+            // cooperative budget like tokio's own primitives (yielding when it is used up), so a
+            // tight lock loop cannot starve the other tasks and timers of its worker.
             let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
             let LockFutureState::Start(request) = std::mem::replace(&mut self.state, LockFutureState::Done) else {
                 return Poll::Pending; // unreachable: matched above

@@ -7,6 +7,11 @@ pub mod http;
 pub mod redis_server;
 pub mod zk_server;
 
+/// A loopback port nobody listens on right now (for the servers the tests start).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
 /// A name no other test (or earlier run against the same server) uses.
 pub fn unique(label: &str) -> String {
     format!("{label}:{}", lock_runtime::backend::OwnerId::next())

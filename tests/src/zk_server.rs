@@ -11,7 +11,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -173,11 +173,7 @@ impl Drop for ZkServer {
     }
 }
 
-/// A loopback port nobody listens on right now.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
-}
+use crate::free_port;
 
 /// One server shared by every test of a test binary (started on first use; the reaper stops it
 /// when the binary exits). Tests that kill or restart a server start their own.
