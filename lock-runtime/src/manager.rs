@@ -342,9 +342,9 @@ impl Plan {
 #[derive(Debug)]
 #[must_use = "a lock request does nothing until it is awaited"]
 pub struct LockRequest<'m> {
-    manager: &'m LockManager,
-    name: Arc<str>,
-    options: LockOptions,
+    pub(crate) manager: &'m LockManager,
+    pub(crate) name: Arc<str>,
+    pub(crate) options: LockOptions,
 }
 
 impl LockRequest<'_> {
