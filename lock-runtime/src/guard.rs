@@ -1,10 +1,11 @@
 //! [`LockGuard`]: a held lock.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
-use crate::backend::{Held, LockBackend};
+use crate::backend::HeldLock;
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
@@ -23,13 +24,19 @@ use crate::lost::LostSignal;
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
     state: Option<State>,
-    held: Held,
+    name: Arc<str>,
+    fencing_token: u64,
     lost: LostSignal,
 }
 
+/// What a guard needs until its lock is released.
 struct State {
-    backend: Arc<dyn LockBackend>,
+    lock: Box<dyn HeldLock>,
     watchdog: Option<AbortHandle>,
+    /// The backend's operation timeout, bounding a release.
+    bound: Duration,
+    /// The backend's kind, for messages.
+    kind: &'static str,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -44,29 +51,31 @@ impl std::fmt::Debug for LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(
-        backend: Arc<dyn LockBackend>,
-        held: Held,
+        name: Arc<str>,
+        fencing_token: u64,
+        lock: Box<dyn HeldLock>,
+        (bound, kind): (Duration, &'static str),
         lost: LostSignal,
         watchdog: Option<AbortHandle>,
     ) -> Self {
-        LockGuard { state: Some(State { backend, watchdog }), held, lost }
+        LockGuard { state: Some(State { lock, watchdog, bound, kind }), name, fencing_token, lost }
     }
 
     /// The lock's name, e.g. `"order:42"` (without the manager prefix).
     #[allow(clippy::misnamed_getters)] // the key users see is the name, not the prefixed backend key
     pub fn key(&self) -> &str {
-        &self.held.name
+        &self.name
     }
 
     /// The shared name, for holders that keep it beyond the guard's borrow.
     pub(crate) fn name(&self) -> &Arc<str> {
-        &self.held.name
+        &self.name
     }
 
     /// Strictly greater than every earlier token for this name: hand it to downstream stores
     /// so they can reject writes from a holder that lost the lock.
     pub fn fencing_token(&self) -> u64 {
-        self.held.fencing_token
+        self.fencing_token
     }
 
     /// Completes when the lock is lost: its lease ran out unrenewed, a renewal was refused, or
@@ -105,11 +114,11 @@ impl LockGuard {
     /// [`release`](LockGuard::release) would give. `None`: the backend's release must be awaited.
     #[inline]
     pub(crate) fn release_at_once(&mut self) -> Option<Result<(), LockError>> {
-        let Some(state) = &self.state else { return Some(Ok(())) };
+        let Some(state) = &mut self.state else { return Some(Ok(())) };
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();
         }
-        let released = state.backend.release_now(&self.held)?;
+        let released = state.lock.release_now()?;
         self.state = None;
         Some(self.verdict(released))
     }
@@ -117,7 +126,7 @@ impl LockGuard {
     /// The verdict of a release: a lock already known to be lost is reported lost.
     fn verdict(&self, released: Result<(), LockError>) -> Result<(), LockError> {
         match self.lost.reason() {
-            Some(reason) => Err(LockError::lost(&*self.held.name, reason)),
+            Some(reason) => Err(LockError::lost(&*self.name, reason)),
             None => released,
         }
     }
@@ -149,12 +158,16 @@ impl std::future::Future for ReleaseFuture {
         if let Some(verdict) = guard.release_at_once() {
             return Poll::Ready(verdict);
         }
-        let Some(state) = &guard.state else { return Poll::Ready(Ok(())) };
+        if guard.state.is_none() {
+            return Poll::Ready(Ok(()));
+        }
         // The guard keeps its state until the release is answered: if this future is dropped
         // half-way, the guard's `Drop` still releases in the background.
-        let backend = state.backend.clone();
         let mut remote: crate::backend::BoxFuture<'static, _> = Box::pin(async move {
-            let released = release_remote(&*backend, &guard.held).await;
+            let released = match &mut guard.state {
+                Some(state) => release_remote(&guard.name, state).await,
+                None => Ok(()),
+            };
             guard.state = None;
             guard.verdict(released)
         });
@@ -164,39 +177,38 @@ impl std::future::Future for ReleaseFuture {
     }
 }
 
-async fn release_remote(backend: &dyn LockBackend, held: &Held) -> Result<(), LockError> {
-    let bound = backend.operation_timeout();
-    match crate::bounded::bounded(bound, backend.release(held)).await {
+async fn release_remote(name: &str, state: &mut State) -> Result<(), LockError> {
+    let (bound, kind) = (state.bound, state.kind);
+    match crate::bounded::bounded(bound, state.lock.release()).await {
         Some(result) => result,
-        None => Err(LockError::timed_out(&*held.name, backend.kind(), "release", bound)),
+        None => Err(LockError::timed_out(name, kind, "release", bound)),
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(state) = self.state.take() else { return };
+        let Some(mut state) = self.state.take() else { return };
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();
         }
-        if state.backend.release_now(&self.held).is_some() {
+        if state.lock.release_now().is_some() {
             return;
         }
-        let held = self.held.clone();
+        let name = self.name.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let bound = state.backend.operation_timeout();
-                    match tokio::time::timeout(bound, state.backend.release(&held)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::debug!(lock = %held.name, error = %e, "release on drop failed"),
-                        Err(_) => {
-                            tracing::warn!(lock = %held.name, "release on drop timed out; the lease will free it")
+                    match release_remote(&name, &mut state).await {
+                        Ok(()) => {}
+                        Err(e) if e.is_backend() => {
+                            tracing::warn!(lock = %name, error = %e, "release on drop failed; the lease will free it")
                         }
+                        Err(e) => tracing::debug!(lock = %name, error = %e, "release on drop failed"),
                     }
                 });
             }
             Err(_) => {
-                tracing::warn!(lock = %held.name, "guard dropped outside a tokio runtime; the lease will free the lock");
+                tracing::warn!(lock = %name, "guard dropped outside a tokio runtime; the lease will free the lock");
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, OwnerId, Wake};
+use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;
@@ -233,73 +233,74 @@ impl LockManager {
     /// The synchronous fast path of in-process backends: one attempt, no allocation for the
     /// future or the lost signal.
     fn attempt_now(&self, plan: &Plan) -> Option<Result<Attempt, LockError>> {
-        let never = LostSignal::never();
-        self.inner.backend.try_acquire_now(&plan.request(&never))
+        self.inner.backend.try_acquire_now(&plan.request(LostSignal::never()))
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
     fn guard(&self, plan: Plan, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
         let inner = &*self.inner;
-        let held = Held {
-            name: plan.name,
-            key: plan.key,
-            owner: plan.owner,
-            fencing_token: grant.fencing_token,
-            tag: grant.tag,
+        let Grant { fencing_token, granted_at, lock } = grant;
+        let renewal = match plan.lease {
+            Lease::Renewed(_) => lock.renewal(),
+            Lease::Fixed(_) => None,
         };
-        let time_bound = matches!(plan.lease, Lease::Fixed(_)) || grant.needs_renewal;
-        let granted_at = || grant.granted_at.unwrap_or_else(Instant::now);
+        let time_bound = matches!(plan.lease, Lease::Fixed(_)) || renewal.is_some();
+        let granted_at = || granted_at.unwrap_or_else(Instant::now);
         let lost = match lost {
             Some(lost) => lost,
             None if time_bound => LostSignal::new(),
             None => LostSignal::never(),
         };
-        let watchdog = match plan.lease {
-            Lease::Fixed(d) => {
+        let bound = inner.backend.operation_timeout();
+        let watchdog = match (plan.lease, renewal) {
+            (Lease::Fixed(d), _) => {
                 lost.set_deadline(granted_at().checked_add(d));
                 None
             }
-            Lease::Renewed(d) if grant.needs_renewal => {
+            (Lease::Renewed(d), Some(renewal)) => {
                 lost.set_deadline(granted_at().checked_add(d));
-                Some(watchdog::spawn(inner.backend.clone(), held.clone(), d, lost.clone()))
+                let renewed = watchdog::Renewed { renewal, name: plan.name.clone(), bound };
+                Some(watchdog::spawn(renewed, d, lost.clone()))
             }
-            Lease::Renewed(_) => None,
+            (Lease::Renewed(_), None) => None,
         };
-        LockGuard::new(inner.backend.clone(), held, lost, watchdog)
+        LockGuard::new(plan.name, fencing_token, lock, (bound, inner.backend.kind()), lost, watchdog)
     }
 
     /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
-    /// is spent. `busy` is the outcome of a first attempt already made on the fast path.
-    async fn acquire_slow(&self, plan: Plan, started: Instant, busy: Option<Busy>) -> Result<LockGuard, LockError> {
+    /// is spent. `busy`: a first attempt already made on the fast path found the lock held.
+    ///
+    /// The acquisition owns the backend state of this call: whenever this future is dropped or
+    /// returns without a grant, dropping it cleans up.
+    async fn acquire_slow(&self, plan: Plan, started: Instant, busy: bool) -> Result<LockGuard, LockError> {
         let backend = &*self.inner.backend;
         let bound = backend.operation_timeout();
         let lost = LostSignal::new();
-        let req = plan.request(&lost);
+        let mut acquisition = backend.begin(plan.request(lost.clone()));
         let deadline = started.checked_add(plan.wait).unwrap_or(started);
         let contended =
             |attempts| LockError::Contended { name: plan.name.to_string(), waited: started.elapsed(), attempts };
         let mut attempts = 1u32;
-        let mut busy = match busy {
-            Some(busy) => busy,
-            None => match self.bounded(&req, "acquire", bound, backend.try_acquire(&req)).await? {
+        if !busy {
+            match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => return Ok(self.guard(plan, grant, Some(lost))),
-                Attempt::Busy(busy) => busy,
-            },
-        };
+                Attempt::Busy => {}
+            }
+        }
         let grant = loop {
             if Instant::now() >= deadline || plan.retry.is_some_and(|r| attempts > r) {
                 return Err(contended(attempts));
             }
-            let bound_wait = deadline.saturating_duration_since(Instant::now()) + bound;
-            match self.bounded(&req, "wait for", bound_wait, backend.wait(&req, &busy, deadline)).await? {
+            let bound_wait = deadline.saturating_duration_since(Instant::now()).saturating_add(bound);
+            match self.bounded(&plan, "wait for", bound_wait, acquisition.wait(deadline)).await? {
                 Wake::Acquired(grant) => break grant,
                 Wake::TimedOut => return Err(contended(attempts)),
                 Wake::Retry => {}
             }
             attempts += 1;
-            match self.bounded(&req, "acquire", bound, backend.try_acquire(&req)).await? {
+            match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => break grant,
-                Attempt::Busy(b) => busy = b,
+                Attempt::Busy => {}
             }
         };
         Ok(self.guard(plan, grant, Some(lost)))
@@ -307,14 +308,14 @@ impl LockManager {
 
     async fn bounded<T>(
         &self,
-        req: &Acquire<'_>,
+        plan: &Plan,
         operation: &'static str,
         bound: Duration,
         fut: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
         match crate::bounded::bounded(bound, fut).await {
             Some(result) => result,
-            None => Err(LockError::timed_out(&**req.name, self.inner.backend.kind(), operation, bound)),
+            None => Err(LockError::timed_out(&*plan.name, self.inner.backend.kind(), operation, bound)),
         }
     }
 }
@@ -330,8 +331,8 @@ struct Plan {
 }
 
 impl Plan {
-    fn request<'a>(&'a self, lost: &'a LostSignal) -> Acquire<'a> {
-        Acquire { name: &self.name, key: &self.key, owner: self.owner, lease: self.lease, lost }
+    fn request(&self, lost: LostSignal) -> Acquire {
+        Acquire { name: self.name.clone(), key: self.key.clone(), owner: self.owner, lease: self.lease, lost }
     }
 }
 
@@ -424,9 +425,9 @@ impl Future for LockFuture<'_> {
                     coop.made_progress();
                     return Poll::Ready(Ok(manager.guard(plan, grant, None)));
                 }
-                Some(Ok(Attempt::Busy(busy))) => Some(busy),
+                Some(Ok(Attempt::Busy)) => true,
                 Some(Err(e)) => return Poll::Ready(Err(e)),
-                None => None,
+                None => false,
             };
             let started = Instant::now();
             self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy)));

@@ -10,15 +10,24 @@ use std::time::{Duration, Instant};
 
 use tokio::task::AbortHandle;
 
-use crate::backend::{Held, LockBackend};
+use crate::backend::Renewal;
 use crate::lost::LostSignal;
 
-/// Starts renewing `held` every `lease / 3` until aborted or lost.
-pub(crate) fn spawn(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost: LostSignal) -> AbortHandle {
-    tokio::spawn(renew(backend, held, lease, lost)).abort_handle()
+/// What the watchdog renews: the lock's renewal handle, its name (for logs) and the longest a
+/// renewal may take.
+pub(crate) struct Renewed {
+    pub(crate) renewal: Box<dyn Renewal>,
+    pub(crate) name: Arc<str>,
+    pub(crate) bound: Duration,
 }
 
-async fn renew(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost: LostSignal) {
+/// Starts renewing every `lease / 3` until aborted or lost.
+pub(crate) fn spawn(renewed: Renewed, lease: Duration, lost: LostSignal) -> AbortHandle {
+    tokio::spawn(renew(renewed, lease, lost)).abort_handle()
+}
+
+async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
+    let Renewed { renewal, name, bound } = renewed;
     let period = lease / 3;
     let mut next = Instant::now() + period;
     loop {
@@ -27,12 +36,12 @@ async fn renew(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost:
             _ = tokio::time::sleep_until(next.into()) => {}
         }
         let sent = Instant::now();
-        let bound = backend.operation_timeout().min(lease);
-        match tokio::time::timeout(bound, backend.extend(&held, lease)).await {
+        let bound = bound.min(lease);
+        match tokio::time::timeout(bound, renewal.extend(lease)).await {
             Ok(Ok(())) if lost.is_lost() => {
                 // The local lease ran out while this renewal was in flight, and `lost()` may
                 // already have been observed: a lock reported lost stays lost (never revived).
-                tracing::warn!(lock = %held.name, "lock lost: the lease ran out before the renewal was confirmed");
+                tracing::warn!(lock = %name, "lock lost: the lease ran out before the renewal was confirmed");
                 lost.fire("its lease ran out before the watchdog's renewal was confirmed");
                 return;
             }
@@ -41,7 +50,7 @@ async fn renew(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost:
                 next = sent + period;
             }
             Ok(Err(e)) if e.is_lost() => {
-                tracing::warn!(lock = %held.name, error = %e, "lock lost: renewal refused");
+                tracing::warn!(lock = %name, error = %e, "lock lost: renewal refused");
                 lost.fire(format!("the watchdog's renewal was refused: {e}"));
                 return;
             }
@@ -51,11 +60,11 @@ async fn renew(backend: Arc<dyn LockBackend>, held: Held, lease: Duration, lost:
                     _ => format!("no answer within {bound:?}"),
                 };
                 if lost.is_lost() {
-                    tracing::warn!(lock = %held.name, error = %why, "lock lost: could not renew before the lease ran out");
+                    tracing::warn!(lock = %name, error = %why, "lock lost: could not renew before the lease ran out");
                     lost.fire(format!("the watchdog could not renew it before the lease ran out: {why}"));
                     return;
                 }
-                tracing::debug!(lock = %held.name, error = %why, "lease renewal failed; retrying");
+                tracing::debug!(lock = %name, error = %why, "lease renewal failed; retrying");
                 // Try again soon, well before the local lease deadline.
                 next = Instant::now() + (period / 4).max(Duration::from_millis(5));
             }

@@ -11,13 +11,13 @@ use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::sync::oneshot;
 
-use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, OwnerId, Wake};
+use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 
 const SHARDS: usize = 64;
@@ -81,7 +81,14 @@ impl Holder {
 struct Waiter {
     owner: OwnerId,
     lease: Lease,
-    grant: oneshot::Sender<Grant>,
+    grant: oneshot::Sender<Handed>,
+}
+
+/// What a hand-off gives the waiter: its token and when its lease started.
+#[derive(Debug, Clone, Copy)]
+struct Handed {
+    token: u64,
+    granted_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for MemoryBackend {
@@ -127,7 +134,7 @@ impl MemoryBackend {
         self.inner.tokens.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn holder_for(&self, owner: OwnerId, lease: Lease, now: Option<Instant>) -> (Holder, Grant) {
+    fn holder_for(&self, owner: OwnerId, lease: Lease, now: Option<Instant>) -> (Holder, Handed) {
         let token = self.next_token();
         let (expires_at, granted_at) = match lease {
             Lease::Fixed(d) => {
@@ -137,8 +144,7 @@ impl MemoryBackend {
             // Not time-bound: an in-process lock lives exactly as long as its guard.
             Lease::Renewed(_) => (None, now),
         };
-        let grant = Grant { fencing_token: token, needs_renewal: false, tag: None, granted_at };
-        (Holder { owner, token, expires_at }, grant)
+        (Holder { owner, token, expires_at }, Handed { token, granted_at })
     }
 
     /// Gives a free entry to its longest waiter still listening. Returns `false` when nobody
@@ -155,14 +161,15 @@ impl MemoryBackend {
         false
     }
 
-    fn attempt(&self, req: &Acquire<'_>) -> Attempt {
-        let (hash, mut shard) = self.shard(req.key);
+    /// One attempt: the grant, or the holder's lease end (`Err(None)`: held without expiry).
+    fn attempt(&self, req: &Acquire) -> Result<Handed, Option<Instant>> {
+        let (hash, mut shard) = self.shard(&req.key);
         let hasher = &self.inner.hasher;
-        match shard.entry(hash, |e| *e.key == **req.key, |e| hasher.hash_one(&*e.key)) {
+        match shard.entry(hash, |e| *e.key == *req.key, |e| hasher.hash_one(&*e.key)) {
             TableEntry::Vacant(slot) => {
                 let (holder, grant) = self.holder_for(req.owner, req.lease, None);
                 slot.insert(Entry { key: req.key.clone(), holder: Some(holder), waiters: VecDeque::new() });
-                Attempt::Acquired(grant)
+                Ok(grant)
             }
             TableEntry::Occupied(mut slot) => {
                 let entry = slot.get_mut();
@@ -175,11 +182,9 @@ impl MemoryBackend {
                     None => {
                         let (holder, grant) = self.holder_for(req.owner, req.lease, Some(now));
                         entry.holder = Some(holder);
-                        Attempt::Acquired(grant)
+                        Ok(grant)
                     }
-                    Some(h) => {
-                        Attempt::Busy(Busy { expires_in: h.expires_at.map(|at| at.saturating_duration_since(now)) })
-                    }
+                    Some(h) => Err(h.expires_at),
                 }
             }
         }
@@ -239,30 +244,85 @@ fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
     }
 }
 
-/// Removes a waiter that stops waiting (deadline, or its future dropped) from the queue; if
-/// the lock was handed to it in the meantime, passes the lock on.
-struct QueuedWaiter<'a> {
-    store: &'a MemoryBackend,
-    key: &'a str,
-    owner: OwnerId,
-    grant: oneshot::Receiver<Grant>,
-    finished: bool,
+/// One `lock()` call on the in-process store: owns its place in the queue while it waits.
+/// Dropped while queued, it leaves the queue at once; if the lock was handed to it in the
+/// meantime, it passes the lock on.
+struct MemoryAcquisition {
+    store: MemoryBackend,
+    req: Acquire,
+    /// The holder's lease end seen by the last look (`None`: no expiry).
+    expiry: Option<Instant>,
+    /// Our place in the queue: the hand-off arrives here.
+    queued: Option<oneshot::Receiver<Handed>>,
 }
 
-impl Drop for QueuedWaiter<'_> {
-    fn drop(&mut self) {
-        if self.finished {
-            return;
+impl MemoryAcquisition {
+    fn grant(&self, handed: Handed) -> Grant {
+        self.store.grant(&self.req, handed)
+    }
+
+    /// Joins the queue behind the holder. `false` when the lock is free again (nobody to
+    /// queue behind: attempt again).
+    fn enqueue(&mut self) -> bool {
+        let (tx, rx) = oneshot::channel();
+        let (hash, mut shard) = self.store.shard(&self.req.key);
+        let Some(entry) = shard.find_mut(hash, |e| *e.key == *self.req.key) else { return false };
+        let Some(holder) = &entry.holder else { return false };
+        self.expiry = holder.expires_at;
+        entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, grant: tx });
+        self.queued = Some(rx);
+        true
+    }
+
+    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        if self.queued.is_none() && !self.enqueue() {
+            return Ok(Wake::Retry); // released since the attempt
         }
+        loop {
+            let wake_at = self.expiry.map_or(deadline, |e| e.min(deadline));
+            let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
+            tokio::select! {
+                biased;
+                granted = queued => {
+                    self.queued = None;
+                    return Ok(match granted {
+                        Ok(handed) => Wake::Acquired(self.grant(handed)),
+                        Err(_) => Wake::Retry,
+                    });
+                }
+                _ = tokio::time::sleep_until(wake_at.into()) => {
+                    let now = Instant::now();
+                    if self.expiry.is_some_and(|e| now >= e) {
+                        // The holder's lease ran out: take it away and hand it on (perhaps to us).
+                        self.expiry = self.store.reap(&self.req.key, now);
+                    }
+                    if let Some(Ok(handed)) = self.queued.as_mut().map(|q| q.try_recv()) {
+                        self.queued = None;
+                        return Ok(Wake::Acquired(self.grant(handed)));
+                    }
+                    if now >= deadline {
+                        return Ok(Wake::TimedOut); // still queued: leaves the queue when dropped
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for MemoryAcquisition {
+    fn drop(&mut self) {
+        let Some(mut grant) = self.queued.take() else { return };
         let now = Instant::now();
-        let (hash, mut shard) = self.store.shard(self.key);
-        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *self.key) else { return };
+        let key = &*self.req.key;
+        let owner = self.req.owner;
+        let (hash, mut shard) = self.store.shard(key);
+        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else { return };
         let entry = slot.get_mut();
-        entry.waiters.retain(|w| w.owner != self.owner);
+        entry.waiters.retain(|w| w.owner != owner);
         // Hand-offs happen under the shard lock, so a grant sent to us is visible now.
-        self.grant.close();
-        let remove = if let Ok(grant) = self.grant.try_recv() {
-            if entry.holder.as_ref().is_some_and(|h| h.owner == self.owner && h.token == grant.fencing_token) {
+        grant.close();
+        let remove = if let Ok(handed) = grant.try_recv() {
+            if entry.holder.as_ref().is_some_and(|h| h.owner == owner && h.token == handed.token) {
                 entry.holder = None;
                 !self.store.hand_off(entry, now)
             } else {
@@ -278,98 +338,74 @@ impl Drop for QueuedWaiter<'_> {
     }
 }
 
+impl Acquisition for MemoryAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        let attempt = match self.store.attempt(&self.req) {
+            Ok(handed) => Attempt::Acquired(self.grant(handed)),
+            Err(expiry) => {
+                self.expiry = expiry;
+                Attempt::Busy
+            }
+        };
+        Box::pin(std::future::ready(Ok(attempt)))
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_until(deadline))
+    }
+}
+
+/// A lock held in the in-process store.
+struct MemoryHeld {
+    store: MemoryBackend,
+    name: Arc<str>,
+    key: Arc<str>,
+    owner: OwnerId,
+    token: u64,
+}
+
+impl HeldLock for MemoryHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::ready(self.release_checked()))
+    }
+
+    fn release_now(&mut self) -> Option<Result<(), LockError>> {
+        Some(self.release_checked())
+    }
+}
+
+impl MemoryHeld {
+    fn release_checked(&self) -> Result<(), LockError> {
+        self.store.release_sync(&self.key, self.owner, self.token).map_err(|reason| LockError::lost(&*self.name, reason))
+    }
+}
+
+impl MemoryBackend {
+    fn grant(&self, req: &Acquire, handed: Handed) -> Grant {
+        let lock = MemoryHeld {
+            store: self.clone(),
+            name: req.name.clone(),
+            key: req.key.clone(),
+            owner: req.owner,
+            token: handed.token,
+        };
+        Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Box::new(lock) }
+    }
+}
+
 impl LockBackend for MemoryBackend {
     fn kind(&self) -> &'static str {
         "memory"
     }
 
-    fn try_acquire_now(&self, req: &Acquire<'_>) -> Option<Result<Attempt, LockError>> {
-        Some(Ok(self.attempt(req)))
+    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+        Box::new(MemoryAcquisition { store: self.clone(), req, expiry: None, queued: None })
     }
 
-    fn try_acquire<'a>(&'a self, req: &'a Acquire<'a>) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(std::future::ready(Ok(self.attempt(req))))
-    }
-
-    fn wait<'a>(
-        &'a self,
-        req: &'a Acquire<'a>,
-        _busy: &'a Busy,
-        deadline: Instant,
-    ) -> BoxFuture<'a, Result<Wake, LockError>> {
-        Box::pin(async move {
-            let (tx, rx) = oneshot::channel();
-            let mut expiry = {
-                let (hash, mut shard) = self.shard(req.key);
-                let Some(entry) = shard.find_mut(hash, |e| *e.key == **req.key) else {
-                    return Ok(Wake::Retry); // released since the attempt
-                };
-                let Some(holder) = &entry.holder else {
-                    return Ok(Wake::Retry);
-                };
-                let expiry = holder.expires_at;
-                entry.waiters.push_back(Waiter { owner: req.owner, lease: req.lease, grant: tx });
-                expiry
-            };
-            let mut queued = QueuedWaiter { store: self, key: req.key, owner: req.owner, grant: rx, finished: false };
-            loop {
-                let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
-                tokio::select! {
-                    biased;
-                    granted = &mut queued.grant => {
-                        queued.finished = true;
-                        return Ok(match granted {
-                            Ok(grant) => Wake::Acquired(grant),
-                            Err(_) => Wake::Retry,
-                        });
-                    }
-                    _ = tokio::time::sleep_until(wake_at.into()) => {
-                        let now = Instant::now();
-                        if expiry.is_some_and(|e| now >= e) {
-                            // The holder's lease ran out: take it away and hand it on (perhaps to us).
-                            expiry = self.reap(req.key, now);
-                        }
-                        if let Ok(grant) = queued.grant.try_recv() {
-                            queued.finished = true;
-                            return Ok(Wake::Acquired(grant));
-                        }
-                        if now >= deadline {
-                            return Ok(Wake::TimedOut); // `queued` leaves the queue on drop
-                        }
-                    }
-                }
-            }
-        })
-    }
-
-    fn extend<'a>(&'a self, held: &'a Held, lease: Duration) -> BoxFuture<'a, Result<(), LockError>> {
-        let now = Instant::now();
-        let (hash, mut shard) = self.shard(&held.key);
-        let result = match shard.find_mut(hash, |e| *e.key == *held.key).and_then(|e| e.holder.as_mut()) {
-            Some(h) if h.owner == held.owner && h.token == held.fencing_token && !h.expired(now) => {
-                if h.expires_at.is_some() {
-                    h.expires_at = now.checked_add(lease);
-                }
-                Ok(())
-            }
-            _ => Err(LockError::lost(&*held.name, "its lease ran out before it could be extended")),
-        };
-        drop(shard);
-        Box::pin(std::future::ready(result))
-    }
-
-    fn release<'a>(&'a self, held: &'a Held) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(std::future::ready(self.release_checked(held)))
-    }
-
-    fn release_now(&self, held: &Held) -> Option<Result<(), LockError>> {
-        Some(self.release_checked(held))
-    }
-}
-
-impl MemoryBackend {
-    fn release_checked(&self, held: &Held) -> Result<(), LockError> {
-        self.release_sync(&held.key, held.owner, held.fencing_token)
-            .map_err(|reason| LockError::lost(&*held.name, reason))
+    fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
+        Some(Ok(match self.attempt(req) {
+            Ok(handed) => Attempt::Acquired(self.grant(req, handed)),
+            Err(_) => Attempt::Busy,
+        }))
     }
 }

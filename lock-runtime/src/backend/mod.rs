@@ -114,133 +114,146 @@ impl Lease {
     }
 }
 
-/// One acquisition request, shared by [`LockBackend::try_acquire`] and [`LockBackend::wait`].
-#[derive(Debug)]
-pub struct Acquire<'a> {
+/// What an acquisition asks for: handed to [`LockBackend::begin`], kept by the acquisition.
+#[derive(Debug, Clone)]
+pub struct Acquire {
     /// The lock's name as the user gave it (for error messages).
-    pub name: &'a Arc<str>,
+    pub name: Arc<str>,
     /// The key in the backend: the manager's prefix followed by the name.
-    pub key: &'a Arc<str>,
+    pub key: Arc<str>,
     /// Unique to this acquisition.
     pub owner: OwnerId,
     /// How the lease is kept.
     pub lease: Lease,
     /// Fire this if the lock is lost while held (for backends that learn of it themselves,
     /// e.g. a session loss). The runtime also fires it when the lease runs out unrenewed.
-    pub lost: &'a LostSignal,
+    /// [`LostSignal::never`] on the synchronous fast path
+    /// ([`LockBackend::try_acquire_now`]): a backend must not keep that one.
+    pub lost: LostSignal,
 }
 
-/// A lock that was granted to an owner.
-#[derive(Debug, Clone)]
+/// A lock that was granted to an acquisition.
+#[derive(Debug)]
 pub struct Grant {
     /// Strictly greater than every earlier token for this name.
     pub fencing_token: u64,
-    /// Whether the runtime must renew the lease with [`LockBackend::extend`] while the guard
-    /// lives ([`Lease::Renewed`] only). A backend whose locks cannot outlive their holder
-    /// (in-process, or tied to a session) says `false`.
-    pub needs_renewal: bool,
-    /// Backend-specific data the backend needs again to extend or release (e.g. a node path).
-    pub tag: Option<Arc<str>>,
     /// A local instant at or before which the lease started (taken before the request was
     /// sent, or at the hand-off): the runtime counts the lease from here, so its idea of the
     /// lease never outlasts the store's. May be `None` only for a [`Lease::Renewed`] lock
-    /// that does not need renewal (nothing is counted from it).
+    /// whose [`HeldLock::renewal`] is `None` (nothing is counted from it).
     pub granted_at: Option<Instant>,
+    /// The held lock: what releases (and, for lease-based stores, renews) it.
+    pub lock: Box<dyn HeldLock>,
 }
 
 /// The result of one acquisition attempt.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Attempt {
-    /// The lock is now held by the requesting owner.
+    /// The lock is now held by the requesting acquisition.
     Acquired(Grant),
     /// Someone else holds it.
-    Busy(Busy),
+    Busy,
 }
 
-/// What a backend knows about a held lock it could not take.
-#[derive(Debug, Clone, Default)]
-pub struct Busy {
-    /// How long until the holder's lease runs out, if known: a waiter must try again by then
-    /// even if no release notification arrives (the holder may have crashed).
-    pub expires_in: Option<Duration>,
-}
-
-/// How a [`LockBackend::wait`] ended.
-#[derive(Debug, Clone)]
+/// How an [`Acquisition::wait`] ended.
+#[derive(Debug)]
 pub enum Wake {
-    /// The backend handed the lock straight to this owner (fair, queue-based backends).
+    /// The backend handed the lock straight to this acquisition (fair, queue-based backends).
     Acquired(Grant),
     /// The lock may be free now (a release was observed, or the holder's lease ran out):
-    /// the runtime makes another attempt if its retry budget allows.
+    /// the runtime makes another [`attempt`](Acquisition::attempt) if its retry budget allows.
     Retry,
     /// The deadline passed with no chance to acquire.
     TimedOut,
 }
 
-/// A lock that is held: what [`LockBackend::extend`] and [`LockBackend::release`] act on.
-#[derive(Debug, Clone)]
-pub struct Held {
-    /// The lock's name as the user gave it (for error messages).
-    pub name: Arc<str>,
-    /// The key in the backend (prefix + name).
-    pub key: Arc<str>,
-    /// The owner that holds it.
-    pub owner: OwnerId,
-    /// The token it was granted with.
-    pub fencing_token: u64,
-    /// The backend's [`Grant::tag`].
-    pub tag: Option<Arc<str>>,
+/// One `lock()` call in progress: created by [`LockBackend::begin`], it owns the call's
+/// server-side state for its whole life (a queue slot, an in-flight request's owner id, a
+/// sequential node) and offers attempts and deadline-bounded waits.
+///
+/// **Dropping it cleans up.** An acquisition dropped at any point (the caller gave up, its
+/// future was cancelled after any poll, an operation timed out) leaves nothing behind and is
+/// never handed the lock afterwards: a queued waiter leaves the queue and passes on any
+/// wake-up it was given; a request that may have taken the lock server-side is undone with an
+/// owner-checked release. Once it has produced a [`Grant`], the grant's [`HeldLock`] owns the
+/// lock and the acquisition's drop leaves it alone.
+///
+/// The runtime calls [`attempt`](Acquisition::attempt) and [`wait`](Acquisition::wait) in
+/// turn, never concurrently, and may drop either future after any poll.
+pub trait Acquisition: Send {
+    /// One attempt to take the lock. Never waits for the holder.
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>>;
+
+    /// Waits, at most until `deadline`, for a chance to take the lock after an attempt found
+    /// it busy. Queue-based backends may hand the lock over directly ([`Wake::Acquired`]).
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>>;
 }
 
-/// The primitive operations of a lock store. Object-safe; used as `Arc<dyn LockBackend>`.
+/// A granted lock, owned by its guard: releases it, and renews it where the store has leases.
 ///
-/// Contract (checked by the conformance suite):
-/// - at most one owner holds a key at a time; only the owner can extend or release it;
+/// Dropping it without [`release`](HeldLock::release) does nothing by itself: the guard
+/// releases in the background, and the lease is the safety net.
+pub trait HeldLock: Send + Sync + 'static {
+    /// Releases the lock. A lock that is gone or owned by someone else is an
+    /// [`is_lost`](LockError::is_lost) error.
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>>;
+
+    /// Releases at once without blocking, if the backend can (in-process stores); tried first
+    /// by `release()` and by `Drop`. `None` (the default) when the runtime must run
+    /// [`release`](HeldLock::release) instead.
+    fn release_now(&mut self) -> Option<Result<(), LockError>> {
+        None
+    }
+
+    /// The renewal capability of a lease-based store: `Some` when a [`Lease::Renewed`] lock
+    /// expires unless renewed, and the runtime's watchdog renews it through the returned
+    /// handle while the guard lives. `None` (the default) for a lock that cannot outlive its
+    /// holder (in-process, or tied to a session).
+    fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        None
+    }
+}
+
+impl fmt::Debug for dyn HeldLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HeldLock")
+    }
+}
+
+/// Renews one held lock's lease ([`HeldLock::renewal`]); used by the watchdog.
+pub trait Renewal: Send + Sync + 'static {
+    /// Extends the lease to `lease` from now. A lock that is gone or owned by someone else is
+    /// an [`is_lost`](LockError::is_lost) error.
+    fn extend(&self, lease: Duration) -> BoxFuture<'_, Result<(), LockError>>;
+}
+
+/// A lock store. Object-safe; used as `Arc<dyn LockBackend>`.
+///
+/// Contract (checked by the conformance suite, [`crate::conformance`] with the feature
+/// `conformance`):
+/// - at most one owner holds a key at a time; only the owner can renew or release it;
 /// - fencing tokens strictly increase per key, for the life of the store;
 /// - a lock held past its lease is lost: its release reports [`LockError::is_lost`];
-/// - a [`wait`](LockBackend::wait) is woken by a release (no polling with fixed sleeps) and by
+/// - a [`wait`](Acquisition::wait) is woken by a release (no polling with fixed sleeps) and by
 ///   the holder's lease running out, and never outlives its deadline by more than a
-///   scheduling delay; a waiter whose future is dropped leaves nothing behind and is never
-///   handed the lock afterwards;
-/// - every method is bounded in time (the runtime adds an outer bound as well).
+///   scheduling delay;
+/// - an [`Acquisition`] dropped at any point leaves nothing behind and is never handed the
+///   lock afterwards; a wake-up it was given goes to the next waiter;
+/// - every operation is bounded in time (the runtime adds an outer bound as well).
 pub trait LockBackend: Send + Sync + 'static {
     /// A short name for messages and metrics (`"memory"`, `"redis"`, …).
     fn kind(&self) -> &'static str;
 
-    /// One attempt to take the lock. Never waits for the holder.
-    fn try_acquire<'a>(&'a self, req: &'a Acquire<'a>) -> BoxFuture<'a, Result<Attempt, LockError>>;
+    /// Begins one acquisition (no I/O yet): the object that owns its state until it is
+    /// granted or dropped.
+    fn begin(&self, req: Acquire) -> Box<dyn Acquisition>;
 
-    /// Waits, at most until `deadline`, for a chance to take the lock after an attempt found it
-    /// `busy`. Queue-based backends may hand the lock over directly ([`Wake::Acquired`]).
-    fn wait<'a>(
-        &'a self,
-        req: &'a Acquire<'a>,
-        busy: &'a Busy,
-        deadline: Instant,
-    ) -> BoxFuture<'a, Result<Wake, LockError>>;
-
-    /// Extends a [`Lease::Renewed`] lock to `lease` from now. A lock that is gone or owned by
-    /// someone else is an [`is_lost`](LockError::is_lost) error.
-    fn extend<'a>(&'a self, held: &'a Held, lease: Duration) -> BoxFuture<'a, Result<(), LockError>>;
-
-    /// Releases the lock. A lock that is gone or owned by someone else is an
-    /// [`is_lost`](LockError::is_lost) error.
-    fn release<'a>(&'a self, held: &'a Held) -> BoxFuture<'a, Result<(), LockError>>;
-
-    /// One attempt made at once without blocking, if the backend can (in-process stores):
-    /// the runtime's fast path, tried before [`try_acquire`](LockBackend::try_acquire).
-    /// `None` (the default) when the backend needs I/O. `req.lost` is a placeholder here that
-    /// never fires: such a backend must not keep it.
-    fn try_acquire_now(&self, req: &Acquire<'_>) -> Option<Result<Attempt, LockError>> {
+    /// One attempt made at once without blocking and without an [`Acquisition`], if the
+    /// backend can (in-process stores): the runtime's fast path. `None` (the default) when the
+    /// backend needs I/O. After [`Attempt::Busy`] here, the runtime begins an acquisition and
+    /// goes straight to [`wait`](Acquisition::wait).
+    fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
         let _ = req;
-        None
-    }
-
-    /// Releases at once without blocking, if the backend can (in-process stores); tried first
-    /// by `release()` and by `Drop`. `None` (the default) when the runtime must run
-    /// [`release`](LockBackend::release) instead.
-    fn release_now(&self, held: &Held) -> Option<Result<(), LockError>> {
-        let _ = held;
         None
     }
 
