@@ -613,46 +613,64 @@ fn locked_futures_are_send() {
 /// once before releasing: the locked call takes the path of a networked backend.
 struct Awaited {
     inner: lock_runtime::backend::memory::MemoryBackend,
-    releases: AtomicU32,
+    releases: Arc<AtomicU32>,
 }
 
-impl lock_runtime::backend::LockBackend for Awaited {
+use lock_runtime::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, LockBackend, Wake};
+
+impl LockBackend for Awaited {
     fn kind(&self) -> &'static str {
         "awaited-memory"
     }
 
-    fn try_acquire<'a>(
-        &'a self,
-        req: &'a lock_runtime::backend::Acquire<'a>,
-    ) -> lock_runtime::backend::BoxFuture<'a, Result<lock_runtime::backend::Attempt, LockError>> {
-        self.inner.try_acquire(req)
+    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+        Box::new(AwaitedAcquisition { inner: self.inner.begin(req), releases: self.releases.clone() })
+    }
+}
+
+struct AwaitedAcquisition {
+    inner: Box<dyn Acquisition>,
+    releases: Arc<AtomicU32>,
+}
+
+impl AwaitedAcquisition {
+    fn wrap(&self, grant: Grant) -> Grant {
+        let lock = Box::new(AwaitedHeld { inner: grant.lock, releases: self.releases.clone() });
+        Grant { lock, ..grant }
+    }
+}
+
+impl Acquisition for AwaitedAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        Box::pin(async move {
+            Ok(match self.inner.attempt().await? {
+                Attempt::Acquired(grant) => Attempt::Acquired(self.wrap(grant)),
+                Attempt::Busy => Attempt::Busy,
+            })
+        })
     }
 
-    fn wait<'a>(
-        &'a self,
-        req: &'a lock_runtime::backend::Acquire<'a>,
-        busy: &'a lock_runtime::backend::Busy,
-        deadline: std::time::Instant,
-    ) -> lock_runtime::backend::BoxFuture<'a, Result<lock_runtime::backend::Wake, LockError>> {
-        self.inner.wait(req, busy, deadline)
+    fn wait(&mut self, deadline: std::time::Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(async move {
+            Ok(match self.inner.wait(deadline).await? {
+                Wake::Acquired(grant) => Wake::Acquired(self.wrap(grant)),
+                other => other,
+            })
+        })
     }
+}
 
-    fn extend<'a>(
-        &'a self,
-        held: &'a lock_runtime::backend::Held,
-        lease: Duration,
-    ) -> lock_runtime::backend::BoxFuture<'a, Result<(), LockError>> {
-        self.inner.extend(held, lease)
-    }
+struct AwaitedHeld {
+    inner: Box<dyn HeldLock>,
+    releases: Arc<AtomicU32>,
+}
 
-    fn release<'a>(
-        &'a self,
-        held: &'a lock_runtime::backend::Held,
-    ) -> lock_runtime::backend::BoxFuture<'a, Result<(), LockError>> {
+impl HeldLock for AwaitedHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
             tokio::task::yield_now().await;
             self.releases.fetch_add(1, Ordering::SeqCst);
-            self.inner.release(held).await
+            self.inner.release().await
         })
     }
 }
@@ -666,7 +684,7 @@ async fn on_awaited(m: &LockManager, id: u32) -> Result<(u32, String), AppError>
 #[tokio::test]
 async fn a_release_that_must_be_awaited_is_awaited_before_returning() {
     let backend =
-        Arc::new(Awaited { inner: lock_runtime::backend::memory::MemoryBackend::new(), releases: AtomicU32::new(0) });
+        Arc::new(Awaited { inner: lock_runtime::backend::memory::MemoryBackend::new(), releases: Arc::default() });
     let m = LockManager::builder().backend_arc(backend.clone());
     assert_eq!(on_awaited(&m, 7).await.expect("locked"), (7, "awaited:7".to_owned()));
     assert_eq!(backend.releases.load(Ordering::SeqCst), 1, "released before the call returned");
