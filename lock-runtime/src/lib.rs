@@ -32,6 +32,8 @@
 //! - `redis`: the Redis backend, [`LockManager::redis`] (see [`backend::redis`]).
 //! - `zookeeper`: the ZooKeeper backend, [`LockManager::zookeeper`] (see
 //!   [`backend::zookeeper`]).
+//! - `conformance`: the backend conformance suite ([`conformance`]), to run against a backend
+//!   of your own.
 //! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -39,6 +41,9 @@
 
 pub mod backend;
 mod bounded;
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
 mod context;
 mod error;
 mod guard;

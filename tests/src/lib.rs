@@ -1,7 +1,7 @@
 //! Cross-crate test support: the backend conformance suite (run against every backend) and
 //! harnesses that start real servers for the backend tests.
 
-pub mod conformance;
+pub use lock_runtime::{conformance, conformance_suite};
 pub mod http;
 #[cfg(feature = "redis")]
 pub mod redis_server;

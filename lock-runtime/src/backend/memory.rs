@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{DefaultHashBuilder, HashTable};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
@@ -82,6 +82,9 @@ struct Waiter {
     owner: OwnerId,
     lease: Lease,
     grant: oneshot::Sender<Handed>,
+    /// Tells the waiter that the holder changed (its lease end may have): poked for the head
+    /// of the queue whenever the lock is handed on or the head leaves.
+    holder_changed: Arc<Notify>,
 }
 
 /// What a hand-off gives the waiter: its token and when its lease started.
@@ -155,6 +158,9 @@ impl MemoryBackend {
             let (holder, grant) = self.holder_for(waiter.owner, waiter.lease, Some(now));
             if waiter.grant.send(grant).is_ok() {
                 entry.holder = Some(holder);
+                if let Some(head) = entry.waiters.front() {
+                    head.holder_changed.notify_one(); // it now waits behind a new lease
+                }
                 return true;
             }
         }
@@ -254,6 +260,8 @@ struct MemoryAcquisition {
     expiry: Option<Instant>,
     /// Our place in the queue: the hand-off arrives here.
     queued: Option<oneshot::Receiver<Handed>>,
+    /// Poked when the holder we wait behind changes.
+    holder_changed: Option<Arc<Notify>>,
 }
 
 impl MemoryAcquisition {
@@ -269,9 +277,16 @@ impl MemoryAcquisition {
         let Some(entry) = shard.find_mut(hash, |e| *e.key == *self.req.key) else { return false };
         let Some(holder) = &entry.holder else { return false };
         self.expiry = holder.expires_at;
-        entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, grant: tx });
+        let holder_changed = self.holder_changed.get_or_insert_with(Default::default).clone();
+        entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, grant: tx, holder_changed });
         self.queued = Some(rx);
         true
+    }
+
+    /// The lease end of the lock's current holder (`None`: none, or held without expiry).
+    fn holder_expiry(&self) -> Option<Instant> {
+        let (hash, shard) = self.store.shard(&self.req.key);
+        shard.find(hash, |e| *e.key == *self.req.key).and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
     }
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
@@ -281,6 +296,7 @@ impl MemoryAcquisition {
         loop {
             let wake_at = self.expiry.map_or(deadline, |e| e.min(deadline));
             let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
+            let holder_changed = self.holder_changed.clone().unwrap_or_default();
             tokio::select! {
                 biased;
                 granted = queued => {
@@ -290,6 +306,7 @@ impl MemoryAcquisition {
                         Err(_) => Wake::Retry,
                     });
                 }
+                _ = holder_changed.notified() => self.expiry = self.holder_expiry(),
                 _ = tokio::time::sleep_until(wake_at.into()) => {
                     let now = Instant::now();
                     if self.expiry.is_some_and(|e| now >= e) {
@@ -318,7 +335,13 @@ impl Drop for MemoryAcquisition {
         let (hash, mut shard) = self.store.shard(key);
         let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else { return };
         let entry = slot.get_mut();
+        let was_head = entry.waiters.front().is_some_and(|w| w.owner == owner);
         entry.waiters.retain(|w| w.owner != owner);
+        if was_head {
+            if let Some(head) = entry.waiters.front() {
+                head.holder_changed.notify_one(); // the new head watches the holder's lease
+            }
+        }
         // Hand-offs happen under the shard lock, so a grant sent to us is visible now.
         grant.close();
         let remove = if let Ok(handed) = grant.try_recv() {
@@ -399,7 +422,7 @@ impl LockBackend for MemoryBackend {
     }
 
     fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
-        Box::new(MemoryAcquisition { store: self.clone(), req, expiry: None, queued: None })
+        Box::new(MemoryAcquisition { store: self.clone(), req, expiry: None, queued: None, holder_changed: None })
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {

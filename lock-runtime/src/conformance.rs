@@ -1,23 +1,44 @@
-//! The backend conformance suite: written once, run against every backend.
+//! The backend conformance suite (feature `conformance`): written once, run against every
+//! backend, this project's and yours.
 //!
-//! A backend's test file invokes [`conformance_suite!`](crate::conformance_suite) with an
-//! async factory that turns a [`LockManagerBuilder`] (already carrying a unique prefix and any
-//! defaults a case needs) into a manager on that backend:
+//! Each case is a plain async fn taking a [`Factory`]: an async closure that turns a
+//! [`LockManagerBuilder`] (already carrying a unique prefix and any defaults the case needs)
+//! into a manager on the backend under test. A failure panics with the property that broke,
+//! as a test should. [`conformance_suite!`](crate::conformance_suite) generates one
+//! `#[tokio::test]` per case (your crate needs `tokio` with the `macros` and `rt-multi-thread`
+//! features among its dev-dependencies):
 //!
 //! ```ignore
-//! lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move { builder.memory() });
+//! // tests/conformance.rs of a crate with its own backend, `MyBackend`:
+//! lock_runtime::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
+//!     builder.backend(MyBackend::connect("…").await.expect("backend"))
+//! });
 //! ```
 //!
-//! Each case is a plain async fn here, so a failure points at the property that broke.
+//! Or call the cases yourself:
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)] async fn main() {
+//! let make = |builder: lock_runtime::LockManagerBuilder| async move { builder.memory() };
+//! lock_runtime::conformance::mutual_exclusion(&make).await;
+//! lock_runtime::conformance::cancelled_after_any_poll_leaves_nothing(&make).await;
+//! # }
+//! ```
+//!
+//! The cases rely only on the public API, and never on sleeps to learn something they can
+//! observe; where the API has no signal for "this waiter is queued", a case waits until the
+//! waiter stops being polled, and its assertions hold whether or not it was.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockManager, LockManagerBuilder};
+use crate::{LockManager, LockManagerBuilder};
 
 /// Builds a manager on the backend under test.
 pub trait Factory: Fn(LockManagerBuilder) -> Self::Fut {
@@ -33,7 +54,7 @@ where
 }
 
 fn builder() -> LockManagerBuilder {
-    LockManager::builder().prefix(format!("{}:", crate::unique("t")))
+    LockManager::builder().prefix(format!("t:{}:", crate::backend::OwnerId::next()))
 }
 
 async fn manager(make: &impl Factory) -> LockManager {
@@ -51,11 +72,13 @@ macro_rules! conformance_suite {
             fencing_tokens_strictly_increase, timed_out_waiter_is_never_handed_the_lock,
             dropped_waiter_is_never_handed_the_lock, bad_input_is_invalid,
             retry_budget_bounds_attempts, watchdog_keeps_lock_past_default_lease,
-            distinct_names_do_not_block, guard_reports_key_without_prefix);
+            distinct_names_do_not_block, guard_reports_key_without_prefix,
+            cancelled_after_any_poll_leaves_nothing, cancelled_waiter_after_any_poll_leaves_nothing,
+            woken_waiter_dropped_passes_the_lock_on, lease_of_a_holder_that_waited_counts_from_its_grant);
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 $crate::conformance::$case(&$factory).await;
             }
@@ -242,7 +265,7 @@ pub async fn dropped_waiter_is_never_handed_the_lock(make: &impl Factory) {
 /// Bad input is `is_invalid()`, never a panic.
 pub async fn bad_input_is_invalid(make: &impl Factory) {
     let m = manager(make).await;
-    let long = "x".repeat(lock_runtime::MAX_NAME_LEN + 1);
+    let long = "x".repeat(crate::MAX_NAME_LEN + 1);
     let cases = [
         m.lock("").await.map(drop),
         m.lock(&long).await.map(drop),
@@ -301,4 +324,216 @@ pub async fn guard_reports_key_without_prefix(make: &impl Factory) {
     let g = m.lock("order:42").await.expect("acquire");
     assert_eq!(g.key(), "order:42");
     g.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation at every await point of an acquisition, and hand-off past a waiter that left.
+
+/// How long a waiter's future may go unpolled before the cases take it to be parked in its
+/// wait (queued behind the holder). Only an assumption about speed, never about correctness:
+/// every assertion below holds whether or not the waiter was parked yet.
+const PARKED: Duration = Duration::from_millis(300);
+
+/// A future driven by hand: polled only when woken, and dropped by [`Polled::drop_now`] or
+/// [`Polled::arm`] (dropped at its next wake-up, without being polled again).
+struct Polled<F: Future> {
+    fut: Option<Pin<Box<F>>>,
+    polls: Arc<AtomicUsize>,
+    armed: Arc<AtomicBool>,
+}
+
+impl<F: Future> Polled<F> {
+    fn new(fut: F) -> Self {
+        Polled { fut: Some(Box::pin(fut)), polls: Arc::default(), armed: Arc::default() }
+    }
+}
+
+/// What a [`Polled`] future gave.
+enum Driven<T> {
+    /// The inner future completed.
+    Done(T),
+    /// It was dropped unfinished.
+    Dropped,
+}
+
+impl<F: Future> Future for Polled<F> {
+    type Output = Driven<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.armed.load(Ordering::SeqCst) {
+            self.fut = None; // dropped at this wake-up, without another poll
+            return Poll::Ready(Driven::Dropped);
+        }
+        self.polls.fetch_add(1, Ordering::SeqCst);
+        let Some(fut) = self.fut.as_mut() else { return Poll::Ready(Driven::Dropped) };
+        match fut.as_mut().poll(cx) {
+            Poll::Ready(out) => {
+                self.fut = None;
+                Poll::Ready(Driven::Done(out))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Polls `fut` until it completes or has been polled `polls` times (each poll after the first
+/// made only once it woke up); then drops it. Returns its output if it completed, and whether
+/// it went [`PARKED`] without a wake-up before that.
+async fn poll_then_drop<F: Future>(fut: F, polls: usize) -> (Option<F::Output>, bool) {
+    struct Wakeup(tokio::sync::Notify);
+    impl std::task::Wake for Wakeup {
+        fn wake(self: Arc<Self>) {
+            self.0.notify_one();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.notify_one();
+        }
+    }
+    let wakeup = Arc::new(Wakeup(tokio::sync::Notify::new()));
+    let waker = std::task::Waker::from(wakeup.clone());
+    let mut fut = Box::pin(fut);
+    for polled in 1..=polls {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            return (Some(out), false);
+        }
+        if polled < polls && tokio::time::timeout(PARKED, wakeup.0.notified()).await.is_err() {
+            return (None, true); // parked in its wait: more polls would find nothing new
+        }
+    }
+    (None, false)
+}
+
+/// Waits until a spawned [`Polled`] future has not been polled for [`PARKED`].
+async fn until_parked(polls: &AtomicUsize) {
+    let mut seen = polls.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(PARKED).await;
+        let now = polls.load(Ordering::SeqCst);
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
+/// An acquisition of a free lock whose future is dropped after its first, second, … poll
+/// (every await point of the acquisition: a request in flight, a reply being read) leaves
+/// nothing behind: the next `lock()` gets the lock at once, not after a lease.
+pub async fn cancelled_after_any_poll_leaves_nothing(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    for polls in 1..=64 {
+        let (got, _) = poll_then_drop(m.lock("cancelled").wait(Duration::from_secs(5)).into_future(), polls).await;
+        if let Some(got) = got {
+            got.expect("free").release().await.expect("release");
+            return; // every await point before completion was cut once
+        }
+        let started = Instant::now();
+        let next = m.lock("cancelled").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
+            panic!("after dropping the acquisition at poll {polls}, the lock stayed taken: {e}")
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "after dropping the acquisition at poll {polls}, the next lock took {:?}",
+            started.elapsed()
+        );
+        next.release().await.expect("release");
+    }
+    panic!("an uncontended acquisition was still pending after 64 polls");
+}
+
+/// A waiter whose future is dropped after any of its polls leaves nothing behind: when the
+/// holder releases, the next caller gets the lock at once.
+pub async fn cancelled_waiter_after_any_poll_leaves_nothing(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    let mut held = m.lock("cancelled-waiter").await.expect("holder");
+    for polls in 1..=64 {
+        let waiter = m.lock("cancelled-waiter").wait(Duration::from_secs(20)).into_future();
+        let (got, parked) = poll_then_drop(waiter, polls).await;
+        assert!(got.is_none(), "a waiter got a held lock (poll {polls})");
+        let released_at = Instant::now();
+        held.release().await.expect("release");
+        held = m.lock("cancelled-waiter").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
+            panic!("after dropping a waiter at poll {polls}, the released lock stayed taken: {e}")
+        });
+        assert!(
+            released_at.elapsed() < Duration::from_secs(2),
+            "after dropping a waiter at poll {polls}, the next lock took {:?}",
+            released_at.elapsed()
+        );
+        if parked {
+            held.release().await.expect("release");
+            return; // it reached its wait: every await point before it was cut once
+        }
+    }
+    panic!("a waiter was still being polled after 64 polls without parking");
+}
+
+/// `manager.lock(name)` with a long wait, owning its manager (to be spawned).
+async fn lock_owned(m: LockManager, name: &'static str) -> Result<crate::LockGuard, crate::LockError> {
+    m.lock(name).wait(Duration::from_secs(20)).await
+}
+
+/// A waiter that is woken by the release and dropped before it acts on the wake-up (a web
+/// client that disconnects just then) passes the lock on: the next waiter gets it at once.
+pub async fn woken_waiter_dropped_passes_the_lock_on(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    let held = m.lock("woken").await.expect("holder");
+
+    let first = Polled::new(lock_owned(m.clone(), "woken"));
+    let (first_polls, first_armed) = (first.polls.clone(), first.armed.clone());
+    let first = tokio::spawn(first);
+    until_parked(&first_polls).await;
+
+    let second = Polled::new(lock_owned(m.clone(), "woken"));
+    let second_polls = second.polls.clone();
+    let second = tokio::spawn(second);
+    until_parked(&second_polls).await;
+
+    first_armed.store(true, Ordering::SeqCst); // dropped at its next wake-up: the release
+    let released_at = Instant::now();
+    held.release().await.expect("release");
+    let first = first.await.expect("first waiter");
+    assert!(matches!(first, Driven::Dropped), "the first waiter was not dropped");
+    let second = tokio::time::timeout(Duration::from_secs(10), second).await.expect("second waiter woken");
+    let Driven::Done(Ok(guard)) = second.expect("second waiter") else { panic!("the second waiter got no lock") };
+    assert!(
+        released_at.elapsed() < Duration::from_secs(2),
+        "the hand-off past a dropped waiter took {:?}",
+        released_at.elapsed()
+    );
+    guard.release().await.expect("release");
+}
+
+/// A holder that waited for its lock counts its fixed lease from its grant, and nobody takes
+/// the lock from it before that lease is over (nor before its `lost()` fires).
+pub async fn lease_of_a_holder_that_waited_counts_from_its_grant(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    let lease = Duration::from_secs(2);
+    let first = m.lock("waited").await.expect("first holder");
+    let m2 = m.clone();
+    let second = tokio::spawn(async move {
+        let guard = m2.lock("waited").wait(Duration::from_secs(20)).lease(lease).await.expect("second holder");
+        let granted = Instant::now();
+        guard.lost().await;
+        (granted, Instant::now(), guard)
+    });
+    // The second holder waits this long before its grant (a condition, not a synchronisation).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let m3 = m.clone();
+    let third = tokio::spawn(async move {
+        let guard = m3.lock("waited").wait(Duration::from_secs(20)).await.expect("third holder");
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await; // the third queues behind the second
+    first.release().await.expect("release");
+    let (granted, lost_at, second) = second.await.expect("second");
+    let (third_at, third) = third.await.expect("third");
+    assert!(
+        third_at >= granted + lease - Duration::from_millis(50),
+        "the lock was taken {:?} after a grant with a {lease:?} lease",
+        third_at.duration_since(granted)
+    );
+    assert!(lost_at <= third_at + Duration::from_millis(5), "the lock was taken before the holder's lost() fired");
+    assert!(third.fencing_token() > second.fencing_token());
+    third.release().await.expect("release");
 }
