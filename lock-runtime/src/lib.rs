@@ -46,6 +46,7 @@ pub mod http;
 mod lost;
 mod manager;
 mod options;
+mod run;
 mod watchdog;
 
 #[doc(hidden)]
@@ -60,6 +61,7 @@ pub use manager::{
     default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
+pub use run::Run;
 
 #[cfg(feature = "macros")]
 pub use lock_macros::distributed_locked;
