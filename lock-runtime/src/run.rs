@@ -168,7 +168,7 @@ struct Pending<T> {
 /// Looks the lock of `request` up in the task's context: re-entered at once into `hold` when
 /// the task holds it (`None`), else to be taken. Call it while polling, in the task that will
 /// run the body.
-#[inline]
+#[inline(always)]
 pub(crate) fn begin<'m>(request: LockRequest<'m>, hold: &mut Hold) -> Option<Taking<'m>> {
     let manager = request.manager.id();
     let context::Lookup { held, parent } = context::lookup(manager, &request.name);
@@ -184,7 +184,7 @@ pub(crate) fn begin<'m>(request: LockRequest<'m>, hold: &mut Hold) -> Option<Tak
 
 impl Taking<'_> {
     /// Takes the lock into `hold`, with its frame under the task's innermost one.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
         let guard = ready!(Pin::new(&mut self.lock).poll(cx))?;
         hold.frame = Some(Frame {
@@ -294,9 +294,10 @@ impl<F: Future> Future for Run<'_, F> {
         let this = self.project();
         let mut body = this.body;
         let (stage, hold) = (this.stage, this.hold);
+        let abort = *this.abort_on_lost;
         match stage {
             Stage::Running => {}
-            Stage::Releasing(_) => return stage.poll_release(cx, *this.abort_on_lost),
+            Stage::Releasing(_) => return stage.poll_release(cx, abort),
             _ => {
                 if let Err(e) = ready!(stage.poll_enter(cx, hold)) {
                     body.set(None); // never run: the lock was not taken
@@ -304,34 +305,33 @@ impl<F: Future> Future for Run<'_, F> {
                 }
             }
         }
-        if hold.frame.is_none() {
-            return Poll::Ready(Err(LockError::invalid("", "a lock run was polled before its lock was entered")));
+        if hold.frame.is_none() || body.is_none() {
+            return Poll::Ready(Err(not_running()));
         }
 
         // The body, in the lock's context, raced against the loss of the lock when that aborts it.
-        let abort = *this.abort_on_lost;
         if abort && hold.watch.is_none() {
             hold.watch = watch(hold.frame.as_ref());
         }
         let watch = &mut hold.watch;
         let mut output = None;
+        let mut lost = None;
         context::within(&mut hold.frame, || {
-            let Some(fut) = body.as_mut().as_pin_mut() else {
-                output = Some(Err(polled_after_completion()));
-                return;
-            };
-            if let Poll::Ready(out) = fut.poll(cx) {
-                output = Some(Ok(out));
-            } else if let (true, Some(watch)) = (abort, watch) {
-                if let Poll::Ready(lost) = watch.as_mut().poll(cx) {
-                    output = Some(Err(lost));
+            if let Some(fut) = body.as_mut().as_pin_mut() {
+                match fut.poll(cx) {
+                    Poll::Ready(out) => output = Some(out),
+                    Poll::Pending => lost = watched(abort, watch, cx),
+                }
+                if output.is_some() || lost.is_some() {
+                    body.set(None); // in its context, like the rest of the body
                 }
             }
-            if output.is_some() {
-                body.set(None); // in its context, like the rest of the body
-            }
         });
-        let Some(output) = output else { return Poll::Pending };
+        let output = match (output, lost) {
+            (Some(output), _) => Ok(output),
+            (None, Some(lost)) => Err(lost),
+            (None, None) => return Poll::Pending,
+        };
 
         // The release: at once on an in-process backend, else awaited.
         hold.watch = None;
@@ -352,10 +352,25 @@ impl<F: Future> Future for Run<'_, F> {
             },
         };
         hold.frame = None;
-        *stage = Stage::Done;
-        Poll::Ready(finish(output, released, abort))
+        Poll::Ready(match released {
+            Ok(()) => output,
+            Err(e) => released_failed(output, e, abort),
+        })
     }
 }
+
+/// The lost error once the watched lock is lost, when its loss aborts the body.
+#[inline]
+fn watched(abort: bool, watch: &mut Option<Watch>, cx: &mut Context<'_>) -> Option<LockError> {
+    match watch {
+        Some(watch) if abort => match watch.as_mut().poll(cx) {
+            Poll::Ready(lost) => Some(lost),
+            Poll::Pending => None,
+        },
+        _ => None,
+    }
+}
+
 /// The watch of a lock that can be lost, if it can.
 #[inline]
 fn watch(frame: Option<&Frame>) -> Option<Watch> {
@@ -395,4 +410,10 @@ fn released_failed<T>(output: Result<T, LockError>, e: LockError, abort_on_lost:
 #[cold]
 fn polled_after_completion() -> LockError {
     LockError::invalid("", "a lock run was polled after it completed")
+}
+
+/// A run polled after it completed, or (inside `__private`) before its lock or body was given.
+#[cold]
+fn not_running() -> LockError {
+    LockError::invalid("", "a lock run was polled after it completed (or before it was started)")
 }
