@@ -22,6 +22,8 @@
 //!
 //! - [`LockManager`]: takes locks on one backend; [`set_default`] makes one process-wide.
 //! - [`LockGuard`]: a held lock, with its fencing token and a [`lost`](LockGuard::lost) signal.
+//! - [`LockRequest::run`]: runs a future under a lock, with reentrancy and [`current()`]
+//!   (what the attribute expands to).
 //! - [`LockError`]: the one error type, classified by `is_*` methods.
 //! - [`current()`]: the innermost lock of the running locked call.
 //! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends.

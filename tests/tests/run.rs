@@ -106,7 +106,6 @@ async fn a_lock_that_cannot_be_taken_never_polls_the_future() {
         .wait(Duration::ZERO)
         .run(async { unreachable!("the future must not run") })
         .await
-        .map(|()| ())
         .expect_err("busy");
     assert!(err.is_contended(), "{err}");
     held.release().await.expect("release");
@@ -116,8 +115,7 @@ async fn a_lock_that_cannot_be_taken_never_polls_the_future() {
 async fn released_on_panic() {
     let m = LockManager::memory();
     let m2 = m.clone();
-    let joined =
-        tokio::spawn(async move { m2.lock("run:panic").run(async { panic!("boom") }).await.map(|()| ()) }).await;
+    let joined = tokio::spawn(async move { m2.lock("run:panic").run(async { panic!("boom") }).await }).await;
     assert!(joined.expect_err("panicked").is_panic());
     assert!(is_free(&m, "run:panic").await, "the panicking run released its lock");
     assert!(lock_runtime::current().is_none());
@@ -126,8 +124,7 @@ async fn released_on_panic() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_panic_leaves_no_context_on_the_thread() {
     let m = LockManager::memory();
-    let joined =
-        tokio::spawn(async move { m.lock("run:panic-cx").run(async { panic!("boom") }).await.map(|()| ()) }).await;
+    let joined = tokio::spawn(async move { m.lock("run:panic-cx").run(async { panic!("boom") }).await }).await;
     assert!(joined.expect_err("panicked").is_panic());
     // Same thread: the panic unwound through the poll that had installed the frame.
     assert!(lock_runtime::current().is_none());
