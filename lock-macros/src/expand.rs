@@ -245,12 +245,13 @@ fn private(opts: &Options) -> TokenStream {
 fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> syn::Block {
     let m = Span::mixed_site();
     let private = private(opts);
-    let (hold, error, output, name_var, manager_var) = (
-        Ident::new("__lock_hold", m),
+    let (run_var, error, output, name_var, manager_var, carry) = (
+        Ident::new("__lock_run", m),
         Ident::new("__lock_error", m),
         Ident::new("__lock_output", m),
         Ident::new("__lock_name", m),
         Ident::new("__lock_manager", m),
+        Ident::new("__lock_carry", m),
     );
 
     // Pattern parameters bound by reference, for the template and the manager expression.
@@ -279,16 +280,17 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         options.extend(quote!(.retry(#r)));
     }
 
-    // The lock goes into `hold`, a local of the locked fn's future: entered in place, then run.
+    // The lock goes into `run` (the `Run` of `LockRequest::run`), pinned in the locked fn's
+    // future: entered in place before the arguments move into the body, then run with it.
     let enter = match &opts.manager {
         Some(manager) => quote! {
             let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
-            #private::enter(&mut #hold, &#manager_var, #name_var, #options).await
+            #private::enter(#run_var.as_mut(), &#manager_var, #name_var, #options).await
         },
         None => quote! {
             let #name_var = { #(#by_ref)* #name };
             let #manager_var = #private::default_manager();
-            #private::enter_default(&mut #hold, &#manager_var, #name_var, #options).await
+            #private::enter_default(#run_var.as_mut(), &#manager_var, #name_var, #options).await
         },
     };
 
@@ -347,36 +349,48 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         }
     };
 
+    let start = |on_lost: TokenStream| quote!(#private::start(#run_var, #on_lost, #fut).await);
     let run = match (opts.on_lost, &opts.fallback) {
-        (Some((OnLost::Ignore, _)), _) => quote!(#hold.run_to_end(#fut).await),
+        (Some((OnLost::Ignore, _)), Some(_)) => {
+            let start = start(quote!(#private::OnLost::Ignore));
+            quote!(#private::carried(#start, ::core::option::Option::None))
+        }
         (Some((OnLost::Abort, span)), Some(_)) => {
+            let start = start(quote!(#private::OnLost::Abort));
             let carry_lost = quote_spanned!(span=> <#ret_ty as #private::CarryLostError>::from_lost_error);
             quote! {
-                match #hold.run(#private::OnLost::Abort, #fut).await {
+                match #start {
                     ::core::result::Result::Ok(#output) => #output,
                     ::core::result::Result::Err(#error) => #carry_lost(#error),
                 }
             }
         }
-        (_, None) => quote! {
-            match #hold.run(#private::OnLost::Abort, #fut).await {
-                ::core::result::Result::Ok(#output) => #output,
-                ::core::result::Result::Err(#error) => #carry_lock(#error),
+        (on_lost, None) => {
+            let start = match on_lost {
+                Some((OnLost::Ignore, _)) => start(quote!(#private::OnLost::Ignore)),
+                _ => start(quote!(#private::OnLost::Abort)),
+            };
+            quote! {
+                match #start {
+                    ::core::result::Result::Ok(#output) => #output,
+                    ::core::result::Result::Err(#error) => #carry_lock(#error),
+                }
             }
-        },
-        (None, Some(_)) => quote! {
-            #hold.run_with(
-                {
+        }
+        (None, Some(_)) => {
+            let start = start(quote!(#private::OnLost::carried(&#carry)));
+            quote! {{
+                let #carry = {
                     use #private::{AbortIfCarried as _, RunToEndOtherwise as _};
                     (&#private::Probe::<#ret_ty>::new()).on_lost()
-                },
-                #fut,
-            ).await
-        },
+                };
+                #private::carried(#start, #carry)
+            }}
+        }
     };
 
     let tokens = quote! {{
-        let mut #hold = #private::Hold::new();
+        let mut #run_var = ::core::pin::pin!(#private::run());
         if let ::core::result::Result::Err(#error) = { #enter } {
             #on_fail
         }

@@ -49,24 +49,33 @@ mod template;
 ///
 /// ## The same code without the attribute
 ///
+/// The attribute expands to `LockRequest::run`, which you can call yourself: it runs a future
+/// under the lock, with the same release on every exit (return, `?`, panic, cancellation),
+/// stopping on a lost lease, task-scoped reentrancy and `current()`.
+///
 /// ```
 /// use std::time::Duration;
 /// use lock_runtime::{LockError, LockManager};
 ///
 /// async fn send_invoice(manager: &LockManager, id: u64) -> Result<u64, LockError> {
-///     let guard = manager.lock(format!("invoice:{id}")).wait(Duration::from_secs(2)).await?;
-///     let result = async { Ok(id) }.await; // the body
-///     guard.release().await?;
-///     result
+///     manager
+///         .lock(format!("invoice:{id}"))
+///         .wait(Duration::from_secs(2))
+///         .run(async {
+///             // the body: `lock_runtime::current()` gives the lock's key and fencing token
+///             Ok(id)
+///         })
+///         .await? // the error of taking (or losing) the lock
 /// }
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
 /// # assert_eq!(send_invoice(&LockManager::memory(), 7).await?, 7);
 /// # Ok(()) }
 /// ```
 ///
-/// The attribute adds what is easy to get wrong by hand: release on panic and cancellation,
-/// stopping the body when the lease is lost, task-scoped reentrancy, `current()`, and
-/// compile-time checks of every option.
+/// What the attribute adds on top: the name rendered from the arguments, the `fallback`
+/// called with the same arguments when the lock cannot be taken (the arguments move into the
+/// body only once it is), the lock error converted into the fn's error type, and compile-time
+/// checks of every option.
 ///
 /// # Options
 ///
@@ -273,18 +282,19 @@ mod template;
 /// # }
 /// ```
 ///
-/// Without the attribute:
+/// Without the attribute (`.ignore_lost()` on the run for `on_lost = ignore`):
 ///
 /// ```
 /// # use std::time::Duration;
 /// # use lock_runtime::{LockError, LockManager};
 /// async fn export(manager: &LockManager) -> Result<(), LockError> {
-///     let guard = manager.lock("export").lease(Duration::from_millis(50)).await?;
-///     tokio::select! {
-///         _ = std::future::pending::<()>() => {} // the body
-///         _ = guard.lost() => {}
-///     }
-///     guard.release().await // the `is_lost()` error when it was lost
+///     manager
+///         .lock("export")
+///         .lease(Duration::from_millis(50))
+///         .run(async {
+///             std::future::pending::<()>().await; // the body, stopped when the lease is lost
+///         })
+///         .await // the `is_lost()` error
 /// }
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// # assert!(export(&LockManager::memory()).await.unwrap_err().is_lost());

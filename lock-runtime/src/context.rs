@@ -131,7 +131,7 @@ fn lookup_in(innermost: &Frame, manager: u64, name: &str) -> Lookup {
 /// Runs `f` with `frame` installed as the thread's innermost lock, then swaps it back out and
 /// restores the outer context (also when `f` panics). While `f` runs, `frame` holds the outer
 /// context: two swaps, nothing dropped.
-#[inline]
+#[inline(always)]
 pub(crate) fn within<T>(frame: &mut Option<Frame>, f: impl FnOnce() -> T) -> T {
     if HELD.try_with(|held| held.swap(Cell::from_mut(frame))).is_err() {
         return f(); // the thread is exiting: run without context

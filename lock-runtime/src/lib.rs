@@ -22,6 +22,8 @@
 //!
 //! - [`LockManager`]: takes locks on one backend; [`set_default`] makes one process-wide.
 //! - [`LockGuard`]: a held lock, with its fencing token and a [`lost`](LockGuard::lost) signal.
+//! - [`LockRequest::run`]: runs a future under a lock, with reentrancy and [`current()`]
+//!   (what the attribute expands to).
 //! - [`LockError`]: the one error type, classified by `is_*` methods.
 //! - [`current()`]: the innermost lock of the running locked call.
 //! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends.
@@ -51,6 +53,7 @@ pub mod http;
 mod lost;
 mod manager;
 mod options;
+mod run;
 mod watchdog;
 
 #[doc(hidden)]
@@ -65,6 +68,7 @@ pub use manager::{
     default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
+pub use run::Run;
 
 #[cfg(feature = "macros")]
 pub use lock_macros::distributed_locked;

@@ -2,20 +2,19 @@
 //! may change in any release.
 
 use std::borrow::Borrow;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
-use std::task::{ready, Context, Poll};
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub use crate::error::LockError;
 pub use crate::manager::LockManager;
 pub use crate::options::LockOptions;
+pub use crate::run::Run;
 
-use crate::context::{self, Frame};
-use crate::guard::{LockGuard, ReleaseFuture};
-use crate::manager::LockFuture;
+use crate::run::{self, Taking};
 
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +23,19 @@ pub enum OnLost {
     Abort,
     /// Let the body run to its end.
     Ignore,
+}
+
+impl OnLost {
+    /// [`Abort`](OnLost::Abort) when the lost error can be carried (`carry` is `Some`), else
+    /// [`Ignore`](OnLost::Ignore).
+    #[inline]
+    pub fn carried<R>(carry: &Carry<R>) -> OnLost {
+        if carry.is_some() {
+            OnLost::Abort
+        } else {
+            OnLost::Ignore
+        }
+    }
 }
 
 /// A duration of `ms` milliseconds (the macro has already checked the literal).
@@ -129,305 +141,119 @@ impl<R> RunToEndOtherwise<R> for &Probe<R> {
     }
 }
 
-/// Where a locked call keeps its lock while the body runs: filled by [`enter`], used and
-/// emptied by [`Hold::run`]. Lives in the locked fn's own future, so the guard is written once
-/// and never moved until it is released.
-#[derive(Debug, Default)]
-#[must_use]
-pub struct Hold {
-    /// `None` when re-entered: the outermost call releases.
-    guard: Option<LockGuard>,
-    /// The lock's frame; swapped into the task's context while the body is polled.
-    frame: Option<Frame>,
+/// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
+pub type Carry<R> = Option<fn(LockError) -> R>;
+
+/// The [`Run`] of a locked call: empty until [`enter`] puts the lock into it and [`start`] the
+/// body. Pinned in the locked fn's own future, so the held lock is written once, in place.
+#[inline]
+pub fn run<F: Future>() -> Run<'static, F> {
+    Run::unentered()
 }
 
-impl Hold {
-    /// An empty hold.
-    #[inline]
-    pub const fn new() -> Self {
-        Hold { guard: None, frame: None }
-    }
-}
-
-/// Takes (or re-enters) the lock `name` on `manager` into `hold`, for a locked call.
+/// Takes (or re-enters) the lock `name` on `manager` into `run`, for a locked call, before its
+/// arguments move into the body (they go to the fallback if the lock cannot be taken).
 ///
 /// Acquires through [`LockManager::lock`] (the small, allocation-free future of the
 /// uncontended fast path), so a locked fn costs about what the programmatic API does.
 #[inline]
-pub fn enter<'a, M: Borrow<LockManager>, N: AsRef<str>>(
-    hold: &'a mut Hold,
+pub fn enter<'a, 'r, M: Borrow<LockManager>, N: AsRef<str>, F: Future>(
+    mut run: Pin<&'r mut Run<'static, F>>,
     manager: &'a M,
     name: N,
     options: LockOptions,
-) -> Enter<'a> {
-    let manager = manager.borrow();
-    let name = name.as_ref();
-    let context::Lookup { held, parent } = context::lookup(manager.id(), name);
-    let stage = match held {
-        Some(outer) => {
-            // Same task, same manager, same name: re-enter without waiting for ourselves.
-            hold.frame = Some(Frame { parent, ..outer });
-            Stage::Entered
-        }
-        None => {
-            Stage::Taking { lock: manager.lock(name).options(options).into_future(), manager: manager.id(), parent }
-        }
-    };
-    Enter { hold, stage }
+) -> Enter<'a, 'r, F> {
+    let request = manager.borrow().lock(name).options(options);
+    match run::begin(request, run.as_mut().hold_mut()) {
+        Some(taking) => Enter { run, state: State::Taking(taking) },
+        None => Enter { run, state: State::Entered },
+    }
 }
 
 /// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
 #[inline]
-pub fn enter_default<'a, N: AsRef<str>>(
-    hold: &'a mut Hold,
+pub fn enter_default<'a, 'r, N: AsRef<str>, F: Future>(
+    run: Pin<&'r mut Run<'static, F>>,
     manager: &'a Option<LockManager>,
     name: N,
     options: LockOptions,
-) -> Enter<'a> {
+) -> Enter<'a, 'r, F> {
     match manager {
-        Some(manager) => enter(hold, manager, name, options),
-        None => Enter { hold, stage: Stage::Refused(LockError::NotConfigured { name: name.as_ref().to_owned() }) },
+        Some(manager) => enter(run, manager, name, options),
+        None => Enter { run, state: State::Refused(Some(LockError::NotConfigured { name: name.as_ref().to_owned() })) },
     }
 }
 
-/// The future of [`enter`]: `Ok(())` once the lock is in the [`Hold`].
-#[derive(Debug)]
+/// The future of [`enter`]: `Ok(())` once the lock is in the [`Run`].
 #[must_use = "futures do nothing unless polled"]
-pub struct Enter<'a> {
-    hold: &'a mut Hold,
-    stage: Stage<'a>,
+pub struct Enter<'a, 'r, F: Future> {
+    run: Pin<&'r mut Run<'static, F>>,
+    state: State<'a>,
 }
 
-#[derive(Debug)]
-enum Stage<'a> {
-    Taking { lock: LockFuture<'a>, manager: u64, parent: Option<Arc<Frame>> },
-    Refused(LockError),
+enum State<'a> {
+    Taking(Taking<'a>),
+    /// The call cannot take a lock (no default manager); `None` once returned.
+    Refused(Option<LockError>),
     Entered,
 }
 
-impl Future for Enter<'_> {
+impl<F: Future> std::fmt::Debug for Enter<'_, '_, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enter").field("entered", &matches!(self.state, State::Entered)).finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for Enter<'_, '_, F> {
     type Output = Result<(), LockError>;
 
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        match &mut this.stage {
-            Stage::Taking { lock, manager, parent } => {
-                let guard = match ready!(Pin::new(lock).poll(cx)) {
-                    Ok(guard) => guard,
-                    Err(e) => {
-                        this.stage = Stage::Entered;
-                        return Poll::Ready(Err(e));
-                    }
-                };
-                let frame = Frame {
-                    manager: *manager,
-                    name: guard.name().clone(),
-                    fencing_token: guard.fencing_token(),
-                    lost: guard.lost_signal().clone(),
-                    parent: parent.take(),
-                };
-                this.hold.frame = Some(frame);
-                this.hold.guard = Some(guard);
-                // (The stage stays: its finished lock future is dropped with `Enter`.)
-                Poll::Ready(Ok(()))
+        match &mut this.state {
+            State::Taking(taking) => {
+                let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().hold_mut()));
+                this.state = State::Entered;
+                Poll::Ready(taken)
             }
-            Stage::Refused(_) => match std::mem::replace(&mut this.stage, Stage::Entered) {
-                Stage::Refused(e) => Poll::Ready(Err(e)),
-                _ => Poll::Ready(Ok(())), // unreachable: matched above
-            },
-            Stage::Entered => Poll::Ready(Ok(())),
+            State::Refused(error) => Poll::Ready(Err(error
+                .take()
+                .unwrap_or_else(|| LockError::invalid("", "a locked call's entry was polled after it completed")))),
+            State::Entered => Poll::Ready(Ok(())),
         }
     }
 }
 
-/// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
-pub type Carry<R> = Option<fn(LockError) -> R>;
-
-impl Hold {
-    /// Runs `body` under the lock and releases it afterwards (and on panic or cancellation,
-    /// through the guard's `Drop`). With [`OnLost::Abort`], a loss of the lease stops the body
-    /// at its next await and returns the lost error.
-    #[inline]
-    pub fn run<'a, F: Future + 'a>(
-        &'a mut self,
-        on_lost: OnLost,
-        body: F,
-    ) -> impl Future<Output = Result<F::Output, LockError>> + 'a {
-        let carry: Carry<Result<F::Output, LockError>> = match on_lost {
-            OnLost::Abort => Some(Err),
-            OnLost::Ignore => None,
-        };
-        self.drive(body, Ok, carry)
-    }
-
-    /// [`run`](Hold::run) with [`OnLost::Abort`] converting the lost error with `carry` when
-    /// it is `Some`, else [`run_to_end`](Hold::run_to_end).
-    #[inline]
-    pub fn run_with<'a, F: Future + 'a>(
-        &'a mut self,
-        carry: Carry<F::Output>,
-        body: F,
-    ) -> impl Future<Output = F::Output> + 'a {
-        self.drive(body, identity, carry)
-    }
-
-    /// Runs `body` to its end under the lock (for [`OnLost::Ignore`], or return types that
-    /// cannot carry a [`LockError`]), then releases it.
-    #[inline]
-    pub fn run_to_end<'a, F: Future + 'a>(&'a mut self, body: F) -> impl Future<Output = F::Output> + 'a {
-        self.drive(body, identity, None)
-    }
-
-    /// The one future behind `run*`: watched for loss when `carry` is given and the lock can be
-    /// lost.
-    #[inline]
-    fn drive<F: Future, R, W: FnOnce(F::Output) -> R + Copy>(
-        &mut self,
-        body: F,
-        wrap: W,
-        carry: Carry<R>,
-    ) -> Run<'_, F, R, W> {
-        let watch = match (carry, &self.frame) {
-            // Boxed: the watch (a timer and a notification) would otherwise make every locked
-            // fn's future as large as the watched one. A lock that can be lost lives on a
-            // networked backend (or has a fixed lease), where one allocation is noise.
-            (Some(_), Some(frame)) if frame.lost.can_fire() => {
-                let lost = frame.lost.clone();
-                let name = frame.name.clone();
-                let watch: Watch = Box::pin(async move {
-                    lost.wait().await;
-                    LockError::lost(&*name, lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()))
-                });
-                Some(watch)
-            }
-            _ => None,
-        };
-        Run { hold: self, body: Some(body), watch, pending: None, wrap, carry }
-    }
-}
-
-fn identity<T>(t: T) -> T {
-    t
-}
-
-/// Completes with the lost error once the lock is lost.
-type Watch = Pin<Box<dyn Future<Output = LockError> + Send>>;
-
-pin_project_lite::pin_project! {
-    /// The future of [`Hold::run`]: the body in the lock's context (each poll swaps the frame
-    /// into the task's context and back, also on unwind), raced against the loss of the lock
-    /// when watched, then the release.
-    #[must_use = "futures do nothing unless polled"]
-    pub struct Run<'a, F: Future, R, W> {
-        hold: &'a mut Hold,
-        // `None` once the body has completed (or was stopped by the loss of the lock).
-        #[pin]
-        body: Option<F>,
-        watch: Option<Watch>,
-        // A release that must be awaited (a networked backend's) and the output it holds back;
-        // boxed, so the common case stays small.
-        pending: Option<Box<Pending<F::Output, R>>>,
-        // How the body's output becomes the locked fn's (`Ok`, or as is); a zero-sized fn item.
-        wrap: W,
-        carry: Carry<R>,
-    }
-
-    impl<'a, F: Future, R, W> PinnedDrop for Run<'a, F, R, W> {
-        fn drop(this: Pin<&mut Self>) {
-            // A body dropped before completion (cancellation) drops in its context, as it ran.
-            let this = this.project();
-            let mut body = this.body;
-            if body.is_some() {
-                context::within(&mut this.hold.frame, || body.set(None));
-            }
-        }
-    }
-}
-
-/// A release being awaited, with the output of the body (`Err`: the carried lost error).
-struct Pending<T, R> {
-    release: ReleaseFuture,
-    output: Result<T, R>,
-}
-
-impl<F: Future, R, W: FnOnce(F::Output) -> R + Copy> Future for Run<'_, F, R, W> {
-    type Output = R;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<R> {
-        let this = self.project();
-        let (carry, wrap) = (*this.carry, *this.wrap);
-        if let Some(pending) = this.pending {
-            let released = ready!(Pin::new(&mut pending.release).poll(cx));
-            let Some(pending) = this.pending.take() else { return Poll::Pending };
-            return Poll::Ready(finish(pending.output, released, carry, wrap));
-        }
-        let mut output = None;
-        let mut body = this.body;
-        let watch = this.watch.as_mut().filter(|_| carry.is_some());
-        context::within(&mut this.hold.frame, || {
-            let Some(fut) = body.as_mut().as_pin_mut() else { return };
-            if let Poll::Ready(out) = fut.poll(cx) {
-                output = Some(Ok(out));
-            } else if let (Some(watch), Some(carry)) = (watch, carry) {
-                if let Poll::Ready(lost) = watch.as_mut().poll(cx) {
-                    output = Some(Err(carry(lost)));
-                }
-            }
-            if output.is_some() {
-                body.set(None); // in its context, like the rest of the body
-            }
-        });
-        // (`None` also when polled after completion: the caller's bug; never wakes.)
-        let Some(output) = output else { return Poll::Pending };
-        *this.watch = None;
-        let released = match &mut this.hold.guard {
-            None => Ok(()), // re-entered: the outermost call releases
-            Some(guard) => match guard.release_at_once() {
-                Some(released) => {
-                    this.hold.guard = None;
-                    released
-                }
-                None => {
-                    let Some(guard) = this.hold.guard.take() else { return Poll::Pending };
-                    let pending = this.pending.insert(Box::new(Pending { release: guard.release(), output }));
-                    let released = ready!(Pin::new(&mut pending.release).poll(cx));
-                    let Some(pending) = this.pending.take() else { return Poll::Pending };
-                    return Poll::Ready(finish(pending.output, released, carry, wrap));
-                }
-            },
-        };
-        Poll::Ready(finish(output, released, carry, wrap))
-    }
-}
-
-/// The locked fn's output, from the body's and the release's.
+/// Gives `body` to the `run` that [`enter`] put the lock into; await the result for the body's
+/// output (`Err`: the lost error, when the loss aborts the body).
 #[inline]
-fn finish<T, R>(
-    output: Result<T, R>,
-    released: Result<(), LockError>,
-    carry: Carry<R>,
-    wrap: impl FnOnce(T) -> R,
-) -> R {
-    if let Err(e) = released {
-        if let Some(lost) = released_lost(e, carry, output.is_ok()) {
-            return lost;
-        }
-    }
-    match output {
-        Ok(output) => wrap(output),
-        Err(lost) => lost,
+pub fn start<'r, F: Future>(
+    mut run: Pin<&'r mut Run<'static, F>>,
+    on_lost: OnLost,
+    body: F,
+) -> Pin<&'r mut Run<'static, F>> {
+    run.as_mut().start(on_lost == OnLost::Abort, body);
+    run
+}
+
+/// The locked fn's output from its run's: a lost error converted by `carry`.
+///
+/// With `carry` `None` the body was run to its end ([`OnLost::Ignore`]), so the run has no
+/// error to give once its lock was entered: only a run awaited again after it completed (a
+/// bug of the caller, as resuming a completed `async fn` is) gets here with one, and panics.
+#[inline]
+pub fn carried<R>(result: Result<R, LockError>, carry: Carry<R>) -> R {
+    match result {
+        Ok(output) => output,
+        Err(e) => match carry {
+            Some(carry) => carry(e),
+            None => ran_to_end_failed(e),
+        },
     }
 }
 
-/// A failed release after a locked call: a loss found by the release of a body that completed
-/// becomes the output when the loss is carried; other failures are logged.
 #[cold]
-fn released_lost<R>(e: LockError, carry: Carry<R>, completed: bool) -> Option<R> {
-    if let (Some(carry), true, true) = (carry, e.is_lost(), completed) {
-        return Some(carry(e));
-    }
-    tracing::warn!(error = %e, "release after a locked call failed");
-    None
+#[inline(never)]
+fn ran_to_end_failed(e: LockError) -> ! {
+    panic!("a locked call that runs its body to the end failed after taking its lock: {e}")
 }
