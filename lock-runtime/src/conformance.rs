@@ -42,6 +42,7 @@ use crate::{LockManager, LockManagerBuilder};
 
 /// Builds a manager on the backend under test.
 pub trait Factory: Fn(LockManagerBuilder) -> Self::Fut {
+    /// The future that builds the manager.
     type Fut: Future<Output = LockManager>;
 }
 
@@ -428,9 +429,10 @@ pub async fn cancelled_after_any_poll_leaves_nothing(make: &impl Factory) {
             return; // every await point before completion was cut once
         }
         let started = Instant::now();
-        let next = m.lock("cancelled").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
-            panic!("after dropping the acquisition at poll {polls}, the lock stayed taken: {e}")
-        });
+        let next =
+            m.lock("cancelled").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
+                panic!("after dropping the acquisition at poll {polls}, the lock stayed taken: {e}")
+            });
         assert!(
             started.elapsed() < Duration::from_secs(2),
             "after dropping the acquisition at poll {polls}, the next lock took {:?}",
@@ -452,9 +454,10 @@ pub async fn cancelled_waiter_after_any_poll_leaves_nothing(make: &impl Factory)
         assert!(got.is_none(), "a waiter got a held lock (poll {polls})");
         let released_at = Instant::now();
         held.release().await.expect("release");
-        held = m.lock("cancelled-waiter").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
-            panic!("after dropping a waiter at poll {polls}, the released lock stayed taken: {e}")
-        });
+        held =
+            m.lock("cancelled-waiter").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
+                panic!("after dropping a waiter at poll {polls}, the released lock stayed taken: {e}")
+            });
         assert!(
             released_at.elapsed() < Duration::from_secs(2),
             "after dropping a waiter at poll {polls}, the next lock took {:?}",

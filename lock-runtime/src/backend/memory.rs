@@ -399,7 +399,9 @@ impl HeldLock for MemoryHeld {
 
 impl MemoryHeld {
     fn release_checked(&self) -> Result<(), LockError> {
-        self.store.release_sync(&self.key, self.owner, self.token).map_err(|reason| LockError::lost(&*self.name, reason))
+        self.store
+            .release_sync(&self.key, self.owner, self.token)
+            .map_err(|reason| LockError::lost(&*self.name, reason))
     }
 }
 
