@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
-use crate::backend::HeldLock;
+use crate::backend::Held;
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
@@ -31,7 +31,7 @@ pub struct LockGuard {
 
 /// What a guard needs until its lock is released.
 struct State {
-    lock: Box<dyn HeldLock>,
+    lock: Held,
     watchdog: Option<AbortHandle>,
     /// The backend's operation timeout, bounding a release.
     bound: Duration,
@@ -53,7 +53,7 @@ impl LockGuard {
     pub(crate) fn new(
         name: Arc<str>,
         fencing_token: u64,
-        lock: Box<dyn HeldLock>,
+        lock: Held,
         (bound, kind): (Duration, &'static str),
         lost: LostSignal,
         watchdog: Option<AbortHandle>,
@@ -125,6 +125,9 @@ impl LockGuard {
 
     /// The verdict of a release: a lock already known to be lost is reported lost.
     fn verdict(&self, released: Result<(), LockError>) -> Result<(), LockError> {
+        if !self.lost.can_fire() {
+            return released;
+        }
         match self.lost.reason() {
             Some(reason) => Err(LockError::lost(&*self.name, reason)),
             None => released,

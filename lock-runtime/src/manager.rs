@@ -45,6 +45,9 @@ pub(crate) struct Inner {
     pub(crate) default_wait: Duration,
     pub(crate) default_lease: Duration,
     pub(crate) backend: Arc<dyn LockBackend>,
+    /// The backend's operation timeout and kind, read once.
+    pub(crate) bound: Duration,
+    pub(crate) kind: &'static str,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -122,6 +125,8 @@ impl LockManagerBuilder {
                 prefix: self.prefix,
                 default_wait: self.default_wait,
                 default_lease: self.default_lease,
+                bound: backend.operation_timeout(),
+                kind: backend.kind(),
                 backend,
             }),
         }
@@ -227,44 +232,45 @@ impl LockManager {
         }
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
-        Ok(Plan { name, key, owner: OwnerId::next(), lease, wait, retry: options.retries() })
+        let req = Acquire { name, key, owner: OwnerId::next(), lease, lost: LostSignal::never() };
+        Ok(Plan { req, wait, retry: options.retries() })
     }
 
     /// The synchronous fast path of in-process backends: one attempt, no allocation for the
     /// future or the lost signal.
     fn attempt_now(&self, plan: &Plan) -> Option<Result<Attempt, LockError>> {
-        self.inner.backend.try_acquire_now(&plan.request(LostSignal::never()))
+        self.inner.backend.try_acquire_now(&plan.req)
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
     fn guard(&self, plan: Plan, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
-        let renewal = match plan.lease {
+        let renewal = match plan.req.lease {
             Lease::Renewed(_) => lock.renewal(),
             Lease::Fixed(_) => None,
         };
-        let time_bound = matches!(plan.lease, Lease::Fixed(_)) || renewal.is_some();
+        let time_bound = matches!(plan.req.lease, Lease::Fixed(_)) || renewal.is_some();
         let granted_at = || granted_at.unwrap_or_else(Instant::now);
         let lost = match lost {
             Some(lost) => lost,
             None if time_bound => LostSignal::new(),
             None => LostSignal::never(),
         };
-        let bound = inner.backend.operation_timeout();
-        let watchdog = match (plan.lease, renewal) {
+        let bound = inner.bound;
+        let watchdog = match (plan.req.lease, renewal) {
             (Lease::Fixed(d), _) => {
                 lost.set_deadline(granted_at().checked_add(d));
                 None
             }
             (Lease::Renewed(d), Some(renewal)) => {
                 lost.set_deadline(granted_at().checked_add(d));
-                let renewed = watchdog::Renewed { renewal, name: plan.name.clone(), bound };
+                let renewed = watchdog::Renewed { renewal, name: plan.req.name.clone(), bound };
                 Some(watchdog::spawn(renewed, d, lost.clone()))
             }
             (Lease::Renewed(_), None) => None,
         };
-        LockGuard::new(plan.name, fencing_token, lock, (bound, inner.backend.kind()), lost, watchdog)
+        LockGuard::new(plan.req.name, fencing_token, lock, (bound, inner.kind), lost, watchdog)
     }
 
     /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
@@ -276,10 +282,10 @@ impl LockManager {
         let backend = &*self.inner.backend;
         let bound = backend.operation_timeout();
         let lost = LostSignal::new();
-        let mut acquisition = backend.begin(plan.request(lost.clone()));
+        let mut acquisition = backend.begin(Acquire { lost: lost.clone(), ..plan.req.clone() });
         let deadline = started.checked_add(plan.wait).unwrap_or(started);
         let contended =
-            |attempts| LockError::Contended { name: plan.name.to_string(), waited: started.elapsed(), attempts };
+            |attempts| LockError::Contended { name: plan.req.name.to_string(), waited: started.elapsed(), attempts };
         let mut attempts = 1u32;
         if !busy {
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
@@ -315,25 +321,17 @@ impl LockManager {
     ) -> Result<T, LockError> {
         match crate::bounded::bounded(bound, fut).await {
             Some(result) => result,
-            None => Err(LockError::timed_out(&*plan.name, self.inner.backend.kind(), operation, bound)),
+            None => Err(LockError::timed_out(&*plan.req.name, self.inner.backend.kind(), operation, bound)),
         }
     }
 }
 
-/// A validated request.
+/// A validated request: what the backend is asked for (with a lost signal that never fires,
+/// for the synchronous fast path) and the policy around it.
 struct Plan {
-    name: Arc<str>,
-    key: Arc<str>,
-    owner: OwnerId,
-    lease: Lease,
+    req: Acquire,
     wait: Duration,
     retry: Option<u32>,
-}
-
-impl Plan {
-    fn request(&self, lost: LostSignal) -> Acquire {
-        Acquire { name: self.name.clone(), key: self.key.clone(), owner: self.owner, lease: self.lease, lost }
-    }
 }
 
 /// A lock request being configured: `.await` it for a [`LockGuard`].

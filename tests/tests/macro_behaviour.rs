@@ -616,7 +616,7 @@ struct Awaited {
     releases: Arc<AtomicU32>,
 }
 
-use lock_runtime::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, LockBackend, Wake};
+use lock_runtime::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Wake};
 
 impl LockBackend for Awaited {
     fn kind(&self) -> &'static str {
@@ -635,7 +635,7 @@ struct AwaitedAcquisition {
 
 impl AwaitedAcquisition {
     fn wrap(&self, grant: Grant) -> Grant {
-        let lock = Box::new(AwaitedHeld { inner: grant.lock, releases: self.releases.clone() });
+        let lock = Held::new(AwaitedHeld { inner: grant.lock, releases: self.releases.clone() });
         Grant { lock, ..grant }
     }
 }
@@ -661,7 +661,7 @@ impl Acquisition for AwaitedAcquisition {
 }
 
 struct AwaitedHeld {
-    inner: Box<dyn HeldLock>,
+    inner: Held,
     releases: Arc<AtomicU32>,
 }
 

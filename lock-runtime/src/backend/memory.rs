@@ -17,7 +17,7 @@ use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::sync::{oneshot, Notify};
 
-use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, Lease, LockBackend, OwnerId, Wake};
+use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 
 const SHARDS: usize = 64;
@@ -62,7 +62,40 @@ type Shard = HashTable<Entry>;
 struct Entry {
     key: Arc<str>,
     holder: Option<Holder>,
-    waiters: VecDeque<Waiter>,
+    waiters: Queue,
+}
+
+/// The waiters of one name, oldest first. Allocated only once someone waits, so an entry that
+/// is only ever held stays small and cheap to drop.
+#[derive(Default)]
+struct Queue(Option<Box<VecDeque<Waiter>>>);
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn front(&self) -> Option<&Waiter> {
+        self.0.as_ref().and_then(|q| q.front())
+    }
+
+    fn pop_front(&mut self) -> Option<Waiter> {
+        self.0.as_mut().and_then(|q| q.pop_front())
+    }
+
+    fn push_back(&mut self, waiter: Waiter) {
+        self.0.get_or_insert_with(Default::default).push_back(waiter);
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&Waiter) -> bool) {
+        if let Some(q) = &mut self.0 {
+            q.retain(keep);
+        }
+    }
 }
 
 struct Holder {
@@ -130,7 +163,12 @@ impl MemoryBackend {
     /// The key's hash (computed once per operation) and its locked shard.
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
         let hash = self.inner.hasher.hash_one(key);
-        (hash, lock(&self.inner.shards[((hash >> 40) as usize) % SHARDS]))
+        (hash, self.shard_of(hash))
+    }
+
+    /// The locked shard of a key whose hash is known.
+    fn shard_of(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        lock(&self.inner.shards[((hash >> 40) as usize) % SHARDS])
     }
 
     fn next_token(&self) -> u64 {
@@ -168,13 +206,13 @@ impl MemoryBackend {
     }
 
     /// One attempt: the grant, or the holder's lease end (`Err(None)`: held without expiry).
-    fn attempt(&self, req: &Acquire) -> Result<Handed, Option<Instant>> {
-        let (hash, mut shard) = self.shard(&req.key);
+    fn attempt(&self, req: &Acquire, hash: u64) -> Result<Handed, Option<Instant>> {
+        let mut shard = self.shard_of(hash);
         let hasher = &self.inner.hasher;
         match shard.entry(hash, |e| *e.key == *req.key, |e| hasher.hash_one(&*e.key)) {
             TableEntry::Vacant(slot) => {
                 let (holder, grant) = self.holder_for(req.owner, req.lease, None);
-                slot.insert(Entry { key: req.key.clone(), holder: Some(holder), waiters: VecDeque::new() });
+                slot.insert(Entry { key: req.key.clone(), holder: Some(holder), waiters: Queue::default() });
                 Ok(grant)
             }
             TableEntry::Occupied(mut slot) => {
@@ -198,8 +236,8 @@ impl MemoryBackend {
 
     /// Frees the entry of `key` held by `owner` (if it still is), hands it on or removes it.
     /// Returns whether `owner` still held it within its lease.
-    fn release_sync(&self, key: &str, owner: OwnerId, token: u64) -> Result<(), &'static str> {
-        let (hash, mut shard) = self.shard(key);
+    fn release_sync(&self, key: &str, hash: u64, owner: OwnerId, token: u64) -> Result<(), &'static str> {
+        let mut shard = self.shard_of(hash);
         let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
@@ -256,6 +294,7 @@ fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
 struct MemoryAcquisition {
     store: MemoryBackend,
     req: Acquire,
+    hash: u64,
     /// The holder's lease end seen by the last look (`None`: no expiry).
     expiry: Option<Instant>,
     /// Our place in the queue: the hand-off arrives here.
@@ -266,7 +305,7 @@ struct MemoryAcquisition {
 
 impl MemoryAcquisition {
     fn grant(&self, handed: Handed) -> Grant {
-        self.store.grant(&self.req, handed)
+        self.store.grant(&self.req, self.hash, handed)
     }
 
     /// Joins the queue behind the holder. `false` when the lock is free again (nobody to
@@ -363,7 +402,7 @@ impl Drop for MemoryAcquisition {
 
 impl Acquisition for MemoryAcquisition {
     fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
-        let attempt = match self.store.attempt(&self.req) {
+        let attempt = match self.store.attempt(&self.req, self.hash) {
             Ok(handed) => Attempt::Acquired(self.grant(handed)),
             Err(expiry) => {
                 self.expiry = expiry;
@@ -379,8 +418,10 @@ impl Acquisition for MemoryAcquisition {
 }
 
 /// A lock held in the in-process store.
-struct MemoryHeld {
+pub(crate) struct MemoryHeld {
     store: MemoryBackend,
+    /// The key's hash, computed once by the attempt.
+    hash: u64,
     name: Arc<str>,
     key: Arc<str>,
     owner: OwnerId,
@@ -392,6 +433,7 @@ impl HeldLock for MemoryHeld {
         Box::pin(std::future::ready(self.release_checked()))
     }
 
+    #[inline]
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
         Some(self.release_checked())
     }
@@ -400,21 +442,22 @@ impl HeldLock for MemoryHeld {
 impl MemoryHeld {
     fn release_checked(&self) -> Result<(), LockError> {
         self.store
-            .release_sync(&self.key, self.owner, self.token)
+            .release_sync(&self.key, self.hash, self.owner, self.token)
             .map_err(|reason| LockError::lost(&*self.name, reason))
     }
 }
 
 impl MemoryBackend {
-    fn grant(&self, req: &Acquire, handed: Handed) -> Grant {
+    fn grant(&self, req: &Acquire, hash: u64, handed: Handed) -> Grant {
         let lock = MemoryHeld {
+            hash,
             store: self.clone(),
             name: req.name.clone(),
             key: req.key.clone(),
             owner: req.owner,
             token: handed.token,
         };
-        Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Box::new(lock) }
+        Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) }
     }
 }
 
@@ -424,12 +467,14 @@ impl LockBackend for MemoryBackend {
     }
 
     fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
-        Box::new(MemoryAcquisition { store: self.clone(), req, expiry: None, queued: None, holder_changed: None })
+        let hash = self.inner.hasher.hash_one(&*req.key);
+        Box::new(MemoryAcquisition { store: self.clone(), req, hash, expiry: None, queued: None, holder_changed: None })
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
-        Some(Ok(match self.attempt(req) {
-            Ok(handed) => Attempt::Acquired(self.grant(req, handed)),
+        let hash = self.inner.hasher.hash_one(&*req.key);
+        Some(Ok(match self.attempt(req, hash) {
+            Ok(handed) => Attempt::Acquired(self.grant(req, hash, handed)),
             Err(_) => Attempt::Busy,
         }))
     }

@@ -143,7 +143,66 @@ pub struct Grant {
     /// whose [`HeldLock::renewal`] is `None` (nothing is counted from it).
     pub granted_at: Option<Instant>,
     /// The held lock: what releases (and, for lease-based stores, renews) it.
-    pub lock: Box<dyn HeldLock>,
+    pub lock: Held,
+}
+
+/// A granted lock's [`HeldLock`], as a [`Grant`] carries it: `Held::new(your_lock)`.
+///
+/// The in-process backend's locks are kept inline (no allocation on its fast path); every
+/// other backend's are boxed.
+pub struct Held(HeldRepr);
+
+enum HeldRepr {
+    Memory(memory::MemoryHeld),
+    Boxed(Box<dyn HeldLock>),
+}
+
+impl Held {
+    /// Wraps a backend's held lock.
+    pub fn new(lock: impl HeldLock) -> Self {
+        Held(HeldRepr::Boxed(Box::new(lock)))
+    }
+
+    pub(crate) fn memory(lock: memory::MemoryHeld) -> Self {
+        Held(HeldRepr::Memory(lock))
+    }
+
+    /// [`HeldLock::release`].
+    pub fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        match &mut self.0 {
+            HeldRepr::Memory(lock) => lock.release(),
+            HeldRepr::Boxed(lock) => lock.release(),
+        }
+    }
+
+    /// [`HeldLock::release_now`].
+    #[inline]
+    pub fn release_now(&mut self) -> Option<Result<(), LockError>> {
+        match &mut self.0 {
+            HeldRepr::Memory(lock) => lock.release_now(),
+            HeldRepr::Boxed(lock) => lock.release_now(),
+        }
+    }
+
+    /// [`HeldLock::renewal`].
+    pub fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        match &self.0 {
+            HeldRepr::Memory(lock) => lock.renewal(),
+            HeldRepr::Boxed(lock) => lock.renewal(),
+        }
+    }
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Held")
+    }
+}
+
+impl From<Box<dyn HeldLock>> for Held {
+    fn from(lock: Box<dyn HeldLock>) -> Self {
+        Held(HeldRepr::Boxed(lock))
+    }
 }
 
 /// The result of one acquisition attempt.
@@ -211,12 +270,6 @@ pub trait HeldLock: Send + Sync + 'static {
     /// holder (in-process, or tied to a session).
     fn renewal(&self) -> Option<Box<dyn Renewal>> {
         None
-    }
-}
-
-impl fmt::Debug for dyn HeldLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("HeldLock")
     }
 }
 
