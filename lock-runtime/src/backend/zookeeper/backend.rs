@@ -142,9 +142,10 @@ enum State {
     /// No node.
     Idle,
     /// A create was sent through this session; its outcome is unknown.
-    Creating(Arc<Session>),
-    /// Our node, in the queue.
-    Queued { session: Arc<Session>, node: Node },
+    Creating(Weak<Session>),
+    /// Our node, in the queue. (Sessions are held weakly: a lost session is closed at once,
+    /// its nodes go with it.)
+    Queued { session: Weak<Session>, node: Node },
     /// Handed to a [`ZkHeld`].
     Granted,
 }
@@ -153,10 +154,12 @@ impl Drop for ZkAcquisition {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Queued { session, node } => {
+                let Some(session) = session.upgrade() else { return };
                 let bound = self.shared.purge_bound(&session);
                 purge(&session, Leftover::Node(node.path), bound);
             }
             State::Creating(session) => {
+                let Some(session) = session.upgrade() else { return };
                 let bound = self.shared.purge_bound(&session);
                 purge(&session, Leftover::Owner { dir: self.dir.clone(), owner: self.owner.clone() }, bound);
             }
@@ -188,26 +191,26 @@ impl ZkAcquisition {
     /// sent) when this call created it.
     async fn node(&mut self, operation: &'static str) -> Result<(Arc<Session>, Node, Option<Instant>), LockError> {
         match std::mem::replace(&mut self.state, State::Idle) {
-            State::Queued { session, node } => {
-                if session.is_dead() {
-                    return Err(session_gone(&self.req.name, operation));
-                }
-                self.state = State::Queued { session: session.clone(), node: node.clone() };
+            State::Queued { session: weak, node } => {
+                let Some(session) = weak.upgrade().filter(|s| !s.is_dead()) else {
+                    return Err(session_gone(&self.req.name, operation)); // its node went with it
+                };
+                self.state = State::Queued { session: weak, node: node.clone() };
                 return Ok((session, node, None));
             }
-            State::Creating(session) => {
+            State::Creating(weak) => {
                 // An earlier create was abandoned in flight (its future dropped): the session
                 // applies requests in order, so a lookup now sees it if it happened.
-                self.state = State::Creating(session.clone());
-                if !session.is_dead() {
+                if let Some(session) = weak.upgrade().filter(|s| !s.is_dead()) {
+                    self.state = State::Creating(weak);
                     if let Some(node) =
                         find_own(&session.client, &self.dir, &self.owner).await.map_err(self.fail(operation))?
                     {
-                        self.state = State::Queued { session: session.clone(), node: node.clone() };
+                        self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };
                         return Ok((session, node, None));
                     }
+                    self.state = State::Idle;
                 }
-                self.state = State::Idle;
             }
             State::Granted => {
                 self.state = State::Granted;
@@ -217,13 +220,13 @@ impl ZkAcquisition {
         }
         let before = Instant::now();
         let session = self.shared.session(&self.req.name, operation).await?;
-        self.state = State::Creating(session.clone());
+        self.state = State::Creating(Arc::downgrade(&session));
         let data = LeaseRecord::initial(self.req.lease);
         let root = self.shared.options.get_root();
         let node = create_node(&session.client, root, &self.dir, &self.owner, &data, self.patience())
             .await
             .map_err(self.fail(operation))?;
-        self.state = State::Queued { session: session.clone(), node: node.clone() };
+        self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };
         Ok((session, node, Some(before)))
     }
 
@@ -291,7 +294,7 @@ impl ZkAcquisition {
         self.state = State::Granted;
         let held = ZkHeld {
             shared: self.shared.clone(),
-            session,
+            session: Arc::downgrade(&session),
             name: self.req.name.clone(),
             path: node.path.clone(),
             released: false,
@@ -436,7 +439,8 @@ fn register(
 /// A lock held on ZooKeeper: its node, in the session that created it.
 struct ZkHeld {
     shared: Arc<Shared>,
-    session: Arc<Session>,
+    /// Weak: a lost session is closed at once (its nodes go with it), not kept open by guards.
+    session: Weak<Session>,
     name: Arc<str>,
     path: Arc<str>,
     /// Whether the delete was sent (by `release`).
@@ -456,11 +460,11 @@ impl ZkHeld {
 
     async fn release_node(&mut self) -> Result<(), LockError> {
         let registered = self.unregister();
-        if self.session.is_dead() {
+        let Some(session) = self.session.upgrade().filter(|s| !s.is_dead()) else {
             self.released = true;
             return Err(LockError::lost(&*self.name, "its ZooKeeper session was lost"));
-        }
-        let client = self.session.client.clone();
+        };
+        let client = session.client.clone();
         let sent = send_delete(&client, &self.path);
         self.released = true;
         let mut result = sent.await;
@@ -483,7 +487,7 @@ impl ZkHeld {
                 "its ZooKeeper node was already gone (the session expired, or the lease ended)",
             )),
             Err(e) => {
-                purge(&self.session, Leftover::Node(self.path.clone()), self.shared.purge_bound(&self.session));
+                purge(&session, Leftover::Node(self.path.clone()), self.shared.purge_bound(&session));
                 Err(zk_error(&self.name, "release", e))
             }
         }
@@ -503,7 +507,9 @@ impl Drop for ZkHeld {
         }
         // Dropped without a release (the guard could not run one): delete the node anyway.
         self.unregister();
-        purge(&self.session, Leftover::Node(self.path.clone()), self.shared.purge_bound(&self.session));
+        if let Some(session) = self.session.upgrade() {
+            purge(&session, Leftover::Node(self.path.clone()), self.shared.purge_bound(&session));
+        }
     }
 }
 
