@@ -117,15 +117,6 @@ impl LockBackend for ZookeeperBackend {
     }
 }
 
-impl Shared {
-    /// How long background clean-up may keep trying: after that, the node goes with its session.
-    fn purge_bound(&self, session: &Session) -> Duration {
-        // Both are at most an hour (validated options, server-negotiated session): no overflow,
-        // and saturating anyway.
-        self.options.get_operation_timeout().saturating_add(session.client.session_timeout())
-    }
-}
-
 /// One `lock()` call on ZooKeeper: owns its one sequential node from the first attempt until it
 /// is granted (the [`ZkHeld`] owns it then) or dropped (the node is deleted).
 struct ZkAcquisition {
@@ -155,13 +146,11 @@ impl Drop for ZkAcquisition {
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Queued { session, node } => {
                 let Some(session) = session.upgrade() else { return };
-                let bound = self.shared.purge_bound(&session);
-                purge(&session, Leftover::Node(node.path), bound);
+                purge(&self.shared, &session, Leftover::Node(node.path));
             }
             State::Creating(session) => {
                 let Some(session) = session.upgrade() else { return };
-                let bound = self.shared.purge_bound(&session);
-                purge(&session, Leftover::Owner { dir: self.dir.clone(), owner: self.owner.clone() }, bound);
+                purge(&self.shared, &session, Leftover::Owner { dir: self.dir.clone(), owner: self.owner.clone() });
             }
             State::Idle | State::Granted => {}
         }
@@ -219,6 +208,9 @@ impl ZkAcquisition {
             State::Idle => {}
         }
         let before = Instant::now();
+        // An earlier acquisition of this lock abandoned with a create in flight may have left
+        // a node ahead of ours: its clean-up comes first.
+        self.shared.purged(&self.dir).await;
         let session = self.shared.session(&self.req.name, operation).await?;
         self.state = State::Creating(Arc::downgrade(&session));
         let data = LeaseRecord::initial(self.req.lease);
@@ -487,7 +479,7 @@ impl ZkHeld {
                 "its ZooKeeper node was already gone (the session expired, or the lease ended)",
             )),
             Err(e) => {
-                purge(&session, Leftover::Node(self.path.clone()), self.shared.purge_bound(&session));
+                purge(&self.shared, &session, Leftover::Node(self.path.clone()));
                 Err(zk_error(&self.name, "release", e))
             }
         }
@@ -508,7 +500,7 @@ impl Drop for ZkHeld {
         // Dropped without a release (the guard could not run one): delete the node anyway.
         self.unregister();
         if let Some(session) = self.session.upgrade() {
-            purge(&session, Leftover::Node(self.path.clone()), self.shared.purge_bound(&session));
+            purge(&self.shared, &session, Leftover::Node(self.path.clone()));
         }
     }
 }

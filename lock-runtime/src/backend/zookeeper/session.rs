@@ -28,6 +28,10 @@ pub(super) struct Shared {
     generations: AtomicU64,
     pub(super) wakeups: AtomicU64,
     pub(super) waiting: AtomicU64,
+    /// Lock containers with a clean-up by owner id in progress (see `purge`), and how many.
+    pub(super) purging: Mutex<HashMap<Arc<str>, usize>>,
+    /// Notified whenever such a clean-up ends.
+    pub(super) purged: tokio::sync::Notify,
 }
 
 /// One ZooKeeper session. Lock nodes are ephemeral: they live exactly as long as it does.
@@ -96,6 +100,8 @@ impl Shared {
             generations: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
+            purging: Mutex::new(HashMap::new()),
+            purged: tokio::sync::Notify::new(),
         }
     }
 
