@@ -369,9 +369,10 @@ async fn until(what: &str, condition: impl Fn() -> bool) {
 /// Regression (issue 1): a holder that waited has its fixed lease counted from its grant, by
 /// the waiters too. A holds; B (a fixed lease of 2 s) waits 1.5 s, then is granted and its
 /// process hangs with its session alive (its own runtime is stalled: its lease-end task cannot
-/// delete its node); C, in another backend, waits behind B and judges B's lease. C must not get
-/// the lock before B's runtime has reported it lost (B's grant + lease). The old recipe counted
-/// B's lease from its node's creation (when it queued), and C took the lock 0.5 s early.
+/// delete its node); C, in another backend, arrives while B holds, waits right behind B and
+/// judges B's lease. C must not get the lock before B's runtime has reported it lost (B's
+/// grant + lease). The old recipe counted B's lease from its node's creation (when it queued),
+/// and C took the lock 0.5 s early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
     let hosts = zk_server::shared().hosts();
@@ -379,7 +380,7 @@ async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
     let lease = Duration::from_secs(2);
     let a = LockManager::zookeeper(&hosts).await.expect("a");
     let c_store = ZookeeperBackend::connect(&hosts).await.expect("c");
-    let c = LockManager::builder().backend(c_store.clone());
+    let c = LockManager::builder().backend(c_store);
     let holder = a.lock(&name).await.expect("A holds");
 
     let (store_tx, store_rx) = tokio::sync::oneshot::channel();
@@ -405,7 +406,12 @@ async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
     });
     let b_store = store_rx.await.expect("B connected");
     until("B is queued behind A", || b_store.stats().waiting == 1).await;
-    let b_queued = Instant::now();
+    // A holds on for a while (a condition: B waits about 1.5 s), then releases.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    holder.release().await.expect("A releases");
+    let (b_granted, b_guard) = granted_rx.await.expect("B granted");
+
+    // C arrives while B holds: it queues right behind B and judges B's lease.
     let c_task = tokio::spawn({
         let name = name.clone();
         async move {
@@ -413,12 +419,6 @@ async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
             (Instant::now(), guard)
         }
     });
-    until("C is queued behind B", || c_store.stats().waiting == 1).await;
-    // A holds on for a while (a condition: B waits about 1.5 s), then releases.
-    tokio::time::sleep_until((b_queued + Duration::from_millis(1500)).into()).await;
-    holder.release().await.expect("A releases");
-
-    let (b_granted, b_guard) = granted_rx.await.expect("B granted");
     let b_lost = async {
         b_guard.lost().await;
         Instant::now()
