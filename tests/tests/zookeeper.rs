@@ -3,8 +3,8 @@
 #![cfg(feature = "zookeeper")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::future::IntoFuture;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -396,7 +396,8 @@ async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
             let store = runtime.block_on(ZookeeperBackend::connect_with(&hosts, options)).expect("b");
             let _ = store_tx.send(store.clone());
             let b = LockManager::builder().backend(store);
-            let guard = runtime.block_on(b.lock(&name).lease(lease).wait(Duration::from_secs(20)).into_future()).expect("B");
+            let guard =
+                runtime.block_on(b.lock(&name).lease(lease).wait(Duration::from_secs(20)).into_future()).expect("B");
             let _ = granted_tx.send((Instant::now(), guard));
             let _ = resume_rx.recv(); // B's process hangs: nothing on its runtime runs
             runtime.block_on(async move {

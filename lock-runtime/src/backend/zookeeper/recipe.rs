@@ -250,7 +250,10 @@ mod tests {
         let lease = Duration::from_millis(1500);
         let initial = LeaseRecord::initial(Lease::Fixed(lease));
         assert_eq!(LeaseRecord::parse(&initial), Some(LeaseRecord { lease_ms: 1500, granted: false }));
-        assert_eq!(LeaseRecord::parse(&LeaseRecord::granted(lease)), Some(LeaseRecord { lease_ms: 1500, granted: true }));
+        assert_eq!(
+            LeaseRecord::parse(&LeaseRecord::granted(lease)),
+            Some(LeaseRecord { lease_ms: 1500, granted: true })
+        );
         assert_eq!(LeaseRecord::parse(&LeaseRecord::initial(Lease::Renewed(lease))), None);
         assert_eq!(LeaseRecord::parse(b"lease_ms=x"), None);
     }
@@ -265,7 +268,10 @@ mod tests {
         assert_eq!(at - own.seen, Duration::from_secs(4) + STALE_HOLDER_MARGIN);
         let unrecorded = LeaseRecord { granted: false, ..record };
         let later = own.seen + Duration::from_secs(7);
-        assert_eq!(stale_at(unrecorded, &holder, &own, later), Some(later + Duration::from_secs(2) + STALE_HOLDER_MARGIN));
+        assert_eq!(
+            stale_at(unrecorded, &holder, &own, later),
+            Some(later + Duration::from_secs(2) + STALE_HOLDER_MARGIN)
+        );
     }
 
     fn stat() -> Stat {

@@ -110,7 +110,11 @@ impl Shared {
     }
 
     /// The live session, connecting a new one if there is none (after a session loss).
-    pub(super) async fn session(self: &Arc<Self>, name: &str, operation: &'static str) -> Result<Arc<Session>, LockError> {
+    pub(super) async fn session(
+        self: &Arc<Self>,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Arc<Session>, LockError> {
         if let Some(session) = self.usable(name, operation).await? {
             return Ok(session);
         }
