@@ -434,6 +434,11 @@ async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
         b_lost_at.saturating_duration_since(c_granted),
     );
     assert!(c_guard.fencing_token() > b_guard.fencing_token());
+    assert!(
+        b_lost_at + Duration::from_millis(100) >= b_granted + lease,
+        "B's lease was counted from before its grant: lost {:?} after it",
+        b_lost_at.saturating_duration_since(b_granted)
+    );
 
     let _ = resume_tx.send(()); // B's process runs again: its late release is reported lost
     let err = b_guard.release().await.expect_err("B's lease ended");
@@ -526,6 +531,87 @@ async fn waiters_are_granted_in_arrival_order() {
         t.await.expect("task");
     }
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+}
+
+/// Polls `fut` once (with this task's waker).
+async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
+}
+
+/// An acquisition dropped after any number of polls (creating its node, listing, watching,
+/// free or contended) leaves nothing behind: the next caller gets the lock at once, and no
+/// znode is left under the root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_after_any_poll_leaves_nothing_behind() {
+    let hosts = zk_server::shared().hosts();
+    let root = unique_root("cancelled");
+    let m = LockManager::builder().backend(backend(&hosts, &root).await);
+    let other = LockManager::builder().backend(backend(&hosts, &root).await);
+    for contended in [false, true] {
+        for polls in 1..=10 {
+            let held = if contended { Some(other.lock("c").await.expect("held")) } else { None };
+            let mut fut = Box::pin(m.lock("c").wait(Duration::from_secs(10)).into_future());
+            for _ in 0..polls {
+                match poll_once(&mut fut).await {
+                    std::task::Poll::Ready(guard) => {
+                        guard.expect("acquired").release().await.expect("release");
+                        break;
+                    }
+                    // Lets its requests progress, so that the drop lands at another step.
+                    std::task::Poll::Pending => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+            drop(fut);
+            if let Some(held) = held {
+                held.release().await.expect("release");
+            }
+            let next = m.try_lock("c").await.expect("try").unwrap_or_else(|| {
+                panic!("something was left ahead of the next caller (contended: {contended}, polls: {polls})")
+            });
+            next.release().await.expect("release");
+        }
+    }
+    let started = Instant::now();
+    loop {
+        let left = zk_server::children(&hosts, &root).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A waiter whose node became the lowest (it was woken) but which is dropped before it took
+/// the lock passes the lock on to the next waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_is_dropped_passes_the_lock_on() {
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("woken-dropped");
+    let holder = LockManager::zookeeper(&hosts).await.expect("holder");
+    let first_store = ZookeeperBackend::connect(&hosts).await.expect("first");
+    let second_store = ZookeeperBackend::connect(&hosts).await.expect("second");
+    let first = LockManager::builder().backend(first_store.clone());
+    let second = LockManager::builder().backend(second_store.clone());
+    let held = holder.lock(&name).await.expect("held");
+    let mut woken = Box::pin(first.lock(&name).wait(Duration::from_secs(30)).into_future());
+    let started = Instant::now();
+    while first_store.stats().waiting == 0 {
+        assert!(poll_once(&mut woken).await.is_pending(), "granted while held");
+        assert!(started.elapsed() < Duration::from_secs(10), "the first waiter never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let next = tokio::spawn({
+        let name = name.clone();
+        async move { second.lock(&name).wait(Duration::from_secs(30)).await }
+    });
+    until("the second waiter is queued", || second_store.stats().waiting == 1).await;
+    held.release().await.expect("release"); // the first waiter is next, and woken...
+    drop(woken); // ...but gives up before it takes the lock
+    let started = Instant::now();
+    let g = next.await.expect("task").expect("the lock was passed on");
+    assert!(started.elapsed() < Duration::from_secs(3), "passed on after {:?}", started.elapsed());
+    g.release().await.expect("release");
 }
 
 /// Managers, guards and the backend are `Send + Sync`.

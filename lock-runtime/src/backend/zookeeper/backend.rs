@@ -22,8 +22,8 @@ use crate::{LockManager, LockManagerBuilder};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ZookeeperStats {
-    /// How many times a waiting acquisition was woken by a watch on its predecessor. With no
-    /// herd, each release wakes one waiter.
+    /// How many times a waiting acquisition was woken by the deletion of its predecessor. With
+    /// no herd, each release wakes one waiter.
     pub wakeups: u64,
     /// How many acquisitions wait on a predecessor's watch right now.
     pub waiting: u64,
@@ -352,7 +352,9 @@ impl ZkAcquisition {
             tokio::select! {
                 biased;
                 event = watcher.changed() => {
-                    self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                    if event.event_type == EventType::NodeDeleted {
+                        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                    }
                     if event.event_type == EventType::Session && event.session_state.is_terminated() {
                         let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
                         return Err(gone(&self.req.name, OP, why));
@@ -520,54 +522,70 @@ struct Hold {
 
 impl Hold {
     async fn run(self) {
-        let Hold { shared, client, path, lease_end, lost, released, patience } = self;
         let lease_over = async {
-            match lease_end {
+            match self.lease_end {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::pin!(lease_over);
-        // Watch our own node (a failed watch only loses the extra detection; the lease still ends).
-        let watched = tokio::select! {
-            watched = client.check_and_watch_stat(&path) => watched.ok(),
-            _ = &mut lease_over => None,
-        };
-        let deleted = async {
-            match watched {
-                Some((Some(_), watcher)) => watcher.changed().await.event_type == EventType::NodeDeleted,
-                Some((None, _)) => true,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            deleted = deleted => {
-                if released.load(Ordering::Acquire) || !deleted {
-                    // Released by its owner; session events are handled by the session's supervisor.
-                    return;
+            deleted = self.watch_node() => {
+                if deleted && !self.released.load(Ordering::Acquire) {
+                    self.lost.fire("its ZooKeeper node was deleted by someone else");
                 }
-                lost.fire("its ZooKeeper node was deleted by someone else");
+                // Otherwise released by its owner, or the session ended (its supervisor reports
+                // that).
             }
-            _ = &mut lease_over => {
-                tracing::debug!(node = %path, "fixed lease over: deleting the lock node");
-                if let Some(shared) = shared.upgrade() {
-                    lock(&shared.holders).remove(&path);
+            _ = lease_over => {
+                tracing::debug!(node = %self.path, "fixed lease over: deleting the lock node");
+                if let Some(shared) = self.shared.upgrade() {
+                    lock(&shared.holders).remove(&self.path);
                 }
-                for _ in 0..4 {
-                    match send_delete(&client, &path).await {
-                        Ok(()) | Err(ZkError::NoNode) => return,
-                        Err(ZkError::ConnectionLoss) if wait_connected(&client, patience).await.is_ok() => {}
-                        Err(e) => {
-                            tracing::warn!(node = %path, error = %e, "could not delete a lock node whose lease ended");
-                            return;
-                        }
-                    }
+                let bound = self.patience.saturating_mul(2);
+                if tokio::time::timeout(bound, self.delete_node()).await.is_err() {
+                    tracing::warn!(node = %self.path, "could not delete a lock node whose lease ended within {bound:?}");
                 }
                 return;
             }
         }
-        if let Some(shared) = shared.upgrade() {
-            lock(&shared.holders).remove(&path);
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared.holders).remove(&self.path);
+        }
+    }
+
+    /// Watches our own node: `true` once it is deleted, `false` when the watch cannot be kept
+    /// (the session ended, or the watch failed: only this extra detection is lost, the lease
+    /// still ends).
+    async fn watch_node(&self) -> bool {
+        loop {
+            match self.client.check_and_watch_stat(&self.path).await {
+                Ok((None, _)) => return true,
+                Ok((Some(_), watcher)) => match watcher.changed().await.event_type {
+                    EventType::NodeDeleted => return true,
+                    EventType::Session => return false,
+                    _ => {} // a data change: watch again
+                },
+                Err(ZkError::ConnectionLoss) => {
+                    // Connected again, or still trying: watch again (unless the session ended).
+                    if let Err(ZkError::SessionExpired) = wait_connected(&self.client, self.patience).await {
+                        return false;
+                    }
+                }
+                Err(_) => return std::future::pending().await,
+            }
+        }
+    }
+
+    async fn delete_node(&self) {
+        for _ in 0..4 {
+            match send_delete(&self.client, &self.path).await {
+                Ok(()) | Err(ZkError::NoNode) => return,
+                Err(ZkError::ConnectionLoss) if wait_connected(&self.client, self.patience).await.is_ok() => {}
+                Err(e) => {
+                    tracing::warn!(node = %self.path, error = %e, "could not delete a lock node whose lease ended");
+                    return;
+                }
+            }
         }
     }
 }
