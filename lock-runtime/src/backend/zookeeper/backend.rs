@@ -437,7 +437,7 @@ struct ZkHeld {
     session: Weak<Session>,
     name: Arc<str>,
     path: Arc<str>,
-    /// Whether the delete was sent (by `release`).
+    /// Whether `release` ran to its end (otherwise the drop deletes the node).
     released: bool,
 }
 
@@ -459,9 +459,7 @@ impl ZkHeld {
             return Err(LockError::lost(&*self.name, "its ZooKeeper session was lost"));
         };
         let client = session.client.clone();
-        let sent = send_delete(&client, &self.path);
-        self.released = true;
-        let mut result = sent.await;
+        let mut result = send_delete(&client, &self.path).await;
         if matches!(result, Err(ZkError::ConnectionLoss)) {
             let patience = self.shared.options.get_operation_timeout();
             result = match wait_connected(&client, patience).await {
@@ -473,6 +471,9 @@ impl ZkHeld {
                 Err(e) => Err(e),
             };
         }
+        // Done, one way or another (cut before this, the drop sends the delete again: a node's
+        // path is never reused, so a second delete is harmless).
+        self.released = true;
         match result {
             Ok(()) if registered => Ok(()),
             Ok(()) => Err(LockError::lost(&*self.name, "its ZooKeeper session or lease had ended")),
@@ -499,7 +500,8 @@ impl Drop for ZkHeld {
         if self.released {
             return;
         }
-        // Dropped without a release (the guard could not run one): delete the node anyway.
+        // Dropped without a release that ran to its end (the guard could not run one, or it was
+        // cut by its time bound): delete the node anyway.
         self.unregister();
         if let Some(session) = self.session.upgrade() {
             purge(&self.shared, &session, Leftover::Node(self.path.clone()));
