@@ -213,6 +213,8 @@ type OpLog = std::sync::Arc<std::sync::Mutex<Vec<i32>>>;
 pub mod op {
     /// `create` (before 3.5).
     pub const CREATE: i32 = 1;
+    /// `delete`.
+    pub const DELETE: i32 = 2;
     /// `getChildren`.
     pub const GET_CHILDREN: i32 = 8;
     /// `sync`: brings the server up to date with the leader.
@@ -263,10 +265,15 @@ impl ReplyCutter {
         self.cuts.load(Ordering::SeqCst)
     }
 
-    /// The op codes (see [`op`]) of the requests the client sent since the last lost reply, in
-    /// order (pings included, session handshakes not).
+    /// The op codes (see [`op`]) of the requests the client sent since the last lost reply (or
+    /// [`reset_ops`](Self::reset_ops)), in order (pings included, session handshakes not).
     pub fn ops_since_cut(&self) -> Vec<i32> {
         self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Forgets the requests relayed so far (see [`ops_since_cut`](Self::ops_since_cut)).
+    pub fn reset_ops(&self) {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
     }
 }
 

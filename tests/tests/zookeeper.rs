@@ -533,6 +533,34 @@ async fn waiters_are_granted_in_arrival_order() {
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
 }
 
+/// An acquisition owns one node for its whole life: a waiter creates its node in its first
+/// attempt and keeps it (its FIFO place) through its wait; nothing is deleted and created
+/// again. Counted on the requests its session sends, through the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_one_node_from_its_first_attempt() {
+    let server = zk_server::shared();
+    let proxy = zk_server::ReplyCutter::start(server.port()).await;
+    let store = ZookeeperBackend::connect(proxy.hosts()).await.expect("connect through the proxy");
+    let m = LockManager::builder().backend(store.clone());
+    let other = LockManager::zookeeper(server.hosts()).await.expect("direct");
+    let name = lock_tests::unique("one-node");
+    let held = other.lock(&name).await.expect("held");
+    proxy.reset_ops();
+    let waiter = tokio::spawn({
+        let (m, name) = (m.clone(), name.clone());
+        async move { m.lock(&name).wait(Duration::from_secs(20)).lease(Duration::from_secs(20)).await }
+    });
+    until("the waiter is queued", || store.stats().waiting == 1).await;
+    let queued = proxy.ops_since_cut();
+    held.release().await.expect("release");
+    let g = waiter.await.expect("task").expect("granted");
+    let ops = proxy.ops_since_cut();
+    let creates = ops.iter().filter(|o| matches!(**o, op::CREATE | op::CREATE2)).count();
+    assert_eq!(creates, 1, "one node for the whole call: {ops:?}");
+    assert!(!queued.contains(&op::DELETE), "its node was deleted before it was granted: {queued:?}");
+    g.release().await.expect("release");
+}
+
 /// Polls `fut` once (with this task's waker).
 async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
