@@ -83,19 +83,24 @@ pub(super) async fn create_node(
     let prefix = own_prefix(dir, owner);
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let mut tries = 0;
+    // Set after a connection loss: the create may have happened, look for it before another.
+    let mut recovering = false;
     loop {
         tries += 1;
+        if recovering {
+            wait_connected(client, patience).await?;
+            match find_own(client, dir, owner).await {
+                Ok(Some(node)) => return Ok(node),
+                Ok(None) => recovering = false,
+                Err(ZkError::ConnectionLoss) if tries < 8 => continue,
+                Err(e) => return Err(e),
+            }
+        }
         match client.create(&prefix, data, &options).await {
             Ok((stat, seq)) => return Ok(Node::new(format!("{prefix}{seq}"), seq.into_i64(), &stat)),
             // No parent yet, or a release just deleted the empty parent: (re)create it.
             Err(ZkError::NoNode) if tries < 8 => make_dir(client, root, dir).await?,
-            Err(ZkError::ConnectionLoss) if tries < 4 => {
-                // The create may have happened: look for our node once the session is back.
-                wait_connected(client, patience).await?;
-                if let Some(node) = find_own(client, dir, owner).await? {
-                    return Ok(node);
-                }
-            }
+            Err(ZkError::ConnectionLoss) if tries < 8 => recovering = true,
             Err(e) => return Err(e),
         }
     }
