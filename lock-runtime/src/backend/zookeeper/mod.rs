@@ -46,7 +46,9 @@
 //!   session has reconnected, instead of creating a second one. It first `sync`s: the client
 //!   may have reconnected to a follower that has not applied the create yet, and a plain
 //!   listing there would miss the node. An acquisition dropped while a create is in flight
-//!   deletes whatever node carries its id, the same way.
+//!   deletes whatever node carries its id, the same way (in a spawned task; until it is done,
+//!   new acquisitions of that lock through the same backend wait for it, so the orphan is never
+//!   ahead of them).
 //! - **No leftovers.** Lock nodes are containers (the server deletes them once empty), and a
 //!   release also deletes the parent when it is empty (pipelined behind the node's delete, so it
 //!   costs no extra round trip), so names that are no longer used leave no znodes behind.
