@@ -354,6 +354,14 @@ impl ZkAcquisition {
                 event = watcher.changed() => {
                     if event.event_type == EventType::NodeDeleted {
                         self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                        if index == 1 {
+                            // The only node ahead of ours is gone, and later nodes get higher
+                            // sequence numbers: ours is the lowest now, no need to list again.
+                            drop(_waiting);
+                            let granted_at = Instant::now();
+                            let grant = self.take(session.clone(), node.clone(), granted_at, true, OP).await?;
+                            return Ok(Wake::Acquired(grant));
+                        }
                     }
                     if event.event_type == EventType::Session && event.session_state.is_terminated() {
                         let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
