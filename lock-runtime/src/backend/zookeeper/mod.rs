@@ -34,7 +34,8 @@
 //!   Otherwise the node stays: it is the acquisition's place in the queue.
 //! - **Waiting** watches only the predecessor (a watch on that one node), so a release wakes
 //!   exactly one waiter: no herd, no polling. The lock is handed over when the node becomes the
-//!   lowest. The node is kept across attempts and waits, so the acquisition keeps its FIFO
+//!   lowest: a waiter right behind the holder takes it as soon as the holder's node is deleted
+//!   (later nodes get higher sequence numbers), without listing the children again. The node is kept across attempts and waits, so the acquisition keeps its FIFO
 //!   place until it is granted or gives up.
 //! - **Giving up** (the `wait` ran out, an error, the future was dropped, or a
 //!   [`try_lock`](crate::LockManager::try_lock) whose one attempt found the lock busy) drops
