@@ -154,15 +154,25 @@ impl ZkServer {
     /// Whether the server serves clients: its `srvr` four-letter word reports a mode (`ruok`
     /// answers `imok` as soon as the process listens, before sessions can be opened).
     pub fn serving(&self) -> bool {
+        self.four_letter_word("srvr").is_some_and(|answer| answer.contains("Mode: "))
+    }
+
+    /// How many client connections the server has open, the asking one included (its `mntr`
+    /// four-letter word's `zk_num_alive_connections`); `None` if it does not answer.
+    pub fn connections(&self) -> Option<u64> {
+        let answer = self.four_letter_word("mntr")?;
+        let line = answer.lines().find_map(|line| line.strip_prefix("zk_num_alive_connections"))?;
+        line.trim().parse().ok()
+    }
+
+    fn four_letter_word(&self, word: &str) -> Option<String> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
         let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        if stream.write_all(b"srvr").is_err() {
-            return false;
-        }
+        stream.write_all(word.as_bytes()).ok()?;
         let mut answer = String::new();
         let _ = stream.read_to_string(&mut answer);
-        answer.contains("Mode: ")
+        Some(answer)
     }
 }
 

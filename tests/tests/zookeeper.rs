@@ -561,6 +561,39 @@ async fn a_waiter_keeps_one_node_from_its_first_attempt() {
     g.release().await.expect("release");
 }
 
+/// Every background task ends with what it serves: once the backend, its managers and its
+/// guards are gone (after holding, waiting, giving up and releasing), nothing keeps its session
+/// open, so the server sees its connection close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_closes_its_session() {
+    let zk = ZkServer::start();
+    let before = zk.connections().expect("mntr");
+    {
+        let store = ZookeeperBackend::connect(zk.hosts()).await.expect("connect");
+        let m = LockManager::builder().backend(store.clone());
+        let kept = m.lock("kept").await.expect("watchdog lease");
+        let fixed = m.lock("fixed").lease(Duration::from_secs(60)).await.expect("fixed lease");
+        assert!(m.try_lock("kept").await.expect("try").is_none());
+        let err = m.lock("fixed").wait(Duration::from_millis(100)).await.expect_err("held");
+        assert!(err.is_contended(), "{err}");
+        let waiter = tokio::spawn({
+            let m = m.clone();
+            async move { m.lock("kept").wait(Duration::from_secs(30)).await }
+        });
+        until("the waiter is queued", || store.stats().waiting == 1).await;
+        waiter.abort();
+        let _ = waiter.await;
+        kept.release().await.expect("release");
+        drop(fixed); // released in the background
+        assert!(zk.connections().expect("mntr") > before, "the backend's session is open");
+    }
+    let started = Instant::now();
+    while zk.connections().expect("mntr") > before {
+        assert!(started.elapsed() < Duration::from_secs(10), "the session is still open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls `fut` once (with this task's waker).
 async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
