@@ -279,6 +279,17 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_grant_recorded_before_our_node_counts_from_earlier() {
+        let own = Node { path: Arc::from("/r/n/lk-x-2"), seq: 2, czxid: 2, ctime: 10_000, seen: Instant::now() };
+        let holder = Stat { ctime: 5_000, mtime: 9_500, ..stat() };
+        let record = LeaseRecord { lease_ms: 2_000, granted: true };
+        let at = stale_at(record, &holder, &own, own.seen).expect("stale at");
+        // Recorded 0.5 s before our node was created: 1.5 s + margin after `seen`, or later.
+        assert!(at >= own.seen + Duration::from_millis(1500) + STALE_HOLDER_MARGIN);
+        assert!(at <= own.seen + Duration::from_secs(2) + STALE_HOLDER_MARGIN);
+    }
+
     fn stat() -> Stat {
         Stat {
             czxid: 0,
