@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Without `ZK_HOSTS` it starts a ZooKeeper of its own (the Debian `zookeeper` package) on a
-//! free loopback port. Prints p50/p99/max of the hand-off, and of an uncontended
+//! free loopback port. Prints p50/p99/max of the hand-off (with a watchdog lease, and with a
+//! fixed lease, where the waiter records its grant in its node), and of an uncontended
 //! acquire + release for comparison.
 
 use std::time::{Duration, Instant};
@@ -34,13 +35,43 @@ async fn main() -> Result<(), LockError> {
     let waiter = LockManager::builder().prefix("bench:").backend(waiter_store.clone());
     let name = format!("handoff-{}", std::process::id());
 
+    let mut handoff = measure_handoff(&holder, &waiter, &waiter_store, &name, None).await?;
+    // A waiter granted with a fixed lease records its grant in its node first (one more write).
+    let mut fixed = measure_handoff(&holder, &waiter, &waiter_store, &name, Some(Duration::from_secs(30))).await?;
+
+    let mut uncontended = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let started = Instant::now();
+        holder.lock(&name).await?.release().await?;
+        uncontended.push(started.elapsed());
+    }
+
+    report("hand-off (release -> next waiter holds it)", &mut handoff);
+    report("hand-off, fixed lease (the waiter records its grant)", &mut fixed);
+    report("uncontended acquire + release", &mut uncontended);
+    Ok(())
+}
+
+/// Hand-off latencies: from the holder's `release()` call to the moment the waiter holds the
+/// lock, the waiter asking for a fixed `lease` if given.
+async fn measure_handoff(
+    holder: &LockManager,
+    waiter: &LockManager,
+    waiter_store: &ZookeeperBackend,
+    name: &str,
+    lease: Option<Duration>,
+) -> Result<Vec<Duration>, LockError> {
     let mut handoff = Vec::with_capacity(ROUNDS);
     for round in 0..ROUNDS + WARMUP {
-        let held = holder.lock(&name).await?;
+        let held = holder.lock(name).await?;
         let w = waiter.clone();
-        let n = name.clone();
+        let n = name.to_owned();
         let task = tokio::spawn(async move {
-            let g = w.lock(&n).wait(Duration::from_secs(10)).await?;
+            let request = w.lock(&n).wait(Duration::from_secs(10));
+            let g = match lease {
+                Some(lease) => request.lease(lease).await?,
+                None => request.await?,
+            };
             let at = Instant::now();
             g.release().await?;
             Ok::<Instant, LockError>(at)
@@ -56,17 +87,7 @@ async fn main() -> Result<(), LockError> {
             handoff.push(acquired.saturating_duration_since(released));
         }
     }
-
-    let mut uncontended = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        holder.lock(&name).await?.release().await?;
-        uncontended.push(started.elapsed());
-    }
-
-    report("hand-off (release -> next waiter holds it)", &mut handoff);
-    report("uncontended acquire + release", &mut uncontended);
-    Ok(())
+    Ok(handoff)
 }
 
 fn report(what: &str, samples: &mut [Duration]) {

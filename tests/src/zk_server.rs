@@ -154,15 +154,25 @@ impl ZkServer {
     /// Whether the server serves clients: its `srvr` four-letter word reports a mode (`ruok`
     /// answers `imok` as soon as the process listens, before sessions can be opened).
     pub fn serving(&self) -> bool {
+        self.four_letter_word("srvr").is_some_and(|answer| answer.contains("Mode: "))
+    }
+
+    /// How many client connections the server has open, the asking one included (its `mntr`
+    /// four-letter word's `zk_num_alive_connections`); `None` if it does not answer.
+    pub fn connections(&self) -> Option<u64> {
+        let answer = self.four_letter_word("mntr")?;
+        let line = answer.lines().find_map(|line| line.strip_prefix("zk_num_alive_connections"))?;
+        line.trim().parse().ok()
+    }
+
+    fn four_letter_word(&self, word: &str) -> Option<String> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
         let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        if stream.write_all(b"srvr").is_err() {
-            return false;
-        }
+        stream.write_all(word.as_bytes()).ok()?;
         let mut answer = String::new();
         let _ = stream.read_to_string(&mut answer);
-        answer.contains("Mode: ")
+        Some(answer)
     }
 }
 
@@ -202,7 +212,29 @@ pub struct ReplyCutter {
     port: u16,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cuts: std::sync::Arc<AtomicU32>,
+    log: OpLog,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// The op codes of the requests relayed since the last cut (connection handshakes excluded).
+type OpLog = std::sync::Arc<std::sync::Mutex<Vec<i32>>>;
+
+/// ZooKeeper request op codes, as seen by [`ReplyCutter::ops_since_cut`].
+pub mod op {
+    /// `create` (before 3.5).
+    pub const CREATE: i32 = 1;
+    /// `delete`.
+    pub const DELETE: i32 = 2;
+    /// `getChildren`.
+    pub const GET_CHILDREN: i32 = 8;
+    /// `sync`: brings the server up to date with the leader.
+    pub const SYNC: i32 = 9;
+    /// `ping`.
+    pub const PING: i32 = 11;
+    /// `getChildren2` (with a stat).
+    pub const GET_CHILDREN2: i32 = 12;
+    /// `create2` (3.5 and later: with a stat).
+    pub const CREATE2: i32 = 15;
 }
 
 impl ReplyCutter {
@@ -214,17 +246,18 @@ impl ReplyCutter {
         let port = listener.local_addr().expect("addr").port();
         let armed = Arc::new(AtomicBool::new(false));
         let cuts = Arc::new(AtomicU32::new(0));
-        let (a, c) = (armed.clone(), cuts.clone());
+        let log = OpLog::default();
+        let (a, c, l) = (armed.clone(), cuts.clone(), log.clone());
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)).await else {
                     continue;
                 };
-                connections.spawn(relay(client, server, a.clone(), c.clone()));
+                connections.spawn(relay(client, server, a.clone(), c.clone(), l.clone()));
             }
         });
-        ReplyCutter { port, armed, cuts, task }
+        ReplyCutter { port, armed, cuts, log, task }
     }
 
     /// `127.0.0.1:<proxy port>`.
@@ -241,6 +274,17 @@ impl ReplyCutter {
     pub fn cuts(&self) -> u32 {
         self.cuts.load(Ordering::SeqCst)
     }
+
+    /// The op codes (see [`op`]) of the requests the client sent since the last lost reply (or
+    /// [`reset_ops`](Self::reset_ops)), in order (pings included, session handshakes not).
+    pub fn ops_since_cut(&self) -> Vec<i32> {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Forgets the requests relayed so far (see [`ops_since_cut`](Self::ops_since_cut)).
+    pub fn reset_ops(&self) {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
 }
 
 impl Drop for ReplyCutter {
@@ -255,6 +299,7 @@ async fn relay(
     server: tokio::net::TcpStream,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cuts: std::sync::Arc<AtomicU32>,
+    log: OpLog,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     async fn frame(from: &mut (impl AsyncReadExt + Unpin)) -> Option<Vec<u8>> {
@@ -270,12 +315,22 @@ async fn relay(
     let (mut server_rx, mut server_tx) = server.into_split();
     // The xid of the create whose reply is to be lost (0: none; client xids start at 1).
     let doomed = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let record = |op: Option<i32>, log: &OpLog| {
+        if let Some(op) = op {
+            log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(op);
+        }
+    };
     let to_server = {
         let doomed = doomed.clone();
+        let log = log.clone();
         async move {
+            let mut handshake = true; // the first frame of a connection is the session handshake
             while let Some(payload) = frame(&mut client_rx).await {
                 // Request header: xid, op code (1 create, 15 create2), then the path.
                 let op = payload.get(4..8).map(|b| i32::from_be_bytes(b.try_into().unwrap_or_default()));
+                if !std::mem::take(&mut handshake) {
+                    record(op, &log);
+                }
                 let is_lock_create = matches!(op, Some(1 | 15)) && payload.windows(4).any(|w| w == b"/lk-");
                 if is_lock_create && armed.swap(false, Ordering::SeqCst) {
                     doomed.store(xid(&payload).unwrap_or(0), Ordering::SeqCst);
@@ -291,6 +346,7 @@ async fn relay(
         while let Some(payload) = frame(&mut server_rx).await {
             let lose = doomed.load(Ordering::SeqCst);
             if lose != 0 && xid(&payload) == Some(lose) {
+                log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
                 cuts.fetch_add(1, Ordering::SeqCst);
                 return; // the server applied the create; its reply is lost with the connection
             }

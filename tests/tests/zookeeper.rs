@@ -3,13 +3,14 @@
 #![cfg(feature = "zookeeper")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 use lock_runtime::LockManager;
-use lock_tests::zk_server::{self, ZkServer};
+use lock_tests::zk_server::{self, op, ZkServer};
 
 lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
     builder.zookeeper(zk_server::shared().hosts()).await.expect("connect to the test ZooKeeper")
@@ -353,6 +354,325 @@ async fn bad_configuration_is_reported() {
     let err = ZookeeperBackend::connect_with("127.0.0.1:1", options).await.expect_err("nobody listens on port 1");
     assert!(err.is_backend(), "{err}");
     assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+}
+
+/// Waits (bounded) until `condition` holds: for conditions nothing signals, such as another
+/// session's node being queued.
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < Duration::from_secs(20), "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Regression (issue 1): a holder that waited has its fixed lease counted from its grant, by
+/// the waiters too. A holds; B (a fixed lease of 2 s) waits 1.5 s, then is granted and its
+/// process hangs with its session alive (its own runtime is stalled: its lease-end task cannot
+/// delete its node); C, in another backend, arrives while B holds, waits right behind B and
+/// judges B's lease. C must not get the lock before B's runtime has reported it lost (B's
+/// grant + lease). The old recipe counted B's lease from its node's creation (when it queued),
+/// and C took the lock 0.5 s early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waited_holders_fixed_lease_counts_from_its_grant() {
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("waited-lease");
+    let lease = Duration::from_secs(2);
+    let a = LockManager::zookeeper(&hosts).await.expect("a");
+    let c_store = ZookeeperBackend::connect(&hosts).await.expect("c");
+    let c = LockManager::builder().backend(c_store);
+    let holder = a.lock(&name).await.expect("A holds");
+
+    let (store_tx, store_rx) = tokio::sync::oneshot::channel();
+    let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let b_process = std::thread::spawn({
+        let (hosts, name) = (hosts.clone(), name.clone());
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            // A long session: the stall below must not expire it (the server would free the node).
+            let options = ZookeeperOptions::new().session_timeout(Duration::from_secs(20));
+            let store = runtime.block_on(ZookeeperBackend::connect_with(&hosts, options)).expect("b");
+            let _ = store_tx.send(store.clone());
+            let b = LockManager::builder().backend(store);
+            let guard =
+                runtime.block_on(b.lock(&name).lease(lease).wait(Duration::from_secs(20)).into_future()).expect("B");
+            let _ = granted_tx.send((Instant::now(), guard));
+            let _ = resume_rx.recv(); // B's process hangs: nothing on its runtime runs
+            runtime.block_on(async move {
+                let _ = finish_rx.await;
+            });
+        }
+    });
+    let b_store = store_rx.await.expect("B connected");
+    until("B is queued behind A", || b_store.stats().waiting == 1).await;
+    // A holds on for a while (a condition: B waits about 1.5 s), then releases.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    holder.release().await.expect("A releases");
+    let (b_granted, b_guard) = granted_rx.await.expect("B granted");
+
+    // C arrives while B holds: it queues right behind B and judges B's lease.
+    let c_task = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let guard = c.lock(&name).wait(Duration::from_secs(30)).await;
+            (Instant::now(), guard)
+        }
+    });
+    let b_lost = async {
+        b_guard.lost().await;
+        Instant::now()
+    };
+    let (b_lost_at, c_result) = tokio::join!(b_lost, c_task);
+    let (c_granted, c_guard) = c_result.expect("C's task");
+    let c_guard = c_guard.expect("C is granted once B's lease is over");
+    assert!(
+        b_lost_at <= c_granted,
+        "C was granted {:?} after B's grant, {:?} before B's {lease:?} lease ended (B's lost() fired)",
+        c_granted.saturating_duration_since(b_granted),
+        b_lost_at.saturating_duration_since(c_granted),
+    );
+    assert!(c_guard.fencing_token() > b_guard.fencing_token());
+    assert!(
+        b_lost_at + Duration::from_millis(300) >= b_granted + lease,
+        "B's lease was counted from before its grant: lost {:?} after it",
+        b_lost_at.saturating_duration_since(b_granted)
+    );
+
+    let _ = resume_tx.send(()); // B's process runs again: its late release is reported lost
+    let err = b_guard.release().await.expect_err("B's lease ended");
+    assert!(err.is_lost(), "{err}");
+    c_guard.release().await.expect("C releases");
+    let _ = finish_tx.send(());
+    tokio::task::spawn_blocking(move || b_process.join()).await.expect("join").expect("B's thread");
+}
+
+/// Regression (issue 4): a huge or zero duration option is `is_invalid()` when connecting,
+/// never a panic (the old code accepted `Duration::MAX` and overflowed later, in a clean-up
+/// task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_or_zero_options_are_invalid() {
+    let hosts = zk_server::shared().hosts();
+    for bad in [Duration::MAX, Duration::from_secs(u64::MAX / 2), Duration::from_secs(365 * 24 * 3600), Duration::ZERO]
+    {
+        let cases = [
+            ("operation_timeout", ZookeeperOptions::new().operation_timeout(bad)),
+            ("session_timeout", ZookeeperOptions::new().session_timeout(bad)),
+            ("lost_after_disconnect", ZookeeperOptions::new().lost_after_disconnect(bad)),
+        ];
+        for (what, options) in cases {
+            let connecting = tokio::spawn(ZookeeperBackend::connect_with(hosts.clone(), options));
+            match connecting.await {
+                Err(panic) => panic!("`{what}` = {bad:?} panicked: {panic}"),
+                Ok(Ok(_)) => panic!("`{what}` = {bad:?} was accepted"),
+                Ok(Err(err)) => {
+                    assert!(err.is_invalid(), "`{what}` = {bad:?}: {err}");
+                    assert!(err.to_string().contains(what), "{err}");
+                }
+            }
+        }
+    }
+}
+
+/// Regression (issue 5): after a create's reply is lost, the acquisition `sync`s before it lists
+/// the children to find its node, and creates no second node. (On an ensemble the client may
+/// reconnect to a follower that has not applied the create yet; a single test server cannot
+/// lag, so this checks the requests the recovery sends, through the proxy, and that it finds
+/// the one node.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_recovery_syncs_before_listing() {
+    use zookeeper_client::{Acls, Client, CreateMode};
+    let server = zk_server::shared();
+    let proxy = zk_server::ReplyCutter::start(server.port()).await;
+    let store = ZookeeperBackend::connect(proxy.hosts()).await.expect("connect through the proxy");
+    let m = LockManager::builder().backend(store.clone());
+    let name = lock_tests::unique("lost-reply-sync");
+    let dir = store.lock_path(&name);
+    let raw = Client::connect(&server.hosts()).await.expect("raw client");
+    raw.create(&dir, b"", &CreateMode::Container.with_acls(Acls::anyone_all())).await.expect("lock node");
+
+    proxy.cut_next_lock_create();
+    let g = m.try_lock(&name).await.expect("acquired despite the lost reply").expect("free");
+    assert_eq!(proxy.cuts(), 1, "the reply was lost");
+    let ops: Vec<i32> = proxy.ops_since_cut().into_iter().filter(|o| *o != op::PING).collect();
+    let first_read = ops.iter().find(|o| matches!(**o, op::SYNC | op::GET_CHILDREN | op::GET_CHILDREN2));
+    assert_eq!(first_read, Some(&op::SYNC), "the recovery must sync before it lists the children: {ops:?}");
+    assert!(!ops.iter().any(|o| matches!(*o, op::CREATE | op::CREATE2)), "a second node was created: {ops:?}");
+    let nodes = zk_server::children(&server.hosts(), &dir).await;
+    assert_eq!(nodes.len(), 1, "one node, no orphan: {nodes:?}");
+    g.release().await.expect("release");
+}
+
+/// FIFO: waiters are granted in the order they queued, each keeping its one node (its place)
+/// from its first attempt through its wait. Five waiters, each in its own session, queue one
+/// after the other; the lock then passes down the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_arrival_order() {
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("fifo");
+    let holder = LockManager::zookeeper(&hosts).await.expect("holder");
+    let held = holder.lock(&name).await.expect("held");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let store = ZookeeperBackend::connect(&hosts).await.expect("connect");
+        let m = LockManager::builder().backend(store.clone());
+        let (name, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock(&name).wait(Duration::from_secs(60)).lease(Duration::from_secs(60)).await.expect("waiter");
+            order.lock().unwrap().push(i);
+            g.release().await.expect("release");
+        }));
+        until("the waiter is queued", || store.stats().waiting == 1).await;
+    }
+    held.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+}
+
+/// An acquisition owns one node for its whole life: a waiter creates its node in its first
+/// attempt and keeps it (its FIFO place) through its wait; nothing is deleted and created
+/// again. Counted on the requests its session sends, through the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_one_node_from_its_first_attempt() {
+    let server = zk_server::shared();
+    let proxy = zk_server::ReplyCutter::start(server.port()).await;
+    let store = ZookeeperBackend::connect(proxy.hosts()).await.expect("connect through the proxy");
+    let m = LockManager::builder().backend(store.clone());
+    let other = LockManager::zookeeper(server.hosts()).await.expect("direct");
+    let name = lock_tests::unique("one-node");
+    let held = other.lock(&name).await.expect("held");
+    proxy.reset_ops();
+    let waiter = tokio::spawn({
+        let (m, name) = (m.clone(), name.clone());
+        async move { m.lock(&name).wait(Duration::from_secs(20)).lease(Duration::from_secs(20)).await }
+    });
+    until("the waiter is queued", || store.stats().waiting == 1).await;
+    let queued = proxy.ops_since_cut();
+    held.release().await.expect("release");
+    let g = waiter.await.expect("task").expect("granted");
+    let ops = proxy.ops_since_cut();
+    let creates = ops.iter().filter(|o| matches!(**o, op::CREATE | op::CREATE2)).count();
+    assert_eq!(creates, 1, "one node for the whole call: {ops:?}");
+    assert!(!queued.contains(&op::DELETE), "its node was deleted before it was granted: {queued:?}");
+    g.release().await.expect("release");
+}
+
+/// Every background task ends with what it serves: once the backend, its managers and its
+/// guards are gone (after holding, waiting, giving up and releasing), nothing keeps its session
+/// open, so the server sees its connection close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_closes_its_session() {
+    let zk = ZkServer::start();
+    let before = zk.connections().expect("mntr");
+    {
+        let store = ZookeeperBackend::connect(zk.hosts()).await.expect("connect");
+        let m = LockManager::builder().backend(store.clone());
+        let kept = m.lock("kept").await.expect("watchdog lease");
+        let fixed = m.lock("fixed").lease(Duration::from_secs(60)).await.expect("fixed lease");
+        assert!(m.try_lock("kept").await.expect("try").is_none());
+        let err = m.lock("fixed").wait(Duration::from_millis(100)).await.expect_err("held");
+        assert!(err.is_contended(), "{err}");
+        let waiter = tokio::spawn({
+            let m = m.clone();
+            async move { m.lock("kept").wait(Duration::from_secs(30)).await }
+        });
+        until("the waiter is queued", || store.stats().waiting == 1).await;
+        waiter.abort();
+        let _ = waiter.await;
+        kept.release().await.expect("release");
+        drop(fixed); // released in the background
+        assert!(zk.connections().expect("mntr") > before, "the backend's session is open");
+    }
+    let started = Instant::now();
+    while zk.connections().expect("mntr") > before {
+        assert!(started.elapsed() < Duration::from_secs(10), "the session is still open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `fut` once (with this task's waker).
+async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
+}
+
+/// An acquisition dropped after any number of polls (creating its node, listing, watching,
+/// free or contended) leaves nothing behind: the next caller gets the lock at once, and no
+/// znode is left under the root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_after_any_poll_leaves_nothing_behind() {
+    let hosts = zk_server::shared().hosts();
+    let root = unique_root("cancelled");
+    let m = LockManager::builder().backend(backend(&hosts, &root).await);
+    let other = LockManager::builder().backend(backend(&hosts, &root).await);
+    for contended in [false, true] {
+        for polls in 1..=10 {
+            let held = if contended { Some(other.lock("c").await.expect("held")) } else { None };
+            let mut fut = Box::pin(m.lock("c").wait(Duration::from_secs(10)).into_future());
+            for _ in 0..polls {
+                match poll_once(&mut fut).await {
+                    std::task::Poll::Ready(guard) => {
+                        guard.expect("acquired").release().await.expect("release");
+                        break;
+                    }
+                    // Lets its requests progress, so that the drop lands at another step.
+                    std::task::Poll::Pending => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+            drop(fut);
+            if let Some(held) = held {
+                held.release().await.expect("release");
+            }
+            let next = m.try_lock("c").await.expect("try").unwrap_or_else(|| {
+                panic!("something was left ahead of the next caller (contended: {contended}, polls: {polls})")
+            });
+            next.release().await.expect("release");
+        }
+    }
+    let started = Instant::now();
+    loop {
+        let left = zk_server::children(&hosts, &root).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A waiter whose node became the lowest (it was woken) but which is dropped before it took
+/// the lock passes the lock on to the next waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_is_dropped_passes_the_lock_on() {
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("woken-dropped");
+    let holder = LockManager::zookeeper(&hosts).await.expect("holder");
+    let first_store = ZookeeperBackend::connect(&hosts).await.expect("first");
+    let second_store = ZookeeperBackend::connect(&hosts).await.expect("second");
+    let first = LockManager::builder().backend(first_store.clone());
+    let second = LockManager::builder().backend(second_store.clone());
+    let held = holder.lock(&name).await.expect("held");
+    let mut woken = Box::pin(first.lock(&name).wait(Duration::from_secs(30)).into_future());
+    let started = Instant::now();
+    while first_store.stats().waiting == 0 {
+        assert!(poll_once(&mut woken).await.is_pending(), "granted while held");
+        assert!(started.elapsed() < Duration::from_secs(10), "the first waiter never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let next = tokio::spawn({
+        let name = name.clone();
+        async move { second.lock(&name).wait(Duration::from_secs(30)).await }
+    });
+    until("the second waiter is queued", || second_store.stats().waiting == 1).await;
+    held.release().await.expect("release"); // the first waiter is next, and woken...
+    drop(woken); // ...but gives up before it takes the lock
+    let started = Instant::now();
+    let g = next.await.expect("task").expect("the lock was passed on");
+    assert!(started.elapsed() < Duration::from_secs(3), "passed on after {:?}", started.elapsed());
+    g.release().await.expect("release");
 }
 
 /// Managers, guards and the backend are `Send + Sync`.

@@ -1,0 +1,637 @@
+//! [`ZookeeperBackend`] and the types it hands to the runtime: one [`Acquisition`] per `lock()`
+//! call, owning its one sequential node, and one [`HeldLock`] per granted lock.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use zookeeper_client::{Client, Error as ZkError, EventType};
+
+use super::options::ZookeeperOptions;
+use super::purge::{purge, send_delete, Leftover};
+use super::recipe::{create_node, encode, find_own, queue, stale_at, LeaseRecord, Node};
+use super::session::{wait_connected, HolderEntry, Session, Shared, Waiting};
+use super::{gone, lock, session_gone, zk_error, KIND};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, Lease, LockBackend, Wake};
+use crate::error::LockError;
+use crate::lost::LostSignal;
+use crate::{LockManager, LockManagerBuilder};
+
+/// Counters of a [`ZookeeperBackend`], for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZookeeperStats {
+    /// How many times a waiting acquisition was woken by the deletion of its predecessor. With
+    /// no herd, each release wakes one waiter.
+    pub wakeups: u64,
+    /// How many acquisitions wait on a predecessor's watch right now.
+    pub waiting: u64,
+    /// How many sessions were established (1 plus the reconnections after a session loss).
+    pub sessions: u64,
+}
+
+/// The ZooKeeper lock store. Cheap to clone: clones share one session. See the
+/// [module docs](super) for the recipe and how leases and sessions map onto each other.
+#[derive(Clone)]
+pub struct ZookeeperBackend {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for ZookeeperBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZookeeperBackend")
+            .field("hosts", &self.shared.hosts)
+            .field("options", &self.shared.options)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl ZookeeperBackend {
+    /// Connects to `hosts` (`"host:port,host:port"`, optionally followed by a chroot path) with
+    /// the default [`ZookeeperOptions`].
+    pub async fn connect(hosts: impl AsRef<str>) -> Result<Self, LockError> {
+        Self::connect_with(hosts, ZookeeperOptions::new()).await
+    }
+
+    /// Connects to `hosts` with `options`; creates the lock root if it is missing. Fails with an
+    /// [`is_invalid`](LockError::is_invalid) error for a malformed host list or an option out
+    /// of range (see [`ZookeeperOptions`]), and an [`is_backend`](LockError::is_backend) error
+    /// when no server answers within the operation timeout.
+    pub async fn connect_with(hosts: impl AsRef<str>, options: ZookeeperOptions) -> Result<Self, LockError> {
+        let hosts = hosts.as_ref().trim();
+        if hosts.is_empty() {
+            return Err(LockError::invalid(hosts, "the ZooKeeper host list is empty; give `host:port[,host:port…]`"));
+        }
+        options.check(hosts)?;
+        let backend = ZookeeperBackend { shared: Arc::new(Shared::new(hosts, options)) };
+        match backend.shared.session(hosts, "connect").await {
+            Ok(_) => Ok(backend),
+            Err(LockError::Backend { source, .. })
+                if matches!(source.downcast_ref::<ZkError>(), Some(ZkError::BadArguments(_))) =>
+            {
+                Err(LockError::invalid(hosts, format!("not a valid ZooKeeper host list: {source}")))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The counters of this backend.
+    pub fn stats(&self) -> ZookeeperStats {
+        ZookeeperStats {
+            wakeups: self.shared.wakeups.load(Ordering::Relaxed),
+            waiting: self.shared.waiting.load(Ordering::Relaxed),
+            sessions: self.shared.sessions(),
+        }
+    }
+
+    /// The options this backend was built with.
+    pub fn options(&self) -> &ZookeeperOptions {
+        &self.shared.options
+    }
+
+    /// The znode that holds the nodes of lock `key` (the manager prefix followed by the name).
+    pub fn lock_path(&self, key: &str) -> String {
+        format!("{}/{}", self.shared.options.get_root(), encode(key))
+    }
+}
+
+impl LockBackend for ZookeeperBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+        Box::new(ZkAcquisition {
+            shared: self.shared.clone(),
+            dir: Arc::from(self.lock_path(&req.key)),
+            owner: Arc::from(req.owner.to_string()),
+            req,
+            state: State::Idle,
+        })
+    }
+
+    fn operation_timeout(&self) -> Duration {
+        self.shared.options.get_operation_timeout()
+    }
+}
+
+/// One `lock()` call on ZooKeeper: owns its one sequential node from the first attempt until it
+/// is granted (the [`ZkHeld`] owns it then) or dropped (the node is deleted).
+struct ZkAcquisition {
+    shared: Arc<Shared>,
+    req: Acquire,
+    /// The lock's container node.
+    dir: Arc<str>,
+    /// The owner id, as it appears in the node's name.
+    owner: Arc<str>,
+    state: State,
+}
+
+enum State {
+    /// No node.
+    Idle,
+    /// A create was sent through this session; its outcome is unknown.
+    Creating(Weak<Session>),
+    /// Our node, in the queue. (Sessions are held weakly: a lost session is closed at once,
+    /// its nodes go with it.)
+    Queued { session: Weak<Session>, node: Node },
+    /// Handed to a [`ZkHeld`].
+    Granted,
+}
+
+impl Drop for ZkAcquisition {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.state, State::Idle) {
+            State::Queued { session, node } => {
+                let Some(session) = session.upgrade() else { return };
+                purge(&self.shared, &session, Leftover::Node(node.path));
+            }
+            State::Creating(session) => {
+                let Some(session) = session.upgrade() else { return };
+                purge(&self.shared, &session, Leftover::Owner { dir: self.dir.clone(), owner: self.owner.clone() });
+            }
+            State::Idle | State::Granted => {}
+        }
+    }
+}
+
+impl Acquisition for ZkAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        Box::pin(self.attempt_once())
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_until(deadline))
+    }
+}
+
+impl ZkAcquisition {
+    fn fail(&self, operation: &'static str) -> impl Fn(ZkError) -> LockError + '_ {
+        move |e| zk_error(&self.req.name, operation, e)
+    }
+
+    fn patience(&self) -> Duration {
+        self.shared.options.get_operation_timeout()
+    }
+
+    /// Our node, created on first use. The instant is `Some` (taken before the create was
+    /// sent) when this call created it.
+    async fn node(&mut self, operation: &'static str) -> Result<(Arc<Session>, Node, Option<Instant>), LockError> {
+        match std::mem::replace(&mut self.state, State::Idle) {
+            State::Queued { session: weak, node } => {
+                let Some(session) = weak.upgrade().filter(|s| !s.is_dead()) else {
+                    return Err(session_gone(&self.req.name, operation)); // its node went with it
+                };
+                self.state = State::Queued { session: weak, node: node.clone() };
+                return Ok((session, node, None));
+            }
+            State::Creating(weak) => {
+                // An earlier create was abandoned in flight (its future dropped): the session
+                // applies requests in order, so a lookup now sees it if it happened.
+                if let Some(session) = weak.upgrade().filter(|s| !s.is_dead()) {
+                    self.state = State::Creating(weak);
+                    if let Some(node) =
+                        find_own(&session.client, &self.dir, &self.owner).await.map_err(self.fail(operation))?
+                    {
+                        self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };
+                        return Ok((session, node, None));
+                    }
+                    self.state = State::Idle;
+                }
+            }
+            State::Granted => {
+                self.state = State::Granted;
+                return Err(LockError::invalid(&*self.req.name, "this acquisition was already granted"));
+            }
+            State::Idle => {}
+        }
+        let before = Instant::now();
+        // An earlier acquisition of this lock abandoned with a create in flight may have left
+        // a node ahead of ours: its clean-up comes first.
+        self.shared.purged(&self.dir).await;
+        let session = self.shared.session(&self.req.name, operation).await?;
+        self.state = State::Creating(Arc::downgrade(&session));
+        let data = LeaseRecord::initial(self.req.lease);
+        let root = self.shared.options.get_root();
+        let node = create_node(&session.client, root, &self.dir, &self.owner, &data, self.patience())
+            .await
+            .map_err(self.fail(operation))?;
+        self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };
+        Ok((session, node, Some(before)))
+    }
+
+    /// The queue under our lock: our place in it and the nodes, lowest first.
+    async fn lineup(
+        &mut self,
+        session: &Session,
+        node: &Node,
+        operation: &'static str,
+    ) -> Result<(usize, Vec<(i64, String)>), LockError> {
+        let client = &session.client;
+        let children = match client.list_children(&self.dir).await {
+            Err(ZkError::ConnectionLoss) => {
+                wait_connected(client, self.patience()).await.map_err(self.fail(operation))?;
+                client.list_children(&self.dir).await
+            }
+            listed => listed,
+        };
+        let nodes = queue(children.map_err(self.fail(operation))?);
+        match nodes.iter().position(|(seq, _)| *seq == node.seq) {
+            Some(index) => Ok((index, nodes)),
+            None => {
+                self.state = State::Idle; // nothing of ours left to delete
+                Err(gone(
+                    &self.req.name,
+                    operation,
+                    "its lock node vanished (its session ended, or it was deleted by someone else)".to_owned(),
+                ))
+            }
+        }
+    }
+
+    /// Takes the lock: our node is the lowest. A holder that waited records its grant first
+    /// (fixed leases only; see [`LeaseRecord`]), so that waiters count its lease from it.
+    async fn take(
+        &mut self,
+        session: Arc<Session>,
+        node: Node,
+        granted_at: Instant,
+        waited: bool,
+        operation: &'static str,
+    ) -> Result<Grant, LockError> {
+        if let (Lease::Fixed(lease), true) = (self.req.lease, waited) {
+            if let Err(e) = record_grant(&session.client, &node.path, lease, self.patience()).await {
+                if matches!(e, ZkError::NoNode | ZkError::BadVersion) {
+                    self.state = State::Idle;
+                    return Err(gone(
+                        &self.req.name,
+                        operation,
+                        "its lock node was taken away before it recorded its grant (a waiter judged it stale)"
+                            .to_owned(),
+                    ));
+                }
+                return Err(zk_error(&self.req.name, operation, e));
+            }
+        }
+        // No await from here on: the grant reaches the runtime, or nothing happened.
+        let lease_end = match self.req.lease {
+            Lease::Fixed(d) => granted_at.checked_add(d),
+            Lease::Renewed(_) => None,
+        };
+        if !register(&self.shared, &session, &node.path, lease_end, &self.req.lost) {
+            return Err(session_gone(&self.req.name, operation));
+        }
+        self.state = State::Granted;
+        let held = ZkHeld {
+            shared: self.shared.clone(),
+            session: Arc::downgrade(&session),
+            name: self.req.name.clone(),
+            path: node.path.clone(),
+            released: false,
+        };
+        Ok(Grant {
+            fencing_token: u64::try_from(node.czxid).unwrap_or(0),
+            granted_at: Some(granted_at),
+            lock: Box::new(held),
+        })
+    }
+
+    async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
+        let (session, node, created) = self.node("acquire").await?;
+        let checked_at = Instant::now();
+        let (index, _) = self.lineup(&session, &node, "acquire").await?;
+        if index > 0 {
+            return Ok(Attempt::Busy); // our node keeps our place; dropping us deletes it
+        }
+        // Granted in the attempt that created the node: the lease runs from before the create.
+        let granted_at = created.unwrap_or(checked_at);
+        Ok(Attempt::Acquired(self.take(session, node, granted_at, created.is_none(), "acquire").await?))
+    }
+
+    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        const OP: &str = "wait for";
+        let (session, node, mut created) = self.node(OP).await?;
+        let client = session.client.clone();
+        loop {
+            let checked_at = Instant::now();
+            let (index, nodes) = self.lineup(&session, &node, OP).await?;
+            let created = created.take();
+            if index == 0 {
+                let granted_at = created.unwrap_or(checked_at);
+                let grant = self.take(session.clone(), node.clone(), granted_at, created.is_none(), OP).await?;
+                return Ok(Wake::Acquired(grant));
+            }
+            let lowest_seen = Instant::now();
+            let predecessor = format!("{}/{}", self.dir, nodes[index - 1].1);
+            // Watch the predecessor; when it is the holder, also read its fixed lease, to free
+            // the lock if the holder's process cannot (see `stale_at`).
+            let (stale, watcher) = if index == 1 {
+                match client.get_and_watch_data(&predecessor).await {
+                    Ok((data, stat, watcher)) => {
+                        let at = LeaseRecord::parse(&data).and_then(|r| stale_at(r, &stat, &node, lowest_seen));
+                        (at.map(|at| (at, stat.version)), watcher)
+                    }
+                    Err(ZkError::NoNode) => continue, // gone since the listing
+                    Err(e) => return Err(self.fail(OP)(e)),
+                }
+            } else {
+                match client.check_and_watch_stat(&predecessor).await.map_err(self.fail(OP))? {
+                    (Some(_), watcher) => (None, watcher),
+                    (None, _) => continue, // gone since the listing: look again
+                }
+            };
+            let stale_timer = async {
+                match stale {
+                    Some((at, _)) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let _waiting = Waiting::new(&self.shared.waiting);
+            tokio::select! {
+                biased;
+                event = watcher.changed() => {
+                    if event.event_type == EventType::NodeDeleted {
+                        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                        if index == 1 {
+                            // The only node ahead of ours is gone, and later nodes get higher
+                            // sequence numbers: ours is the lowest now, no need to list again.
+                            drop(_waiting);
+                            let granted_at = Instant::now();
+                            let grant = self.take(session.clone(), node.clone(), granted_at, true, OP).await?;
+                            return Ok(Wake::Acquired(grant));
+                        }
+                    }
+                    if event.event_type == EventType::Session && event.session_state.is_terminated() {
+                        let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
+                        return Err(gone(&self.req.name, OP, why));
+                    }
+                }
+                _ = session.lost() => return Err(session_gone(&self.req.name, OP)),
+                _ = stale_timer, if stale.is_some_and(|(at, _)| at < deadline) => {
+                    let version = stale.map(|(_, v)| v);
+                    tracing::warn!(node = %predecessor, "the holder's fixed lease is over but its node remains: deleting it");
+                    // Conditional on the version read: a holder that recorded its grant since
+                    // is judged again from its record.
+                    match client.delete(&predecessor, version).await {
+                        Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
+                        Err(e) => return Err(self.fail(OP)(e)),
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
+            }
+        }
+    }
+}
+
+/// Records a waited holder's grant in its node (conditional on the node's first version, so it
+/// fails if a waiter judged the unrecorded node stale and deleted it). After a lost reply, the
+/// node's data tells whether the record was made.
+async fn record_grant(client: &Client, path: &str, lease: Duration, patience: Duration) -> Result<(), ZkError> {
+    let data = LeaseRecord::granted(lease);
+    for _ in 0..3 {
+        match client.set_data(path, &data, Some(0)).await {
+            Ok(_) => return Ok(()),
+            Err(ZkError::ConnectionLoss) => {
+                wait_connected(client, patience).await?;
+                let (now, _) = client.get_data(path).await?;
+                if LeaseRecord::parse(&now).is_some_and(|r| r.granted) {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ZkError::ConnectionLoss)
+}
+
+/// Records a granted lock: its lost signal (fired on session loss), and a task that deletes
+/// the node when a fixed lease ends and fires `lost()` if the node is deleted by anyone else.
+///
+/// Returns `false` (registering nothing) when the session is already lost.
+#[must_use]
+fn register(
+    shared: &Arc<Shared>,
+    session: &Session,
+    path: &Arc<str>,
+    lease_end: Option<Instant>,
+    lost: &LostSignal,
+) -> bool {
+    let mut holders = lock(&shared.holders);
+    if session.is_dead() {
+        return false;
+    }
+    let released = Arc::new(AtomicBool::new(false));
+    let watch = Hold {
+        shared: Arc::downgrade(shared),
+        client: session.client.clone(),
+        path: path.clone(),
+        lease_end,
+        lost: lost.clone(),
+        released: released.clone(),
+        patience: shared.options.get_operation_timeout(),
+    };
+    let task = tokio::spawn(watch.run()).abort_handle();
+    let entry = HolderEntry { generation: session.generation, lost: lost.clone(), released, task: Some(task) };
+    holders.insert(path.clone(), entry);
+    true
+}
+
+/// A lock held on ZooKeeper: its node, in the session that created it.
+struct ZkHeld {
+    shared: Arc<Shared>,
+    /// Weak: a lost session is closed at once (its nodes go with it), not kept open by guards.
+    session: Weak<Session>,
+    name: Arc<str>,
+    path: Arc<str>,
+    /// Whether `release` ran to its end (otherwise the drop deletes the node).
+    released: bool,
+}
+
+impl ZkHeld {
+    /// Forgets the lock locally; returns whether it was still registered (not lost, its lease
+    /// not over).
+    fn unregister(&self) -> bool {
+        let entry = lock(&self.shared.holders).remove(&self.path);
+        if let Some(entry) = &entry {
+            entry.stop();
+        }
+        entry.is_some()
+    }
+
+    async fn release_node(&mut self) -> Result<(), LockError> {
+        let registered = self.unregister();
+        let Some(session) = self.session.upgrade().filter(|s| !s.is_dead()) else {
+            self.released = true;
+            return Err(LockError::lost(&*self.name, "its ZooKeeper session was lost"));
+        };
+        let client = session.client.clone();
+        let mut result = send_delete(&client, &self.path).await;
+        if matches!(result, Err(ZkError::ConnectionLoss)) {
+            let patience = self.shared.options.get_operation_timeout();
+            result = match wait_connected(&client, patience).await {
+                // The first delete may have been applied with its reply lost.
+                Ok(()) => match send_delete(&client, &self.path).await {
+                    Err(ZkError::NoNode) => Ok(()),
+                    other => other,
+                },
+                Err(e) => Err(e),
+            };
+        }
+        // Done, one way or another (cut before this, the drop sends the delete again: a node's
+        // path is never reused, so a second delete is harmless).
+        self.released = true;
+        match result {
+            Ok(()) if registered => Ok(()),
+            Ok(()) => Err(LockError::lost(&*self.name, "its ZooKeeper session or lease had ended")),
+            Err(ZkError::NoNode) => Err(LockError::lost(
+                &*self.name,
+                "its ZooKeeper node was already gone (the session expired, or the lease ended)",
+            )),
+            Err(e) => {
+                purge(&self.shared, &session, Leftover::Node(self.path.clone()));
+                Err(zk_error(&self.name, "release", e))
+            }
+        }
+    }
+}
+
+impl HeldLock for ZkHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.release_node())
+    }
+}
+
+impl Drop for ZkHeld {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Dropped without a release that ran to its end (the guard could not run one, or it was
+        // cut by its time bound): delete the node anyway.
+        self.unregister();
+        if let Some(session) = self.session.upgrade() {
+            purge(&self.shared, &session, Leftover::Node(self.path.clone()));
+        }
+    }
+}
+
+/// Runs while a lock is held: deletes the node when a fixed lease ends, and fires `lost()` if
+/// the node disappears for any other reason. Aborted by the release (and when the backend
+/// goes away, or the session is lost).
+struct Hold {
+    shared: Weak<Shared>,
+    client: Client,
+    path: Arc<str>,
+    lease_end: Option<Instant>,
+    lost: LostSignal,
+    released: Arc<AtomicBool>,
+    patience: Duration,
+}
+
+impl Hold {
+    async fn run(self) {
+        let lease_over = async {
+            match self.lease_end {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            deleted = self.watch_node() => {
+                if deleted && !self.released.load(Ordering::Acquire) {
+                    self.lost.fire("its ZooKeeper node was deleted by someone else");
+                }
+                // Otherwise released by its owner, or the session ended (its supervisor reports
+                // that).
+            }
+            _ = lease_over => {
+                tracing::debug!(node = %self.path, "fixed lease over: deleting the lock node");
+                if let Some(shared) = self.shared.upgrade() {
+                    lock(&shared.holders).remove(&self.path);
+                }
+                let bound = self.patience.saturating_mul(2);
+                if tokio::time::timeout(bound, self.delete_node()).await.is_err() {
+                    tracing::warn!(node = %self.path, "could not delete a lock node whose lease ended within {bound:?}");
+                }
+                return;
+            }
+        }
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared.holders).remove(&self.path);
+        }
+    }
+
+    /// Watches our own node: `true` once it is deleted, `false` when the watch cannot be kept
+    /// (the session ended, or the watch failed: only this extra detection is lost, the lease
+    /// still ends).
+    async fn watch_node(&self) -> bool {
+        loop {
+            match self.client.check_and_watch_stat(&self.path).await {
+                Ok((None, _)) => return true,
+                Ok((Some(_), watcher)) => match watcher.changed().await.event_type {
+                    EventType::NodeDeleted => return true,
+                    EventType::Session => return false,
+                    _ => {} // a data change: watch again
+                },
+                Err(ZkError::ConnectionLoss) => {
+                    // Connected again, or still trying: watch again (unless the session ended).
+                    if let Err(ZkError::SessionExpired) = wait_connected(&self.client, self.patience).await {
+                        return false;
+                    }
+                }
+                Err(_) => return std::future::pending().await,
+            }
+        }
+    }
+
+    async fn delete_node(&self) {
+        for _ in 0..4 {
+            match send_delete(&self.client, &self.path).await {
+                Ok(()) | Err(ZkError::NoNode) => return,
+                Err(ZkError::ConnectionLoss) if wait_connected(&self.client, self.patience).await.is_ok() => {}
+                Err(e) => {
+                    tracing::warn!(node = %self.path, error = %e, "could not delete a lock node whose lease ended");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl LockManager {
+    /// A manager on ZooKeeper at `hosts` (`"host:port,host:port"`) with default settings; same
+    /// as `LockManager::builder().zookeeper(hosts)`. See [`ZookeeperBackend`] for the options.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::zookeeper("127.0.0.1:2181").await?;
+    /// let guard = manager.lock("order:42").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn zookeeper(hosts: impl AsRef<str>) -> Result<LockManager, LockError> {
+        LockManager::builder().zookeeper(hosts).await
+    }
+}
+
+impl LockManagerBuilder {
+    /// A manager on ZooKeeper at `hosts` with the default [`ZookeeperOptions`]; for other
+    /// options, pass [`ZookeeperBackend::connect_with`]'s backend to
+    /// [`backend`](LockManagerBuilder::backend).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::builder()
+    ///     .prefix("myapp:")
+    ///     .default_lease(Duration::from_secs(30))
+    ///     .zookeeper("zk1:2181,zk2:2181,zk3:2181")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn zookeeper(self, hosts: impl AsRef<str>) -> Result<LockManager, LockError> {
+        Ok(self.backend(ZookeeperBackend::connect(hosts).await?))
+    }
+}

@@ -1,0 +1,175 @@
+//! [`ZookeeperOptions`]: the backend's settings, validated once when the backend is built.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+
+/// Settings of a [`ZookeeperBackend`](super::ZookeeperBackend): build with
+/// [`ZookeeperOptions::new`] and its setters. Every duration is checked when the backend
+/// connects ([`connect_with`](super::ZookeeperBackend::connect_with)): zero, or more than
+/// [`MAX_TIMEOUT`](ZookeeperOptions::MAX_TIMEOUT), is an [`is_invalid`](LockError::is_invalid)
+/// error.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::backend::zookeeper::ZookeeperOptions;
+///
+/// let options = ZookeeperOptions::new()
+///     .session_timeout(Duration::from_secs(10))
+///     .operation_timeout(Duration::from_secs(2))
+///     .root("/myapp/locks");
+/// assert_eq!(options.get_root(), "/myapp/locks");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZookeeperOptions {
+    session_timeout: Duration,
+    operation_timeout: Duration,
+    root: String,
+    lost_after_disconnect: Option<Duration>,
+}
+
+impl Default for ZookeeperOptions {
+    fn default() -> Self {
+        ZookeeperOptions {
+            session_timeout: Self::DEFAULT_SESSION_TIMEOUT,
+            operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
+            root: Self::DEFAULT_ROOT.to_owned(),
+            lost_after_disconnect: None,
+        }
+    }
+}
+
+impl ZookeeperOptions {
+    /// The session timeout asked for by default.
+    pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+    /// The operation timeout used by default.
+    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The znode under which lock nodes live by default.
+    pub const DEFAULT_ROOT: &'static str = "/lock-runtime";
+    /// The longest accepted session timeout, operation timeout and `lost_after_disconnect`
+    /// (one hour). ZooKeeper servers cap sessions far lower (`maxSessionTimeout`, 40 s by
+    /// default).
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+    /// The shortest accepted session timeout, operation timeout and `lost_after_disconnect`
+    /// (one millisecond: the protocol's unit).
+    pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+    /// The defaults: a 6 s session, 5 s operations, locks under `/lock-runtime`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The session timeout to ask the server for (it may adjust it into its
+    /// `minSessionTimeout..=maxSessionTimeout`, by default 2 to 20 ticks). A holder whose
+    /// process dies keeps its watchdog-leased locks until the session expires, this long after
+    /// the server last heard from it.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// The longest a single operation (one attempt, one release, connecting) may take before it
+    /// fails with an [`is_backend`](LockError::is_backend) error.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The znode under which lock nodes are created (an absolute path, created if missing).
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// How long the client may stay disconnected before every lock held through the session is
+    /// reported lost and the session is abandoned. Default: half the negotiated session timeout
+    /// (see the [module docs](super) for why not all of it).
+    pub fn lost_after_disconnect(mut self, grace: Duration) -> Self {
+        self.lost_after_disconnect = Some(grace);
+        self
+    }
+
+    /// The session timeout asked for.
+    pub fn get_session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The operation timeout.
+    pub fn get_operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// The lock root.
+    pub fn get_root(&self) -> &str {
+        &self.root
+    }
+
+    /// `lost_after_disconnect`, if set.
+    pub fn get_lost_after_disconnect(&self) -> Option<Duration> {
+        self.lost_after_disconnect
+    }
+
+    /// Validates every option (the one place they are checked: the code after it relies on
+    /// every duration being within `MIN_TIMEOUT..=MAX_TIMEOUT`).
+    pub(super) fn check(&self, hosts: &str) -> Result<(), LockError> {
+        let root = &self.root;
+        if !root.starts_with('/') || root.len() < 2 || root.ends_with('/') || root.contains("//") {
+            return Err(LockError::invalid(
+                hosts,
+                format!("the ZooKeeper lock root `{root}` must be an absolute znode path such as `/locks`, not `/`"),
+            ));
+        }
+        if root.chars().any(char::is_control) || root.split('/').any(|part| part == "." || part == "..") {
+            return Err(LockError::invalid(
+                hosts,
+                format!("the ZooKeeper lock root `{root}` is not a valid znode path"),
+            ));
+        }
+        let durations = [
+            ("session_timeout", Some(self.session_timeout)),
+            ("operation_timeout", Some(self.operation_timeout)),
+            ("lost_after_disconnect", self.lost_after_disconnect),
+        ];
+        for (what, value) in durations {
+            let Some(value) = value else { continue };
+            if !(Self::MIN_TIMEOUT..=Self::MAX_TIMEOUT).contains(&value) {
+                return Err(LockError::invalid(
+                    hosts,
+                    format!(
+                        "the ZooKeeper `{what}` is {value:?}; give between {:?} and {:?}",
+                        Self::MIN_TIMEOUT,
+                        Self::MAX_TIMEOUT
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_options_are_invalid() {
+        for root in ["", "/", "locks", "/locks/", "/a//b", "/a/../b"] {
+            let err = ZookeeperOptions::new().root(root).check("h:1").expect_err(root);
+            assert!(err.is_invalid(), "{root}: {err}");
+        }
+        for bad in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX, ZookeeperOptions::MAX_TIMEOUT * 2] {
+            let cases = [
+                ZookeeperOptions::new().session_timeout(bad),
+                ZookeeperOptions::new().operation_timeout(bad),
+                ZookeeperOptions::new().lost_after_disconnect(bad),
+            ];
+            for options in cases {
+                let err = options.check("h:1").expect_err("out of range");
+                assert!(err.is_invalid(), "{bad:?}: {err}");
+            }
+        }
+        let edge = ZookeeperOptions::MAX_TIMEOUT;
+        assert!(ZookeeperOptions::new().operation_timeout(edge).session_timeout(edge).check("h:1").is_ok());
+        assert!(ZookeeperOptions::new().check("h:1").is_ok());
+    }
+}

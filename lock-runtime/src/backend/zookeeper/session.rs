@@ -1,0 +1,294 @@
+//! The ZooKeeper session of a backend: connecting (and reconnecting after a loss), the
+//! supervisor that reports locks lost when the session ends or stays disconnected, and the
+//! registry of the locks held through it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::task::AbortHandle;
+use zookeeper_client::{Acls, Client, CreateMode, SessionState};
+
+use super::options::ZookeeperOptions;
+use super::{gone, lock, zk_error};
+use crate::error::LockError;
+use crate::lost::LostSignal;
+
+/// What every clone of a backend (and every acquisition and held lock it made) shares.
+pub(super) struct Shared {
+    pub(super) hosts: String,
+    pub(super) options: ZookeeperOptions,
+    /// The live session, if any; `None` after a session loss until the next operation connects.
+    current: Mutex<Option<Arc<Session>>>,
+    /// Serialises reconnection.
+    connecting: tokio::sync::Mutex<()>,
+    /// Locks held through this backend, by node path.
+    pub(super) holders: Mutex<HashMap<Arc<str>, HolderEntry>>,
+    generations: AtomicU64,
+    pub(super) wakeups: AtomicU64,
+    pub(super) waiting: AtomicU64,
+    /// Lock containers with a clean-up by owner id in progress (see `purge`), and how many.
+    pub(super) purging: Mutex<HashMap<Arc<str>, usize>>,
+    /// Notified whenever such a clean-up ends.
+    pub(super) purged: tokio::sync::Notify,
+}
+
+/// One ZooKeeper session. Lock nodes are ephemeral: they live exactly as long as it does.
+pub(super) struct Session {
+    pub(super) client: Client,
+    pub(super) generation: u64,
+    /// Set (under the `holders` lock) once the session is lost: nothing is granted through it
+    /// afterwards.
+    pub(super) dead: AtomicBool,
+    /// Wakes the waits of a session that is lost.
+    died: tokio::sync::Notify,
+}
+
+impl Session {
+    /// Whether the session was lost (its nodes are gone, or will be when it expires).
+    pub(super) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Completes once the session is lost.
+    pub(super) async fn lost(&self) {
+        let notified = self.died.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.is_dead() {
+            return;
+        }
+        notified.await
+    }
+}
+
+/// A lock held through the backend: what a session loss must fire and stop.
+pub(super) struct HolderEntry {
+    pub(super) generation: u64,
+    pub(super) lost: LostSignal,
+    pub(super) released: Arc<AtomicBool>,
+    pub(super) task: Option<AbortHandle>,
+}
+
+impl HolderEntry {
+    /// Stops the lock's background task (it must not report the release as a loss).
+    pub(super) fn stop(&self) {
+        self.released.store(true, Ordering::Release);
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for (_, entry) in lock(&self.holders).drain() {
+            entry.stop();
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn new(hosts: &str, options: ZookeeperOptions) -> Self {
+        Shared {
+            hosts: hosts.to_owned(),
+            options,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            holders: Mutex::new(HashMap::new()),
+            generations: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            purging: Mutex::new(HashMap::new()),
+            purged: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(super) fn sessions(&self) -> u64 {
+        self.generations.load(Ordering::Relaxed)
+    }
+
+    /// The live session, connecting a new one if there is none (after a session loss).
+    pub(super) async fn session(
+        self: &Arc<Self>,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Arc<Session>, LockError> {
+        if let Some(session) = self.usable(name, operation).await? {
+            return Ok(session);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(session) = self.usable(name, operation).await? {
+            return Ok(session);
+        }
+        let bound = self.options.get_operation_timeout();
+        let connect = Client::connector()
+            .with_session_timeout(self.options.get_session_timeout())
+            .with_fail_eagerly()
+            .connect(&self.hosts);
+        let client = match tokio::time::timeout(bound, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e @ zookeeper_client::Error::BadArguments(_))) => return Err(zk_error(name, operation, e)),
+            Ok(Err(e)) => {
+                return Err(gone(name, operation, format!("could not connect to ZooKeeper at `{}`: {e}", self.hosts)))
+            }
+            Err(_) => {
+                return Err(gone(
+                    name,
+                    operation,
+                    format!("could not connect to ZooKeeper at `{}` within {bound:?}", self.hosts),
+                ))
+            }
+        };
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let create_root = client.mkdir(self.options.get_root(), &persistent);
+        match tokio::time::timeout(bound, create_root).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(zk_error(name, operation, e)),
+            Err(_) => return Err(gone(name, operation, format!("could not create the lock root within {bound:?}"))),
+        }
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        // Within range: the option is validated, the negotiated timeout is the server's (an i32
+        // of milliseconds).
+        let grace = self.options.get_lost_after_disconnect().unwrap_or(client.session_timeout() / 2);
+        let watcher = client.state_watcher();
+        let session = Arc::new(Session { client, generation, dead: AtomicBool::new(false), died: Default::default() });
+        *lock(&self.current) = Some(session.clone());
+        tokio::spawn(supervise(Arc::downgrade(self), Arc::downgrade(&session), watcher, grace));
+        tracing::debug!(hosts = %self.hosts, generation, "ZooKeeper session established");
+        Ok(session)
+    }
+
+    /// The current session if it is connected; waits briefly for a disconnected one to
+    /// reconnect; `None` when there is none.
+    async fn usable(&self, name: &str, operation: &'static str) -> Result<Option<Arc<Session>>, LockError> {
+        let Some(session) = lock(&self.current).clone() else { return Ok(None) };
+        if session.is_dead() {
+            return Ok(None);
+        }
+        let mut watcher = session.client.state_watcher();
+        let mut state = watcher.state();
+        if state == SessionState::SyncConnected {
+            return Ok(Some(session));
+        }
+        if state.is_terminated() {
+            return Ok(None);
+        }
+        let patience = (self.options.get_operation_timeout() / 2).min(Duration::from_secs(1));
+        let until = tokio::time::Instant::now() + patience;
+        while state != SessionState::SyncConnected && !state.is_terminated() {
+            match tokio::time::timeout_at(until, watcher.changed()).await {
+                Ok(next) => state = next,
+                Err(_) => break,
+            }
+        }
+        match state {
+            SessionState::SyncConnected => Ok(Some(session)),
+            s if s.is_terminated() => Ok(None),
+            s => Err(gone(
+                name,
+                operation,
+                format!(
+                    "not connected to ZooKeeper at `{}` (session state: {s}); retry once it is reachable",
+                    self.hosts
+                ),
+            )),
+        }
+    }
+
+    /// Reports every lock held through `session` lost and forgets the session.
+    fn session_lost(&self, session: Option<Arc<Session>>, generation: u64, reason: &str) {
+        {
+            let mut current = lock(&self.current);
+            if current.as_ref().is_some_and(|s| s.generation == generation) {
+                *current = None;
+            }
+        }
+        let lost: Vec<HolderEntry> = {
+            let mut holders = lock(&self.holders);
+            if let Some(session) = &session {
+                session.dead.store(true, Ordering::Release);
+                session.died.notify_waiters();
+            }
+            let paths: Vec<Arc<str>> =
+                holders.iter().filter(|(_, e)| e.generation == generation).map(|(p, _)| p.clone()).collect();
+            paths.iter().filter_map(|p| holders.remove(p)).collect()
+        };
+        if !lost.is_empty() {
+            tracing::warn!(count = lost.len(), reason, "ZooKeeper session lost: locks held through it are lost");
+        }
+        for entry in lost {
+            if let Some(task) = &entry.task {
+                task.abort();
+            }
+            entry.lost.fire(reason.to_owned());
+        }
+    }
+}
+
+/// Watches the session of one backend: fires `lost()` on its locks when it expires or stays
+/// disconnected past `grace`. Ends with the session (the backend dropped closes it).
+async fn supervise(
+    shared: Weak<Shared>,
+    session: Weak<Session>,
+    mut watcher: zookeeper_client::StateWatcher,
+    grace: Duration,
+) {
+    let generation = match session.upgrade() {
+        Some(s) => s.generation,
+        None => return,
+    };
+    let mut state = watcher.peek_state();
+    let reason = loop {
+        state = match state {
+            SessionState::Disconnected => {
+                tokio::select! {
+                    next = watcher.changed() => next,
+                    _ = tokio::time::sleep(grace) => {
+                        break format!("the ZooKeeper session was disconnected for longer than {grace:?}");
+                    }
+                }
+            }
+            s if s.is_terminated() => break format!("the ZooKeeper session ended ({s})"),
+            _ => watcher.changed().await,
+        };
+    };
+    if let Some(shared) = shared.upgrade() {
+        shared.session_lost(session.upgrade(), generation, &reason);
+    }
+}
+
+/// Waits until `client` is connected again after a connection loss, at most `patience` (and
+/// never past the session's end).
+pub(super) async fn wait_connected(client: &Client, patience: Duration) -> Result<(), zookeeper_client::Error> {
+    let mut watcher = client.state_watcher();
+    let mut state = watcher.state();
+    let until = tokio::time::Instant::now() + patience.min(client.session_timeout());
+    loop {
+        match state {
+            SessionState::SyncConnected => return Ok(()),
+            s if s.is_terminated() => return Err(zookeeper_client::Error::SessionExpired),
+            _ => match tokio::time::timeout_at(until, watcher.changed()).await {
+                Ok(next) => state = next,
+                Err(_) => return Err(zookeeper_client::Error::ConnectionLoss),
+            },
+        }
+    }
+}
+
+/// Counts the acquisitions waiting on a watch while it lives.
+pub(super) struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    pub(super) fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
