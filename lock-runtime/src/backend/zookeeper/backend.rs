@@ -13,7 +13,7 @@ use super::purge::{purge, send_delete, Leftover};
 use super::recipe::{create_node, encode, find_own, queue, stale_at, LeaseRecord, Node};
 use super::session::{wait_connected, HolderEntry, Session, Shared, Waiting};
 use super::{gone, lock, session_gone, zk_error, KIND};
-use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, Lease, LockBackend, Wake};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 use crate::{LockManager, LockManagerBuilder};
@@ -294,7 +294,7 @@ impl ZkAcquisition {
         Ok(Grant {
             fencing_token: u64::try_from(node.czxid).unwrap_or(0),
             granted_at: Some(granted_at),
-            lock: Box::new(held),
+            lock: Held::new(held),
         })
     }
 
