@@ -88,27 +88,34 @@ use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use layout::{key_slot, KeyLayout};
-use waiters::{Joined, Step, Waiters};
+use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
-use super::{Acquire, Attempt, BoxFuture, Busy, Grant, Held, Lease, LockBackend, Wake};
+use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, LockBackend, Renewal, Wake};
 use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
 const KIND: &str = "redis";
-/// First and longest pause between two failed re-checks of a waiter.
+/// First and longest pause between two failed looks of a waiter at the lock.
 const RECHECK_MIN: Duration = Duration::from_millis(50);
 const RECHECK_MAX: Duration = Duration::from_secs(1);
+/// The largest accepted [`RedisOptions`] duration.
+const MAX_OPTION: Duration = Duration::from_secs(3600);
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 
 /// The default [`RedisOptions::command_timeout`].
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default [`RedisOptions::unsubscribe_after`].
 pub const DEFAULT_UNSUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
+/// The default [`RedisOptions::ping_interval`].
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Settings of a [`RedisBackend`].
+/// Settings of a [`RedisBackend`], checked by [`RedisBackend::connect_with`]: every duration
+/// must be at most one hour, and the command timeout and ping interval greater than zero
+/// (otherwise the connection fails with an [`is_invalid`](crate::LockError::is_invalid) error).
 ///
 /// ```
 /// use std::time::Duration;
@@ -121,19 +128,25 @@ pub const DEFAULT_UNSUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
 pub struct RedisOptions {
     command_timeout: Duration,
     unsubscribe_after: Duration,
+    ping_interval: Duration,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
-        RedisOptions { command_timeout: DEFAULT_COMMAND_TIMEOUT, unsubscribe_after: DEFAULT_UNSUBSCRIBE_AFTER }
+        RedisOptions {
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            unsubscribe_after: DEFAULT_UNSUBSCRIBE_AFTER,
+            ping_interval: DEFAULT_PING_INTERVAL,
+        }
     }
 }
 
 impl RedisOptions {
     /// The longest any single Redis command (a script call, a connection attempt, a
-    /// (un)subscription) may take; past it the operation fails with an
-    /// [`is_backend`](crate::LockError::is_backend) error. Default [`DEFAULT_COMMAND_TIMEOUT`].
-    /// Keep it well under the leases you use, so the watchdog can retry a renewal in time.
+    /// (un)subscription, a ping of the pub/sub connection) may take; past it the operation
+    /// fails with an [`is_backend`](crate::LockError::is_backend) error. Default
+    /// [`DEFAULT_COMMAND_TIMEOUT`]; greater than zero and at most one hour. Keep it well under
+    /// the leases you use, so the watchdog can retry a renewal in time.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -141,9 +154,18 @@ impl RedisOptions {
 
     /// How long a lock's release channel stays subscribed after the last local waiter left
     /// (so steady contention does not resubscribe on every hand-off). Default
-    /// [`DEFAULT_UNSUBSCRIBE_AFTER`].
+    /// [`DEFAULT_UNSUBSCRIBE_AFTER`]; at most one hour.
     pub fn unsubscribe_after(mut self, grace: Duration) -> Self {
         self.unsubscribe_after = grace;
+        self
+    }
+
+    /// How often the pub/sub connection is pinged. A ping not answered within the command
+    /// timeout drops the connection (it may have died silently, e.g. in a network partition)
+    /// and a new one is made and subscribed. Default [`DEFAULT_PING_INTERVAL`]; greater than
+    /// zero and at most one hour.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval;
         self
     }
 
@@ -155,6 +177,27 @@ impl RedisOptions {
     /// The configured unsubscription grace period.
     pub fn get_unsubscribe_after(&self) -> Duration {
         self.unsubscribe_after
+    }
+
+    /// The configured ping interval of the pub/sub connection.
+    pub fn get_ping_interval(&self) -> Duration {
+        self.ping_interval
+    }
+
+    /// Why these options cannot be used, if they cannot.
+    fn problem(&self) -> Option<String> {
+        let check = |what: &str, d: Duration, zero_ok: bool| {
+            if d.is_zero() && !zero_ok {
+                Some(format!("the Redis {what} must be greater than zero"))
+            } else if d > MAX_OPTION {
+                Some(format!("the Redis {what} must be at most one hour (got {d:?})"))
+            } else {
+                None
+            }
+        };
+        check("command timeout", self.command_timeout, false)
+            .or_else(|| check("unsubscribe_after grace period", self.unsubscribe_after, true))
+            .or_else(|| check("ping interval", self.ping_interval, false))
     }
 }
 
@@ -173,6 +216,8 @@ struct Inner {
     waiters: Waiters,
     options: RedisOptions,
     url: String,
+    /// Where the cleanup of dropped acquisitions runs.
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -192,11 +237,12 @@ impl RedisBackend {
         Self::connect_with(url, RedisOptions::default()).await
     }
 
-    /// Connects to the server at `url` with `options`.
+    /// Connects to the server at `url` with `options`. Options out of range (see
+    /// [`RedisOptions`]) are an [`is_invalid`](crate::LockError::is_invalid) error.
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, LockError> {
         let shown = redact(url);
-        if options.command_timeout.is_zero() {
-            return Err(LockError::invalid(shown, "the Redis command timeout must be greater than zero"));
+        if let Some(problem) = options.problem() {
+            return Err(LockError::invalid(shown, problem));
         }
         let client = redis::Client::open(url).map_err(|e| {
             LockError::invalid(
@@ -207,6 +253,8 @@ impl RedisBackend {
                 ),
             )
         })?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
         let timeout = options.command_timeout;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -219,8 +267,9 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        let waiters = Waiters::start(client, timeout, options.unsubscribe_after);
-        Ok(RedisBackend { inner: Arc::new(Inner { conn, waiters, options, url: shown }) })
+        let timings = Timings { timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
+        let waiters = Waiters::start(&runtime, client, timings);
+        Ok(RedisBackend { inner: Arc::new(Inner { conn, waiters, options, url: shown, runtime }) })
     }
 
     /// The options this backend was created with.
@@ -234,37 +283,113 @@ impl RedisBackend {
         self.inner.waiters.channels()
     }
 
+    /// How many acquisitions of this backend wait in its local queues right now, all locks
+    /// together (for tests and metrics).
+    pub fn local_waiters(&self) -> usize {
+        self.inner.waiters.queued()
+    }
+
     async fn eval<T: FromRedisValue>(
         &self,
         name: &str,
         operation: &'static str,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        let mut conn = self.inner.conn.clone();
-        let timeout = self.inner.options.command_timeout;
-        match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(LockError::backend(name, KIND, operation, e)),
-            Err(_) => Err(LockError::timed_out(name, KIND, operation, timeout)),
-        }
+        eval(&self.inner.conn, self.inner.options.command_timeout, name, operation, invocation).await
     }
 
-    async fn pttl(&self, name: &str, key: &str) -> Result<i64, LockError> {
-        let mut conn = self.inner.conn.clone();
-        let timeout = self.inner.options.command_timeout;
-        match tokio::time::timeout(timeout, redis::cmd("PTTL").arg(key).query_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(LockError::backend(name, KIND, "wait for", e)),
-            Err(_) => Err(LockError::timed_out(name, KIND, "wait for", timeout)),
-        }
-    }
-
-    async fn wait_inner(&self, req: &Acquire<'_>, busy: &Busy, deadline: Instant) -> Result<Wake, LockError> {
-        let layout = KeyLayout::of(req.key);
-        let mut reg = match self.inner.waiters.register(&layout.channel, req.owner, busy.expires_in) {
-            Joined::Retry => return Ok(Wake::Retry),
-            Joined::Queued(reg) => reg,
+    fn grant(&self, req: &Acquire, layout: &KeyLayout, owner: &Arc<str>, token: i64, sent: Instant) -> Grant {
+        let lock = RedisHeld {
+            backend: self.clone(),
+            name: req.name.clone(),
+            lock: layout.lock.as_str().into(),
+            channel: layout.channel.as_str().into(),
+            owner: owner.clone(),
         };
+        Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Box::new(lock) }
+    }
+}
+
+async fn eval<T: FromRedisValue>(
+    conn: &ConnectionManager,
+    timeout: Duration,
+    name: &str,
+    operation: &'static str,
+    invocation: ScriptInvocation<'_>,
+) -> Result<T, LockError> {
+    let mut conn = conn.clone();
+    match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(LockError::backend(name, KIND, operation, e)),
+        Err(_) => Err(LockError::timed_out(name, KIND, operation, timeout)),
+    }
+}
+
+/// One `lock()` call on Redis: owns its place in the local queue (once it has one) and any
+/// acquire request in flight. Dropped, it leaves the queue (passing on a wake-up it was given)
+/// and undoes an acquire whose answer it never saw with an owner-checked release.
+struct RedisAcquisition {
+    backend: RedisBackend,
+    req: Acquire,
+    layout: KeyLayout,
+    owner: Arc<str>,
+    slot: Option<Slot>,
+    /// An acquire script was sent and its answer not seen: it may hold the lock server-side.
+    in_flight: bool,
+}
+
+impl RedisAcquisition {
+    async fn attempt_inner(&mut self) -> Result<Attempt, LockError> {
+        let waiters = &self.backend.inner.waiters;
+        let capture = match &self.slot {
+            Some(slot) => {
+                slot.attempting();
+                None
+            }
+            None => match waiters.before_attempt(&self.layout.channel) {
+                Before::Queued(slot) => {
+                    // Local FIFO: behind this process's waiters, without racing their head.
+                    self.slot = Some(slot);
+                    return Ok(Attempt::Busy);
+                }
+                Before::Attempt(capture) => Some(capture),
+            },
+        };
+        let lease = self.req.lease.duration();
+        let sent = Instant::now();
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation.key(&self.layout.lock).key(&self.layout.fence).arg(&*self.owner).arg(lease_millis(lease));
+        self.in_flight = true;
+        let (status, value): (i64, i64) = self.backend.eval(&self.req.name, "acquire", invocation).await?;
+        self.in_flight = false;
+        if status == 1 {
+            if value <= 0 {
+                // Not ours to keep: undone when this acquisition is dropped.
+                self.in_flight = true;
+                let why = format!("the fencing counter returned {value}");
+                return Err(LockError::backend(&*self.req.name, KIND, "acquire", why));
+            }
+            let lease_end = sent.checked_add(lease);
+            match self.slot.take() {
+                Some(slot) => slot.granted(lease_end),
+                None => waiters.acquired(&self.layout.channel, lease_end),
+            }
+            return Ok(Attempt::Acquired(self.backend.grant(&self.req, &self.layout, &self.owner, value, sent)));
+        }
+        match (&self.slot, capture) {
+            (Some(slot), _) => slot.busy(sent, value),
+            (None, capture) => {
+                let capture = capture.unwrap_or(Capture::NONE);
+                self.slot = Some(waiters.busy(&self.layout.channel, capture, sent, value));
+            }
+        }
+        Ok(Attempt::Busy)
+    }
+
+    async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
+        let deadline_sleep = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(deadline_sleep);
         // A failed look at the lock (the server is restarting, say) is retried with backoff
         // while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
         let mut failed: Option<(LockError, Instant, Duration)> = None;
@@ -275,40 +400,162 @@ impl RedisBackend {
                     None => Ok(Wake::TimedOut),
                 };
             }
-            let (notify, until) = match reg.step() {
-                Step::Retry => return Ok(Wake::Retry),
-                Step::Check(notify, until) => match &failed {
+            let (notify, until) = match slot.step() {
+                Step::Attempt => return Ok(Wake::Retry),
+                Step::Check => match &failed {
                     Some((_, again, _)) if Instant::now() < *again => {
-                        (notify, Some(until.map_or(*again, |t| t.min(*again))))
+                        slot.look_failed();
+                        (None, Some(*again))
                     }
                     _ => {
                         let sent = Instant::now();
-                        match self.pttl(req.name, &layout.lock).await {
+                        let mut invocation = WATCH.prepare_invoke();
+                        invocation.key(&self.layout.lock);
+                        let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
+                        let outcome = tokio::select! {
+                            outcome = look => outcome,
+                            _ = &mut deadline_sleep => continue,
+                        };
+                        match outcome {
                             Ok(-2) => {
-                                reg.retry();
+                                slot.free();
                                 return Ok(Wake::Retry);
                             }
-                            Ok(ms) => {
+                            Ok(pttl) => {
                                 failed = None;
-                                reg.checked(sent, u64::try_from(ms).ok().map(Duration::from_millis));
+                                slot.busy(sent, pttl);
                             }
                             Err(e) => {
-                                let backoff = failed.as_ref().map_or(RECHECK_MIN, |f| (f.2 * 2).min(RECHECK_MAX));
-                                tracing::debug!(lock = %req.name, error = %e, "re-check failed; again in {backoff:?}");
-                                failed = Some((e, Instant::now() + backoff, backoff));
+                                slot.look_failed();
+                                let backoff =
+                                    failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
+                                tracing::debug!(lock = %self.req.name, error = %e, "look at the lock failed; again in {backoff:?}");
+                                let again = Instant::now().checked_add(backoff).unwrap_or(deadline);
+                                failed = Some((e, again, backoff));
                             }
                         }
                         continue;
                     }
                 },
-                Step::Sleep(notify, until) => (notify, until),
+                Step::Sleep(notify, until) => (Some(notify), until),
             };
-            let until = until.map_or(deadline, |t| t.min(deadline));
-            tokio::select! {
-                _ = notify.notified() => {}
-                _ = tokio::time::sleep_until(until.into()) => {}
+            let wake_at = until.map_or(deadline, |t| t.min(deadline));
+            match notify {
+                Some(notify) => tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = tokio::time::sleep_until(wake_at.into()) => {}
+                },
+                None => tokio::select! {
+                    _ = slot.notify().notified() => {}
+                    _ = tokio::time::sleep_until(wake_at.into()) => {}
+                },
             }
         }
+    }
+}
+
+impl Acquisition for RedisAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        Box::pin(self.attempt_inner())
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_inner(deadline))
+    }
+}
+
+impl Drop for RedisAcquisition {
+    fn drop(&mut self) {
+        // Leave the queue first: a wake-up this acquisition held goes to the next waiter now.
+        drop(self.slot.take());
+        if !self.in_flight {
+            return;
+        }
+        // An acquire whose answer was never seen may have taken the lock: undo it (only if it
+        // did: the release is owner-checked), and tell local waiters when it is done.
+        let inner = self.backend.inner.clone();
+        let (name, owner) = (self.req.name.clone(), self.owner.clone());
+        let (lock, channel) = (std::mem::take(&mut self.layout.lock), std::mem::take(&mut self.layout.channel));
+        let timeout = inner.options.command_timeout;
+        let cleanup = async move {
+            let mut invocation = RELEASE.prepare_invoke();
+            invocation.key(&lock).key(&channel).arg(&*owner);
+            match eval::<i64>(&inner.conn, timeout, &name, "release", invocation).await {
+                Ok(1) => {
+                    tracing::debug!(lock = %name, "undid the acquire of a dropped acquisition");
+                    inner.waiters.released(&channel, &owner);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(lock = %name, error = %e, "could not undo the acquire of a dropped acquisition; its lease will free the lock");
+                    inner.waiters.released(&channel, &owner);
+                }
+            }
+        };
+        drop(self.backend.inner.runtime.spawn(cleanup));
+    }
+}
+
+/// A lock held in Redis.
+struct RedisHeld {
+    backend: RedisBackend,
+    name: Arc<str>,
+    lock: Arc<str>,
+    channel: Arc<str>,
+    owner: Arc<str>,
+}
+
+/// Tells the local queue of a lock that its holder let go (or may have), however the release
+/// ends: completed, failed or dropped mid-flight.
+struct Released<'a>(&'a RedisHeld);
+
+impl Drop for Released<'_> {
+    fn drop(&mut self) {
+        self.0.backend.inner.waiters.released(&self.0.channel, &self.0.owner);
+    }
+}
+
+impl HeldLock for RedisHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            let _released = Released(self);
+            let mut invocation = RELEASE.prepare_invoke();
+            invocation.key(&*self.lock).key(&*self.channel).arg(&*self.owner);
+            match self.backend.eval::<i64>(&self.name, "release", invocation).await? {
+                1 => Ok(()),
+                status => Err(LockError::lost(&*self.name, lost_reason(status))),
+            }
+        })
+    }
+
+    fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        Some(Box::new(RedisRenewal {
+            backend: self.backend.clone(),
+            name: self.name.clone(),
+            lock: self.lock.clone(),
+            owner: self.owner.clone(),
+        }))
+    }
+}
+
+/// Renews a lock held in Redis (`extend.lua`).
+struct RedisRenewal {
+    backend: RedisBackend,
+    name: Arc<str>,
+    lock: Arc<str>,
+    owner: Arc<str>,
+}
+
+impl Renewal for RedisRenewal {
+    fn extend(&self, lease: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            let mut invocation = EXTEND.prepare_invoke();
+            invocation.key(&*self.lock).arg(&*self.owner).arg(lease_millis(lease));
+            match self.backend.eval::<i64>(&self.name, "extend", invocation).await? {
+                1 => Ok(()),
+                status => Err(LockError::lost(&*self.name, lost_reason(status))),
+            }
+        })
     }
 }
 
@@ -345,69 +592,15 @@ impl LockBackend for RedisBackend {
         KIND
     }
 
-    fn try_acquire<'a>(&'a self, req: &'a Acquire<'a>) -> BoxFuture<'a, Result<Attempt, LockError>> {
-        Box::pin(async move {
-            let layout = KeyLayout::of(req.key);
-            let lease = req.lease.duration();
-            let sent = Instant::now();
-            let mut invocation = ACQUIRE.prepare_invoke();
-            invocation.key(&layout.lock).key(&layout.fence).arg(req.owner.to_string()).arg(lease_millis(lease));
-            let (status, value): (i64, i64) = self.eval(req.name, "acquire", invocation).await?;
-            if status == 1 {
-                let fencing_token = u64::try_from(value).map_err(|_| {
-                    LockError::backend(&**req.name, KIND, "acquire", format!("the fencing counter returned {value}"))
-                })?;
-                self.inner.waiters.note_acquired(&layout.channel, req.owner, sent.checked_add(lease));
-                Ok(Attempt::Acquired(Grant {
-                    fencing_token,
-                    needs_renewal: matches!(req.lease, Lease::Renewed(_)),
-                    tag: None,
-                    granted_at: Some(sent),
-                }))
-            } else {
-                self.inner.waiters.note_busy(&layout.channel, req.owner, sent);
-                let expires_in = u64::try_from(value).ok().map(Duration::from_millis);
-                Ok(Attempt::Busy(Busy { expires_in }))
-            }
-        })
-    }
-
-    fn wait<'a>(
-        &'a self,
-        req: &'a Acquire<'a>,
-        busy: &'a Busy,
-        deadline: Instant,
-    ) -> BoxFuture<'a, Result<Wake, LockError>> {
-        Box::pin(self.wait_inner(req, busy, deadline))
-    }
-
-    fn extend<'a>(&'a self, held: &'a Held, lease: Duration) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            let layout = KeyLayout::of(&held.key);
-            let mut invocation = EXTEND.prepare_invoke();
-            invocation.key(&layout.lock).arg(held.owner.to_string()).arg(lease_millis(lease));
-            match self.eval::<i64>(&held.name, "extend", invocation).await? {
-                1 => Ok(()),
-                status => Err(LockError::lost(&*held.name, lost_reason(status))),
-            }
-        })
-    }
-
-    fn release<'a>(&'a self, held: &'a Held) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            let layout = KeyLayout::of(&held.key);
-            let mut invocation = RELEASE.prepare_invoke();
-            invocation.key(&layout.lock).key(&layout.channel).arg(held.owner.to_string());
-            match self.eval::<i64>(&held.name, "release", invocation).await? {
-                1 => Ok(()),
-                status => Err(LockError::lost(&*held.name, lost_reason(status))),
-            }
-        })
+    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+        let layout = KeyLayout::of(&req.key);
+        let owner: Arc<str> = req.owner.to_string().into();
+        Box::new(RedisAcquisition { backend: self.clone(), req, layout, owner, slot: None, in_flight: false })
     }
 
     fn operation_timeout(&self) -> Duration {
         // A little over the command bound, so the backend's own (more precise) error wins.
-        self.inner.options.command_timeout + Duration::from_millis(250)
+        self.inner.options.command_timeout.saturating_add(Duration::from_millis(250))
     }
 }
 
