@@ -141,3 +141,7 @@ impl Drop for RedisServer {
 }
 
 pub use crate::free_port;
+
+/// A TCP proxy for fault injection between a backend and its server.
+#[path = "tcp_proxy.rs"]
+pub mod tcp_proxy;
