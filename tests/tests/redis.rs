@@ -550,6 +550,8 @@ async fn an_acquire_dropped_in_flight_leaves_no_lock_behind() {
     let m = LockManager::builder().backend(backend(&server, timeout).await);
     let mut conn = raw(&server).await;
     let lease = Duration::from_secs(60);
+    // The scripts are loaded (a first call answered NOSCRIPT would run nothing).
+    m.lock("warm-up").await.expect("lock").release().await.expect("release");
     // (a) The caller gives up (drops the future) while the frozen server holds its acquire;
     // (b) the acquire gets no answer within the command timeout.
     for (name, give_up) in [("orphan-dropped", Some(Duration::from_millis(200))), ("orphan-timed-out", None)] {
