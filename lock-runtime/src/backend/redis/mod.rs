@@ -20,32 +20,61 @@
 //!
 //! # Protocol
 //!
-//! - **Acquire, extend and release** are atomic Lua scripts (`acquire.lua`, `extend.lua`,
-//!   `release.lua` beside this file), sent by SHA (`EVALSHA`) and loaded again transparently
+//! - **Acquire, extend, release and a waiter's look at the lock** are atomic Lua scripts
+//!   (`acquire.lua`, `extend.lua`, `release.lua`, `watch.lua` beside this file, each stating
+//!   its keys, arguments and answers), sent by SHA (`EVALSHA`) and loaded again transparently
 //!   when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //! - **The lock** is a string key holding the owner id (unique to each acquisition), set with
-//!   `NX` and a `PX` lease. Extend and release act only when the key still holds the caller's
-//!   owner id; otherwise the caller learns that the lock was lost
-//!   ([`LockError::is_lost`](crate::LockError::is_lost)).
-//! - **Fencing tokens** come from a counter incremented by the acquire script. There is one
-//!   counter per Redis Cluster hash slot (see [`KeyLayout`]), so tokens strictly increase per
-//!   name for the life of the dataset, and the keys left behind stay bounded (at most 16,384
-//!   counters, however many names were ever locked).
+//!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see *Waiting*). Extend
+//!   and release act only when the key still holds the caller's owner id; otherwise the caller
+//!   learns that the lock was lost ([`LockError::is_lost`](crate::LockError::is_lost)).
+//! - **Fencing tokens** are minted by the acquire script itself (an `INCR` in the same call:
+//!   no extra round trip). There is one counter per Redis Cluster hash slot (see
+//!   [`KeyLayout`]), so tokens strictly increase per name for the life of the dataset, and the
+//!   keys left behind stay bounded (at most 16,384 counters, however many names were ever
+//!   locked).
 //! - **Key layout** puts a lock's key, channel and counter in one hash slot, ready for Redis
 //!   Cluster: see [`KeyLayout`].
+//! - **Acquisitions own their state.** Each `lock()` call is one acquisition object that owns
+//!   its place in the local queue and any acquire request in flight, until it is granted the
+//!   lock or dropped. Dropped at any point (its future cancelled, its call timed out client
+//!   side), it leaves the queue and passes on a wake-up it was given; if an acquire it sent
+//!   was never answered, a background task undoes it with an owner-checked release (bounded by
+//!   the command timeout, logged if it fails), so no lock is left held for an owner nobody
+//!   knows. An acquire that finds its own owner id in the key (an earlier answer of the same
+//!   acquisition was lost) is granted again.
 //!
 //! # Waiting
 //!
-//! The release script publishes on the lock's channel. Each backend keeps **one** pub/sub
-//! connection; a channel is subscribed while some task of this process waits for its lock,
-//! and unsubscribed shortly after nobody does. Tasks of one process waiting for the same lock
-//! queue locally: a release wakes one of them per process (the head of the queue), never all
-//! of them; a waiter that loses the race to another process keeps its place at the front. A
-//! holder that crashed publishes nothing, so the head also wakes when the holder's remaining
-//! lease (`PTTL`) runs out: a lost notification never strands a waiter beyond that lease. When
-//! the pub/sub connection drops (a server restart, `CLIENT KILL TYPE pubsub`), it reconnects,
-//! resubscribes, and the waiters re-check the lock (retrying a failed re-check with backoff
-//! while their `wait` lasts, so a task waiting across a server restart still gets the lock).
+//! - **Release publishes only when someone waits.** An attempt that finds the lock held marks
+//!   its value as waited on (a `+` after the owner id) in the same atomic step, and so does a
+//!   waiter's look at the lock (`watch.lua`); the release script publishes the owner id on the
+//!   lock's channel only for a marked value. A release either comes before that step (the
+//!   attempt takes the lock, the look finds it free) or after it (and is announced). An
+//!   uncontended lock/release cycle publishes nothing.
+//! - **Local FIFO.** Tasks of one process waiting for the same lock queue locally, and a new
+//!   request that finds tasks of its process queued joins the back without an attempt (so it
+//!   does not race the woken head; this also applies to `try_lock`, which then reports the
+//!   lock held). Only the head is woken: a release costs one attempt per process however many
+//!   tasks wait. A release made through this backend wakes the local head directly (no
+//!   pub/sub round trip, no mark needed); one made elsewhere wakes it through the channel.
+//! - **No lost wake-ups.** The woken head keeps its place at the front during its attempt; a
+//!   release observed while its attempt is in flight makes it attempt again at once if that
+//!   attempt found the lock held; a head dropped or failed while woken wakes the next one. A
+//!   release announced while nobody of this process was queued is counted, so an attempt in
+//!   flight at that moment that finds the lock held is woken at once.
+//! - **Subscriptions.** Each backend keeps **one** pub/sub connection; a channel is subscribed
+//!   while some task of this process waits for its lock, and unsubscribed
+//!   [`unsubscribe_after`](RedisOptions::unsubscribe_after) nobody does. Once a subscription
+//!   is confirmed, the head looks at the lock once (a release may have come before it). The
+//!   connection is pinged every [`ping_interval`](RedisOptions::ping_interval); a ping not
+//!   answered within the command timeout (a connection that died silently), or a dropped
+//!   connection (a server restart, `CLIENT KILL TYPE pubsub`), makes it reconnect, resubscribe,
+//!   and the heads look at the lock again (a failed look is retried with backoff while their
+//!   `wait` lasts, so a task waiting across a server restart still gets the lock).
+//! - **Leases.** A holder that crashed publishes nothing, so the head also wakes when the
+//!   holder's remaining lease runs out: a lost notification never strands a waiter beyond that
+//!   lease.
 //!
 //! # Failures
 //!
@@ -57,8 +86,9 @@
 //! by the `redis` crate's connection manager, which reconnects after a server restart; locks
 //! that vanished with the restart are then reported lost, and new locks work.
 //!
-//! The background tasks (pub/sub connection, reconnection) run on the tokio runtime that
-//! created the backend, and stop when the backend is dropped.
+//! The background tasks (pub/sub connection, reconnection, the cleanup of dropped
+//! acquisitions) run on the tokio runtime that created the backend, and stop when the backend
+//! is dropped (a cleanup already started finishes within the command timeout).
 //!
 //! # Running Redis for locks
 //!
@@ -70,13 +100,16 @@
 //!
 //! # Cost
 //!
-//! Measured on one machine against a local `redis-server` (`examples/bench_redis.rs`): a
-//! release hands the lock to a task waiting in another process in 0.25 to 0.5 ms (p50, on a
-//! busy 2-core machine).
-//! Under contention an acquisition costs about 3 commands when the competing tasks share one
-//! process (a first attempt that finds the lock held, the attempt after the wake-up, the
-//! release), and about one more per other competing process (5 with four processes), however
-//! many tasks each process runs.
+//! An uncontended lock/release cycle is two script calls: acquire (`SET NX PX` + `INCR`) and
+//! release (`GET` + `DEL`), four server commands, nothing published. Under contention, when
+//! the competing tasks share one process, an acquisition costs the same two calls (a new
+//! request queues behind the local waiters without an attempt, and a release wakes the head
+//! directly); each other competing process adds about one attempt per acquisition (its
+//! woken head racing), and a release then publishes. Measured with `examples/bench_redis.rs`
+//! against a local `redis-server` on a busy 2-core machine: a release hands the lock to a task
+//! waiting in another process in about 0.4 ms (p50; p99 under 2 ms), and to one in the same
+//! process in about the same; 8 tasks of one process cost 2.0 script calls per acquisition,
+//! 4 processes of 8 tasks each 4.4.
 
 mod layout;
 mod waiters;
@@ -651,6 +684,26 @@ mod tests {
     fn scripts_state_their_interface() {
         for src in [include_str!("acquire.lua"), include_str!("extend.lua"), include_str!("release.lua")] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
+        }
+        let watch = include_str!("watch.lua");
+        assert!(watch.contains("KEYS[1]") && watch.contains("Returns"));
+    }
+
+    #[test]
+    fn options_out_of_range_are_refused() {
+        let hour = Duration::from_secs(3600);
+        assert!(RedisOptions::default().problem().is_none());
+        let edge = RedisOptions::default().command_timeout(hour).unsubscribe_after(hour).ping_interval(hour);
+        assert!(edge.problem().is_none());
+        assert!(RedisOptions::default().unsubscribe_after(Duration::ZERO).problem().is_none());
+        for bad in [
+            RedisOptions::default().command_timeout(Duration::ZERO),
+            RedisOptions::default().command_timeout(Duration::MAX),
+            RedisOptions::default().unsubscribe_after(hour + Duration::from_nanos(1)),
+            RedisOptions::default().ping_interval(Duration::ZERO),
+            RedisOptions::default().ping_interval(Duration::MAX),
+        ] {
+            assert!(bad.problem().is_some(), "{bad:?}");
         }
     }
 }
