@@ -343,6 +343,8 @@ impl RedisBackend {
     }
 }
 
+/// One script call. The connection's response timeout (the command timeout) bounds it; no
+/// timer of its own (the runtime bounds every operation as well).
 async fn eval<T: FromRedisValue>(
     conn: &ConnectionManager,
     timeout: Duration,
@@ -351,10 +353,10 @@ async fn eval<T: FromRedisValue>(
     invocation: ScriptInvocation<'_>,
 ) -> Result<T, LockError> {
     let mut conn = conn.clone();
-    match tokio::time::timeout(timeout, invocation.invoke_async(&mut conn)).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(LockError::backend(name, KIND, operation, e)),
-        Err(_) => Err(LockError::timed_out(name, KIND, operation, timeout)),
+    match invocation.invoke_async(&mut conn).await {
+        Ok(value) => Ok(value),
+        Err(e) if e.is_timeout() => Err(LockError::timed_out(name, KIND, operation, timeout)),
+        Err(e) => Err(LockError::backend(name, KIND, operation, e)),
     }
 }
 
@@ -513,7 +515,11 @@ impl Drop for RedisAcquisition {
         let cleanup = async move {
             let mut invocation = RELEASE.prepare_invoke();
             invocation.key(&lock).key(&channel).arg(&*owner);
-            match eval::<i64>(&inner.conn, timeout, &name, "release", invocation).await {
+            let release = eval::<i64>(&inner.conn, timeout, &name, "release", invocation);
+            let outcome = tokio::time::timeout(timeout, release)
+                .await
+                .unwrap_or_else(|_| Err(LockError::timed_out(&*name, KIND, "release", timeout)));
+            match outcome {
                 Ok(1) => {
                     tracing::debug!(lock = %name, "undid the acquire of a dropped acquisition");
                     inner.waiters.released(&channel, &owner);
