@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -568,6 +569,19 @@ async fn an_acquire_dropped_in_flight_leaves_no_lock_behind() {
         guard.release().await.expect("release");
         assert!(!key_exists(&mut conn, name).await, "{name}: a lock key was left behind");
     }
+    // (c) Dropped right after its first poll (its acquire is on its way): a `try_lock` made
+    // right after the drop finds the lock free, every time.
+    for round in 0..20 {
+        {
+            let mut acquire = std::pin::pin!(m.lock("orphan-polled").lease(lease).into_future());
+            let first = std::future::poll_fn(|cx| std::task::Poll::Ready(acquire.as_mut().poll(cx))).await;
+            assert!(first.is_pending(), "a Redis acquire cannot be ready at once");
+        } // dropped here
+        let guard = m.try_lock("orphan-polled").await.expect("try");
+        let guard = guard.unwrap_or_else(|| panic!("round {round}: left held by a dropped acquire"));
+        guard.release().await.expect("release");
+    }
+    assert!(!key_exists(&mut conn, "orphan-polled").await, "a lock key was left behind");
 }
 
 /// Issue #3: the woken head of the local queue cancelled while its attempt is on the wire

@@ -114,6 +114,7 @@
 mod layout;
 mod waiters;
 
+use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -531,7 +532,16 @@ impl Drop for RedisAcquisition {
                 }
             }
         };
-        drop(self.backend.inner.runtime.spawn(cleanup));
+        // Polled once here, so the release is queued on the connection now: behind the acquire
+        // it undoes, and ahead of any command sent after this drop (a `try_lock` made right
+        // after it finds the lock free). The rest runs in the background.
+        let runtime = &self.backend.inner.runtime;
+        let _entered = runtime.enter();
+        let mut cleanup = Box::pin(cleanup);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if cleanup.as_mut().poll(&mut cx).is_pending() {
+            drop(runtime.spawn(cleanup));
+        }
     }
 }
 
