@@ -571,11 +571,17 @@ async fn an_acquire_dropped_in_flight_leaves_no_lock_behind() {
     }
     // (c) Dropped right after its first poll (its acquire is on its way): a `try_lock` made
     // right after the drop finds the lock free, every time.
+    lock_after_outage(&m, "warm-up").await.release().await.expect("release"); // connection back
     for round in 0..20 {
         {
             let mut acquire = std::pin::pin!(m.lock("orphan-polled").lease(lease).into_future());
             let first = std::future::poll_fn(|cx| std::task::Poll::Ready(acquire.as_mut().poll(cx))).await;
-            assert!(first.is_pending(), "a Redis acquire cannot be ready at once");
+            if let std::task::Poll::Ready(done) = first {
+                // Answered within the first poll (this thread was descheduled meanwhile):
+                // nothing was dropped in flight this round.
+                done.expect("acquire").release().await.expect("release");
+                continue;
+            }
         } // dropped here
         let guard = m.try_lock("orphan-polled").await.expect("try");
         let guard = guard.unwrap_or_else(|| panic!("round {round}: left held by a dropped acquire"));
