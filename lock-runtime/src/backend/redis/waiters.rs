@@ -643,3 +643,108 @@ fn on_release(state: &Mutex<State>, channel: &str, owner: &str) {
         ks.released(owner);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHANNEL: &str = "lock:{k}:released";
+
+    /// Queues without a pub/sub task: the subscription is marked confirmed by hand.
+    fn waiters() -> (Waiters, mpsc::UnboundedReceiver<()>) {
+        let (poke, rx) = mpsc::unbounded_channel();
+        (Waiters { state: Arc::new(Mutex::new(State::default())), poke }, rx)
+    }
+
+    fn confirm(w: &Waiters) {
+        let mut st = lock(&w.state);
+        for ks in st.keys.values_mut() {
+            ks.sub = Sub::Sending;
+        }
+        drop(st);
+        confirmed(&w.state, &[Arc::from(CHANNEL)]);
+    }
+
+    /// A slot that made its first attempt (busy, a 30 s lease left) and looked once since the
+    /// subscription was confirmed, so it sleeps.
+    fn queued(w: &Waiters) -> Slot {
+        match w.before_attempt(CHANNEL) {
+            Before::Queued(slot) => slot,
+            Before::Attempt(capture) => w.busy(CHANNEL, capture, Instant::now(), 30_000),
+        }
+    }
+
+    fn settled_head(w: &Waiters) -> Slot {
+        let head = queued(w);
+        confirm(w);
+        assert!(matches!(head.step(), Step::Check));
+        head.busy(Instant::now(), 30_000);
+        assert!(matches!(head.step(), Step::Sleep(..)));
+        head
+    }
+
+    #[test]
+    fn a_release_seen_during_the_heads_attempt_makes_it_attempt_again() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        on_release(&w.state, CHANNEL, "a");
+        assert!(matches!(head.step(), Step::Attempt));
+        head.attempting();
+        on_release(&w.state, CHANNEL, "b"); // arrives while the attempt is in flight
+        head.busy(Instant::now(), 30_000); // the attempt found the lock held
+        assert!(matches!(head.step(), Step::Attempt), "the release was lost");
+    }
+
+    #[test]
+    fn a_head_dropped_woken_or_attempting_wakes_the_next() {
+        for attempting in [false, true] {
+            let (w, _rx) = waiters();
+            let head = settled_head(&w);
+            let next = queued(&w);
+            assert!(matches!(w.before_attempt(CHANNEL), Before::Queued(_)), "local FIFO");
+            assert!(matches!(next.step(), Step::Sleep(_, None)));
+            on_release(&w.state, CHANNEL, "a");
+            assert!(matches!(head.step(), Step::Attempt));
+            if attempting {
+                head.attempting();
+            }
+            drop(head);
+            assert!(matches!(next.step(), Step::Attempt), "wake-up not passed on (attempting: {attempting})");
+        }
+    }
+
+    #[test]
+    fn a_head_dropped_asleep_passes_nothing_and_a_granted_head_waits_for_its_release() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let next = queued(&w);
+        drop(head);
+        assert!(matches!(next.step(), Step::Sleep(..)), "woken for nothing");
+        let third = queued(&w);
+        on_release(&w.state, CHANNEL, "a");
+        assert!(matches!(next.step(), Step::Attempt));
+        next.attempting();
+        next.granted(Instant::now().checked_add(Duration::from_secs(30)));
+        assert!(matches!(third.step(), Step::Sleep(..)));
+        // The local holder's release, then its message: one wake-up.
+        w.released(CHANNEL, "next");
+        on_release(&w.state, CHANNEL, "next");
+        assert!(matches!(third.step(), Step::Attempt));
+        third.attempting();
+        third.busy(Instant::now(), 30_000);
+        assert!(matches!(third.step(), Step::Sleep(..)), "one release, two wake-ups");
+    }
+
+    #[test]
+    fn a_release_seen_while_an_attempt_was_in_flight_and_nobody_queued_wakes_it() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        on_release(&w.state, CHANNEL, "a");
+        head.attempting();
+        head.granted(None); // the queue is empty now, the channel still subscribed
+        let Before::Attempt(capture) = w.before_attempt(CHANNEL) else { panic!("nobody queued") };
+        on_release(&w.state, CHANNEL, "b"); // nobody to wake: counted
+        let late = w.busy(CHANNEL, capture, Instant::now(), 30_000);
+        assert!(matches!(late.step(), Step::Attempt), "the release during its attempt was lost");
+    }
+}
