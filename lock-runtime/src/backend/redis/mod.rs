@@ -536,11 +536,19 @@ impl Drop for RedisAcquisition {
         // it undoes, and ahead of any command sent after this drop (a `try_lock` made right
         // after it finds the lock free). The rest runs in the background.
         let runtime = &self.backend.inner.runtime;
-        let _entered = runtime.enter();
         let mut cleanup = Box::pin(cleanup);
+        if std::thread::panicking() {
+            drop(runtime.spawn(cleanup)); // no polling here while unwinding
+            return;
+        }
+        let _entered = runtime.enter();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if cleanup.as_mut().poll(&mut cx).is_pending() {
-            drop(runtime.spawn(cleanup));
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cleanup.as_mut().poll(&mut cx)));
+        match first {
+            Ok(std::task::Poll::Pending) => drop(runtime.spawn(cleanup)),
+            Ok(std::task::Poll::Ready(())) => {}
+            // E.g. polled while its runtime shuts down: the lease will free the lock.
+            Err(_) => tracing::warn!("could not undo the acquire of a dropped acquisition"),
         }
     }
 }
