@@ -304,7 +304,7 @@ impl Slot {
     pub(super) fn step(&self) -> Step {
         let now = Instant::now();
         let step = self.with(|ks, pos| {
-            let entry = &mut ks.queue[pos];
+            let Some(entry) = ks.queue.get_mut(pos) else { return Step::Attempt };
             if entry.phase == Phase::Woken || entry.again {
                 entry.phase = Phase::Woken;
                 entry.again = false;
@@ -336,7 +336,7 @@ impl Slot {
     /// An attempt is about to be sent (a release observed from now on is after it).
     pub(super) fn attempting(&self) {
         self.with(|ks, pos| {
-            let entry = &mut ks.queue[pos];
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
             entry.phase = Phase::Busy;
             entry.again = false;
         });
@@ -346,7 +346,7 @@ impl Slot {
     pub(super) fn busy(&self, sent: Instant, pttl: i64) {
         self.with(|ks, pos| {
             ks.look(sent, pttl);
-            let entry = &mut ks.queue[pos];
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
             entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
             entry.again = false;
         });
@@ -355,7 +355,7 @@ impl Slot {
     /// A look at the lock found it free: attempt next.
     pub(super) fn free(&self) {
         self.with(|ks, pos| {
-            let entry = &mut ks.queue[pos];
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
             entry.phase = Phase::Woken;
             entry.again = false;
         });
@@ -364,7 +364,7 @@ impl Slot {
     /// A look at the lock failed: back to waiting (it is retried with backoff).
     pub(super) fn look_failed(&self) {
         self.with(|ks, pos| {
-            let entry = &mut ks.queue[pos];
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
             entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
             entry.again = false;
         });
