@@ -3,7 +3,11 @@
 //! - hand-off latency: from the start of a release to the acquisition by a task that was
 //!   waiting for it, in another backend (as another process would) and in the same one;
 //! - Redis commands per acquisition under contention (`INFO commandstats` deltas), with
-//!   several backends ("processes") of several tasks each fighting for one lock.
+//!   several backends ("processes") of several tasks each fighting for one lock;
+//! - uncontended lock/release cycles per second (1 and 64 tasks on distinct names), and a
+//!   timed contended run of 16 tasks of one process on one name: hand-offs per second (an
+//!   acquisition by another task than the previous holder) and fairness (fewest over most
+//!   acquisitions per task), as `scripts/bench` counts them.
 //!
 //! ```text
 //! cargo run --release -p examples --features redis --example bench_redis
@@ -122,6 +126,126 @@ async fn main() {
     for processes in [1, PROCESSES] {
         contention(&url, &mut conn, processes).await;
     }
+
+    // Uncontended cycles and timed contention.
+    let m = LockManager::builder().backend(RedisBackend::connect(&url).await.expect("connect"));
+    for tasks in [1, 64] {
+        // Alternate with a baseline of rslock's cycle (`SET NX PX`, then a `GET` + `DEL`
+        // script) on one multiplexed connection; best of 3 rounds each.
+        let (mut ours, mut base) = (0f64, 0f64);
+        for _ in 0..3 {
+            ours = ours.max(uncontended(&m, tasks, WINDOW).await);
+            base = base.max(baseline_uncontended(&client, tasks, WINDOW).await);
+        }
+        println!(
+            "uncontended: {tasks} task(s) on distinct names: {ours:.0} cycles/s; rslock-like baseline {base:.0} ({:.2}x)",
+            ours / base
+        );
+    }
+    timed_contention(&m, 16, WINDOW).await;
+}
+
+const WINDOW: Duration = Duration::from_secs(1);
+
+/// `tasks` tasks lock and release names of their own for `window`: cycles per second.
+async fn uncontended(m: &LockManager, tasks: usize, window: Duration) -> f64 {
+    let until = Instant::now() + window;
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let name = format!("bench:uncontended:{t}");
+                let mut cycles = 0u64;
+                while Instant::now() < until {
+                    let g = m.lock(&name).lease(Duration::from_secs(10)).await.expect("lock");
+                    g.release().await.expect("release");
+                    cycles += 1;
+                }
+                cycles
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for h in handles {
+        total += h.await.expect("task");
+    }
+    total as f64 / window.as_secs_f64()
+}
+
+/// The baseline: rslock's uncontended cycle with the `redis` crate directly.
+async fn baseline_uncontended(client: &redis::Client, tasks: usize, window: Duration) -> f64 {
+    let conn = client.get_multiplexed_async_connection().await.expect("connection");
+    let unlock = Arc::new(redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    ));
+    let until = Instant::now() + window;
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (mut conn, unlock) = (conn.clone(), unlock.clone());
+            tokio::spawn(async move {
+                let key = format!("bench:baseline:{t}");
+                let mut cycles = 0u64;
+                while Instant::now() < until {
+                    let value = format!("{t}-{cycles}");
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&value)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(10_000)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("SET");
+                    assert!(set.is_some(), "uncontended");
+                    let _: i64 = unlock.key(&key).arg(&value).invoke_async(&mut conn).await.expect("unlock");
+                    cycles += 1;
+                }
+                cycles
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for h in handles {
+        total += h.await.expect("task");
+    }
+    total as f64 / window.as_secs_f64()
+}
+
+/// `tasks` tasks of one backend fight for one name for `window`.
+async fn timed_contention(m: &LockManager, tasks: usize, window: Duration) {
+    let until = Instant::now() + window;
+    let last = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let handoffs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (m, last, handoffs) = (m.clone(), last.clone(), handoffs.clone());
+            tokio::spawn(async move {
+                let mut acquired = 0u64;
+                while Instant::now() < until {
+                    let g = m.lock("bench:timed").wait(Duration::from_secs(10)).lease(Duration::from_secs(10)).await;
+                    let g = g.expect("lock");
+                    acquired += 1;
+                    if last.swap(t, std::sync::atomic::Ordering::Relaxed) != t {
+                        handoffs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    g.release().await.expect("release");
+                }
+                acquired
+            })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    for h in handles {
+        counts.push(h.await.expect("task"));
+    }
+    let total: u64 = counts.iter().sum();
+    let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(1));
+    println!(
+        "timed contention: {tasks} tasks, one name: {:.0} acquisitions/s, {:.0} hand-offs/s, fairness {:.2}",
+        total as f64 / window.as_secs_f64(),
+        handoffs.load(std::sync::atomic::Ordering::Relaxed) as f64 / window.as_secs_f64(),
+        min as f64 / max.max(1) as f64
+    );
 }
 
 /// `processes` backends of `TASKS` tasks each take one lock `ROUNDS` times each.
@@ -157,23 +281,24 @@ async fn contention(url: &str, conn: &mut redis::aio::MultiplexedConnection, pro
     let n = acquisitions.load(std::sync::atomic::Ordering::Relaxed);
     let delta = |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
     // `INFO commandstats` also counts the commands scripts run; what clients send is EVALSHA
-    // (acquire and release scripts), PTTL (waiter re-checks) and (UN)SUBSCRIBE.
-    let evalsha = delta("evalsha");
+    // (acquire, release and a waiter's look at the lock, `watch.lua`), SCRIPT LOAD after a
+    // NOSCRIPT answer, and (UN)SUBSCRIBE.
+    let evalsha = delta("evalsha") - delta("script|load"); // a NOSCRIPT answer is sent again
     let busy = delta("set") - delta("incr"); // acquire attempts that found the lock held
-    let client_pttl = delta("pttl") - busy; // the acquire script runs PTTL on each busy attempt
+    let looks = delta("pttl") - busy; // both the busy acquire and a look run PTTL
     let (sub, unsub) = (delta("subscribe"), delta("unsubscribe"));
-    let sent = evalsha + client_pttl + sub + unsub + delta("script|load") + delta("eval");
+    let sent = evalsha + sub + unsub + delta("script|load") + delta("eval");
     println!(
         "contention: {processes} backend(s) x {TASKS} tasks, {n} acquisitions in {elapsed:?} ({:.0}/s)",
         n as f64 / elapsed.as_secs_f64()
     );
     println!(
-        "  commands sent per acquisition: {:.2} (evalsha {:.2} = 1 acquire + {:.2} busy attempts + 1 release; \
-         pttl {:.3}; subscribe {sub}, unsubscribe {unsub} in total)",
+        "  commands sent per acquisition: {:.2} (evalsha {:.2} = 1 acquire + {:.2} busy attempts + 1 release \
+         + {:.3} looks; subscribe {sub}, unsubscribe {unsub} in total)",
         sent as f64 / n as f64,
         evalsha as f64 / n as f64,
         busy as f64 / n as f64,
-        client_pttl as f64 / n as f64,
+        looks as f64 / n as f64,
     );
     let all: u64 = after.iter().filter(|(c, _)| c.as_str() != "info").map(|(c, _)| delta(c)).sum();
     println!("  all commands executed (incl. inside scripts) per acquisition: {:.2}", all as f64 / n as f64);

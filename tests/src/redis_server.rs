@@ -43,6 +43,8 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
+        // (Again on every try: a failed try's server, dropped, removed the directory.)
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("temp dir for redis-server: {e}"))?;
         let log = std::fs::File::create(self.dir.join("redis.log")).map_err(|e| e.to_string())?;
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -141,3 +143,7 @@ impl Drop for RedisServer {
 }
 
 pub use crate::free_port;
+
+/// A TCP proxy for fault injection between a backend and its server.
+#[path = "tcp_proxy.rs"]
+pub mod tcp_proxy;

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -330,13 +331,14 @@ async fn killed_pubsub_connection_still_wakes_waiters() {
 }
 
 /// Runs `per_backend` waiters in each of `backends` backends (as in as many processes) behind
-/// one holder, lets the lock pass through all of them, and returns the acquire/release script
-/// calls (`EVALSHA`) and `PTTL` calls the server saw.
+/// one holder, lets the lock pass through all of them, and returns the script runs (`EVALSHA`
+/// not answered NOSCRIPT) and `PTTL` calls the server saw.
 async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -> (u64, u64) {
-    let mut managers = Vec::new();
+    let mut stores = Vec::new();
     for _ in 0..backends {
-        managers.push(LockManager::builder().backend(backend(server, Duration::from_secs(1)).await));
+        stores.push(backend(server, Duration::from_secs(1)).await);
     }
+    let managers: Vec<_> = stores.iter().map(|b| LockManager::builder().backend(b.clone())).collect();
     let mut conn = raw(server).await;
     let before = command_calls(&mut conn).await;
     let held = managers[0].lock("herd").lease(Duration::from_secs(60)).await.expect("lock");
@@ -350,14 +352,10 @@ async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -
             })
         })
         .collect();
-    let waiting = backends as u64 * per_backend;
-    // Every waiter made its first attempt (found it busy) before the release.
+    // Every waiter is queued in its backend before the release.
     let started = Instant::now();
-    while command_calls(&mut conn).await.get("evalsha").copied().unwrap_or(0)
-        - before.get("evalsha").copied().unwrap_or(0)
-        < 1 + waiting
-    {
-        assert!(started.elapsed() < Duration::from_secs(10), "waiters never tried");
+    while stores.iter().map(RedisBackend::local_waiters).sum::<usize>() < (backends as u64 * per_backend) as usize {
+        assert!(started.elapsed() < Duration::from_secs(10), "waiters never queued");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     held.release().await.expect("release");
@@ -366,7 +364,9 @@ async fn hand_through(server: &RedisServer, backends: usize, per_backend: u64) -
     }
     let after = command_calls(&mut conn).await;
     let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
-    (delta("evalsha"), delta("pttl"))
+    // A script's first call on a fresh server is answered NOSCRIPT and made again after a
+    // SCRIPT LOAD: count script runs.
+    (delta("evalsha") - delta("script|load"), delta("pttl"))
 }
 
 /// A release wakes one waiter per process, not all of them: eight local waiters handed the
@@ -376,8 +376,10 @@ async fn a_release_wakes_one_local_waiter() {
     let server = RedisServer::start();
     const WAITERS: u64 = 8;
     let (evalsha, pttl) = hand_through(&server, 1, WAITERS).await;
-    // 1 + 8 first attempts, 8 successful attempts, 9 releases; a herd would add up to 28 more.
-    let expected = 1 + WAITERS + WAITERS + (WAITERS + 1);
+    // 1 + 8 first attempts (fewer: a task that finds others queued joins them without one),
+    // one look at the lock once the channel is subscribed, 8 successful attempts, 9 releases;
+    // a herd would add up to 28 more.
+    let expected = 1 + WAITERS + 1 + WAITERS + (WAITERS + 1);
     assert!(evalsha <= expected + 2, "evalsha calls: {evalsha} (expected {expected})");
     // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
     // re-check per waiter once the channel subscription is confirmed.
@@ -390,9 +392,10 @@ async fn a_release_wakes_one_waiter_per_process() {
     let server = RedisServer::start();
     const PER: u64 = 4;
     let (evalsha, _) = hand_through(&server, 2, PER).await;
-    // 1 + 8 first attempts and 9 releases, then per release at most one attempt from each of
-    // the two processes (9 x 2); a herd would cost up to 8 attempts per release.
-    let bound = 1 + 2 * PER + (2 * PER + 1) + (2 * PER + 1) * 2;
+    // 1 + 8 first attempts, a look at the lock per process once its channel is subscribed,
+    // and 9 releases, then per release at most one attempt from each of the two processes
+    // (9 x 2); a herd would cost up to 8 attempts per release.
+    let bound = 1 + 2 * PER + 2 + (2 * PER + 1) + (2 * PER + 1) * 2;
     assert!(evalsha <= bound + 2, "evalsha calls: {evalsha} (at most {bound})");
 }
 
@@ -422,10 +425,13 @@ async fn lease_expiry_wakes_one_local_waiter() {
     for w in waiters {
         w.await.expect("task").expect("waiter");
     }
-    let calls = evalsha(&command_calls(&mut conn).await);
-    // 1 + 8 first attempts, 8 successful attempts, 8 releases (+2 for a wake-up a hair early);
-    // a cascade at the expiry would add up to 7 more.
-    let expected = 1 + WAITERS + WAITERS + WAITERS;
+    let after = command_calls(&mut conn).await;
+    let loads = after.get("script|load").copied().unwrap_or(0) - before.get("script|load").copied().unwrap_or(0);
+    let calls = evalsha(&after) - loads; // a first call answered NOSCRIPT is made again
+                                         // 1 + 8 first attempts, one look at the lock once the channel is subscribed, 8 successful
+                                         // attempts, 8 releases (+2 for a wake-up a hair early); a cascade at the expiry would add
+                                         // up to 7 more.
+    let expected = 1 + WAITERS + 1 + WAITERS + WAITERS;
     assert!(calls <= expected + 2, "evalsha calls: {calls} (expected {expected})");
     assert!(expiring.release().await.expect_err("expired").is_lost());
 }
@@ -527,4 +533,205 @@ async fn ten_thousand_names_leave_no_keys_and_no_subscriptions() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(numsub(&mut conn, &KeyLayout::of("tenk:n0").channel).await, 0);
+}
+
+/// Whether the lock key of `name` (no prefix) exists on the server.
+async fn key_exists(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
+    let n: u64 = redis::cmd("EXISTS").arg(KeyLayout::of(name).lock).query_async(conn).await.expect("EXISTS");
+    n == 1
+}
+
+/// Issue #2: an acquisition whose future is dropped (or whose call times out client-side)
+/// after its acquire was sent leaves no lock behind: the next caller gets it at once, not
+/// after the stray acquire's 60 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_in_flight_leaves_no_lock_behind() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let m = LockManager::builder().backend(backend(&server, timeout).await);
+    let mut conn = raw(&server).await;
+    let lease = Duration::from_secs(60);
+    // The scripts are loaded (a first call answered NOSCRIPT would run nothing).
+    m.lock("warm-up").await.expect("lock").release().await.expect("release");
+    // (a) The caller gives up (drops the future) while the frozen server holds its acquire;
+    // (b) the acquire gets no answer within the command timeout.
+    for (name, give_up) in [("orphan-dropped", Some(Duration::from_millis(200))), ("orphan-timed-out", None)] {
+        server.pause();
+        let acquire = m.lock(name).lease(lease).wait(Duration::from_secs(10));
+        match give_up {
+            Some(after) => assert!(tokio::time::timeout(after, acquire).await.is_err(), "answered while frozen"),
+            None => assert!(acquire.await.expect_err("frozen").is_backend()),
+        }
+        server.resume();
+        let started = Instant::now();
+        let guard = m.lock(name).wait(Duration::from_secs(10)).await.expect("the dropped acquire left the lock held");
+        assert!(started.elapsed() < Duration::from_secs(2), "{name}: took {:?}", started.elapsed());
+        guard.release().await.expect("release");
+        assert!(!key_exists(&mut conn, name).await, "{name}: a lock key was left behind");
+    }
+    // (c) Dropped right after its first poll (its acquire is on its way): a `try_lock` made
+    // right after the drop finds the lock free, every time.
+    lock_after_outage(&m, "warm-up").await.release().await.expect("release"); // connection back
+    for round in 0..20 {
+        {
+            let mut acquire = std::pin::pin!(m.lock("orphan-polled").lease(lease).into_future());
+            let first = std::future::poll_fn(|cx| std::task::Poll::Ready(acquire.as_mut().poll(cx))).await;
+            if let std::task::Poll::Ready(done) = first {
+                // Answered within the first poll (this thread was descheduled meanwhile):
+                // nothing was dropped in flight this round.
+                done.expect("acquire").release().await.expect("release");
+                continue;
+            }
+        } // dropped here
+        let guard = m.try_lock("orphan-polled").await.expect("try");
+        let guard = guard.unwrap_or_else(|| panic!("round {round}: left held by a dropped acquire"));
+        guard.release().await.expect("release");
+    }
+    assert!(!key_exists(&mut conn, "orphan-polled").await, "a lock key was left behind");
+}
+
+/// Issue #3: the woken head of the local queue cancelled while its attempt is on the wire
+/// passes the wake-up on: the next local waiter gets the lock at once, not after a hand-off
+/// window or the cancelled request's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_cancelled_mid_attempt_passes_the_wake_up_on() {
+    use lock_tests::redis_server::tcp_proxy::TcpProxy;
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port()).await;
+    let holder = LockManager::builder().backend(backend(&server, Duration::from_secs(2)).await);
+    let store = RedisBackend::connect(&proxy.redis_url()).await.expect("connect through the proxy");
+    let m = LockManager::builder().backend(store.clone());
+    let name = "handed-on";
+    let held = holder.lock(name).lease(Duration::from_secs(30)).await.expect("holder");
+    // W1, first in the queue, can be cancelled from here; W2 queues behind it.
+    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let m1 = m.clone();
+    let w1 = tokio::spawn(async move {
+        tokio::select! {
+            got = m1.lock(name).wait(Duration::from_secs(20)) => Some(got),
+            _ = cancelled => None,
+        }
+    });
+    let started = Instant::now();
+    while store.local_waiters() < 1 {
+        assert!(started.elapsed() < Duration::from_secs(10), "W1 never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let m2 = m.clone();
+    let w2 = tokio::spawn(async move {
+        let got = m2.lock(name).wait(Duration::from_secs(20)).await;
+        (Instant::now(), got)
+    });
+    while store.local_waiters() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "W2 never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The release wakes W1, whose attempt then sits in the proxy: cancel W1 right there.
+    proxy.hold();
+    held.release().await.expect("release");
+    tokio::time::timeout(Duration::from_secs(10), proxy.await_held(1)).await.expect("W1 was woken and attempted");
+    cancel.send(()).expect("W1 still waiting");
+    assert!(w1.await.expect("W1 task").is_none(), "W1 got an answer through a holding proxy");
+    let released = Instant::now();
+    proxy.release();
+    let (acquired, got) = w2.await.expect("W2 task");
+    let guard = got.expect("W2 acquired");
+    let took = acquired.duration_since(released);
+    assert!(took < Duration::from_secs(1), "W2 got the lock {took:?} after W1 was cancelled");
+    guard.release().await.expect("release");
+    let mut conn = raw(&server).await;
+    assert!(!key_exists(&mut conn, name).await, "a lock key was left behind");
+}
+
+/// Issue #4: options out of range are `is_invalid()` (never a panic, never a dead task), and
+/// the largest accepted ones work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_options_out_of_range_are_invalid() {
+    let hour = Duration::from_secs(3600);
+    let url = format!("redis://127.0.0.1:{}", free_port()); // never reached: checked first
+    let bad = [
+        RedisOptions::default().command_timeout(Duration::MAX),
+        RedisOptions::default().command_timeout(hour + Duration::from_millis(1)),
+        RedisOptions::default().command_timeout(Duration::ZERO),
+        RedisOptions::default().unsubscribe_after(Duration::MAX),
+        RedisOptions::default().unsubscribe_after(hour + Duration::from_millis(1)),
+    ];
+    for (i, options) in bad.into_iter().enumerate() {
+        let err = RedisBackend::connect_with(&url, options).await.expect_err("accepted");
+        assert!(err.is_invalid(), "case {i}: {err}");
+    }
+    // The largest accepted values: the lock works, a waiter is woken, nothing overflows.
+    let server = RedisServer::start();
+    let store = RedisBackend::connect_with(
+        &server.url(),
+        RedisOptions::default().command_timeout(hour).unsubscribe_after(hour),
+    )
+    .await
+    .expect("an hour is accepted");
+    let m = LockManager::builder().backend(store.clone());
+    let held = m.lock("edge").await.expect("lock");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { m2.lock("edge").wait(Duration::from_secs(10)).await });
+    let started = Instant::now();
+    while store.subscribed_channels() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.release().await.expect("release");
+    waiter.await.expect("task").expect("woken").release().await.expect("release");
+}
+
+/// The ping interval is checked too.
+#[tokio::test]
+async fn redis_ping_interval_out_of_range_is_invalid() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    for interval in [Duration::ZERO, Duration::from_secs(3601), Duration::MAX] {
+        let options = RedisOptions::default().ping_interval(interval);
+        let err = RedisBackend::connect_with(&url, options).await.expect_err("accepted");
+        assert!(err.is_invalid(), "{interval:?}: {err}");
+    }
+}
+
+/// Issue #6: a pub/sub connection that dies silently (no FIN, no RST: a partition) is noticed
+/// by its ping, replaced and resubscribed, so a waiter is woken by the release that went
+/// unheard, long before the holder's 30 s lease would have freed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_pubsub_connection_is_noticed_and_replaced() {
+    use lock_tests::redis_server::tcp_proxy::TcpProxy;
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port()).await;
+    let holder = LockManager::builder().backend(backend(&server, Duration::from_secs(2)).await);
+    let store = RedisBackend::connect_with(
+        &proxy.redis_url(),
+        RedisOptions::default().command_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .expect("connect through the proxy");
+    let m = LockManager::builder().backend(store);
+    let name = "partitioned";
+    let held = holder.lock(name).lease(Duration::from_secs(30)).await.expect("holder");
+    let mut conn = raw(&server).await;
+    let pttl = |calls: &HashMap<String, u64>| calls.get("pttl").copied().unwrap_or(0);
+    let before = pttl(&command_calls(&mut conn).await);
+    let waiter = tokio::spawn(async move {
+        let got = m.lock(name).wait(Duration::from_secs(25)).await;
+        (Instant::now(), got)
+    });
+    await_numsub(&mut conn, &KeyLayout::of(name).channel, 1).await;
+    // The waiter's look at the lock once its subscription is confirmed (the second `PTTL`
+    // after that of its first attempt) says the confirmation came through: it waits.
+    let started = Instant::now();
+    while pttl(&command_calls(&mut conn).await) < before + 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the waiter never looked again");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(proxy.silence_subscribers(), 1, "one pub/sub connection");
+    let released = Instant::now();
+    held.release().await.expect("release"); // its message goes nowhere
+    let (acquired, got) = waiter.await.expect("task");
+    let guard = got.expect("the waiter was never woken");
+    let took = acquired.duration_since(released);
+    // The default ping interval (5 s) plus the command timeout, and a resubscription.
+    assert!(took < Duration::from_secs(10), "woken {took:?} after the release");
+    guard.release().await.expect("release");
 }

@@ -1,25 +1,45 @@
-//! Local waiting: one queue per lock key, the one shared pub/sub connection, and wake-ups.
+//! Local waiting: one FIFO queue per lock key, owned slot by slot by the acquisitions that
+//! wait, the one shared pub/sub connection, and wake-ups.
 //!
-//! Waiters of one process on one key form a FIFO queue; only its head is woken, by a release
-//! message or by the holder's lease running out, so a release costs one attempt per process
-//! however many tasks wait (no thundering herd). A woken waiter that loses the race to another
-//! process comes back at the front. While a woken waiter makes its attempt, the rest of the
-//! queue waits for its outcome (it takes the lock, or comes back with the new holder's lease)
-//! instead of following it, so a lease running out does not set off the whole queue either;
-//! if it never reports back (cancelled, or its attempt failed), the next head looks for itself
-//! after a hand-off window of two command timeouts.
+//! # Queue
+//!
+//! An acquisition that found the lock held takes a [`Slot`] at the back of its key's queue and
+//! keeps it for its whole life (the slot leaves the queue when the acquisition is granted the
+//! lock or dropped). A new acquisition that finds other tasks of this process queued for the
+//! key joins the back without an attempt (local FIFO: it would only race the woken head).
+//! Only the head is ever woken, so a release costs one attempt per process however many tasks
+//! wait.
+//!
+//! A head is in one of three states: *waiting* (asleep), *woken* (a release was observed, or
+//! the holder's lease ran out: it attempts next), or *busy* (its attempt or look at the lock is
+//! in flight). It keeps its place at the front through its attempt. A release observed while
+//! it is busy is remembered (`again`), and makes it attempt again at once if its attempt found
+//! the lock held, instead of being lost. A head that leaves without the lock while woken or
+//! busy (its future dropped, its attempt failed) passes the wake-up to the next slot.
+//!
+//! # Releases
+//!
+//! A release is observed two ways: the release script publishes the holder's owner id on the
+//! lock's channel when the lock was marked waited on (see `acquire.lua`), and a release made
+//! through this backend is delivered to the local queue directly (so a lock passed between
+//! tasks of one process needs no pub/sub round trip and no mark). The owner id makes the two
+//! one observation.
+//!
+//! Why nothing is missed: while a queue is not empty, the holder is local (its release is
+//! delivered directly), or the head's last look at the lock marked the holder's value (its
+//! release publishes), or the head is woken or busy. A release published before the key's
+//! channel subscription was confirmed is caught by the head's look at the lock once it is
+//! (`watch.lua`), and a release observed while nobody of the key was queued is counted, so an
+//! attempt in flight at that moment that then finds the lock held is woken at once.
+//!
+//! # Pub/sub connection
 //!
 //! One background task owns the pub/sub connection. It subscribes a key's release channel
-//! when a queue appears, and unsubscribes it once the queue has stayed empty for a short
-//! grace period (so steady contention does not churn subscriptions, and nothing is left
-//! subscribed once nobody waits). When the connection drops it reconnects with backoff,
-//! resubscribes everything still waited on, and makes each queue's head re-check the lock.
-//!
-//! A release can be missed only while its waiter's channel is not yet subscribed: a head whose
-//! last look at the lock predates the subscription re-checks it (`PTTL`) once the
-//! subscription is confirmed. A release that arrives while the queue is empty (its woken
-//! waiter is racing) is kept, and hands an immediate retry to the next waiter whose last
-//! attempt predates it.
+//! when a queue appears, and unsubscribes it once the queue has stayed empty for a grace
+//! period. It pings the connection every `ping_interval` and drops it when the answer does not
+//! come within the command timeout (a connection that died silently never ends its stream).
+//! When the connection drops it reconnects with backoff and resubscribes everything still
+//! waited on; each head then looks at the lock again.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -29,21 +49,15 @@ use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, Notify};
 
-use crate::backend::OwnerId;
-
 /// Most channels named in one `SUBSCRIBE` / `UNSUBSCRIBE`.
 const BATCH: usize = 512;
-/// Most owners remembered as "woken, may come back to the front" per key.
-const FRONT: usize = 16;
 /// Longest pause between two reconnection attempts of the pub/sub connection.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
+/// The local queues and the pub/sub task's handle.
 pub(super) struct Waiters {
     state: Arc<Mutex<State>>,
     poke: mpsc::UnboundedSender<()>,
-    /// How long the rest of a queue gives a waiter that left it to make its attempt, before
-    /// its new head looks at the lock itself (the leaver may have been cancelled or failed).
-    handoff: Duration,
 }
 
 #[derive(Default)]
@@ -58,16 +72,19 @@ struct State {
 }
 
 struct KeyState {
-    queue: VecDeque<Slot>,
-    /// Owners woken recently: if they wait again, they go first.
-    front: VecDeque<OwnerId>,
+    /// Tells this key state from an earlier one of the same channel.
+    generation: u64,
+    queue: VecDeque<Entry>,
     sub: Sub,
-    /// When the holder's lease runs out, as last seen.
+    /// When the holder's lease runs out, as last seen (`None`: unknown or no expiry).
     ttl_at: Option<Instant>,
-    /// A release announced while nobody here waited for it.
-    unclaimed: Option<Instant>,
-    /// When each owner's last attempt that found the lock busy was sent.
-    tries: HashMap<OwnerId, Instant>,
+    /// When the latest look at the lock (an attempt, or a head's `watch.lua`) whose answer
+    /// came back was sent.
+    looked: Option<Instant>,
+    /// Releases observed while nobody was queued.
+    unclaimed: u64,
+    /// The owner id of the last release observed (a local release and its message are one).
+    last_release: Option<Box<str>>,
     idle_since: Option<Instant>,
 }
 
@@ -78,46 +95,62 @@ enum Sub {
     Confirmed(Instant),
 }
 
-struct Slot {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Waiting,
+    Woken,
+    Busy,
+}
+
+struct Entry {
     id: u64,
-    owner: OwnerId,
-    woken: bool,
-    /// When this waiter last learnt the lock's state from Redis.
-    checked: Option<Instant>,
+    phase: Phase,
+    /// A release observed while busy: attempt again if the attempt found the lock held.
+    again: bool,
     notify: Arc<Notify>,
 }
 
 impl KeyState {
-    fn new() -> Self {
+    fn new(generation: u64) -> Self {
         KeyState {
+            generation,
             queue: VecDeque::new(),
-            front: VecDeque::new(),
             sub: Sub::Wanted,
             ttl_at: None,
-            unclaimed: None,
-            tries: HashMap::new(),
+            looked: None,
+            unclaimed: 0,
+            last_release: None,
             idle_since: None,
         }
     }
 
-    /// Wakes the first waiter not yet woken; returns whether there was one.
-    fn wake_one(&mut self) -> bool {
-        match self.queue.iter_mut().find(|s| !s.woken) {
-            Some(slot) => {
-                slot.woken = true;
-                slot.notify.notify_one();
-                true
-            }
-            None => false,
+    /// A release (or a wake-up passed on): the head attempts next.
+    fn deliver(&mut self) {
+        match self.queue.front_mut() {
+            Some(head) => match head.phase {
+                Phase::Waiting => {
+                    head.phase = Phase::Woken;
+                    head.notify.notify_one();
+                }
+                Phase::Woken => {}
+                Phase::Busy => head.again = true,
+            },
+            None => self.unclaimed = self.unclaimed.wrapping_add(1),
         }
     }
 
-    fn remember_front(&mut self, owner: OwnerId) {
-        self.front.retain(|o| *o != owner);
-        if self.front.len() >= FRONT {
-            self.front.pop_back();
+    /// A release of `owner`'s lock was observed (by its message or a local release).
+    fn released(&mut self, owner: &str) {
+        if self.last_release.as_deref() == Some(owner) {
+            return; // the same release, seen the other way
         }
-        self.front.push_front(owner);
+        self.last_release = Some(owner.into());
+        self.deliver();
+    }
+
+    fn look(&mut self, sent: Instant, pttl: i64) {
+        self.looked = self.looked.max(Some(sent));
+        self.ttl_at = u64::try_from(pttl).ok().and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
     }
 }
 
@@ -125,205 +158,269 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// What a waiter does next.
+/// What a waiting slot does next.
 pub(super) enum Step {
-    /// Make another attempt (woken by a release, or the holder's lease ran out).
-    Retry,
-    /// Look at the lock (`PTTL`): a release may have gone unannounced to this waiter. Carries
-    /// what to sleep on if the look must wait (it failed recently), and the holder's lease end.
-    Check(Arc<Notify>, Option<Instant>),
+    /// Attempt (woken by a release or a wake-up passed on, or the holder's lease ran out).
+    Attempt,
+    /// Look at the lock (`watch.lua`): a release may have gone unannounced before the channel
+    /// subscription was confirmed.
+    Check,
     /// Sleep until notified, or until the instant (the holder's lease end).
     Sleep(Arc<Notify>, Option<Instant>),
 }
 
-/// Result of [`Waiters::register`].
-pub(super) enum Joined<'a> {
-    /// A release was announced since this owner's last attempt: retry at once.
-    Retry,
-    /// Queued.
-    Queued(Registration<'a>),
+/// Result of [`Waiters::before_attempt`].
+pub(super) enum Before {
+    /// Tasks of this process are queued for the lock: the caller joined the back of the queue
+    /// without an attempt.
+    Queued(Slot),
+    /// Nobody here waits: attempt, and hand the capture to [`Waiters::busy`] if it finds the
+    /// lock held.
+    Attempt(Capture),
 }
 
-/// A waiter's place in its key's queue; leaving it (drop) hands on any wake-up it received.
-pub(super) struct Registration<'a> {
-    waiters: &'a Waiters,
+/// What the key's state was when an attempt was sent.
+#[derive(Clone, Copy)]
+pub(super) struct Capture(Option<(u64, u64)>);
+
+impl Capture {
+    /// No key state existed.
+    pub(super) const NONE: Capture = Capture(None);
+}
+
+/// An acquisition's place in its key's queue. Dropping it leaves the queue and passes on any
+/// wake-up it was given; [`Slot::granted`] leaves it with the lock.
+pub(super) struct Slot {
+    state: Arc<Mutex<State>>,
+    poke: mpsc::UnboundedSender<()>,
     channel: Arc<str>,
     id: u64,
+    notify: Arc<Notify>,
     done: bool,
 }
 
 impl Waiters {
-    /// Starts the pub/sub task (on the current tokio runtime); it stops when this is dropped.
-    pub(super) fn start(client: redis::Client, timeout: Duration, grace: Duration) -> Self {
+    /// Starts the pub/sub task (on `runtime`); it stops when this and every slot are dropped.
+    pub(super) fn start(runtime: &tokio::runtime::Handle, client: redis::Client, timings: Timings) -> Self {
         let state = Arc::new(Mutex::new(State::default()));
         let (poke, rx) = mpsc::unbounded_channel();
-        tokio::spawn(subscriber(state.clone(), client, rx, timeout, grace));
-        Waiters { state, poke, handoff: timeout * 2 }
+        runtime.spawn(subscriber(state.clone(), client, rx, timings));
+        Waiters { state, poke }
     }
 
-    fn poke(&self) {
-        let _ = self.poke.send(());
-    }
-
-    /// An attempt sent at `sent` by `owner` found the lock busy.
-    pub(super) fn note_busy(&self, channel: &str, owner: OwnerId, sent: Instant) {
-        let mut st = lock(&self.state);
-        if let Some(ks) = st.keys.get_mut(channel) {
-            if ks.tries.len() >= 64 {
-                ks.tries.retain(|_, at| sent.saturating_duration_since(*at) < Duration::from_secs(10));
-            }
-            ks.tries.insert(owner, sent);
+    /// Before an acquisition without a slot attempts: joins the queue if one exists.
+    pub(super) fn before_attempt(&self, channel: &str) -> Before {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        let Some((key, ks)) = st.keys.get_key_value(channel) else { return Before::Attempt(Capture(None)) };
+        if ks.queue.is_empty() {
+            return Before::Attempt(Capture(Some((ks.generation, ks.unclaimed))));
         }
-    }
-
-    /// `owner` took the lock, with a lease ending at `lease_end`.
-    pub(super) fn note_acquired(&self, channel: &str, owner: OwnerId, lease_end: Option<Instant>) {
-        let mut st = lock(&self.state);
-        if let Some(ks) = st.keys.get_mut(channel) {
-            ks.front.retain(|o| *o != owner);
-            ks.tries.remove(&owner);
-            ks.ttl_at = lease_end;
+        let key = key.clone();
+        st.next_id += 1;
+        let id = st.next_id;
+        let notify = Arc::new(Notify::new());
+        if let Some(ks) = st.keys.get_mut(&key) {
+            ks.queue.push_back(Entry { id, phase: Phase::Waiting, again: false, notify: notify.clone() });
         }
+        Before::Queued(self.slot(key, id, notify))
     }
 
-    /// Joins the queue of `channel` for `owner`, whose last attempt said the holder's lease
-    /// ends in `expires_in`.
-    pub(super) fn register(&self, channel: &str, owner: OwnerId, expires_in: Option<Duration>) -> Joined<'_> {
-        let now = Instant::now();
+    fn slot(&self, channel: Arc<str>, id: u64, notify: Arc<Notify>) -> Slot {
+        Slot { state: self.state.clone(), poke: self.poke.clone(), channel, id, notify, done: false }
+    }
+
+    /// An attempt sent at `sent` (state captured by [`before_attempt`](Self::before_attempt))
+    /// found the lock held for `pttl` ms more: joins the back of the queue.
+    pub(super) fn busy(&self, channel: &str, capture: Capture, sent: Instant, pttl: i64) -> Slot {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         st.next_id += 1;
         let id = st.next_id;
-        let channel: Arc<str> = match st.keys.get_key_value(channel) {
-            Some((k, _)) => k.clone(),
+        let (key, created) = match st.keys.get_key_value(channel) {
+            Some((k, _)) => (k.clone(), false),
             None => {
                 let k: Arc<str> = Arc::from(channel);
-                st.keys.insert(k.clone(), KeyState::new());
+                st.keys.insert(k.clone(), KeyState::new(id));
                 st.wanted.push_back(k.clone());
-                self.poke();
-                k
+                let _ = self.poke.send(());
+                (k, true)
             }
         };
-        let Some(ks) = st.keys.get_mut(&channel) else { return Joined::Retry };
-        ks.idle_since = None;
-        let checked = ks.tries.remove(&owner);
-        if let Some(d) = expires_in {
-            ks.ttl_at = now.checked_add(d);
-        }
-        if let Some(u) = ks.unclaimed {
-            if checked.is_none_or(|c| c < u) {
-                ks.unclaimed = None;
-                ks.remember_front(owner);
-                ks.ttl_at = now.checked_add(self.handoff);
-                if ks.queue.is_empty() {
-                    ks.idle_since = Some(now);
-                    st.idle.push_back((channel, now));
-                    self.poke();
-                }
-                return Joined::Retry;
+        let notify = Arc::new(Notify::new());
+        if let Some(ks) = st.keys.get_mut(&key) {
+            ks.idle_since = None;
+            ks.look(sent, pttl);
+            ks.queue.push_back(Entry { id, phase: Phase::Waiting, again: false, notify: notify.clone() });
+            // A release observed while this attempt was in flight and nobody was queued may
+            // have been this lock's: the head attempts now. (A key state made since the capture
+            // counts from zero. Before the subscription is confirmed nothing is observed, and
+            // the head looks at the lock once it is.)
+            let missed = match capture.0 {
+                Some((generation, unclaimed)) if generation == ks.generation => ks.unclaimed != unclaimed,
+                _ => !created && ks.unclaimed != 0,
+            };
+            if missed {
+                ks.deliver();
             }
         }
-        let slot = Slot { id, owner, woken: false, checked, notify: Arc::new(Notify::new()) };
-        match ks.front.iter().position(|o| *o == owner) {
-            Some(i) => {
-                ks.front.remove(i);
-                ks.queue.push_front(slot);
-            }
-            None => ks.queue.push_back(slot),
-        }
-        Joined::Queued(Registration { waiters: self, channel, id, done: false })
+        self.slot(key, id, notify)
     }
 
-    /// Channels subscribed or being subscribed right now (for tests and metrics).
+    /// A lock of this key was taken here (without a slot), its lease ending at `lease_end`.
+    pub(super) fn acquired(&self, channel: &str, lease_end: Option<Instant>) {
+        if let Some(ks) = lock(&self.state).keys.get_mut(channel) {
+            ks.ttl_at = lease_end;
+        }
+    }
+
+    /// `owner`'s lock of this key was released through this backend (or may have been).
+    pub(super) fn released(&self, channel: &str, owner: &str) {
+        if let Some(ks) = lock(&self.state).keys.get_mut(channel) {
+            ks.released(owner);
+        }
+    }
+
+    /// Tasks queued right now, all keys together.
+    pub(super) fn queued(&self) -> usize {
+        lock(&self.state).keys.values().map(|ks| ks.queue.len()).sum()
+    }
+
+    /// Channels subscribed or being subscribed right now.
     pub(super) fn channels(&self) -> usize {
         lock(&self.state).keys.len()
     }
 }
 
-impl Registration<'_> {
+impl Slot {
+    fn with<T>(&self, f: impl FnOnce(&mut KeyState, usize) -> T) -> Option<T> {
+        let mut guard = lock(&self.state);
+        let ks = guard.keys.get_mut(&self.channel)?;
+        let pos = ks.queue.iter().position(|e| e.id == self.id)?;
+        Some(f(ks, pos))
+    }
+
     /// What to do next.
-    pub(super) fn step(&mut self) -> Step {
+    pub(super) fn step(&self) -> Step {
         let now = Instant::now();
-        let mut guard = lock(&self.waiters.state);
-        let Some(ks) = guard.keys.get_mut(&self.channel) else { return Step::Retry };
-        let Some(pos) = ks.queue.iter().position(|s| s.id == self.id) else { return Step::Retry };
-        let slot = &ks.queue[pos];
-        if slot.woken {
-            drop(guard);
-            self.leave(false);
-            return Step::Retry;
-        }
-        let notify = slot.notify.clone();
-        if pos != 0 {
-            return Step::Sleep(notify, None);
-        }
-        if let Sub::Confirmed(at) = ks.sub {
-            if slot.checked.is_none_or(|c| c < at) {
-                return Step::Check(notify, ks.ttl_at);
+        let step = self.with(|ks, pos| {
+            let Some(entry) = ks.queue.get_mut(pos) else { return Step::Attempt };
+            if entry.phase == Phase::Woken || entry.again {
+                entry.phase = Phase::Woken;
+                entry.again = false;
+                return Step::Attempt;
             }
-        }
-        if ks.ttl_at.is_some_and(|t| now >= t) {
-            drop(guard);
-            self.leave(false);
-            return Step::Retry;
-        }
-        Step::Sleep(notify, ks.ttl_at)
-    }
-
-    /// A look at the lock sent at `sent` found it held for `pttl` more (`None`: no expiry).
-    pub(super) fn checked(&mut self, sent: Instant, pttl: Option<Duration>) {
-        let mut guard = lock(&self.waiters.state);
-        if let Some(ks) = guard.keys.get_mut(&self.channel) {
-            ks.ttl_at = pttl.and_then(|d| Instant::now().checked_add(d));
-            if let Some(slot) = ks.queue.iter_mut().find(|s| s.id == self.id) {
-                slot.checked = Some(sent);
+            if pos != 0 {
+                return Step::Sleep(entry.notify.clone(), None);
             }
-        }
+            if let Sub::Confirmed(at) = ks.sub {
+                if ks.looked.is_none_or(|l| l < at) {
+                    entry.phase = Phase::Busy;
+                    return Step::Check;
+                }
+            }
+            if ks.ttl_at.is_some_and(|t| now >= t) {
+                entry.phase = Phase::Woken;
+                return Step::Attempt;
+            }
+            Step::Sleep(entry.notify.clone(), ks.ttl_at)
+        });
+        step.unwrap_or(Step::Attempt)
     }
 
-    /// Leaves the queue to make an attempt (it comes back at the front if it waits again).
-    pub(super) fn retry(mut self) {
-        self.leave(false);
+    /// The notification this slot sleeps on.
+    pub(super) fn notify(&self) -> &Notify {
+        &self.notify
     }
 
-    fn leave(&mut self, pass_wake: bool) {
-        if self.done {
+    /// An attempt is about to be sent (a release observed from now on is after it).
+    pub(super) fn attempting(&self) {
+        self.with(|ks, pos| {
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
+            entry.phase = Phase::Busy;
+            entry.again = false;
+        });
+    }
+
+    /// The attempt or look sent at `sent` found the lock held for `pttl` ms more.
+    pub(super) fn busy(&self, sent: Instant, pttl: i64) {
+        self.with(|ks, pos| {
+            ks.look(sent, pttl);
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
+            entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
+            entry.again = false;
+        });
+    }
+
+    /// A look at the lock found it free: attempt next.
+    pub(super) fn free(&self) {
+        self.with(|ks, pos| {
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
+            entry.phase = Phase::Woken;
+            entry.again = false;
+        });
+    }
+
+    /// A look at the lock failed: back to waiting (it is retried with backoff).
+    pub(super) fn look_failed(&self) {
+        self.with(|ks, pos| {
+            let Some(entry) = ks.queue.get_mut(pos) else { return };
+            entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
+            entry.again = false;
+        });
+    }
+
+    /// The lock was granted to this slot's acquisition, its lease ending at `lease_end`: leaves
+    /// the queue (the next head waits for this holder's release).
+    pub(super) fn granted(mut self, lease_end: Option<Instant>) {
+        self.leave(Some(lease_end));
+    }
+
+    fn leave(&mut self, granted: Option<Option<Instant>>) {
+        if std::mem::replace(&mut self.done, true) {
             return;
         }
-        self.done = true;
         let now = Instant::now();
-        let mut guard = lock(&self.waiters.state);
+        let mut guard = lock(&self.state);
         let st = &mut *guard;
         let Some(ks) = st.keys.get_mut(&self.channel) else { return };
-        let Some(pos) = ks.queue.iter().position(|s| s.id == self.id) else { return };
-        let Some(slot) = ks.queue.remove(pos) else { return };
-        if !pass_wake {
-            // Off to make an attempt: the rest of the queue waits for its outcome (it takes the
-            // lock, or comes back at the front with the new holder's lease) rather than
-            // following it (no cascade when a lease runs out), but not forever.
-            ks.remember_front(slot.owner);
-            ks.ttl_at = now.checked_add(self.waiters.handoff);
-        } else if slot.woken && !ks.wake_one() {
-            // Gave up just as it was woken: keep the release for whoever comes next.
-            ks.unclaimed = Some(now);
+        let Some(pos) = ks.queue.iter().position(|e| e.id == self.id) else { return };
+        let Some(entry) = ks.queue.remove(pos) else { return };
+        let awake = entry.phase != Phase::Waiting || entry.again;
+        if let Some(lease_end) = granted {
+            ks.ttl_at = lease_end;
         }
         if pos == 0 {
-            if let Some(head) = ks.queue.front() {
-                head.notify.notify_one();
+            if granted.is_none() && awake {
+                // Dropped or failed while woken or attempting: the wake-up goes to the next one.
+                ks.deliver();
+            } else if let Some(head) = ks.queue.front() {
+                head.notify.notify_one(); // the new head: lease timer, look after subscription
             }
         }
         if ks.queue.is_empty() {
             ks.idle_since = Some(now);
             st.idle.push_back((self.channel.clone(), now));
-            self.waiters.poke();
+            let _ = self.poke.send(());
         }
     }
 }
 
-impl Drop for Registration<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.leave(true);
+        self.leave(None);
     }
+}
+
+/// The pub/sub task's timings.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Timings {
+    /// Bound on connecting, (un)subscribing and each ping's answer.
+    pub(super) timeout: Duration,
+    /// How long an emptied queue's channel stays subscribed.
+    pub(super) grace: Duration,
+    /// How often the connection is pinged.
+    pub(super) ping: Duration,
 }
 
 /// A subscription change in flight: what it was, for which channels, and whether it worked.
@@ -336,14 +433,21 @@ async fn run_op(op: &mut Option<Op>) -> (bool, Vec<Arc<str>>, bool) {
     }
 }
 
+async fn run_ping(ping: &mut Option<BoxFuture<'static, bool>>) -> bool {
+    match ping {
+        Some(fut) => fut.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The pub/sub task: keeps one connection, the subscriptions the queues need, and wakes heads.
 async fn subscriber(
     state: Arc<Mutex<State>>,
     client: redis::Client,
     mut poke: mpsc::UnboundedReceiver<()>,
-    timeout: Duration,
-    grace: Duration,
+    timings: Timings,
 ) {
+    let Timings { timeout, grace, ping: ping_every } = timings;
     let mut backoff = Duration::from_millis(20);
     loop {
         let pubsub = match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
@@ -361,7 +465,7 @@ async fn subscriber(
                         p = poke.recv() => if p.is_none() { return },
                     }
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
                 continue;
             }
         };
@@ -369,6 +473,8 @@ async fn subscriber(
         let (sink, mut stream) = pubsub.split();
         tracing::debug!("redis pub/sub connected");
         let mut op: Option<Op> = None;
+        let mut ping: Option<BoxFuture<'static, bool>> = None;
+        let mut ping_at = tokio::time::Instant::now() + ping_every;
         loop {
             let mut sweep_at = None;
             if op.is_none() {
@@ -378,7 +484,10 @@ async fn subscriber(
             }
             tokio::select! {
                 msg = stream.next() => match msg {
-                    Some(msg) => on_release(&state, msg.get_channel_name()),
+                    Some(msg) => {
+                        let owner: String = msg.get_payload().unwrap_or_default();
+                        on_release(&state, msg.get_channel_name(), &owner);
+                    }
                     None => break,
                 },
                 (subscribe, channels, ok) = run_op(&mut op) => {
@@ -389,6 +498,16 @@ async fn subscriber(
                     if subscribe {
                         confirmed(&state, &channels);
                     }
+                }
+                alive = run_ping(&mut ping) => {
+                    ping = None;
+                    if !alive {
+                        break;
+                    }
+                    ping_at = tokio::time::Instant::now() + ping_every;
+                }
+                _ = tokio::time::sleep_until(ping_at), if ping.is_none() => {
+                    ping = Some(ping_once(sink.clone(), timeout));
                 }
                 p = poke.recv() => if p.is_none() { return },
                 _ = sleep_until(sweep_at) => {}
@@ -403,6 +522,23 @@ async fn subscriber(
             st.wanted.push_back(channel.clone());
         }
     }
+}
+
+/// One `PING` on the pub/sub connection: `false` if it failed or got no answer in time.
+fn ping_once(mut sink: redis::aio::PubSubSink, timeout: Duration) -> BoxFuture<'static, bool> {
+    Box::pin(async move {
+        match tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis pub/sub ping failed");
+                false
+            }
+            Err(_) => {
+                tracing::debug!("redis pub/sub ping got no answer within {timeout:?}; reconnecting");
+                false
+            }
+        }
+    })
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -437,11 +573,12 @@ fn next_op(
     }
     while batch.len() < BATCH {
         let Some((channel, since)) = st.idle.front().cloned() else { break };
-        if now < since + grace {
+        let due = since.checked_add(grace).unwrap_or(since);
+        if now < due {
             if !batch.is_empty() {
                 break;
             }
-            return (None, Some(since + grace));
+            return (None, Some(due));
         }
         st.idle.pop_front();
         let Some(ks) = st.keys.get(&channel) else { continue };
@@ -484,7 +621,7 @@ fn change(mut sink: redis::aio::PubSubSink, subscribe: bool, channels: Vec<Arc<s
     })
 }
 
-/// Subscriptions confirmed: heads whose last look predates them re-check the lock.
+/// Subscriptions confirmed: heads look at the lock again (a release may have gone unheard).
 fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
     let now = Instant::now();
     let mut st = lock(state);
@@ -500,12 +637,114 @@ fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
     }
 }
 
-/// A release was announced on `channel`: wake one local waiter, or keep it for the next one.
-fn on_release(state: &Mutex<State>, channel: &str) {
-    let mut st = lock(state);
-    if let Some(ks) = st.keys.get_mut(channel) {
-        if !ks.wake_one() {
-            ks.unclaimed = Some(Instant::now());
+/// `owner`'s release was announced on `channel`.
+fn on_release(state: &Mutex<State>, channel: &str, owner: &str) {
+    if let Some(ks) = lock(state).keys.get_mut(channel) {
+        ks.released(owner);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHANNEL: &str = "lock:{k}:released";
+
+    /// Queues without a pub/sub task: the subscription is marked confirmed by hand.
+    fn waiters() -> (Waiters, mpsc::UnboundedReceiver<()>) {
+        let (poke, rx) = mpsc::unbounded_channel();
+        (Waiters { state: Arc::new(Mutex::new(State::default())), poke }, rx)
+    }
+
+    fn confirm(w: &Waiters) {
+        let mut st = lock(&w.state);
+        for ks in st.keys.values_mut() {
+            ks.sub = Sub::Sending;
         }
+        drop(st);
+        confirmed(&w.state, &[Arc::from(CHANNEL)]);
+    }
+
+    /// A slot that made its first attempt (busy, a 30 s lease left) and looked once since the
+    /// subscription was confirmed, so it sleeps.
+    fn queued(w: &Waiters) -> Slot {
+        match w.before_attempt(CHANNEL) {
+            Before::Queued(slot) => slot,
+            Before::Attempt(capture) => w.busy(CHANNEL, capture, Instant::now(), 30_000),
+        }
+    }
+
+    fn settled_head(w: &Waiters) -> Slot {
+        let head = queued(w);
+        confirm(w);
+        assert!(matches!(head.step(), Step::Check));
+        head.busy(Instant::now(), 30_000);
+        assert!(matches!(head.step(), Step::Sleep(..)));
+        head
+    }
+
+    #[test]
+    fn a_release_seen_during_the_heads_attempt_makes_it_attempt_again() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        on_release(&w.state, CHANNEL, "a");
+        assert!(matches!(head.step(), Step::Attempt));
+        head.attempting();
+        on_release(&w.state, CHANNEL, "b"); // arrives while the attempt is in flight
+        head.busy(Instant::now(), 30_000); // the attempt found the lock held
+        assert!(matches!(head.step(), Step::Attempt), "the release was lost");
+    }
+
+    #[test]
+    fn a_head_dropped_woken_or_attempting_wakes_the_next() {
+        for attempting in [false, true] {
+            let (w, _rx) = waiters();
+            let head = settled_head(&w);
+            let next = queued(&w);
+            assert!(matches!(w.before_attempt(CHANNEL), Before::Queued(_)), "local FIFO");
+            assert!(matches!(next.step(), Step::Sleep(_, None)));
+            on_release(&w.state, CHANNEL, "a");
+            assert!(matches!(head.step(), Step::Attempt));
+            if attempting {
+                head.attempting();
+            }
+            drop(head);
+            assert!(matches!(next.step(), Step::Attempt), "wake-up not passed on (attempting: {attempting})");
+        }
+    }
+
+    #[test]
+    fn a_head_dropped_asleep_passes_nothing_and_a_granted_head_waits_for_its_release() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let next = queued(&w);
+        drop(head);
+        assert!(matches!(next.step(), Step::Sleep(..)), "woken for nothing");
+        let third = queued(&w);
+        on_release(&w.state, CHANNEL, "a");
+        assert!(matches!(next.step(), Step::Attempt));
+        next.attempting();
+        next.granted(Instant::now().checked_add(Duration::from_secs(30)));
+        assert!(matches!(third.step(), Step::Sleep(..)));
+        // The local holder's release, then its message: one wake-up.
+        w.released(CHANNEL, "next");
+        on_release(&w.state, CHANNEL, "next");
+        assert!(matches!(third.step(), Step::Attempt));
+        third.attempting();
+        third.busy(Instant::now(), 30_000);
+        assert!(matches!(third.step(), Step::Sleep(..)), "one release, two wake-ups");
+    }
+
+    #[test]
+    fn a_release_seen_while_an_attempt_was_in_flight_and_nobody_queued_wakes_it() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        on_release(&w.state, CHANNEL, "a");
+        head.attempting();
+        head.granted(None); // the queue is empty now, the channel still subscribed
+        let Before::Attempt(capture) = w.before_attempt(CHANNEL) else { panic!("nobody queued") };
+        on_release(&w.state, CHANNEL, "b"); // nobody to wake: counted
+        let late = w.busy(CHANNEL, capture, Instant::now(), 30_000);
+        assert!(matches!(late.step(), Step::Attempt), "the release during its attempt was lost");
     }
 }
