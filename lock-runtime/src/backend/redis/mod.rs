@@ -126,7 +126,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation};
 pub use layout::{key_slot, KeyLayout};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
-use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, HeldLock, LockBackend, Renewal, Wake};
+use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Renewal, Wake};
 use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
@@ -342,7 +342,7 @@ impl RedisBackend {
             channel: layout.channel.as_str().into(),
             owner: owner.clone(),
         };
-        Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Box::new(lock) }
+        Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Held::new(lock) }
     }
 }
 
