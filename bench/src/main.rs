@@ -5,7 +5,8 @@
 //! lock-bench --port 6379 --out bench [--quick]     # what it runs (a redis-server must listen on --port)
 //! ```
 //!
-//! Prints the table, writes `RESULTS.md` and `chart.svg` into `--out`.
+//! Prints the table, writes `RESULTS.md` and `chart.svg` into `--out`, and appends the targets' figures
+//! of a full run to `history.tsv` there (the ranges in the table are over those runs).
 
 mod contenders;
 mod report;
@@ -156,7 +157,9 @@ async fn run(args: Args) -> Result<(), String> {
     #[cfg(not(all(feature = "attribute", feature = "ours-redis")))]
     let attribute_redis: Option<report::Attribute> = None;
 
-    let results = Results {
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let history_file = args.out.join("history.tsv");
+    let mut results = Results {
         machine,
         quick: args.quick,
         redis: redis_rows,
@@ -166,9 +169,17 @@ async fn run(args: Args) -> Result<(), String> {
         attribute,
         attribute_redis,
         ours_redis_built: cfg!(feature = "ours-redis"),
+        instructions: report::Instructions::from_env(),
+        history: Vec::new(),
     };
+    let mut history = std::fs::read_to_string(&history_file).unwrap_or_default();
+    if !args.quick && !args.memory_only {
+        // Only full runs count towards the ranges.
+        history.push_str(&results.history_lines());
+        std::fs::write(&history_file, &history).map_err(|e| format!("{}: {e}", history_file.display()))?;
+    }
+    results.history = Results::parse_history(&history);
     println!("{}", results.text());
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
     let md = args.out.join("RESULTS.md");
     std::fs::write(&md, results.markdown()).map_err(|e| format!("{}: {e}", md.display()))?;
     let svg = args.out.join("chart.svg");

@@ -1,4 +1,5 @@
-//! The table (terminal and Markdown), the targets from issue 7, and the SVG chart.
+//! The table (terminal and Markdown), the targets from issue 10 with their range over the
+//! recorded runs, and the SVG chart.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -106,10 +107,43 @@ pub struct Results {
     /// The same over the Redis backend.
     pub attribute_redis: Option<Attribute>,
     pub ours_redis_built: bool,
+    /// Instruction counts (callgrind), which the machine's load does not disturb.
+    pub instructions: Instructions,
+    /// Earlier runs' target figures (`history.tsv`), this run's included once recorded.
+    pub history: Vec<(String, f64)>,
 }
 
-/// One target of issue 7 and how this run did.
+/// Instructions per call/cycle from callgrind (`scripts/bench` measures them when valgrind is
+/// installed and passes them in `BENCH_INSTR_MEMORY` / `BENCH_INSTR_ATTRIBUTE`).
+#[derive(Default)]
+pub struct Instructions {
+    /// lock-runtime (memory) and the keyed map, per uncontended lock+release.
+    pub memory: Option<(f64, f64)>,
+    /// A locked fn and the programmatic API, per call (memory backend).
+    pub attribute: Option<(f64, f64)>,
+}
+
+impl Instructions {
+    /// From the environment: `BENCH_INSTR_MEMORY="ours map"`, `BENCH_INSTR_ATTRIBUTE="attr prog"`.
+    pub fn from_env() -> Self {
+        let pair = |var: &str| {
+            let v = std::env::var(var).ok()?;
+            let mut it = v.split_whitespace().map(|x| x.parse::<f64>());
+            match (it.next(), it.next()) {
+                (Some(Ok(a)), Some(Ok(b))) if a > 0.0 && b > 0.0 => Some((a, b)),
+                _ => None,
+            }
+        };
+        Instructions { memory: pair("BENCH_INSTR_MEMORY"), attribute: pair("BENCH_INSTR_ATTRIBUTE") }
+    }
+}
+
+/// One target of issue 10 and how this run did.
 pub struct Target {
+    /// A short id, for the history of runs.
+    pub key: &'static str,
+    /// The figure compared with the goal (a ratio, milliseconds or a percentage), for ranges.
+    pub value: f64,
     pub what: &'static str,
     pub goal: &'static str,
     pub measured: String,
@@ -159,13 +193,15 @@ impl Results {
         self.memory.iter().find(|r| r.label.starts_with(prefix))
     }
 
-    /// The targets of issue 7, as ratios measured in this run.
+    /// The targets of issue 10, as measured in this run.
     pub fn targets(&self) -> Vec<Target> {
         let mut t = Vec::new();
-        let not_built = |what, goal| Target {
+        let not_measured = |key, what, goal, why: &str| Target {
+            key,
+            value: f64::NAN,
             what,
             goal,
-            measured: "not measured: Redis backend not built (feature ours-redis)".into(),
+            measured: format!("not measured: {why}"),
             met: None,
             gap: String::new(),
         };
@@ -173,81 +209,171 @@ impl Results {
             (Some(ours), Some(rs)) => {
                 let ratio = ours.contended.handoffs_per_sec / rs.contended.handoffs_per_sec.max(1e-9);
                 t.push(Target {
+                    key: "handoffs_vs_rslock",
+                    value: ratio,
                     what: "Redis contended hand-offs/s vs rslock",
-                    goal: ">= 20x",
+                    goal: ">= 40x",
                     measured: format!(
                         "{:.1}x ({} vs {})",
                         ratio,
                         count(ours.contended.handoffs_per_sec),
                         count(rs.contended.handoffs_per_sec)
                     ),
-                    met: Some(ratio >= 20.0),
-                    gap: format!("{:.0}% short", (1.0 - ratio / 20.0) * 100.0),
+                    met: Some(ratio >= 40.0),
+                    gap: format!("{:.0}% short", (1.0 - ratio / 40.0) * 100.0),
                 });
                 let p99 = ours.contended.wait_p99;
                 t.push(Target {
+                    key: "handoff_p99_ms",
+                    value: p99.as_secs_f64() * 1e3,
                     what: "Redis hand-off wait p99",
-                    goal: "< 5 ms",
+                    goal: "< 2 ms",
                     measured: ms(p99),
-                    met: Some(p99 < Duration::from_millis(5)),
-                    gap: format!("{} over", ms(p99.saturating_sub(Duration::from_millis(5)))),
+                    met: Some(p99 < Duration::from_millis(2)),
+                    gap: format!("{} over", ms(p99.saturating_sub(Duration::from_millis(2)))),
                 });
                 let f = ours.contended.fairness;
                 t.push(Target {
+                    key: "fairness",
+                    value: f,
                     what: "Redis contended fairness (fewest/most per task)",
-                    goal: ">= 0.5",
+                    goal: ">= 0.9",
                     measured: format!("{f:.2}"),
-                    met: Some(f >= 0.5),
-                    gap: format!("{:.2} short", 0.5 - f),
+                    met: Some(f >= 0.9),
+                    gap: format!("{:.2} short", 0.9 - f),
                 });
                 let (o, r) = (ours.many.map(|c| c.per_sec).unwrap_or(0.0), rs.many.map(|c| c.per_sec).unwrap_or(1.0));
                 t.push(Target {
+                    key: "uncontended64_vs_rslock",
+                    value: o / r,
                     what: "Redis uncontended, 64 tasks, vs rslock",
-                    goal: ">= 1x",
+                    goal: ">= 1.2x",
                     measured: format!("{:.2}x ({} vs {} cycles/s)", o / r, count(o), count(r)),
-                    met: Some(o >= r),
-                    gap: format!("{:.0}% short", (1.0 - o / r) * 100.0),
+                    met: Some(o / r >= 1.2),
+                    gap: format!("{:.0}% short", (1.0 - o / r / 1.2) * 100.0),
                 });
             }
             _ => {
-                t.push(not_built("Redis contended hand-offs/s vs rslock", ">= 20x"));
-                t.push(not_built("Redis hand-off wait p99", "< 5 ms"));
-                t.push(not_built("Redis contended fairness (fewest/most per task)", ">= 0.5"));
-                t.push(not_built("Redis uncontended, 64 tasks, vs rslock", ">= 1x"));
+                let why = "Redis backend not built (feature ours-redis)";
+                t.push(not_measured("handoffs_vs_rslock", "Redis contended hand-offs/s vs rslock", ">= 40x", why));
+                t.push(not_measured("handoff_p99_ms", "Redis hand-off wait p99", "< 2 ms", why));
+                t.push(not_measured("fairness", "Redis contended fairness (fewest/most per task)", ">= 0.9", why));
+                t.push(not_measured("uncontended64_vs_rslock", "Redis uncontended, 64 tasks, vs rslock", ">= 1.2x", why));
             }
         }
         if let (Some(ours), Some(map)) = (self.memory_row("lock-runtime"), self.memory_row("DashMap")) {
             let ratio = ours.one.ns_per_cycle() / map.one.ns_per_cycle();
             t.push(Target {
-                what: "In-memory uncontended ns/cycle vs keyed map",
-                goal: "<= 2x",
+                key: "memory_vs_map_time",
+                value: ratio,
+                what: "In-memory uncontended vs keyed map, by time",
+                goal: "<= 1.5x",
                 measured: format!("{ratio:.2}x ({:.0} vs {:.0} ns)", ours.one.ns_per_cycle(), map.one.ns_per_cycle()),
-                met: Some(ratio <= 2.0),
-                gap: format!("{:.0}% over", (ratio / 2.0 - 1.0) * 100.0),
+                met: Some(ratio <= 1.5),
+                gap: format!("{:.0}% over", (ratio / 1.5 - 1.0) * 100.0),
             });
         }
-        match &self.attribute {
-            Some(a) => t.push(Target {
-                what: "Attribute overhead vs programmatic API (memory)",
-                goal: "< 5%",
+        match self.instructions.memory {
+            Some((ours, map)) => {
+                let ratio = ours / map;
+                t.push(Target {
+                    key: "memory_vs_map_instructions",
+                    value: ratio,
+                    what: "In-memory uncontended vs keyed map, by instructions",
+                    goal: "<= 1.5x",
+                    measured: format!("{ratio:.2}x ({ours:.0} vs {map:.0} instructions)"),
+                    met: Some(ratio <= 1.5),
+                    gap: format!("{:.0}% over", (ratio / 1.5 - 1.0) * 100.0),
+                });
+            }
+            None => t.push(not_measured(
+                "memory_vs_map_instructions",
+                "In-memory uncontended vs keyed map, by instructions",
+                "<= 1.5x",
+                "valgrind not installed",
+            )),
+        }
+        match self.instructions.attribute {
+            Some((attr, prog)) => {
+                let overhead = (attr / prog - 1.0) * 100.0;
+                t.push(Target {
+                    key: "attribute_instructions_pct",
+                    value: overhead,
+                    what: "Attribute overhead vs programmatic API (memory), by instructions",
+                    goal: "< 3%",
+                    measured: format!("{overhead:+.1}% ({attr:.0} vs {prog:.0} instructions per call)"),
+                    met: Some(overhead < 3.0),
+                    gap: format!("{:.1} points over", overhead - 3.0),
+                });
+            }
+            None => t.push(not_measured(
+                "attribute_instructions_pct",
+                "Attribute overhead vs programmatic API (memory), by instructions",
+                "< 3%",
+                "valgrind not installed",
+            )),
+        }
+        if let Some(a) = &self.attribute {
+            t.push(Target {
+                key: "attribute_time_pct",
+                value: a.overhead() * 100.0,
+                what: "Attribute overhead vs programmatic API (memory), by time (for reference)",
+                goal: "< 3%",
                 measured: format!(
                     "{:+.1}% ({:.0} vs {:.0} ns per call)",
                     a.overhead() * 100.0,
                     a.attribute_ns,
                     a.programmatic_ns
                 ),
-                met: Some(a.overhead() < 0.05),
-                gap: format!("{:.1} points over", a.overhead() * 100.0 - 5.0),
-            }),
-            None => t.push(Target {
-                what: "Attribute overhead vs programmatic API",
-                goal: "< 5%",
-                measured: "not measured: attribute not built (feature attribute)".into(),
-                met: None,
-                gap: String::new(),
-            }),
+                met: Some(a.overhead() < 0.03),
+                gap: format!("{:.1} points over", a.overhead() * 100.0 - 3.0),
+            });
         }
         t
+    }
+
+    /// The range of a target's figure over the recorded runs: `(min, max, runs)`.
+    fn range(&self, key: &str) -> Option<(f64, f64, usize)> {
+        let values: Vec<f64> = self.history.iter().filter(|(k, v)| k == key && v.is_finite()).map(|(_, v)| *v).collect();
+        let first = *values.first()?;
+        let (lo, hi) = values.iter().fold((first, first), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+        Some((lo, hi, values.len()))
+    }
+
+    fn range_text(&self, t: &Target) -> String {
+        match self.range(t.key) {
+            Some((lo, hi, n)) => {
+                let unit = match t.key {
+                    "handoff_p99_ms" => " ms",
+                    k if k.ends_with("_pct") => "%",
+                    "fairness" => "",
+                    _ => "x",
+                };
+                let digits = if t.key.ends_with("_pct") { 1 } else { 2 };
+                format!("{lo:.digits$}–{hi:.digits$}{unit} ({n} runs)")
+            }
+            None => "-".into(),
+        }
+    }
+
+    /// This run's target figures, as lines of `history.tsv` (`date<TAB>key<TAB>value`).
+    pub fn history_lines(&self) -> String {
+        let mut s = String::new();
+        for t in self.targets().into_iter().filter(|t| t.value.is_finite()) {
+            let _ = writeln!(s, "{}\t{}\t{}", self.machine.date, t.key, t.value);
+        }
+        s
+    }
+
+    /// Reads `history.tsv` (`date<TAB>key<TAB>value` lines).
+    pub fn parse_history(text: &str) -> Vec<(String, f64)> {
+        text.lines()
+            .filter_map(|l| {
+                let mut it = l.split('\t');
+                let (_, key, value) = (it.next()?, it.next()?, it.next()?);
+                Some((key.to_owned(), value.parse().ok()?))
+            })
+            .collect()
     }
 
     fn verdict(t: &Target) -> String {
@@ -334,7 +460,7 @@ impl Results {
                 a.median_overhead * 100.0
             );
         }
-        let _ = writeln!(s, "\nTargets (issue 7):");
+        let _ = writeln!(s, "\nTargets (issue 10):");
         for t in self.targets() {
             let _ = writeln!(s, "  {:<48} {:>7}  {:<44} {}", t.what, t.goal, t.measured, Self::verdict(&t));
         }
@@ -351,10 +477,16 @@ impl Results {
             if self.quick { " **QUICK run: short windows, indicative only.**" } else { "" }
         );
         let _ = writeln!(s, "Machine: {}.\n", self.machine.line());
-        let _ = writeln!(s, "## Targets (issue 7)\n");
-        let _ = writeln!(s, "| target | goal | measured | verdict |\n|---|---|---|---|");
+        let _ = writeln!(s, "## Targets (issue 10)\n");
+        let _ = writeln!(
+            s,
+            "Range: over every full run recorded in `bench/history.tsv` (this one included); the \
+             verdict is this run's.\n"
+        );
+        let _ = writeln!(s, "| target | goal | this run | range over runs | verdict |\n|---|---|---|---|---|");
         for t in self.targets() {
-            let _ = writeln!(s, "| {} | {} | {} | {} |", t.what, t.goal, t.measured, Self::verdict(&t));
+            let _ =
+                writeln!(s, "| {} | {} | {} | {} | {} |", t.what, t.goal, t.measured, self.range_text(&t), Self::verdict(&t));
         }
         let _ = writeln!(
             s,
