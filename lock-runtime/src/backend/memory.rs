@@ -239,11 +239,14 @@ impl MemoryBackend {
     /// Returns whether `owner` still held it within its lease.
     fn release_sync(&self, key: &str, hash: u64, owner: OwnerId, token: u64) -> Result<(), &'static str> {
         let mut shard = self.shard_of(hash);
-        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else {
+        // The entry still holds the key it was granted with, unless it was removed since.
+        let Ok(mut slot) = shard.find_entry(hash, |e| std::ptr::eq(&*e.key, key) || *e.key == *key) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
         let entry = slot.get_mut();
-        let mine = entry.holder.as_ref().filter(|h| h.owner == owner && h.token == token);
+        // Tokens are unique in the store: the token identifies the grant (the owner is a check
+        // more).
+        let mine = entry.holder.as_ref().filter(|h| h.token == token && h.owner == owner);
         let Some(holder) = mine else {
             return Err("its lease ran out and it is now held by another owner");
         };
@@ -283,10 +286,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Gives memory back once a shard has emptied out after a burst.
+#[inline]
 fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
     if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
-        shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
+        shrink_now(shard, hasher);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn shrink_now(shard: &mut Shard, hasher: &DefaultHashBuilder) {
+    shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
 }
 
 /// One `lock()` call on the in-process store: owns its place in the queue while it waits.
