@@ -243,6 +243,7 @@ impl LockManager {
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
+    #[inline(always)]
     fn guard(&self, plan: Plan, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
@@ -250,6 +251,25 @@ impl LockManager {
             Lease::Renewed(_) => lock.renewal(),
             Lease::Fixed(_) => None,
         };
+        if renewal.is_none() && matches!(plan.req.lease, Lease::Renewed(_)) {
+            // Not time-bound (an in-process lock kept by its guard): no deadline, no watchdog.
+            let lost = lost.unwrap_or_else(LostSignal::never);
+            return LockGuard::new(plan.req.name, fencing_token, lock, (inner.bound, inner.kind), lost, None);
+        }
+        self.timed_guard(plan, Grant { fencing_token, granted_at, lock }, renewal, lost)
+    }
+
+    /// [`guard`](Self::guard) of a time-bound lock: a fixed lease, or one the watchdog renews.
+    #[inline(never)]
+    fn timed_guard(
+        &self,
+        plan: Plan,
+        grant: Grant,
+        renewal: Option<Box<dyn crate::backend::Renewal>>,
+        lost: Option<LostSignal>,
+    ) -> LockGuard {
+        let inner = &*self.inner;
+        let Grant { fencing_token, granted_at, lock } = grant;
         let time_bound = matches!(plan.req.lease, Lease::Fixed(_)) || renewal.is_some();
         let granted_at = || granted_at.unwrap_or_else(Instant::now);
         let lost = match lost {

@@ -207,6 +207,7 @@ impl MemoryBackend {
     }
 
     /// One attempt: the grant, or the holder's lease end (`Err(None)`: held without expiry).
+    #[inline(always)]
     fn attempt(&self, req: &Acquire, hash: u64) -> Result<Handed, Option<Instant>> {
         let mut shard = self.shard_of(hash);
         let hasher = &self.inner.hasher;
@@ -235,18 +236,18 @@ impl MemoryBackend {
         }
     }
 
-    /// Frees the entry of `key` held by `owner` (if it still is), hands it on or removes it.
-    /// Returns whether `owner` still held it within its lease.
-    fn release_sync(&self, key: &str, hash: u64, owner: OwnerId, token: u64) -> Result<(), &'static str> {
+    /// Frees the entry of `key` held under `token` (if it still is), hands it on or removes it.
+    /// Returns whether that grant still held it within its lease. Tokens are unique in the
+    /// store, so the token alone names the grant (and its owner).
+    #[inline(always)]
+    fn release_sync(&self, key: &str, hash: u64, token: u64) -> Result<(), &'static str> {
         let mut shard = self.shard_of(hash);
         // The entry still holds the key it was granted with, unless it was removed since.
         let Ok(mut slot) = shard.find_entry(hash, |e| std::ptr::eq(&*e.key, key) || *e.key == *key) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
         let entry = slot.get_mut();
-        // Tokens are unique in the store: the token identifies the grant (the owner is a check
-        // more).
-        let mine = entry.holder.as_ref().filter(|h| h.token == token && h.owner == owner);
+        let mine = entry.holder.as_ref().filter(|h| h.token == token);
         let Some(holder) = mine else {
             return Err("its lease ran out and it is now held by another owner");
         };
@@ -433,9 +434,10 @@ pub(crate) struct MemoryHeld {
     store: MemoryBackend,
     /// The key's hash, computed once by the attempt.
     hash: u64,
-    name: Arc<str>,
+    /// `None` when the name is the key (no prefix): one shared string, one count less.
+    name: Option<Arc<str>>,
     key: Arc<str>,
-    owner: OwnerId,
+    /// Unique in the store: names the grant (and so its owner).
     token: u64,
 }
 
@@ -451,10 +453,11 @@ impl HeldLock for MemoryHeld {
 }
 
 impl MemoryHeld {
+    #[inline(always)]
     fn release_checked(&self) -> Result<(), LockError> {
         self.store
-            .release_sync(&self.key, self.hash, self.owner, self.token)
-            .map_err(|reason| LockError::lost(&*self.name, reason))
+            .release_sync(&self.key, self.hash, self.token)
+            .map_err(|reason| LockError::lost(&**self.name.as_ref().unwrap_or(&self.key), reason))
     }
 }
 
@@ -463,9 +466,8 @@ impl MemoryBackend {
         let lock = MemoryHeld {
             hash,
             store: self.clone(),
-            name: req.name.clone(),
+            name: if Arc::ptr_eq(&req.name, &req.key) { None } else { Some(req.name.clone()) },
             key: req.key.clone(),
-            owner: req.owner,
             token: handed.token,
         };
         Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) }
