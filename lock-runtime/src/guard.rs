@@ -120,7 +120,11 @@ impl LockGuard {
         }
         let released = state.lock.release_now()?;
         self.state = None;
-        Some(self.verdict(released))
+        // Spelled out so that the common verdict is built in place, not copied.
+        Some(match released {
+            Ok(()) if !self.lost.can_fire() => Ok(()),
+            released => self.verdict(released),
+        })
     }
 
     /// The verdict of a release: a lock already known to be lost is reported lost.
@@ -165,9 +169,16 @@ impl std::future::Future for ReleaseFuture {
         }
         // Released in place: an in-process lock is released without moving the guard.
         let Some(guard) = &mut self.guard else { return Poll::Ready(Ok(())) };
-        if let Some(verdict) = guard.release_at_once() {
-            self.guard = None;
-            return Poll::Ready(verdict);
+        match guard.release_at_once() {
+            Some(Ok(())) => {
+                self.guard = None;
+                return Poll::Ready(Ok(()));
+            }
+            Some(Err(e)) => {
+                self.guard = None;
+                return Poll::Ready(Err(e));
+            }
+            None => {}
         }
         let Some(mut guard) = self.guard.take() else { return Poll::Ready(Ok(())) };
         // The guard keeps its state until the release is answered: if this future is dropped

@@ -448,16 +448,26 @@ impl HeldLock for MemoryHeld {
 
     #[inline]
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
-        Some(self.release_checked())
+        Some(match self.release_checked() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(e),
+        })
     }
 }
 
 impl MemoryHeld {
     #[inline(always)]
     fn release_checked(&self) -> Result<(), LockError> {
-        self.store
-            .release_sync(&self.key, self.hash, self.token)
-            .map_err(|reason| LockError::lost(&**self.name.as_ref().unwrap_or(&self.key), reason))
+        match self.store.release_sync(&self.key, self.hash, self.token) {
+            Ok(()) => Ok(()),
+            Err(reason) => Err(self.lost(reason)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lost(&self, reason: &'static str) -> LockError {
+        LockError::lost(&**self.name.as_ref().unwrap_or(&self.key), reason)
     }
 }
 
