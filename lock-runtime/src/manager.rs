@@ -431,7 +431,7 @@ impl Future for LockFuture<'_> {
             // tight lock loop cannot starve the other tasks and timers of its worker.
             let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
             let LockFutureState::Start(request) = std::mem::replace(&mut self.state, LockFutureState::Done) else {
-                return Poll::Pending; // unreachable: matched above
+                return Poll::Ready(Err(polled_after_completion())); // not reached: matched above
             };
             let LockRequest { manager, name, options } = request;
             let plan = match manager.plan(name, options) {
@@ -458,7 +458,12 @@ impl Future for LockFuture<'_> {
                 }
                 out
             }
-            _ => Poll::Ready(Err(LockError::invalid("", "a lock future was polled after it completed"))),
+            _ => Poll::Ready(Err(polled_after_completion())),
         }
     }
+}
+
+#[cold]
+fn polled_after_completion() -> LockError {
+    LockError::invalid("", "a lock future was polled after it completed")
 }

@@ -9,12 +9,11 @@ use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::context;
 pub use crate::error::LockError;
 pub use crate::manager::LockManager;
 pub use crate::options::LockOptions;
-pub use crate::run::Run;
-
-use crate::run::{self, Taking};
+use crate::run::{self, Hold, Pending, Taking};
 
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,11 +143,85 @@ impl<R> RunToEndOtherwise<R> for &Probe<R> {
 /// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
 pub type Carry<R> = Option<fn(LockError) -> R>;
 
-/// The [`Run`] of a locked call: empty until [`enter`] puts the lock into it and [`start`] the
-/// body. Pinned in the locked fn's own future, so the held lock is written once, in place.
+pin_project_lite::pin_project! {
+    /// The run of a locked call: what [`LockRequest::run`](crate::LockRequest::run) does, for
+    /// a caller that enters the lock itself ([`enter`]) and only then gives the body
+    /// ([`start`]). Pinned in the locked fn's own future, so the held lock is written once, in
+    /// place; nothing of the request or of the acquisition stays in it.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Locked<F: Future> {
+        // `None` until started, and once the body has completed or was stopped by the loss.
+        #[pin]
+        body: Option<F>,
+        hold: Hold,
+        abort_on_lost: bool,
+        // A release being awaited (a networked backend's), with the output it holds back.
+        releasing: Option<Box<Pending<F::Output>>>,
+    }
+
+    impl<F: Future> PinnedDrop for Locked<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // As `Run`'s: a body dropped before completion drops in its context; the guard is
+            // dropped after it, which releases.
+            let this = this.project();
+            let mut body = this.body;
+            if body.is_some() && this.hold.frame.is_some() {
+                context::within(&mut this.hold.frame, || body.set(None));
+            }
+        }
+    }
+}
+
+impl<F: Future> std::fmt::Debug for Locked<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked")
+            .field("entered", &self.hold.frame.is_some())
+            .field("releasing", &self.releasing.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for Locked<F> {
+    type Output = Result<F::Output, LockError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let abort = *this.abort_on_lost;
+        if let Some(pending) = this.releasing {
+            let released = std::task::ready!(Pin::new(&mut pending.release).poll(cx));
+            return Poll::Ready(match this.releasing.take() {
+                Some(pending) => run::finish(pending.output, released, abort),
+                None => Err(run::not_running()),
+            });
+        }
+        let hold = this.hold;
+        let output = std::task::ready!(run::poll_held(this.body, hold, abort, cx));
+        match run::release_held(hold) {
+            Ok(released) => {
+                hold.frame = None;
+                Poll::Ready(run::finish(output, released, abort))
+            }
+            Err(guard) => {
+                hold.frame = None;
+                let mut pending = Box::new(Pending { release: guard.release(), output });
+                match Pin::new(&mut pending.release).poll(cx) {
+                    Poll::Ready(released) => Poll::Ready(run::finish(pending.output, released, abort)),
+                    Poll::Pending => {
+                        *this.releasing = Some(pending);
+                        Poll::Pending
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The [`Locked`] run of a locked call: empty until [`enter`] puts the lock into it and
+/// [`start`] the body.
 #[inline]
-pub fn run<F: Future>() -> Run<'static, F> {
-    Run::unentered()
+pub fn run<F: Future>() -> Locked<F> {
+    Locked { body: None, hold: Hold::EMPTY, abort_on_lost: true, releasing: None }
 }
 
 /// Takes (or re-enters) the lock `name` on `manager` into `run`, for a locked call, before its
@@ -158,13 +231,13 @@ pub fn run<F: Future>() -> Run<'static, F> {
 /// uncontended fast path), so a locked fn costs about what the programmatic API does.
 #[inline]
 pub fn enter<'a, 'r, M: Borrow<LockManager>, N: AsRef<str>, F: Future>(
-    mut run: Pin<&'r mut Run<'static, F>>,
+    mut run: Pin<&'r mut Locked<F>>,
     manager: &'a M,
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
     let request = manager.borrow().lock(name).options(options);
-    match run::begin(request, run.as_mut().hold_mut()) {
+    match run::begin(request, run.as_mut().project().hold) {
         Some(taking) => Enter { run, state: State::Taking(taking) },
         None => Enter { run, state: State::Entered },
     }
@@ -173,7 +246,7 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: AsRef<str>, F: Future>(
 /// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
 #[inline]
 pub fn enter_default<'a, 'r, N: AsRef<str>, F: Future>(
-    run: Pin<&'r mut Run<'static, F>>,
+    run: Pin<&'r mut Locked<F>>,
     manager: &'a Option<LockManager>,
     name: N,
     options: LockOptions,
@@ -184,10 +257,10 @@ pub fn enter_default<'a, 'r, N: AsRef<str>, F: Future>(
     }
 }
 
-/// The future of [`enter`]: `Ok(())` once the lock is in the [`Run`].
+/// The future of [`enter`]: `Ok(())` once the lock is in the [`Locked`] run.
 #[must_use = "futures do nothing unless polled"]
 pub struct Enter<'a, 'r, F: Future> {
-    run: Pin<&'r mut Run<'static, F>>,
+    run: Pin<&'r mut Locked<F>>,
     state: State<'a>,
 }
 
@@ -212,7 +285,7 @@ impl<F: Future> Future for Enter<'_, '_, F> {
         let this = &mut *self;
         match &mut this.state {
             State::Taking(taking) => {
-                let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().hold_mut()));
+                let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().project().hold));
                 this.state = State::Entered;
                 Poll::Ready(taken)
             }
@@ -227,12 +300,11 @@ impl<F: Future> Future for Enter<'_, '_, F> {
 /// Gives `body` to the `run` that [`enter`] put the lock into; await the result for the body's
 /// output (`Err`: the lost error, when the loss aborts the body).
 #[inline]
-pub fn start<'r, F: Future>(
-    mut run: Pin<&'r mut Run<'static, F>>,
-    on_lost: OnLost,
-    body: F,
-) -> Pin<&'r mut Run<'static, F>> {
-    run.as_mut().start(on_lost == OnLost::Abort, body);
+pub fn start<'r, F: Future>(mut run: Pin<&'r mut Locked<F>>, on_lost: OnLost, body: F) -> Pin<&'r mut Locked<F>> {
+    let this = run.as_mut().project();
+    *this.abort_on_lost = on_lost == OnLost::Abort;
+    let mut slot = this.body;
+    slot.set(Some(body));
     run
 }
 
