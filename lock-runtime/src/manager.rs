@@ -175,7 +175,13 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub fn lock(&self, name: impl AsRef<str>) -> LockRequest<'_> {
-        LockRequest { manager: self, name: Arc::from(name.as_ref()), options: LockOptions::new() }
+        self.lock_named(Arc::from(name.as_ref()))
+    }
+
+    /// [`lock`](Self::lock) with the name already shared.
+    #[inline]
+    pub(crate) fn lock_named(&self, name: Arc<str>) -> LockRequest<'_> {
+        LockRequest { manager: self, name, options: LockOptions::new() }
     }
 
     /// One attempt, no waiting: `Ok(None)` when someone else holds the lock.

@@ -5,7 +5,7 @@ use std::borrow::Borrow;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -43,8 +43,59 @@ pub const fn millis(ms: u64) -> Duration {
 }
 
 /// The default lock name: md5 hex of `"<module_path>::<fn_name>"`, computed once per fn.
-pub fn default_name(cell: &'static OnceLock<String>, module_path: &str, fn_name: &str) -> &'static str {
-    cell.get_or_init(|| format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))
+pub fn default_name(cell: &'static OnceLock<Arc<str>>, module_path: &str, fn_name: &str) -> Fixed {
+    Fixed(cell.get_or_init(|| Arc::from(format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))).clone())
+}
+
+/// A lock name without parameters: allocated once per fn, shared by its calls.
+#[inline]
+pub fn fixed_name(cell: &'static OnceLock<Arc<str>>, name: &str) -> Fixed {
+    Fixed(cell.get_or_init(|| Arc::from(name)).clone())
+}
+
+/// The lock name of a locked fn that has no parameter in it (see [`fixed_name`]).
+#[derive(Debug, Clone)]
+pub struct Fixed(Arc<str>);
+
+/// A locked call's lock name: rendered for the call (`&str`, `String`), or [`Fixed`].
+pub trait LockName {
+    /// The name.
+    fn as_name(&self) -> &str;
+    /// The name, shared.
+    fn into_name(self) -> Arc<str>;
+}
+
+impl LockName for &str {
+    #[inline]
+    fn as_name(&self) -> &str {
+        self
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        Arc::from(self)
+    }
+}
+
+impl LockName for String {
+    #[inline]
+    fn as_name(&self) -> &str {
+        self
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        Arc::from(self)
+    }
+}
+
+impl LockName for Fixed {
+    #[inline]
+    fn as_name(&self) -> &str {
+        &self.0
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        self.0
+    }
 }
 
 /// The manager set with [`set_default`](crate::set_default), if any (see [`enter_default`]).
@@ -230,13 +281,13 @@ pub fn run<F: Future>() -> Locked<F> {
 /// Acquires through [`LockManager::lock`] (the small, allocation-free future of the
 /// uncontended fast path), so a locked fn costs about what the programmatic API does.
 #[inline]
-pub fn enter<'a, 'r, M: Borrow<LockManager>, N: AsRef<str>, F: Future>(
+pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
     mut run: Pin<&'r mut Locked<F>>,
     manager: &'a M,
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
-    let request = manager.borrow().lock(name).options(options);
+    let request = manager.borrow().lock_named(name.into_name()).options(options);
     match run::begin(request, run.as_mut().project().hold) {
         Some(taking) => Enter { run, state: State::Taking(taking) },
         None => Enter { run, state: State::Entered },
@@ -245,7 +296,7 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: AsRef<str>, F: Future>(
 
 /// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
 #[inline]
-pub fn enter_default<'a, 'r, N: AsRef<str>, F: Future>(
+pub fn enter_default<'a, 'r, N: LockName, F: Future>(
     run: Pin<&'r mut Locked<F>>,
     manager: &'a Option<LockManager>,
     name: N,
@@ -253,7 +304,9 @@ pub fn enter_default<'a, 'r, N: AsRef<str>, F: Future>(
 ) -> Enter<'a, 'r, F> {
     match manager {
         Some(manager) => enter(run, manager, name, options),
-        None => Enter { run, state: State::Refused(Some(LockError::NotConfigured { name: name.as_ref().to_owned() })) },
+        None => {
+            Enter { run, state: State::Refused(Some(LockError::NotConfigured { name: name.as_name().to_owned() })) }
+        }
     }
 }
 
