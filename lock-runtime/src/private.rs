@@ -289,8 +289,8 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
 ) -> Enter<'a, 'r, F> {
     let request = manager.borrow().lock_named(name.into_name()).options(options);
     match run::begin(request, run.as_mut().project().hold) {
-        Some(taking) => Enter { run, state: State::Taking(taking) },
-        None => Enter { run, state: State::Entered },
+        Some(taking) => Enter { run, state: State::Taking(taking), done: false },
+        None => Enter { run, state: State::Entered, done: true },
     }
 }
 
@@ -305,7 +305,8 @@ pub fn enter_default<'a, 'r, N: LockName, F: Future>(
     match manager {
         Some(manager) => enter(run, manager, name, options),
         None => {
-            Enter { run, state: State::Refused(Some(LockError::NotConfigured { name: name.as_name().to_owned() })) }
+            let refused = LockError::NotConfigured { name: name.as_name().to_owned() };
+            Enter { run, state: State::Refused(Some(refused)), done: false }
         }
     }
 }
@@ -315,6 +316,9 @@ pub fn enter_default<'a, 'r, N: LockName, F: Future>(
 pub struct Enter<'a, 'r, F: Future> {
     run: Pin<&'r mut Locked<F>>,
     state: State<'a>,
+    /// Returned `Ok(())` (or the error of taking): the state is left as it is, to be dropped
+    /// once, with the future.
+    done: bool,
 }
 
 enum State<'a> {
@@ -326,7 +330,7 @@ enum State<'a> {
 
 impl<F: Future> std::fmt::Debug for Enter<'_, '_, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Enter").field("entered", &matches!(self.state, State::Entered)).finish_non_exhaustive()
+        f.debug_struct("Enter").field("done", &self.done).finish_non_exhaustive()
     }
 }
 
@@ -336,10 +340,13 @@ impl<F: Future> Future for Enter<'_, '_, F> {
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
+        if this.done {
+            return Poll::Ready(Ok(()));
+        }
         match &mut this.state {
             State::Taking(taking) => {
                 let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().project().hold));
-                this.state = State::Entered;
+                this.done = true;
                 Poll::Ready(taken)
             }
             State::Refused(error) => Poll::Ready(Err(error
