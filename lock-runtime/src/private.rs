@@ -235,7 +235,7 @@ impl<F: Future> std::fmt::Debug for Locked<F> {
 impl<F: Future> Future for Locked<F> {
     type Output = Result<F::Output, LockError>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let abort = *this.abort_on_lost;
@@ -337,7 +337,7 @@ impl<F: Future> std::fmt::Debug for Enter<'_, '_, F> {
 impl<F: Future> Future for Enter<'_, '_, F> {
     type Output = Result<(), LockError>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         if this.done {
@@ -360,12 +360,26 @@ impl<F: Future> Future for Enter<'_, '_, F> {
 /// Gives `body` to the `run` that [`enter`] put the lock into; await the result for the body's
 /// output (`Err`: the lost error, when the loss aborts the body).
 #[inline]
-pub fn start<'r, F: Future>(mut run: Pin<&'r mut Locked<F>>, on_lost: OnLost, body: F) -> Pin<&'r mut Locked<F>> {
+pub fn start<'r, F: Future>(mut run: Pin<&'r mut Locked<F>>, on_lost: OnLost, body: F) -> Started<'r, F> {
     let this = run.as_mut().project();
     *this.abort_on_lost = on_lost == OnLost::Abort;
     let mut slot = this.body;
     slot.set(Some(body));
-    run
+    Started(run)
+}
+
+/// The future of [`start`]: the [`Locked`] run, polled inline in the locked fn's future.
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct Started<'r, F: Future>(Pin<&'r mut Locked<F>>);
+
+impl<F: Future> Future for Started<'_, F> {
+    type Output = Result<F::Output, LockError>;
+
+    #[inline(always)]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
 }
 
 /// The locked fn's output from its run's: a lost error converted by `carry`.
