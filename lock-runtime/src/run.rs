@@ -188,7 +188,12 @@ impl Taking<'_> {
     /// Takes the lock into `hold`, with its frame under the task's innermost one.
     #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
-        let guard = ready!(Pin::new(&mut self.lock).poll(cx))?;
+        // The guard goes straight into the hold; the frame is made from it there.
+        let guard = match Pin::new(&mut self.lock).poll(cx) {
+            Poll::Ready(Ok(guard)) => hold.guard.insert(guard),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
         hold.frame = Some(Frame {
             manager: self.manager,
             name: guard.name().clone(),
@@ -196,7 +201,6 @@ impl Taking<'_> {
             lost: guard.lost_signal().clone(),
             parent: self.parent.take(),
         });
-        hold.guard = Some(guard);
         Poll::Ready(Ok(()))
     }
 }
