@@ -194,13 +194,19 @@ impl Taking<'_> {
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
             Poll::Pending => return Poll::Pending,
         };
-        hold.frame = Some(Frame {
+        let frame = Frame {
             manager: self.manager,
             name: guard.name().clone(),
             fencing_token: guard.fencing_token(),
             lost: guard.lost_signal().clone(),
             parent: self.parent.take(),
-        });
+        };
+        match &mut hold.frame {
+            empty @ None => {
+                empty.get_or_insert(frame); // nothing to drop
+            }
+            slot => *slot = Some(frame),
+        }
         Poll::Ready(Ok(()))
     }
 }
