@@ -249,11 +249,11 @@ impl<F: Future> Future for Locked<F> {
         let hold = this.hold;
         let output = std::task::ready!(run::poll_held(this.body, hold, abort, cx));
         match run::release_held(hold) {
-            Ok(released) => {
+            run::Released::Now(released) => {
                 hold.frame = None;
                 Poll::Ready(run::finish(output, released, abort))
             }
-            Err(guard) => {
+            run::Released::Later(guard) => {
                 hold.frame = None;
                 let mut pending = Box::new(Pending { release: guard.release(), output });
                 match Pin::new(&mut pending.release).poll(cx) {

@@ -298,11 +298,11 @@ impl<F: Future> Future for Run<'_, F> {
 
         // The release: at once on an in-process backend, else awaited.
         match release_held(hold) {
-            Ok(released) => {
+            Released::Now(released) => {
                 hold.frame = None;
                 Poll::Ready(finish(output, released, abort))
             }
-            Err(guard) => {
+            Released::Later(guard) => {
                 *stage = Stage::Releasing(Box::new(Pending { release: guard.release(), output }));
                 hold.frame = None;
                 stage.poll_release(cx, abort)
@@ -346,24 +346,31 @@ pub(crate) fn poll_held<F: Future>(
     }
 }
 
-/// Releases the lock of `hold` after its body: `Ok(verdict)` at once (an in-process backend, or
-/// nothing to release when re-entered), or `Err(guard)` whose release must be awaited. The frame
-/// stays in `hold`.
+/// How the lock of a completed body is released ([`release_held`]).
+pub(crate) enum Released {
+    /// At once (an in-process backend, or nothing to release when re-entered): the verdict.
+    Now(Result<(), LockError>),
+    /// By awaiting the release of this guard (a networked backend).
+    Later(LockGuard),
+}
+
+/// Releases the lock of `hold` after its body, at once if the backend can. The frame stays in
+/// `hold`.
 #[inline(always)]
-pub(crate) fn release_held(hold: &mut Hold) -> Result<Result<(), LockError>, LockGuard> {
-    let Some(guard) = &mut hold.guard else { return Ok(Ok(())) }; // re-entered: the outermost releases
+pub(crate) fn release_held(hold: &mut Hold) -> Released {
+    let Some(guard) = &mut hold.guard else { return Released::Now(Ok(())) }; // re-entered: the outermost releases
     match guard.release_at_once() {
         Some(Ok(())) => {
             hold.guard = None;
-            Ok(Ok(()))
+            Released::Now(Ok(()))
         }
         Some(Err(e)) => {
             hold.guard = None;
-            Ok(Err(e))
+            Released::Now(Err(e))
         }
         None => match hold.guard.take() {
-            Some(guard) => Err(guard),
-            None => Ok(Ok(())),
+            Some(guard) => Released::Later(guard),
+            None => Released::Now(Ok(())),
         },
     }
 }
