@@ -146,7 +146,8 @@ fn impl_trait(ty: &Type) -> Option<Span> {
     f.0
 }
 
-/// `format!(..)` of the template, or its text when it has no parameter; `None` on errors.
+/// The template rendered per call (`__private::render`), or its text, shared, when it has no
+/// parameter (`__private::fixed_name`); `None` on errors.
 fn render_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors, private: &TokenStream) -> Option<TokenStream> {
     let pieces = match template::parse(&lit.value()) {
         Ok(p) => p,
@@ -193,7 +194,7 @@ fn render_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors, private
         }));
     }
     let fmt = syn::LitStr::new(&fmt, lit.span());
-    Some(quote_spanned!(lit.span()=> ::std::format!(#fmt, #(#args),*)))
+    Some(quote_spanned!(lit.span()=> #private::render(::core::format_args!(#fmt, #(#args),*))))
 }
 
 /// The tokens naming template root `name`, if it is a parameter (or `self`).
