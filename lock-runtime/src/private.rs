@@ -334,9 +334,12 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
-    let request = manager.borrow().lock_named(name.into_name()).options(options);
-    match run::begin(request, run.as_mut().project().hold) {
-        Some(taking) => Enter { run, state: State::Taking(taking), done: false },
+    let manager = manager.borrow();
+    match run::reenter(manager.id(), name.as_name(), run.as_mut().project().hold) {
+        Some(parent) => {
+            let request = manager.lock_named(name.into_name()).options(options);
+            Enter { run, state: State::Taking(Taking::new(request, parent)), done: false }
+        }
         None => Enter { run, state: State::Entered, done: true },
     }
 }

@@ -172,15 +172,30 @@ pub(crate) struct Pending<T> {
 /// run the body.
 #[inline(always)]
 pub(crate) fn begin<'m>(request: LockRequest<'m>, hold: &mut Hold) -> Option<Taking<'m>> {
-    let manager = request.manager.id();
-    let context::Lookup { held, parent } = context::lookup(manager, &request.name);
+    let parent = reenter(request.manager.id(), &request.name, hold)?;
+    Some(Taking::new(request, parent))
+}
+
+/// [`begin`] for a caller that makes its request only once it knows the lock must be taken:
+/// `None` when the task holds it (re-entered into `hold` at once), else `Some(parent)`, the
+/// task's innermost frame, for [`Taking::new`].
+#[inline(always)]
+pub(crate) fn reenter(manager: u64, name: &str, hold: &mut Hold) -> Option<Option<Arc<Frame>>> {
+    let context::Lookup { held, parent } = context::lookup(manager, name);
     match held {
-        // Same task, same manager, same name: re-enter without waiting for ourselves.
         Some(outer) => {
             hold.frame = Some(Frame { parent, ..outer });
             None
         }
-        None => Some(Taking { lock: request.into_future(), manager, parent }),
+        None => Some(parent),
+    }
+}
+
+impl<'m> Taking<'m> {
+    /// Takes the lock of `request` (see [`reenter`]).
+    #[inline(always)]
+    pub(crate) fn new(request: LockRequest<'m>, parent: Option<Arc<Frame>>) -> Self {
+        Taking { manager: request.manager.id(), lock: request.into_future(), parent }
     }
 }
 
