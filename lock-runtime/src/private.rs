@@ -319,7 +319,8 @@ impl<F: Future> Future for Locked<F> {
 /// [`start`] the body.
 #[inline]
 pub fn run<F: Future>() -> Locked<F> {
-    Locked { body: None, hold: Hold::EMPTY, abort_on_lost: true, releasing: None }
+    // Field by field (not a constant copied in): only the few words that say `None` are written.
+    Locked { body: None, hold: Hold { guard: None, frame: None, watch: None }, abort_on_lost: true, releasing: None }
 }
 
 /// Takes (or re-enters) the lock `name` on `manager` into `run`, for a locked call, before its

@@ -142,13 +142,13 @@ pub(crate) struct Taking<'m> {
 /// A held lock while its body runs; empty before it is entered and after it is released.
 pub(crate) struct Hold {
     /// `None` when re-entered: the outermost run releases.
-    guard: Option<LockGuard>,
+    pub(crate) guard: Option<LockGuard>,
     /// The lock's frame (`None`: not entered); swapped into the task's context while the body
     /// is polled (or dropped), and holding the outer context meanwhile.
     pub(crate) frame: Option<Frame>,
     /// Completes with the lost error once the lock is lost; set up on the first poll of the
     /// body when the loss aborts it and the lock can be lost.
-    watch: Option<Watch>,
+    pub(crate) watch: Option<Watch>,
 }
 
 impl Hold {
