@@ -343,22 +343,22 @@ pub(crate) fn poll_held<F: Future>(
         hold.watch = watch(hold.frame.as_ref());
     }
     let watch = &mut hold.watch;
-    let over = context::within(&mut hold.frame, || {
-        let Some(fut) = body.as_mut().as_pin_mut() else { return Some(Err(not_running())) };
+    let polled = context::within(&mut hold.frame, || {
+        let Some(fut) = body.as_mut().as_pin_mut() else { return Poll::Ready(Err(not_running())) };
         let over = match fut.poll(cx) {
             Poll::Ready(out) => Ok(out),
-            Poll::Pending => Err(watched(abort, watch, cx)?),
+            Poll::Pending => match watched(abort, watch, cx) {
+                Some(lost) => Err(lost),
+                None => return Poll::Pending, // the body waits, the lock is held
+            },
         };
         body.set(None); // in its context, like the rest of the body
-        Some(over)
+        Poll::Ready(over)
     });
-    match over {
-        Some(over) => {
-            hold.watch = None;
-            Poll::Ready(over)
-        }
-        None => Poll::Pending,
+    if polled.is_ready() {
+        hold.watch = None;
     }
+    polled
 }
 
 /// How the lock of a completed body is released ([`release_held`]).
