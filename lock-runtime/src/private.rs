@@ -295,21 +295,24 @@ impl<F: Future> Future for Locked<F> {
         }
         let hold = this.hold;
         let output = std::task::ready!(run::poll_held(this.body, hold, abort, cx));
-        match run::release_held(hold) {
-            run::Released::Now(released) => {
-                hold.frame = None;
-                Poll::Ready(run::finish(output, released, abort))
-            }
-            run::Released::Later(guard) => {
-                hold.frame = None;
-                let mut pending = Box::new(Pending { release: guard.release(), output });
-                match Pin::new(&mut pending.release).poll(cx) {
-                    Poll::Ready(released) => Poll::Ready(run::finish(pending.output, released, abort)),
-                    Poll::Pending => {
-                        *this.releasing = Some(pending);
-                        Poll::Pending
-                    }
-                }
+        let at_once = match &mut hold.guard {
+            None => Some(Ok(())), // re-entered: the outermost releases
+            Some(guard) => guard.release_at_once(),
+        };
+        if let Some(released) = at_once {
+            // The spent guard and the frame go with the run (nothing of the lock is left in
+            // them): one drop instead of two more here.
+            return Poll::Ready(run::finish(output, released, abort));
+        }
+        // A networked backend: its release is awaited.
+        hold.frame = None;
+        let Some(guard) = hold.guard.take() else { return Poll::Ready(run::finish(output, Ok(()), abort)) };
+        let mut pending = Box::new(Pending { release: guard.release(), output });
+        match Pin::new(&mut pending.release).poll(cx) {
+            Poll::Ready(released) => Poll::Ready(run::finish(pending.output, released, abort)),
+            Poll::Pending => {
+                *this.releasing = Some(pending);
+                Poll::Pending
             }
         }
     }
