@@ -355,7 +355,7 @@ pub(crate) fn poll_held<F: Future>(
         body.set(None); // in its context, like the rest of the body
         Poll::Ready(over)
     });
-    if polled.is_ready() {
+    if polled.is_ready() && hold.watch.is_some() {
         hold.watch = None;
     }
     polled
