@@ -299,10 +299,12 @@ impl<F: Future> Future for Locked<F> {
             None => Some(Ok(())), // re-entered: the outermost releases
             Some(guard) => guard.release_at_once(),
         };
-        if let Some(released) = at_once {
-            // The spent guard and the frame go with the run (nothing of the lock is left in
-            // them): one drop instead of two more here.
-            return Poll::Ready(run::finish(output, released, abort));
+        // After an at-once release the spent guard and the frame go with the run (nothing of
+        // the lock is left in them): one drop instead of two more here.
+        match at_once {
+            Some(Ok(())) => return Poll::Ready(output),
+            Some(released) => return Poll::Ready(run::finish(output, released, abort)),
+            None => {}
         }
         // A networked backend: its release is awaited.
         hold.frame = None;
