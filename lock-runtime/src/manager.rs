@@ -420,6 +420,13 @@ enum LockFutureState<'m> {
     Done,
 }
 
+impl LockFuture<'_> {
+    /// Whether it has completed (it owns nothing any more).
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self.state, LockFutureState::Done)
+    }
+}
+
 impl std::fmt::Debug for LockFuture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockFuture").finish_non_exhaustive()

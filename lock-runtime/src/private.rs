@@ -4,6 +4,7 @@
 use std::borrow::Borrow;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -344,7 +345,7 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
     match run::reenter(manager.id(), name.as_name(), run.as_mut().project().hold) {
         Some(parent) => {
             let request = manager.lock_named(name.into_name()).options(options);
-            Enter { run, state: State::Taking(Taking::new(request, parent)), done: false }
+            Enter { run, state: State::Taking(Some(ManuallyDrop::new(Taking::new(request, parent)))), done: false }
         }
         None => Enter { run, state: State::Entered, done: true },
     }
@@ -378,10 +379,22 @@ pub struct Enter<'a, 'r, F: Future> {
 }
 
 enum State<'a> {
-    Taking(Taking<'a>),
+    /// Taking the lock. Once it is taken the taking is spent (its future done, its parent frame
+    /// handed on to the lock's): it owns nothing, and is let go of without a drop; otherwise
+    /// [`Enter`]'s drop drops it.
+    Taking(Option<ManuallyDrop<Taking<'a>>>),
     /// The call cannot take a lock (no default manager); `None` once returned.
     Refused(Option<LockError>),
     Entered,
+}
+
+impl<F: Future> Drop for Enter<'_, '_, F> {
+    #[inline]
+    fn drop(&mut self) {
+        if let State::Taking(taking) = &mut self.state {
+            drop(taking.take().map(ManuallyDrop::into_inner));
+        }
+    }
 }
 
 impl<F: Future> std::fmt::Debug for Enter<'_, '_, F> {
@@ -400,9 +413,14 @@ impl<F: Future> Future for Enter<'_, '_, F> {
             return Poll::Ready(Ok(()));
         }
         match &mut this.state {
-            State::Taking(taking) => {
+            State::Taking(slot) => {
+                let Some(taking) = slot else { return Poll::Ready(Ok(())) }; // let go of: taken
                 let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().project().hold));
                 this.done = true;
+                if taken.is_ok() {
+                    debug_assert!(taking.is_spent());
+                    *slot = None; // spent: nothing in it to drop
+                }
                 Poll::Ready(taken)
             }
             State::Refused(error) => Poll::Ready(Err(error

@@ -200,6 +200,12 @@ impl<'m> Taking<'m> {
 }
 
 impl Taking<'_> {
+    /// Whether it owns nothing any more: its lock was taken (the future is done) and its parent
+    /// frame handed on to the lock's.
+    pub(crate) fn is_spent(&self) -> bool {
+        self.parent.is_none() && self.lock.is_done()
+    }
+
     /// Takes the lock into `hold`, with its frame under the task's innermost one.
     #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
