@@ -391,8 +391,10 @@ enum State<'a> {
 impl<F: Future> Drop for Enter<'_, '_, F> {
     #[inline]
     fn drop(&mut self) {
-        if let State::Taking(taking) = &mut self.state {
-            drop(taking.take().map(ManuallyDrop::into_inner));
+        if let State::Taking(slot) = &mut self.state {
+            if let Some(taking) = slot.take() {
+                drop(ManuallyDrop::into_inner(taking)); // not taken (failed, or cancelled)
+            }
         }
     }
 }
