@@ -206,7 +206,9 @@ impl Taking<'_> {
         self.parent.is_none() && self.lock.is_done()
     }
 
-    /// Takes the lock into `hold`, with its frame under the task's innermost one.
+    /// Takes the lock into `hold`, with its frame under the task's innermost one. Once it has
+    /// returned `Ok(())` the taking is spent ([`is_spent`](Self::is_spent)): a locked call's
+    /// entry relies on it to let go of it without a drop.
     #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
         // The guard goes straight into the hold; the frame is made from it there.
