@@ -60,7 +60,7 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     }
     let name = match &opts.name {
-        Some(lit) => match render_name(lit, &params, &mut errors) {
+        Some(lit) => match render_name(lit, &params, &mut errors, &private(&opts)) {
             Some(name) => name,
             None => quote!(""),
         },
@@ -146,8 +146,9 @@ fn impl_trait(ty: &Type) -> Option<Span> {
     f.0
 }
 
-/// `format!(..)` of the template, or its text when it has no parameter; `None` on errors.
-fn render_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors) -> Option<TokenStream> {
+/// The template rendered per call (`__private::render`), or its text, shared, when it has no
+/// parameter (`__private::fixed_name`); `None` on errors.
+fn render_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors, private: &TokenStream) -> Option<TokenStream> {
     let pieces = match template::parse(&lit.value()) {
         Ok(p) => p,
         Err(e) => {
@@ -184,11 +185,16 @@ fn render_name(lit: &syn::LitStr, params: &[Param], errors: &mut Errors) -> Opti
         return None;
     }
     if args.is_empty() {
+        // A fixed name: shared by every call of the fn, allocated once.
         let text = syn::LitStr::new(&fmt.replace("{{", "{").replace("}}", "}"), lit.span());
-        return Some(quote!(#text));
+        let cell = Ident::new("__LOCK_NAME", Span::mixed_site());
+        return Some(quote!({
+            static #cell: ::std::sync::OnceLock<::std::sync::Arc<str>> = ::std::sync::OnceLock::new();
+            #private::fixed_name(&#cell, #text)
+        }));
     }
     let fmt = syn::LitStr::new(&fmt, lit.span());
-    Some(quote_spanned!(lit.span()=> ::std::format!(#fmt, #(#args),*)))
+    Some(quote_spanned!(lit.span()=> #private::render(::core::format_args!(#fmt, #(#args),*))))
 }
 
 /// The tokens naming template root `name`, if it is a parameter (or `self`).
@@ -230,7 +236,7 @@ fn default_name(func: &ItemFn, private: &TokenStream) -> TokenStream {
     let cell = Ident::new("__LOCK_DEFAULT_NAME", Span::mixed_site());
     let fn_name = syn::LitStr::new(&func.sig.ident.to_string(), func.sig.ident.span());
     quote!({
-        static #cell: ::std::sync::OnceLock<::std::string::String> = ::std::sync::OnceLock::new();
+        static #cell: ::std::sync::OnceLock<::std::sync::Arc<str>> = ::std::sync::OnceLock::new();
         #private::default_name(&#cell, ::core::module_path!(), #fn_name)
     })
 }

@@ -11,6 +11,7 @@
 //! body can see it.
 
 use std::cell::Cell;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::lost::LostSignal;
@@ -20,7 +21,11 @@ thread_local! {
     /// `parent`. Set only while a locked call polls (or drops) its body ([`within`]), so it belongs to the task
     /// doing the polling. Inline (not boxed), so the outermost locked call allocates nothing for
     /// its context.
-    static HELD: Cell<Option<Frame>> = const { Cell::new(None) };
+    //
+    // Kept as `ManuallyDrop` so that the slot has nothing to drop at thread exit (no destructor
+    // to register, no liveness check on each access): a frame is only ever in it while a locked
+    // call polls (or drops) its body, or reads it, and is always taken back out.
+    static HELD: Cell<Option<ManuallyDrop<Frame>>> = const { Cell::new(None) };
 }
 
 /// One lock held by the current task.
@@ -78,7 +83,9 @@ pub fn current() -> Option<CurrentLock> {
 /// Calls `f` with the innermost frame of the running locked call (`None` outside one).
 #[inline]
 fn with_innermost<T>(f: impl FnOnce(Option<&Frame>) -> T) -> T {
-    let Some(innermost) = HELD.try_with(Cell::take).ok().flatten() else { return f(None) };
+    let Some(innermost) = HELD.try_with(Cell::take).ok().flatten().map(ManuallyDrop::into_inner) else {
+        return f(None);
+    };
     // Put back by a guard, so a panic in `f` leaves the context as it was.
     let innermost = Restore(Some(innermost));
     f(innermost.0.as_ref())
@@ -91,7 +98,7 @@ impl Drop for Restore {
     #[inline]
     fn drop(&mut self) {
         let frame = self.0.take();
-        let _ = HELD.try_with(|held| held.set(frame));
+        let _ = HELD.try_with(|held| held.set(frame.map(ManuallyDrop::new)));
     }
 }
 
@@ -133,7 +140,7 @@ fn lookup_in(innermost: &Frame, manager: u64, name: &str) -> Lookup {
 /// context: two swaps, nothing dropped.
 #[inline(always)]
 pub(crate) fn within<T>(frame: &mut Option<Frame>, f: impl FnOnce() -> T) -> T {
-    if HELD.try_with(|held| held.swap(Cell::from_mut(frame))).is_err() {
+    if HELD.try_with(|held| swap(held, frame)).is_err() {
         return f(); // the thread is exiting: run without context
     }
     let _back = SwapBack(frame);
@@ -146,6 +153,15 @@ struct SwapBack<'a>(&'a mut Option<Frame>);
 impl Drop for SwapBack<'_> {
     #[inline]
     fn drop(&mut self) {
-        let _ = HELD.try_with(|held| held.swap(Cell::from_mut(self.0)));
+        let _ = HELD.try_with(|held| swap(held, self.0));
+    }
+}
+
+/// Swaps the thread's slot and `frame`.
+#[inline(always)]
+fn swap(held: &Cell<Option<ManuallyDrop<Frame>>>, frame: &mut Option<Frame>) {
+    let outer = held.replace(frame.take().map(ManuallyDrop::new));
+    if let Some(outer) = outer {
+        frame.get_or_insert(ManuallyDrop::into_inner(outer)); // `frame` is empty: nothing dropped
     }
 }

@@ -120,14 +120,24 @@ impl LockGuard {
         }
         let released = state.lock.release_now()?;
         self.state = None;
-        Some(self.verdict(released))
+        // Spelled out so that the common verdict is built in place, not copied.
+        Some(match released {
+            Ok(()) if !self.lost.can_fire() => Ok(()),
+            released => self.verdict(released),
+        })
     }
 
     /// The verdict of a release: a lock already known to be lost is reported lost.
+    #[inline]
     fn verdict(&self, released: Result<(), LockError>) -> Result<(), LockError> {
         if !self.lost.can_fire() {
             return released;
         }
+        self.verdict_of_losable(released)
+    }
+
+    #[inline(never)]
+    fn verdict_of_losable(&self, released: Result<(), LockError>) -> Result<(), LockError> {
         match self.lost.reason() {
             Some(reason) => Err(LockError::lost(&*self.name, reason)),
             None => released,
@@ -157,13 +167,20 @@ impl std::future::Future for ReleaseFuture {
         if let Some(remote) = &mut self.remote {
             return remote.as_mut().poll(cx);
         }
+        // Released in place: an in-process lock is released without moving the guard.
+        let Some(guard) = &mut self.guard else { return Poll::Ready(Ok(())) };
+        match guard.release_at_once() {
+            Some(Ok(())) => {
+                self.guard = None;
+                return Poll::Ready(Ok(()));
+            }
+            Some(Err(e)) => {
+                self.guard = None;
+                return Poll::Ready(Err(e));
+            }
+            None => {}
+        }
         let Some(mut guard) = self.guard.take() else { return Poll::Ready(Ok(())) };
-        if let Some(verdict) = guard.release_at_once() {
-            return Poll::Ready(verdict);
-        }
-        if guard.state.is_none() {
-            return Poll::Ready(Ok(()));
-        }
         // The guard keeps its state until the release is answered: if this future is dropped
         // half-way, the guard's `Drop` still releases in the background.
         let mut remote: crate::backend::BoxFuture<'static, _> = Box::pin(async move {
@@ -189,7 +206,17 @@ async fn release_remote(name: &str, state: &mut State) -> Result<(), LockError> 
 }
 
 impl Drop for LockGuard {
+    #[inline]
     fn drop(&mut self) {
+        if self.state.is_some() {
+            self.release_on_drop();
+        }
+    }
+}
+
+impl LockGuard {
+    #[inline(never)]
+    fn release_on_drop(&mut self) {
         let Some(mut state) = self.state.take() else { return };
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();

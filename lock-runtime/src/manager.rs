@@ -175,7 +175,13 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub fn lock(&self, name: impl AsRef<str>) -> LockRequest<'_> {
-        LockRequest { manager: self, name: Arc::from(name.as_ref()), options: LockOptions::new() }
+        self.lock_named(Arc::from(name.as_ref()))
+    }
+
+    /// [`lock`](Self::lock) with the name already shared.
+    #[inline]
+    pub(crate) fn lock_named(&self, name: Arc<str>) -> LockRequest<'_> {
+        LockRequest { manager: self, name, options: LockOptions::new() }
     }
 
     /// One attempt, no waiting: `Ok(None)` when someone else holds the lock.
@@ -243,6 +249,7 @@ impl LockManager {
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
+    #[inline(always)]
     fn guard(&self, plan: Plan, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
@@ -250,6 +257,25 @@ impl LockManager {
             Lease::Renewed(_) => lock.renewal(),
             Lease::Fixed(_) => None,
         };
+        if renewal.is_none() && matches!(plan.req.lease, Lease::Renewed(_)) {
+            // Not time-bound (an in-process lock kept by its guard): no deadline, no watchdog.
+            let lost = lost.unwrap_or_else(LostSignal::never);
+            return LockGuard::new(plan.req.name, fencing_token, lock, (inner.bound, inner.kind), lost, None);
+        }
+        self.timed_guard(plan, Grant { fencing_token, granted_at, lock }, renewal, lost)
+    }
+
+    /// [`guard`](Self::guard) of a time-bound lock: a fixed lease, or one the watchdog renews.
+    #[inline(never)]
+    fn timed_guard(
+        &self,
+        plan: Plan,
+        grant: Grant,
+        renewal: Option<Box<dyn crate::backend::Renewal>>,
+        lost: Option<LostSignal>,
+    ) -> LockGuard {
+        let inner = &*self.inner;
+        let Grant { fencing_token, granted_at, lock } = grant;
         let time_bound = matches!(plan.req.lease, Lease::Fixed(_)) || renewal.is_some();
         let granted_at = || granted_at.unwrap_or_else(Instant::now);
         let lost = match lost {
@@ -394,6 +420,13 @@ enum LockFutureState<'m> {
     Done,
 }
 
+impl LockFuture<'_> {
+    /// Whether it has completed (it owns nothing any more).
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self.state, LockFutureState::Done)
+    }
+}
+
 impl std::fmt::Debug for LockFuture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockFuture").finish_non_exhaustive()
@@ -411,7 +444,7 @@ impl Future for LockFuture<'_> {
             // tight lock loop cannot starve the other tasks and timers of its worker.
             let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
             let LockFutureState::Start(request) = std::mem::replace(&mut self.state, LockFutureState::Done) else {
-                return Poll::Pending; // unreachable: matched above
+                return Poll::Ready(Err(polled_after_completion())); // not reached: matched above
             };
             let LockRequest { manager, name, options } = request;
             let plan = match manager.plan(name, options) {
@@ -438,7 +471,12 @@ impl Future for LockFuture<'_> {
                 }
                 out
             }
-            _ => Poll::Ready(Err(LockError::invalid("", "a lock future was polled after it completed"))),
+            _ => Poll::Ready(Err(polled_after_completion())),
         }
     }
+}
+
+#[cold]
+fn polled_after_completion() -> LockError {
+    LockError::invalid("", "a lock future was polled after it completed")
 }

@@ -4,17 +4,17 @@
 use std::borrow::Borrow;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::context;
 pub use crate::error::LockError;
 pub use crate::manager::LockManager;
 pub use crate::options::LockOptions;
-pub use crate::run::Run;
-
-use crate::run::{self, Taking};
+use crate::run::{self, Hold, Pending, Taking};
 
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +44,106 @@ pub const fn millis(ms: u64) -> Duration {
 }
 
 /// The default lock name: md5 hex of `"<module_path>::<fn_name>"`, computed once per fn.
-pub fn default_name(cell: &'static OnceLock<String>, module_path: &str, fn_name: &str) -> &'static str {
-    cell.get_or_init(|| format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))
+pub fn default_name(cell: &'static OnceLock<Arc<str>>, module_path: &str, fn_name: &str) -> Fixed {
+    Fixed(cell.get_or_init(|| Arc::from(format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))).clone())
+}
+
+/// A lock name without parameters: allocated once per fn, shared by its calls.
+#[inline]
+pub fn fixed_name(cell: &'static OnceLock<Arc<str>>, name: &str) -> Fixed {
+    Fixed(cell.get_or_init(|| Arc::from(name)).clone())
+}
+
+/// A lock name rendered from its template for one call (see [`render`]).
+#[derive(Debug, Clone)]
+pub struct Rendered(Arc<str>);
+
+/// Renders a name template straight into the shared name: a short name goes through a buffer
+/// on the stack rather than a `String` of its own (one allocation per call, not two).
+#[inline]
+pub fn render(args: std::fmt::Arguments<'_>) -> Rendered {
+    let mut buf = NameBuf { bytes: [0; NAME_BUF], len: 0 };
+    if std::fmt::write(&mut buf, args).is_ok() {
+        if let Ok(name) = std::str::from_utf8(&buf.bytes[..buf.len]) {
+            return Rendered(Arc::from(name));
+        }
+    }
+    Rendered(Arc::from(std::fmt::format(args))) // longer (or a `Display` that failed: as `format!`)
+}
+
+const NAME_BUF: usize = 64;
+
+/// Where [`render`] writes a short name.
+struct NameBuf {
+    bytes: [u8; NAME_BUF],
+    len: usize,
+}
+
+impl std::fmt::Write for NameBuf {
+    #[inline]
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+impl LockName for Rendered {
+    #[inline]
+    fn as_name(&self) -> &str {
+        &self.0
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        self.0
+    }
+}
+
+/// The lock name of a locked fn that has no parameter in it (see [`fixed_name`]).
+#[derive(Debug, Clone)]
+pub struct Fixed(Arc<str>);
+
+/// A locked call's lock name: rendered for the call (`&str`, `String`), or [`Fixed`].
+pub trait LockName {
+    /// The name.
+    fn as_name(&self) -> &str;
+    /// The name, shared.
+    fn into_name(self) -> Arc<str>;
+}
+
+impl LockName for &str {
+    #[inline]
+    fn as_name(&self) -> &str {
+        self
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        Arc::from(self)
+    }
+}
+
+impl LockName for String {
+    #[inline]
+    fn as_name(&self) -> &str {
+        self
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        Arc::from(self)
+    }
+}
+
+impl LockName for Fixed {
+    #[inline]
+    fn as_name(&self) -> &str {
+        &self.0
+    }
+    #[inline]
+    fn into_name(self) -> Arc<str> {
+        self.0
+    }
 }
 
 /// The manager set with [`set_default`](crate::set_default), if any (see [`enter_default`]).
@@ -144,11 +242,91 @@ impl<R> RunToEndOtherwise<R> for &Probe<R> {
 /// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
 pub type Carry<R> = Option<fn(LockError) -> R>;
 
-/// The [`Run`] of a locked call: empty until [`enter`] puts the lock into it and [`start`] the
-/// body. Pinned in the locked fn's own future, so the held lock is written once, in place.
+pin_project_lite::pin_project! {
+    /// The run of a locked call: what [`LockRequest::run`](crate::LockRequest::run) does, for
+    /// a caller that enters the lock itself ([`enter`]) and only then gives the body
+    /// ([`start`]). Pinned in the locked fn's own future, so the held lock is written once, in
+    /// place; nothing of the request or of the acquisition stays in it.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Locked<F: Future> {
+        // `None` until started, and once the body has completed or was stopped by the loss.
+        #[pin]
+        body: Option<F>,
+        hold: Hold,
+        abort_on_lost: bool,
+        // A release being awaited (a networked backend's), with the output it holds back.
+        releasing: Option<Box<Pending<F::Output>>>,
+    }
+
+    impl<F: Future> PinnedDrop for Locked<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // As `Run`'s: a body dropped before completion drops in its context; the guard is
+            // dropped after it, which releases.
+            let this = this.project();
+            let mut body = this.body;
+            if body.is_some() && this.hold.frame.is_some() {
+                context::within(&mut this.hold.frame, || body.set(None));
+            }
+        }
+    }
+}
+
+impl<F: Future> std::fmt::Debug for Locked<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locked")
+            .field("entered", &self.hold.frame.is_some())
+            .field("releasing", &self.releasing.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for Locked<F> {
+    type Output = Result<F::Output, LockError>;
+
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let abort = *this.abort_on_lost;
+        if let Some(pending) = this.releasing {
+            let released = std::task::ready!(Pin::new(&mut pending.release).poll(cx));
+            return Poll::Ready(match this.releasing.take() {
+                Some(pending) => run::finish(pending.output, released, abort),
+                None => Err(run::not_running()),
+            });
+        }
+        let hold = this.hold;
+        let output = std::task::ready!(run::poll_held(this.body, hold, abort, cx));
+        let at_once = match &mut hold.guard {
+            None => Some(Ok(())), // re-entered: the outermost releases
+            Some(guard) => guard.release_at_once(),
+        };
+        // After an at-once release the spent guard and the frame go with the run (nothing of
+        // the lock is left in them): one drop instead of two more here.
+        match at_once {
+            Some(Ok(())) => return Poll::Ready(output),
+            Some(released) => return Poll::Ready(run::finish(output, released, abort)),
+            None => {}
+        }
+        // A networked backend: its release is awaited.
+        hold.frame = None;
+        let Some(guard) = hold.guard.take() else { return Poll::Ready(run::finish(output, Ok(()), abort)) };
+        let mut pending = Box::new(Pending { release: guard.release(), output });
+        match Pin::new(&mut pending.release).poll(cx) {
+            Poll::Ready(released) => Poll::Ready(run::finish(pending.output, released, abort)),
+            Poll::Pending => {
+                *this.releasing = Some(pending);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The [`Locked`] run of a locked call: empty until [`enter`] puts the lock into it and
+/// [`start`] the body.
 #[inline]
-pub fn run<F: Future>() -> Run<'static, F> {
-    Run::unentered()
+pub fn run<F: Future>() -> Locked<F> {
+    // Field by field (not a constant copied in): only the few words that say `None` are written.
+    Locked { body: None, hold: Hold { guard: None, frame: None, watch: None }, abort_on_lost: true, releasing: None }
 }
 
 /// Takes (or re-enters) the lock `name` on `manager` into `run`, for a locked call, before its
@@ -157,63 +335,94 @@ pub fn run<F: Future>() -> Run<'static, F> {
 /// Acquires through [`LockManager::lock`] (the small, allocation-free future of the
 /// uncontended fast path), so a locked fn costs about what the programmatic API does.
 #[inline]
-pub fn enter<'a, 'r, M: Borrow<LockManager>, N: AsRef<str>, F: Future>(
-    mut run: Pin<&'r mut Run<'static, F>>,
+pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
+    mut run: Pin<&'r mut Locked<F>>,
     manager: &'a M,
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
-    let request = manager.borrow().lock(name).options(options);
-    match run::begin(request, run.as_mut().hold_mut()) {
-        Some(taking) => Enter { run, state: State::Taking(taking) },
-        None => Enter { run, state: State::Entered },
+    let manager = manager.borrow();
+    match run::reenter(manager.id(), name.as_name(), run.as_mut().project().hold) {
+        Some(parent) => {
+            let request = manager.lock_named(name.into_name()).options(options);
+            Enter { run, state: State::Taking(Some(ManuallyDrop::new(Taking::new(request, parent)))), done: false }
+        }
+        None => Enter { run, state: State::Entered, done: true },
     }
 }
 
 /// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
 #[inline]
-pub fn enter_default<'a, 'r, N: AsRef<str>, F: Future>(
-    run: Pin<&'r mut Run<'static, F>>,
+pub fn enter_default<'a, 'r, N: LockName, F: Future>(
+    run: Pin<&'r mut Locked<F>>,
     manager: &'a Option<LockManager>,
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
     match manager {
         Some(manager) => enter(run, manager, name, options),
-        None => Enter { run, state: State::Refused(Some(LockError::NotConfigured { name: name.as_ref().to_owned() })) },
+        None => {
+            let refused = LockError::NotConfigured { name: name.as_name().to_owned() };
+            Enter { run, state: State::Refused(Some(refused)), done: false }
+        }
     }
 }
 
-/// The future of [`enter`]: `Ok(())` once the lock is in the [`Run`].
+/// The future of [`enter`]: `Ok(())` once the lock is in the [`Locked`] run.
 #[must_use = "futures do nothing unless polled"]
 pub struct Enter<'a, 'r, F: Future> {
-    run: Pin<&'r mut Run<'static, F>>,
+    run: Pin<&'r mut Locked<F>>,
     state: State<'a>,
+    /// Returned `Ok(())` (or the error of taking): the state is left as it is, to be dropped
+    /// once, with the future.
+    done: bool,
 }
 
 enum State<'a> {
-    Taking(Taking<'a>),
+    /// Taking the lock. Once it is taken the taking is spent (its future done, its parent frame
+    /// handed on to the lock's): it owns nothing, and is let go of without a drop; otherwise
+    /// [`Enter`]'s drop drops it.
+    Taking(Option<ManuallyDrop<Taking<'a>>>),
     /// The call cannot take a lock (no default manager); `None` once returned.
     Refused(Option<LockError>),
     Entered,
 }
 
+impl<F: Future> Drop for Enter<'_, '_, F> {
+    #[inline]
+    fn drop(&mut self) {
+        if let State::Taking(slot) = &mut self.state {
+            if let Some(taking) = slot.take() {
+                drop(ManuallyDrop::into_inner(taking)); // not taken (failed, or cancelled)
+            }
+        }
+    }
+}
+
 impl<F: Future> std::fmt::Debug for Enter<'_, '_, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Enter").field("entered", &matches!(self.state, State::Entered)).finish_non_exhaustive()
+        f.debug_struct("Enter").field("done", &self.done).finish_non_exhaustive()
     }
 }
 
 impl<F: Future> Future for Enter<'_, '_, F> {
     type Output = Result<(), LockError>;
 
-    #[inline]
+    #[inline(always)]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
+        if this.done {
+            return Poll::Ready(Ok(()));
+        }
         match &mut this.state {
-            State::Taking(taking) => {
-                let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().hold_mut()));
-                this.state = State::Entered;
+            State::Taking(slot) => {
+                let Some(taking) = slot else { return Poll::Ready(Ok(())) }; // let go of: taken
+                let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().project().hold));
+                this.done = true;
+                if taken.is_ok() {
+                    debug_assert!(taking.is_spent());
+                    *slot = None; // spent: nothing in it to drop
+                }
                 Poll::Ready(taken)
             }
             State::Refused(error) => Poll::Ready(Err(error
@@ -227,13 +436,26 @@ impl<F: Future> Future for Enter<'_, '_, F> {
 /// Gives `body` to the `run` that [`enter`] put the lock into; await the result for the body's
 /// output (`Err`: the lost error, when the loss aborts the body).
 #[inline]
-pub fn start<'r, F: Future>(
-    mut run: Pin<&'r mut Run<'static, F>>,
-    on_lost: OnLost,
-    body: F,
-) -> Pin<&'r mut Run<'static, F>> {
-    run.as_mut().start(on_lost == OnLost::Abort, body);
-    run
+pub fn start<'r, F: Future>(mut run: Pin<&'r mut Locked<F>>, on_lost: OnLost, body: F) -> Started<'r, F> {
+    let this = run.as_mut().project();
+    *this.abort_on_lost = on_lost == OnLost::Abort;
+    let mut slot = this.body;
+    slot.set(Some(body));
+    Started(run)
+}
+
+/// The future of [`start`]: the [`Locked`] run, polled inline in the locked fn's future.
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct Started<'r, F: Future>(Pin<&'r mut Locked<F>>);
+
+impl<F: Future> Future for Started<'_, F> {
+    type Output = Result<F::Output, LockError>;
+
+    #[inline(always)]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
 }
 
 /// The locked fn's output from its run's: a lost error converted by `carry`.
@@ -256,4 +478,24 @@ pub fn carried<R>(result: Result<R, LockError>, carry: Carry<R>) -> R {
 #[inline(never)]
 fn ran_to_end_failed(e: LockError) -> ! {
     panic!("a locked call that runs its body to the end failed after taking its lock: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendered_names_are_formatted_names() {
+        let long = "x".repeat(NAME_BUF + 1);
+        for (args, expected) in [
+            (render(format_args!("order:{}", 42)), "order:42".to_owned()),
+            (render(format_args!("заказ/{}", "✓")), "заказ/✓".to_owned()),
+            (render(format_args!("{}", "y".repeat(NAME_BUF))), "y".repeat(NAME_BUF)),
+            (render(format_args!("{long}:{}", 7)), format!("{long}:7")),
+            (render(format_args!("plain")), "plain".to_owned()),
+        ] {
+            assert_eq!(args.as_name(), expected);
+            assert_eq!(&*args.into_name(), expected);
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! [`LockRequest::run`]: a future run under a lock, with reentrancy and [`current()`].
 //!
-//! [`Run`] is the one implementation of "take the lock (or re-enter it), run the future in the
-//! lock's context, watch the lease, release": `#[distributed_locked]` expands to it too.
+//! [`Run`] takes the lock (or re-enters it), runs the future in the lock's context, watches the
+//! lease and releases. `#[distributed_locked]` expands to the same steps ([`begin`],
+//! [`Taking`], [`poll_held`], [`release_held`]) in a leaner future of its own
+//! (`__private::Locked`), which has no request or acquisition to keep.
 //!
 //! [`current()`]: crate::current
 
@@ -77,7 +79,7 @@ pin_project_lite::pin_project! {
     #[must_use = "futures do nothing unless polled"]
     pub struct Run<'m, F: Future> {
         // `None` once the body has completed, was stopped by the loss of the lock, or was never
-        // run because the lock could not be taken (or, inside `__private`, not yet given).
+        // run because the lock could not be taken.
         #[pin]
         body: Option<F>,
         // The lock while the body runs, written in place when it is taken (never moved after).
@@ -120,7 +122,7 @@ enum Stage<'m, T> {
     Start(LockRequest<'m>),
     /// Taking the lock.
     Taking(Taking<'m>),
-    /// The body runs under the lock in the [`Hold`] (inside `__private`: once it is entered).
+    /// The body runs under the lock in the [`Hold`].
     Running,
     /// A release being awaited (a networked backend's), with the output it holds back; boxed,
     /// so the common case stays small.
@@ -140,17 +142,17 @@ pub(crate) struct Taking<'m> {
 /// A held lock while its body runs; empty before it is entered and after it is released.
 pub(crate) struct Hold {
     /// `None` when re-entered: the outermost run releases.
-    guard: Option<LockGuard>,
+    pub(crate) guard: Option<LockGuard>,
     /// The lock's frame (`None`: not entered); swapped into the task's context while the body
     /// is polled (or dropped), and holding the outer context meanwhile.
-    frame: Option<Frame>,
+    pub(crate) frame: Option<Frame>,
     /// Completes with the lost error once the lock is lost; set up on the first poll of the
     /// body when the loss aborts it and the lock can be lost.
-    watch: Option<Watch>,
+    pub(crate) watch: Option<Watch>,
 }
 
 impl Hold {
-    const EMPTY: Hold = Hold { guard: None, frame: None, watch: None };
+    pub(crate) const EMPTY: Hold = Hold { guard: None, frame: None, watch: None };
 }
 
 /// Completes with the lost error once the lock is lost. Boxed: the watch (a timer and a
@@ -160,9 +162,9 @@ type Watch = Pin<Box<dyn Future<Output = LockError> + Send>>;
 
 /// A release being awaited, with the output of the body (`Err`: the lost error it was stopped
 /// with).
-struct Pending<T> {
-    release: ReleaseFuture,
-    output: Result<T, LockError>,
+pub(crate) struct Pending<T> {
+    pub(crate) release: ReleaseFuture,
+    pub(crate) output: Result<T, LockError>,
 }
 
 /// Looks the lock of `request` up in the task's context: re-entered at once into `hold` when
@@ -170,31 +172,64 @@ struct Pending<T> {
 /// run the body.
 #[inline(always)]
 pub(crate) fn begin<'m>(request: LockRequest<'m>, hold: &mut Hold) -> Option<Taking<'m>> {
-    let manager = request.manager.id();
-    let context::Lookup { held, parent } = context::lookup(manager, &request.name);
+    let parent = reenter(request.manager.id(), &request.name, hold)?;
+    Some(Taking::new(request, parent))
+}
+
+/// [`begin`] for a caller that makes its request only once it knows the lock must be taken:
+/// `None` when the task holds it (re-entered into `hold` at once), else `Some(parent)`, the
+/// task's innermost frame, for [`Taking::new`].
+#[inline(always)]
+pub(crate) fn reenter(manager: u64, name: &str, hold: &mut Hold) -> Option<Option<Arc<Frame>>> {
+    let context::Lookup { held, parent } = context::lookup(manager, name);
     match held {
-        // Same task, same manager, same name: re-enter without waiting for ourselves.
         Some(outer) => {
             hold.frame = Some(Frame { parent, ..outer });
             None
         }
-        None => Some(Taking { lock: request.into_future(), manager, parent }),
+        None => Some(parent),
+    }
+}
+
+impl<'m> Taking<'m> {
+    /// Takes the lock of `request` (see [`reenter`]).
+    #[inline(always)]
+    pub(crate) fn new(request: LockRequest<'m>, parent: Option<Arc<Frame>>) -> Self {
+        Taking { manager: request.manager.id(), lock: request.into_future(), parent }
     }
 }
 
 impl Taking<'_> {
-    /// Takes the lock into `hold`, with its frame under the task's innermost one.
+    /// Whether it owns nothing any more: its lock was taken (the future is done) and its parent
+    /// frame handed on to the lock's.
+    pub(crate) fn is_spent(&self) -> bool {
+        self.parent.is_none() && self.lock.is_done()
+    }
+
+    /// Takes the lock into `hold`, with its frame under the task's innermost one. Once it has
+    /// returned `Ok(())` the taking is spent ([`is_spent`](Self::is_spent)): a locked call's
+    /// entry relies on it to let go of it without a drop.
     #[inline(always)]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
-        let guard = ready!(Pin::new(&mut self.lock).poll(cx))?;
-        hold.frame = Some(Frame {
+        // The guard goes straight into the hold; the frame is made from it there.
+        let guard = match Pin::new(&mut self.lock).poll(cx) {
+            Poll::Ready(Ok(guard)) => hold.guard.insert(guard),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let frame = Frame {
             manager: self.manager,
             name: guard.name().clone(),
             fencing_token: guard.fencing_token(),
             lost: guard.lost_signal().clone(),
             parent: self.parent.take(),
-        });
-        hold.guard = Some(guard);
+        };
+        match &mut hold.frame {
+            empty @ None => {
+                empty.get_or_insert(frame); // nothing to drop
+            }
+            slot => *slot = Some(frame),
+        }
         Poll::Ready(Ok(()))
     }
 }
@@ -261,29 +296,6 @@ impl<'m, F: Future> Run<'m, F> {
         self.abort_on_lost = false;
         self
     }
-
-    /// A run without a lock or a body yet, for a caller that enters the lock itself
-    /// ([`hold_mut`](Run::hold_mut)) and only then builds the body ([`start`](Run::start)): a
-    /// locked fn, whose arguments go to its fallback when the lock cannot be taken.
-    #[inline]
-    pub(crate) fn unentered() -> Self {
-        Run { body: None, hold: Hold::EMPTY, stage: Stage::Running, abort_on_lost: true }
-    }
-
-    /// Where the lock goes when it is entered (see [`begin`] and [`Taking::poll`]).
-    #[inline]
-    pub(crate) fn hold_mut(self: Pin<&mut Self>) -> &mut Hold {
-        self.project().hold
-    }
-
-    /// Gives the body to the run, and whether the loss of the lock aborts it.
-    #[inline]
-    pub(crate) fn start(self: Pin<&mut Self>, abort_on_lost: bool, body: F) {
-        let this = self.project();
-        *this.abort_on_lost = abort_on_lost;
-        let mut slot = this.body;
-        slot.set(Some(body));
-    }
 }
 
 impl<F: Future> Future for Run<'_, F> {
@@ -305,57 +317,84 @@ impl<F: Future> Future for Run<'_, F> {
                 }
             }
         }
-        if hold.frame.is_none() || body.is_none() {
-            return Poll::Ready(Err(not_running()));
-        }
-
-        // The body, in the lock's context, raced against the loss of the lock when that aborts it.
-        if abort && hold.watch.is_none() {
-            hold.watch = watch(hold.frame.as_ref());
-        }
-        let watch = &mut hold.watch;
-        let mut output = None;
-        let mut lost = None;
-        context::within(&mut hold.frame, || {
-            if let Some(fut) = body.as_mut().as_pin_mut() {
-                match fut.poll(cx) {
-                    Poll::Ready(out) => output = Some(out),
-                    Poll::Pending => lost = watched(abort, watch, cx),
-                }
-                if output.is_some() || lost.is_some() {
-                    body.set(None); // in its context, like the rest of the body
-                }
-            }
-        });
-        let output = match (output, lost) {
-            (Some(output), _) => Ok(output),
-            (None, Some(lost)) => Err(lost),
-            (None, None) => return Poll::Pending,
-        };
+        let output = ready!(poll_held(body, hold, abort, cx));
 
         // The release: at once on an in-process backend, else awaited.
-        hold.watch = None;
-        let released = match &mut hold.guard {
-            None => Ok(()), // re-entered: the outermost run releases
-            Some(guard) => match guard.release_at_once() {
-                Some(released) => {
-                    hold.guard = None;
-                    released
-                }
-                None => {
-                    if let Some(guard) = hold.guard.take() {
-                        *stage = Stage::Releasing(Box::new(Pending { release: guard.release(), output }));
-                    }
-                    hold.frame = None;
-                    return stage.poll_release(cx, abort);
-                }
+        match release_held(hold) {
+            Released::Now(released) => {
+                hold.frame = None;
+                Poll::Ready(finish(output, released, abort))
+            }
+            Released::Later(guard) => {
+                *stage = Stage::Releasing(Box::new(Pending { release: guard.release(), output }));
+                hold.frame = None;
+                stage.poll_release(cx, abort)
+            }
+        }
+    }
+}
+
+/// Polls the body of an entered lock in the lock's context, raced against the loss of the lock
+/// when that aborts it: `Ready` with its output, or the lost error that stopped it. Once it is
+/// over the body is dropped (in its context) and the watch with it; the lock is still held.
+#[inline(always)]
+pub(crate) fn poll_held<F: Future>(
+    mut body: Pin<&mut Option<F>>,
+    hold: &mut Hold,
+    abort: bool,
+    cx: &mut Context<'_>,
+) -> Poll<Result<F::Output, LockError>> {
+    if hold.frame.is_none() || body.is_none() {
+        return Poll::Ready(Err(not_running()));
+    }
+    if abort && hold.watch.is_none() {
+        hold.watch = watch(hold.frame.as_ref());
+    }
+    let watch = &mut hold.watch;
+    let polled = context::within(&mut hold.frame, || {
+        let Some(fut) = body.as_mut().as_pin_mut() else { return Poll::Ready(Err(not_running())) };
+        let over = match fut.poll(cx) {
+            Poll::Ready(out) => Ok(out),
+            Poll::Pending => match watched(abort, watch, cx) {
+                Some(lost) => Err(lost),
+                None => return Poll::Pending, // the body waits, the lock is held
             },
         };
-        hold.frame = None;
-        Poll::Ready(match released {
-            Ok(()) => output,
-            Err(e) => released_failed(output, e, abort),
-        })
+        body.set(None); // in its context, like the rest of the body
+        Poll::Ready(over)
+    });
+    if polled.is_ready() && hold.watch.is_some() {
+        hold.watch = None;
+    }
+    polled
+}
+
+/// How the lock of a completed body is released ([`release_held`]).
+pub(crate) enum Released {
+    /// At once (an in-process backend, or nothing to release when re-entered): the verdict.
+    Now(Result<(), LockError>),
+    /// By awaiting the release of this guard (a networked backend).
+    Later(LockGuard),
+}
+
+/// Releases the lock of `hold` after its body, at once if the backend can. The frame stays in
+/// `hold`.
+#[inline(always)]
+pub(crate) fn release_held(hold: &mut Hold) -> Released {
+    let Some(guard) = &mut hold.guard else { return Released::Now(Ok(())) }; // re-entered: the outermost releases
+    match guard.release_at_once() {
+        Some(Ok(())) => {
+            hold.guard = None;
+            Released::Now(Ok(()))
+        }
+        Some(Err(e)) => {
+            hold.guard = None;
+            Released::Now(Err(e))
+        }
+        None => match hold.guard.take() {
+            Some(guard) => Released::Later(guard),
+            None => Released::Now(Ok(())),
+        },
     }
 }
 
@@ -384,8 +423,8 @@ fn watch(frame: Option<&Frame>) -> Option<Watch> {
 }
 
 /// The run's output, from the body's and the release's.
-#[inline]
-fn finish<T>(
+#[inline(always)]
+pub(crate) fn finish<T>(
     output: Result<T, LockError>,
     released: Result<(), LockError>,
     abort_on_lost: bool,
@@ -412,8 +451,8 @@ fn polled_after_completion() -> LockError {
     LockError::invalid("", "a lock run was polled after it completed")
 }
 
-/// A run polled after it completed, or (inside `__private`) before its lock or body was given.
+/// A run polled after it completed, or (a locked call's) before its lock or body was given.
 #[cold]
-fn not_running() -> LockError {
+pub(crate) fn not_running() -> LockError {
     LockError::invalid("", "a lock run was polled after it completed (or before it was started)")
 }

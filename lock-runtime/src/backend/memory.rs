@@ -207,6 +207,7 @@ impl MemoryBackend {
     }
 
     /// One attempt: the grant, or the holder's lease end (`Err(None)`: held without expiry).
+    #[inline(always)]
     fn attempt(&self, req: &Acquire, hash: u64) -> Result<Handed, Option<Instant>> {
         let mut shard = self.shard_of(hash);
         let hasher = &self.inner.hasher;
@@ -235,15 +236,18 @@ impl MemoryBackend {
         }
     }
 
-    /// Frees the entry of `key` held by `owner` (if it still is), hands it on or removes it.
-    /// Returns whether `owner` still held it within its lease.
-    fn release_sync(&self, key: &str, hash: u64, owner: OwnerId, token: u64) -> Result<(), &'static str> {
+    /// Frees the entry of `key` held under `token` (if it still is), hands it on or removes it.
+    /// Returns whether that grant still held it within its lease. Tokens are unique in the
+    /// store, so the token alone names the grant (and its owner).
+    #[inline(always)]
+    fn release_sync(&self, key: &str, hash: u64, token: u64) -> Result<(), &'static str> {
         let mut shard = self.shard_of(hash);
-        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else {
+        // The entry still holds the key it was granted with, unless it was removed since.
+        let Ok(mut slot) = shard.find_entry(hash, |e| std::ptr::eq(&*e.key, key) || *e.key == *key) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
         let entry = slot.get_mut();
-        let mine = entry.holder.as_ref().filter(|h| h.owner == owner && h.token == token);
+        let mine = entry.holder.as_ref().filter(|h| h.token == token);
         let Some(holder) = mine else {
             return Err("its lease ran out and it is now held by another owner");
         };
@@ -283,10 +287,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Gives memory back once a shard has emptied out after a burst.
+#[inline]
 fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
     if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
-        shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
+        shrink_now(shard, hasher);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn shrink_now(shard: &mut Shard, hasher: &DefaultHashBuilder) {
+    shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
 }
 
 /// One `lock()` call on the in-process store: owns its place in the queue while it waits.
@@ -423,9 +434,10 @@ pub(crate) struct MemoryHeld {
     store: MemoryBackend,
     /// The key's hash, computed once by the attempt.
     hash: u64,
-    name: Arc<str>,
+    /// `None` when the name is the key (no prefix): one shared string, one count less.
+    name: Option<Arc<str>>,
     key: Arc<str>,
-    owner: OwnerId,
+    /// Unique in the store: names the grant (and so its owner).
     token: u64,
 }
 
@@ -436,15 +448,26 @@ impl HeldLock for MemoryHeld {
 
     #[inline]
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
-        Some(self.release_checked())
+        Some(match self.release_checked() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(e),
+        })
     }
 }
 
 impl MemoryHeld {
+    #[inline(always)]
     fn release_checked(&self) -> Result<(), LockError> {
-        self.store
-            .release_sync(&self.key, self.hash, self.owner, self.token)
-            .map_err(|reason| LockError::lost(&*self.name, reason))
+        match self.store.release_sync(&self.key, self.hash, self.token) {
+            Ok(()) => Ok(()),
+            Err(reason) => Err(self.lost(reason)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lost(&self, reason: &'static str) -> LockError {
+        LockError::lost(&**self.name.as_ref().unwrap_or(&self.key), reason)
     }
 }
 
@@ -453,9 +476,8 @@ impl MemoryBackend {
         let lock = MemoryHeld {
             hash,
             store: self.clone(),
-            name: req.name.clone(),
+            name: if Arc::ptr_eq(&req.name, &req.key) { None } else { Some(req.name.clone()) },
             key: req.key.clone(),
-            owner: req.owner,
             token: handed.token,
         };
         Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) }
