@@ -238,7 +238,7 @@ impl LockManager {
         }
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
-        let req = Acquire { name, key, owner: OwnerId::next(), lease, lost: LostSignal::never() };
+        let req = Acquire { name, key, owner: OwnerId::next(), lease };
         Ok(Plan { req, wait, retry: options.retries() })
     }
 
@@ -308,7 +308,7 @@ impl LockManager {
         let backend = &*self.inner.backend;
         let bound = backend.operation_timeout();
         let lost = LostSignal::new();
-        let mut acquisition = backend.begin(Acquire { lost: lost.clone(), ..plan.req.clone() });
+        let mut acquisition = backend.begin(plan.req.clone(), lost.clone());
         let deadline = started.checked_add(plan.wait).unwrap_or(started);
         let contended =
             |attempts| LockError::Contended { name: plan.req.name.to_string(), waited: started.elapsed(), attempts };

@@ -623,8 +623,8 @@ impl LockBackend for Awaited {
         "awaited-memory"
     }
 
-    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
-        Box::new(AwaitedAcquisition { inner: self.inner.begin(req), releases: self.releases.clone() })
+    fn begin(&self, req: Acquire, lost: lock_runtime::LostSignal) -> Box<dyn Acquisition> {
+        Box::new(AwaitedAcquisition { inner: self.inner.begin(req, lost), releases: self.releases.clone() })
     }
 }
 

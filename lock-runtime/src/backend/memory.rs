@@ -489,7 +489,7 @@ impl LockBackend for MemoryBackend {
         "memory"
     }
 
-    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
         let hash = self.inner.hasher.hash_one(&*req.key);
         Box::new(MemoryAcquisition { store: self.clone(), req, hash, expiry: None, queued: None, holder_changed: None })
     }

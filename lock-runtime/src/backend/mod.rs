@@ -125,11 +125,6 @@ pub struct Acquire {
     pub owner: OwnerId,
     /// How the lease is kept.
     pub lease: Lease,
-    /// Fire this if the lock is lost while held (for backends that learn of it themselves,
-    /// e.g. a session loss). The runtime also fires it when the lease runs out unrenewed.
-    /// [`LostSignal::never`] on the synchronous fast path
-    /// ([`LockBackend::try_acquire_now`]): a backend must not keep that one.
-    pub lost: LostSignal,
 }
 
 /// A lock that was granted to an acquisition.
@@ -298,8 +293,10 @@ pub trait LockBackend: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Begins one acquisition (no I/O yet): the object that owns its state until it is
-    /// granted or dropped.
-    fn begin(&self, req: Acquire) -> Box<dyn Acquisition>;
+    /// granted or dropped. `lost` is the lock's [`LostSignal`] once granted: fire it if the
+    /// lock is lost while held and the backend learns of it itself (e.g. a session loss); the
+    /// runtime also fires it when the lease runs out unrenewed.
+    fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition>;
 
     /// One attempt made at once without blocking and without an [`Acquisition`], if the
     /// backend can (in-process stores): the runtime's fast path. `None` (the default) when the

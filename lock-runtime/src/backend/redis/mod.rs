@@ -651,7 +651,7 @@ impl LockBackend for RedisBackend {
         KIND
     }
 
-    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
         let layout = KeyLayout::of(&req.key);
         let owner: Arc<str> = req.owner.to_string().into();
         Box::new(RedisAcquisition { backend: self.clone(), req, layout, owner, slot: None, in_flight: false })

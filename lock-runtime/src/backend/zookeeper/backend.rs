@@ -102,8 +102,9 @@ impl LockBackend for ZookeeperBackend {
         KIND
     }
 
-    fn begin(&self, req: Acquire) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
         Box::new(ZkAcquisition {
+            lost,
             shared: self.shared.clone(),
             dir: Arc::from(self.lock_path(&req.key)),
             owner: Arc::from(req.owner.to_string()),
@@ -122,6 +123,8 @@ impl LockBackend for ZookeeperBackend {
 struct ZkAcquisition {
     shared: Arc<Shared>,
     req: Acquire,
+    /// The lock's lost signal once granted (fired on session loss or a foreign delete).
+    lost: LostSignal,
     /// The lock's container node.
     dir: Arc<str>,
     /// The owner id, as it appears in the node's name.
@@ -280,7 +283,7 @@ impl ZkAcquisition {
             Lease::Fixed(d) => granted_at.checked_add(d),
             Lease::Renewed(_) => None,
         };
-        if !register(&self.shared, &session, &node.path, lease_end, &self.req.lost) {
+        if !register(&self.shared, &session, &node.path, lease_end, &self.lost) {
             return Err(session_gone(&self.req.name, operation));
         }
         self.state = State::Granted;
