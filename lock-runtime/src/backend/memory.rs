@@ -9,7 +9,6 @@
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -44,20 +43,40 @@ pub struct MemoryBackend {
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: DefaultHashBuilder,
-    tokens: AtomicU64,
 }
 
 impl Default for Inner {
     fn default() -> Self {
-        Inner {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: Default::default(),
-            tokens: AtomicU64::new(1),
-        }
+        Inner { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(), hasher: Default::default() }
     }
 }
 
-type Shard = HashTable<Entry>;
+/// One shard of the store: its entries, and the fencing tokens of the names it holds (a name
+/// always lives in the same shard, so its tokens strictly increase for the life of the store;
+/// a counter under the shard's lock costs no atomic operation of its own).
+struct Shard {
+    entries: HashTable<Entry>,
+    /// The next token to grant in this shard.
+    tokens: Tokens,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { entries: HashTable::new(), tokens: Tokens(1) }
+    }
+}
+
+/// A shard's token counter: the tokens it grants are unique in the shard (so a token and the
+/// entry it was granted on name one grant) and strictly increase.
+struct Tokens(u64);
+
+impl Tokens {
+    fn next(&mut self) -> u64 {
+        let token = self.0;
+        self.0 += 1;
+        token
+    }
+}
 
 struct Entry {
     key: Arc<str>,
@@ -142,7 +161,7 @@ impl MemoryBackend {
 
     /// How many names are held or waited on right now (the number of entries in the store).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).entries.len()).sum()
     }
 
     /// Whether no name is held or waited on.
@@ -153,12 +172,12 @@ impl MemoryBackend {
     /// How many callers wait for `key` (the backend key: prefix and name) right now.
     pub fn waiting(&self, key: &str) -> usize {
         let (hash, shard) = self.shard(key);
-        shard.find(hash, |e| *e.key == *key).map_or(0, |e| e.waiters.len())
+        shard.entries.find(hash, |e| *e.key == *key).map_or(0, |e| e.waiters.len())
     }
 
     /// The allocated capacity of the store, in entries (to check that it shrinks).
     pub fn capacity(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).capacity()).sum()
+        self.inner.shards.iter().map(|s| lock(s).entries.capacity()).sum()
     }
 
     /// The key's hash (computed once per operation) and its locked shard.
@@ -172,12 +191,8 @@ impl MemoryBackend {
         lock(&self.inner.shards[((hash >> 40) as usize) % SHARDS])
     }
 
-    fn next_token(&self) -> u64 {
-        self.inner.tokens.fetch_add(1, Ordering::Relaxed)
-    }
-
-    fn holder_for(&self, owner: OwnerId, lease: Lease, now: Option<Instant>) -> (Holder, Handed) {
-        let token = self.next_token();
+    fn holder_for(tokens: &mut Tokens, owner: OwnerId, lease: Lease, now: Option<Instant>) -> (Holder, Handed) {
+        let token = tokens.next();
         let (expires_at, granted_at) = match lease {
             Lease::Fixed(d) => {
                 let now = now.unwrap_or_else(Instant::now);
@@ -191,10 +206,10 @@ impl MemoryBackend {
 
     /// Gives a free entry to its longest waiter still listening. Returns `false` when nobody
     /// waits any more (the caller removes the entry).
-    fn hand_off(&self, entry: &mut Entry, now: Instant) -> bool {
+    fn hand_off(entry: &mut Entry, tokens: &mut Tokens, now: Instant) -> bool {
         debug_assert!(entry.holder.is_none());
         while let Some(waiter) = entry.waiters.pop_front() {
-            let (holder, grant) = self.holder_for(waiter.owner, waiter.lease, Some(now));
+            let (holder, grant) = Self::holder_for(tokens, waiter.owner, waiter.lease, Some(now));
             if waiter.grant.send(grant).is_ok() {
                 entry.holder = Some(holder);
                 if let Some(head) = entry.waiters.front() {
@@ -210,10 +225,11 @@ impl MemoryBackend {
     #[inline(always)]
     fn attempt(&self, req: &Acquire, hash: u64) -> Result<Handed, Option<Instant>> {
         let mut shard = self.shard_of(hash);
+        let Shard { entries, tokens } = &mut *shard;
         let hasher = &self.inner.hasher;
-        match shard.entry(hash, |e| *e.key == *req.key, |e| hasher.hash_one(&*e.key)) {
+        match entries.entry(hash, |e| *e.key == *req.key, |e| hasher.hash_one(&*e.key)) {
             TableEntry::Vacant(slot) => {
-                let (holder, grant) = self.holder_for(req.owner, req.lease, None);
+                let (holder, grant) = Self::holder_for(tokens, req.owner, req.lease, None);
                 slot.insert(Entry { key: req.key.clone(), holder: Some(holder), waiters: Queue::default() });
                 Ok(grant)
             }
@@ -222,11 +238,11 @@ impl MemoryBackend {
                 let now = Instant::now();
                 if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
                     entry.holder = None;
-                    self.hand_off(entry, now);
+                    Self::hand_off(entry, tokens, now);
                 }
                 match &entry.holder {
                     None => {
-                        let (holder, grant) = self.holder_for(req.owner, req.lease, Some(now));
+                        let (holder, grant) = Self::holder_for(tokens, req.owner, req.lease, Some(now));
                         entry.holder = Some(holder);
                         Ok(grant)
                     }
@@ -238,12 +254,13 @@ impl MemoryBackend {
 
     /// Frees the entry of `key` held under `token` (if it still is), hands it on or removes it.
     /// Returns whether that grant still held it within its lease. Tokens are unique in the
-    /// store, so the token alone names the grant (and its owner).
+    /// shard, so the entry of `key` and the token name the grant (and its owner).
     #[inline(always)]
     fn release_sync(&self, key: &str, hash: u64, token: u64) -> Result<(), &'static str> {
         let mut shard = self.shard_of(hash);
+        let Shard { entries, tokens } = &mut *shard;
         // The entry still holds the key it was granted with, unless it was removed since.
-        let Ok(mut slot) = shard.find_entry(hash, |e| std::ptr::eq(&*e.key, key) || *e.key == *key) else {
+        let Ok(mut slot) = entries.find_entry(hash, |e| std::ptr::eq(&*e.key, key) || *e.key == *key) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
         let entry = slot.get_mut();
@@ -257,9 +274,9 @@ impl MemoryBackend {
             _ => Ok(()),
         };
         entry.holder = None;
-        if entry.waiters.is_empty() || !self.hand_off(entry, now.unwrap_or_else(Instant::now)) {
+        if entry.waiters.is_empty() || !Self::hand_off(entry, tokens, now.unwrap_or_else(Instant::now)) {
             slot.remove();
-            shrink(&mut shard, &self.inner.hasher);
+            shrink(entries, &self.inner.hasher);
         }
         verdict
     }
@@ -268,13 +285,14 @@ impl MemoryBackend {
     /// instant at which the (new) holder's lease runs out, if any.
     fn reap(&self, key: &str, now: Instant) -> Option<Instant> {
         let (hash, mut shard) = self.shard(key);
-        let mut slot = shard.find_entry(hash, |e| *e.key == *key).ok()?;
+        let Shard { entries, tokens } = &mut *shard;
+        let mut slot = entries.find_entry(hash, |e| *e.key == *key).ok()?;
         let entry = slot.get_mut();
         if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
             entry.holder = None;
-            if !self.hand_off(entry, now) {
+            if !Self::hand_off(entry, tokens, now) {
                 slot.remove();
-                shrink(&mut shard, &self.inner.hasher);
+                shrink(entries, &self.inner.hasher);
                 return None;
             }
         }
@@ -288,7 +306,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Gives memory back once a shard has emptied out after a burst.
 #[inline]
-fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
+fn shrink(shard: &mut HashTable<Entry>, hasher: &DefaultHashBuilder) {
     if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
         shrink_now(shard, hasher);
     }
@@ -296,7 +314,7 @@ fn shrink(shard: &mut Shard, hasher: &DefaultHashBuilder) {
 
 #[cold]
 #[inline(never)]
-fn shrink_now(shard: &mut Shard, hasher: &DefaultHashBuilder) {
+fn shrink_now(shard: &mut HashTable<Entry>, hasher: &DefaultHashBuilder) {
     shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
 }
 
@@ -325,7 +343,7 @@ impl MemoryAcquisition {
     fn enqueue(&mut self) -> bool {
         let (tx, rx) = oneshot::channel();
         let (hash, mut shard) = self.store.shard(&self.req.key);
-        let Some(entry) = shard.find_mut(hash, |e| *e.key == *self.req.key) else { return false };
+        let Some(entry) = shard.entries.find_mut(hash, |e| *e.key == *self.req.key) else { return false };
         let Some(holder) = &entry.holder else { return false };
         self.expiry = holder.expires_at;
         let holder_changed = self.holder_changed.get_or_insert_with(Default::default).clone();
@@ -337,7 +355,7 @@ impl MemoryAcquisition {
     /// The lease end of the lock's current holder (`None`: none, or held without expiry).
     fn holder_expiry(&self) -> Option<Instant> {
         let (hash, shard) = self.store.shard(&self.req.key);
-        shard.find(hash, |e| *e.key == *self.req.key).and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
+        shard.entries.find(hash, |e| *e.key == *self.req.key).and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
     }
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
@@ -384,7 +402,8 @@ impl Drop for MemoryAcquisition {
         let key = &*self.req.key;
         let owner = self.req.owner;
         let (hash, mut shard) = self.store.shard(key);
-        let Ok(mut slot) = shard.find_entry(hash, |e| *e.key == *key) else { return };
+        let Shard { entries, tokens } = &mut *shard;
+        let Ok(mut slot) = entries.find_entry(hash, |e| *e.key == *key) else { return };
         let entry = slot.get_mut();
         let was_head = entry.waiters.front().is_some_and(|w| w.owner == owner);
         entry.waiters.retain(|w| w.owner != owner);
@@ -398,7 +417,7 @@ impl Drop for MemoryAcquisition {
         let remove = if let Ok(handed) = grant.try_recv() {
             if entry.holder.as_ref().is_some_and(|h| h.owner == owner && h.token == handed.token) {
                 entry.holder = None;
-                !self.store.hand_off(entry, now)
+                !MemoryBackend::hand_off(entry, tokens, now)
             } else {
                 false
             }
@@ -407,7 +426,7 @@ impl Drop for MemoryAcquisition {
         };
         if remove {
             slot.remove();
-            shrink(&mut shard, &self.store.inner.hasher);
+            shrink(entries, &self.store.inner.hasher);
         }
     }
 }
@@ -437,7 +456,7 @@ pub(crate) struct MemoryHeld {
     /// `None` when the name is the key (no prefix): one shared string, one count less.
     name: Option<Arc<str>>,
     key: Arc<str>,
-    /// Unique in the store: names the grant (and so its owner).
+    /// Unique in the key's shard: with the key, names the grant (and so its owner).
     token: u64,
 }
 
