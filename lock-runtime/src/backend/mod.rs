@@ -9,6 +9,7 @@
 //! [`LockManagerBuilder::backend`](crate::LockManagerBuilder::backend) to plug in a store of
 //! your own; run the project's conformance suite against it.
 
+use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -46,10 +47,9 @@ pub struct OwnerId {
 }
 
 impl OwnerId {
-    /// A fresh owner id: a random per-process part and a per-process counter.
+    /// A fresh owner id: a random per-process part and a sequence number unique in the process.
     pub fn next() -> Self {
-        static SEQ: AtomicU64 = AtomicU64::new(1);
-        OwnerId { process: process_id(), seq: SEQ.fetch_add(1, Ordering::Relaxed) }
+        OwnerId { process: process_id(), seq: next_seq() }
     }
 
     /// The random part shared by every owner id of this process.
@@ -57,7 +57,8 @@ impl OwnerId {
         self.process
     }
 
-    /// The per-process sequence number.
+    /// The sequence number, unique in the process. Each thread draws its numbers from the
+    /// process-wide counter a block at a time, so they increase per thread, not across threads.
     pub fn seq(&self) -> u64 {
         self.seq
     }
@@ -73,6 +74,31 @@ impl fmt::Debug for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
+}
+
+/// A sequence number never handed out before in this process. Each thread takes a block of
+/// numbers from the process-wide counter and hands them out one by one: one atomic operation
+/// per block rather than per id.
+fn next_seq() -> u64 {
+    /// Numbers taken from the process-wide counter at a time.
+    const BLOCK: u64 = 1024;
+    static SEQ: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        /// This thread's block: the next number and the end of the block.
+        static RANGE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    }
+    RANGE
+        .try_with(|range| {
+            let (mut next, mut end) = range.get();
+            if next >= end {
+                next = SEQ.fetch_add(BLOCK, Ordering::Relaxed);
+                end = next.saturating_add(BLOCK);
+            }
+            range.set((next + 1, end));
+            next
+        })
+        // The thread is shutting down: one number on its own.
+        .unwrap_or_else(|_| SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
 /// 128 random bits chosen once per process (from the standard library's per-process
