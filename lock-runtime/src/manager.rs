@@ -45,6 +45,9 @@ pub(crate) struct Inner {
     pub(crate) default_wait: Duration,
     pub(crate) default_lease: Duration,
     pub(crate) backend: Arc<dyn LockBackend>,
+    /// The backend again when it is the built-in in-process store: its fast path takes the
+    /// request by value.
+    memory: Option<MemoryBackend>,
     /// The backend's operation timeout and kind, read once.
     pub(crate) bound: Duration,
     pub(crate) kind: &'static str,
@@ -113,11 +116,16 @@ impl LockManagerBuilder {
 
     /// A manager on any [`LockBackend`].
     pub fn backend(self, backend: impl LockBackend) -> LockManager {
-        self.backend_arc(Arc::new(backend))
+        let memory = (&backend as &dyn std::any::Any).downcast_ref::<MemoryBackend>().cloned();
+        self.build(Arc::new(backend), memory)
     }
 
     /// A manager on a shared backend.
     pub fn backend_arc(self, backend: Arc<dyn LockBackend>) -> LockManager {
+        self.build(backend, None)
+    }
+
+    fn build(self, backend: Arc<dyn LockBackend>, memory: Option<MemoryBackend>) -> LockManager {
         static IDS: AtomicU64 = AtomicU64::new(1);
         LockManager {
             inner: Arc::new(Inner {
@@ -128,6 +136,7 @@ impl LockManagerBuilder {
                 bound: backend.operation_timeout(),
                 kind: backend.kind(),
                 backend,
+                memory,
             }),
         }
     }
@@ -243,40 +252,58 @@ impl LockManager {
     }
 
     /// The synchronous fast path of in-process backends: one attempt, no allocation for the
-    /// future or the lost signal.
-    fn attempt_now(&self, plan: &Plan) -> Option<Result<Attempt, LockError>> {
-        self.inner.backend.try_acquire_now(&plan.req)
+    /// future or the lost signal. A grant of the built-in in-process store takes the request's
+    /// key; otherwise the plan is given back with whether the lock was found held.
+    #[inline(always)]
+    fn attempt_now(&self, plan: Plan) -> FastPath {
+        if let Some(memory) = &self.inner.memory {
+            let Plan { req, wait, retry } = plan;
+            let lease = req.lease;
+            return match memory.try_acquire_owned(req) {
+                Ok((name, grant)) => FastPath::Done(Ok(self.guard(name, lease, grant, None))),
+                Err(req) => FastPath::Slow { plan: Plan { req, wait, retry }, busy: true },
+            };
+        }
+        match self.inner.backend.try_acquire_now(&plan.req) {
+            Some(Ok(Attempt::Acquired(grant))) => {
+                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None)))
+            }
+            Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true },
+            Some(Err(e)) => FastPath::Done(Err(e)),
+            None => FastPath::Slow { plan, busy: false },
+        }
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
     #[inline(always)]
-    fn guard(&self, plan: Plan, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
+    fn guard(&self, name: Arc<str>, lease: Lease, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
-        let renewal = match plan.req.lease {
+        let renewal = match lease {
             Lease::Renewed(_) => lock.renewal(),
             Lease::Fixed(_) => None,
         };
-        if renewal.is_none() && matches!(plan.req.lease, Lease::Renewed(_)) {
+        if renewal.is_none() && matches!(lease, Lease::Renewed(_)) {
             // Not time-bound (an in-process lock kept by its guard): no deadline, no watchdog.
             let lost = lost.unwrap_or_else(LostSignal::never);
-            return LockGuard::new(plan.req.name, fencing_token, lock, (inner.bound, inner.kind), lost, None);
+            return LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, None);
         }
-        self.timed_guard(plan, Grant { fencing_token, granted_at, lock }, renewal, lost)
+        self.timed_guard(name, lease, Grant { fencing_token, granted_at, lock }, renewal, lost)
     }
 
     /// [`guard`](Self::guard) of a time-bound lock: a fixed lease, or one the watchdog renews.
     #[inline(never)]
     fn timed_guard(
         &self,
-        plan: Plan,
+        name: Arc<str>,
+        lease: Lease,
         grant: Grant,
         renewal: Option<Box<dyn crate::backend::Renewal>>,
         lost: Option<LostSignal>,
     ) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
-        let time_bound = matches!(plan.req.lease, Lease::Fixed(_)) || renewal.is_some();
+        let time_bound = matches!(lease, Lease::Fixed(_)) || renewal.is_some();
         let granted_at = || granted_at.unwrap_or_else(Instant::now);
         let lost = match lost {
             Some(lost) => lost,
@@ -284,19 +311,19 @@ impl LockManager {
             None => LostSignal::never(),
         };
         let bound = inner.bound;
-        let watchdog = match (plan.req.lease, renewal) {
+        let watchdog = match (lease, renewal) {
             (Lease::Fixed(d), _) => {
                 lost.set_deadline(granted_at().checked_add(d));
                 None
             }
             (Lease::Renewed(d), Some(renewal)) => {
                 lost.set_deadline(granted_at().checked_add(d));
-                let renewed = watchdog::Renewed { renewal, name: plan.req.name.clone(), bound };
+                let renewed = watchdog::Renewed { renewal, name: name.clone(), bound };
                 Some(watchdog::spawn(renewed, d, lost.clone()))
             }
             (Lease::Renewed(_), None) => None,
         };
-        LockGuard::new(plan.req.name, fencing_token, lock, (bound, inner.kind), lost, watchdog)
+        LockGuard::new(name, fencing_token, lock, (bound, inner.kind), lost, watchdog)
     }
 
     /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
@@ -315,7 +342,7 @@ impl LockManager {
         let mut attempts = 1u32;
         if !busy {
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
-                Attempt::Acquired(grant) => return Ok(self.guard(plan, grant, Some(lost))),
+                Attempt::Acquired(grant) => return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost))),
                 Attempt::Busy => {}
             }
         }
@@ -335,7 +362,7 @@ impl LockManager {
                 Attempt::Busy => {}
             }
         };
-        Ok(self.guard(plan, grant, Some(lost)))
+        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost)))
     }
 
     async fn bounded<T>(
@@ -358,6 +385,15 @@ struct Plan {
     req: Acquire,
     wait: Duration,
     retry: Option<u32>,
+}
+
+/// How the fast path ended.
+enum FastPath {
+    /// With a guard or an error.
+    Done(Result<LockGuard, LockError>),
+    /// Without a verdict: the acquisition goes on in the background; `busy` when an attempt
+    /// already found the lock held.
+    Slow { plan: Plan, busy: bool },
 }
 
 /// A lock request being configured: `.await` it for a [`LockGuard`].
@@ -451,14 +487,13 @@ impl Future for LockFuture<'_> {
                 Ok(plan) => plan,
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            let busy = match manager.attempt_now(&plan) {
-                Some(Ok(Attempt::Acquired(grant))) => {
+            let (plan, busy) = match manager.attempt_now(plan) {
+                FastPath::Done(Ok(guard)) => {
                     coop.made_progress();
-                    return Poll::Ready(Ok(manager.guard(plan, grant, None)));
+                    return Poll::Ready(Ok(guard));
                 }
-                Some(Ok(Attempt::Busy)) => true,
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                None => false,
+                FastPath::Done(Err(e)) => return Poll::Ready(Err(e)),
+                FastPath::Slow { plan, busy } => (plan, busy),
             };
             let started = Instant::now();
             self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy)));

@@ -491,6 +491,26 @@ impl MemoryHeld {
 }
 
 impl MemoryBackend {
+    /// [`LockBackend::try_acquire_now`] taking the request by value: a grant takes its key
+    /// (one reference count less than a clone) and gives back its name. `Err(req)` when held.
+    #[inline(always)]
+    pub(crate) fn try_acquire_owned(&self, req: Acquire) -> Result<(Arc<str>, Grant), Acquire> {
+        let hash = self.inner.hasher.hash_one(&*req.key);
+        let handed = match self.attempt(&req, hash) {
+            Ok(handed) => handed,
+            Err(_) => return Err(req),
+        };
+        let Acquire { name, key, .. } = req;
+        let lock = MemoryHeld {
+            hash,
+            store: self.clone(),
+            name: if Arc::ptr_eq(&name, &key) { None } else { Some(name.clone()) },
+            key,
+            token: handed.token,
+        };
+        Ok((name, Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) }))
+    }
+
     fn grant(&self, req: &Acquire, hash: u64, handed: Handed) -> Grant {
         let lock = MemoryHeld {
             hash,
@@ -514,6 +534,7 @@ impl LockBackend for MemoryBackend {
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
+        // A manager built on this store calls `try_acquire_owned` instead (no key clone).
         let hash = self.inner.hasher.hash_one(&*req.key);
         Some(Ok(match self.attempt(req, hash) {
             Ok(handed) => Attempt::Acquired(self.grant(req, hash, handed)),
