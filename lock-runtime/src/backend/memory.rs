@@ -79,9 +79,57 @@ impl Tokens {
 }
 
 struct Entry {
-    key: Arc<str>,
+    key: Key,
     holder: Option<Holder>,
     waiters: Queue,
+}
+
+/// An entry's key. A short key is copied into the entry (a few bytes copied cost less than
+/// counting the references of a shared string on insert and removal); a longer one is shared.
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Shared(Arc<str>),
+}
+
+/// The longest key kept inline (the entry's key is then no larger than a shared one's plus 8).
+const INLINE_KEY: usize = 22;
+
+impl Key {
+    #[inline]
+    fn new(key: &Arc<str>) -> Key {
+        let len = key.len();
+        let mut bytes = [0; INLINE_KEY];
+        match (bytes.get_mut(..len), u8::try_from(len)) {
+            (Some(inline), Ok(len)) => {
+                inline.copy_from_slice(key.as_bytes());
+                Key::Inline { len, bytes }
+            }
+            _ => Key::Shared(key.clone()),
+        }
+    }
+
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            Key::Shared(key) => key.as_bytes(),
+        }
+    }
+
+    /// Whether this is the key `key`.
+    #[inline]
+    fn is(&self, key: &str) -> bool {
+        self.as_bytes() == key.as_bytes()
+    }
+
+    /// The key as a string, to hash it again when the table is resized (an inline key holds
+    /// the whole of a string, so it is always valid UTF-8).
+    fn as_str(&self) -> &str {
+        match self {
+            Key::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            Key::Shared(key) => key,
+        }
+    }
 }
 
 /// The waiters of one name, oldest first. Allocated only once someone waits, so an entry that
@@ -172,7 +220,7 @@ impl MemoryBackend {
     /// How many callers wait for `key` (the backend key: prefix and name) right now.
     pub fn waiting(&self, key: &str) -> usize {
         let (hash, shard) = self.shard(key);
-        shard.entries.find(hash, |e| *e.key == *key).map_or(0, |e| e.waiters.len())
+        shard.entries.find(hash, |e| e.key.is(key)).map_or(0, |e| e.waiters.len())
     }
 
     /// The allocated capacity of the store, in entries (to check that it shrinks).
@@ -227,10 +275,10 @@ impl MemoryBackend {
         let mut shard = self.shard_of(hash);
         let Shard { entries, tokens } = &mut *shard;
         let hasher = &self.inner.hasher;
-        match entries.entry(hash, |e| *e.key == *req.key, |e| hasher.hash_one(&*e.key)) {
+        match entries.entry(hash, |e| e.key.is(&req.key), |e| hasher.hash_one(e.key.as_str())) {
             TableEntry::Vacant(slot) => {
                 let (holder, grant) = Self::holder_for(tokens, req.owner, req.lease, None);
-                slot.insert(Entry { key: req.key.clone(), holder: Some(holder), waiters: Queue::default() });
+                slot.insert(Entry { key: Key::new(&req.key), holder: Some(holder), waiters: Queue::default() });
                 Ok(grant)
             }
             TableEntry::Occupied(mut slot) => {
@@ -260,7 +308,7 @@ impl MemoryBackend {
         let mut shard = self.shard_of(hash);
         let Shard { entries, tokens } = &mut *shard;
         // The entry still holds the key it was granted with, unless it was removed since.
-        let Ok(mut slot) = entries.find_entry(hash, |e| std::ptr::eq(&*e.key, key) || *e.key == *key) else {
+        let Ok(mut slot) = entries.find_entry(hash, |e| e.key.is(key)) else {
             return Err("it is no longer held (its lease ran out and nobody else took it yet)");
         };
         let entry = slot.get_mut();
@@ -286,7 +334,7 @@ impl MemoryBackend {
     fn reap(&self, key: &str, now: Instant) -> Option<Instant> {
         let (hash, mut shard) = self.shard(key);
         let Shard { entries, tokens } = &mut *shard;
-        let mut slot = entries.find_entry(hash, |e| *e.key == *key).ok()?;
+        let mut slot = entries.find_entry(hash, |e| e.key.is(key)).ok()?;
         let entry = slot.get_mut();
         if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
             entry.holder = None;
@@ -315,7 +363,7 @@ fn shrink(shard: &mut HashTable<Entry>, hasher: &DefaultHashBuilder) {
 #[cold]
 #[inline(never)]
 fn shrink_now(shard: &mut HashTable<Entry>, hasher: &DefaultHashBuilder) {
-    shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(&*e.key));
+    shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(e.key.as_str()));
 }
 
 /// One `lock()` call on the in-process store: owns its place in the queue while it waits.
@@ -343,7 +391,7 @@ impl MemoryAcquisition {
     fn enqueue(&mut self) -> bool {
         let (tx, rx) = oneshot::channel();
         let (hash, mut shard) = self.store.shard(&self.req.key);
-        let Some(entry) = shard.entries.find_mut(hash, |e| *e.key == *self.req.key) else { return false };
+        let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(&self.req.key)) else { return false };
         let Some(holder) = &entry.holder else { return false };
         self.expiry = holder.expires_at;
         let holder_changed = self.holder_changed.get_or_insert_with(Default::default).clone();
@@ -355,7 +403,7 @@ impl MemoryAcquisition {
     /// The lease end of the lock's current holder (`None`: none, or held without expiry).
     fn holder_expiry(&self) -> Option<Instant> {
         let (hash, shard) = self.store.shard(&self.req.key);
-        shard.entries.find(hash, |e| *e.key == *self.req.key).and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
+        shard.entries.find(hash, |e| e.key.is(&self.req.key)).and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
     }
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
@@ -403,7 +451,7 @@ impl Drop for MemoryAcquisition {
         let owner = self.req.owner;
         let (hash, mut shard) = self.store.shard(key);
         let Shard { entries, tokens } = &mut *shard;
-        let Ok(mut slot) = entries.find_entry(hash, |e| *e.key == *key) else { return };
+        let Ok(mut slot) = entries.find_entry(hash, |e| e.key.is(key)) else { return };
         let entry = slot.get_mut();
         let was_head = entry.waiters.front().is_some_and(|w| w.owner == owner);
         entry.waiters.retain(|w| w.owner != owner);
