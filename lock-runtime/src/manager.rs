@@ -257,11 +257,13 @@ impl LockManager {
     #[inline(always)]
     fn attempt_now(&self, plan: Plan) -> FastPath {
         if let Some(memory) = &self.inner.memory {
-            let Plan { req, wait, retry } = plan;
-            let lease = req.lease;
-            return match memory.try_acquire_owned(req) {
-                Ok((name, grant)) => FastPath::Done(Ok(self.guard(name, lease, grant, None))),
-                Err(req) => FastPath::Slow { plan: Plan { req, wait, retry }, busy: true },
+            return match memory.try_acquire_granted(&plan.req) {
+                Some(granted) => {
+                    let lease = plan.req.lease;
+                    let (name, grant) = memory.grant_taking(granted, plan.req);
+                    FastPath::Done(Ok(self.guard(name, lease, grant, None)))
+                }
+                None => FastPath::Slow { plan, busy: true },
             };
         }
         match self.inner.backend.try_acquire_now(&plan.req) {

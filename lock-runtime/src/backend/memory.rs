@@ -496,6 +496,12 @@ impl Acquisition for MemoryAcquisition {
     }
 }
 
+/// A lock taken by [`MemoryBackend::try_acquire_granted`], its held lock not built yet.
+pub(crate) struct Granted {
+    hash: u64,
+    handed: Handed,
+}
+
 /// A lock held in the in-process store.
 pub(crate) struct MemoryHeld {
     store: MemoryBackend,
@@ -539,15 +545,19 @@ impl MemoryHeld {
 }
 
 impl MemoryBackend {
-    /// [`LockBackend::try_acquire_now`] taking the request by value: a grant takes its key
-    /// (one reference count less than a clone) and gives back its name. `Err(req)` when held.
+    /// [`LockBackend::try_acquire_now`] for a caller that gives up the request once it is
+    /// granted ([`grant_taking`](Self::grant_taking)); `None` when the lock is held.
     #[inline(always)]
-    pub(crate) fn try_acquire_owned(&self, req: Acquire) -> Result<(Arc<str>, Grant), Acquire> {
+    pub(crate) fn try_acquire_granted(&self, req: &Acquire) -> Option<Granted> {
         let hash = self.inner.hasher.hash_one(&*req.key);
-        let handed = match self.attempt(&req, hash) {
-            Ok(handed) => handed,
-            Err(_) => return Err(req),
-        };
+        self.attempt(req, hash).ok().map(|handed| Granted { hash, handed })
+    }
+
+    /// The grant of [`try_acquire_granted`](Self::try_acquire_granted), taking the request's
+    /// key (one reference count less than a clone); gives back its name.
+    #[inline(always)]
+    pub(crate) fn grant_taking(&self, granted: Granted, req: Acquire) -> (Arc<str>, Grant) {
+        let Granted { hash, handed } = granted;
         let Acquire { name, key, .. } = req;
         let lock = MemoryHeld {
             hash,
@@ -556,7 +566,7 @@ impl MemoryBackend {
             key,
             token: handed.token,
         };
-        Ok((name, Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) }))
+        (name, Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) })
     }
 
     fn grant(&self, req: &Acquire, hash: u64, handed: Handed) -> Grant {
@@ -582,7 +592,7 @@ impl LockBackend for MemoryBackend {
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
-        // A manager built on this store calls `try_acquire_owned` instead (no key clone).
+        // A manager built on this store calls `try_acquire_granted` instead (no key clone).
         let hash = self.inner.hasher.hash_one(&*req.key);
         Some(Ok(match self.attempt(req, hash) {
             Ok(handed) => Attempt::Acquired(self.grant(req, hash, handed)),
