@@ -251,21 +251,11 @@ impl LockManager {
         Ok(Plan { req, wait, retry: options.retries() })
     }
 
-    /// The synchronous fast path of in-process backends: one attempt, no allocation for the
-    /// future or the lost signal. A grant of the built-in in-process store takes the request's
-    /// key; otherwise the plan is given back with whether the lock was found held.
+    /// The synchronous fast path of other in-process backends: one attempt, no allocation for
+    /// the future or the lost signal; without a verdict, the plan is given back with whether
+    /// the lock was found held. (The built-in store's is in [`LockFuture::poll`].)
     #[inline(always)]
     fn attempt_now(&self, plan: Plan) -> FastPath {
-        if let Some(memory) = &self.inner.memory {
-            return match memory.try_acquire_granted(&plan.req) {
-                Some(granted) => {
-                    let lease = plan.req.lease;
-                    let (name, grant) = memory.grant_taking(granted, plan.req);
-                    FastPath::Done(Ok(self.guard(name, lease, grant, None)))
-                }
-                None => FastPath::Slow { plan, busy: true },
-            };
-        }
         match self.inner.backend.try_acquire_now(&plan.req) {
             Some(Ok(Attempt::Acquired(grant))) => {
                 FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None)))
@@ -489,13 +479,27 @@ impl Future for LockFuture<'_> {
                 Ok(plan) => plan,
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            let (plan, busy) = match manager.attempt_now(plan) {
-                FastPath::Done(Ok(guard)) => {
-                    coop.made_progress();
-                    return Poll::Ready(Ok(guard));
+            let (plan, busy) = if let Some(memory) = &manager.inner.memory {
+                // The built-in in-process store: the guard is built right here, the plan moved
+                // only once granted.
+                match memory.try_acquire_granted(&plan.req) {
+                    Some(granted) => {
+                        coop.made_progress();
+                        let lease = plan.req.lease;
+                        let (name, grant) = memory.grant_taking(granted, plan.req);
+                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None)));
+                    }
+                    None => (plan, true),
                 }
-                FastPath::Done(Err(e)) => return Poll::Ready(Err(e)),
-                FastPath::Slow { plan, busy } => (plan, busy),
+            } else {
+                match manager.attempt_now(plan) {
+                    FastPath::Done(Ok(guard)) => {
+                        coop.made_progress();
+                        return Poll::Ready(Ok(guard));
+                    }
+                    FastPath::Done(Err(e)) => return Poll::Ready(Err(e)),
+                    FastPath::Slow { plan, busy } => (plan, busy),
+                }
             };
             let started = Instant::now();
             self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy)));
