@@ -283,7 +283,8 @@ impl LockManager {
         self.timed_guard(name, lease, Grant { fencing_token, granted_at, lock }, renewal, lost)
     }
 
-    /// [`guard`](Self::guard) of a time-bound lock: a fixed lease, or one the watchdog renews.
+    /// [`guard`](Self::guard) of a time-bound lock: a fixed lease (`renewal` is `None`), or one
+    /// the watchdog renews.
     #[inline(never)]
     fn timed_guard(
         &self,
@@ -295,27 +296,13 @@ impl LockManager {
     ) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
-        let time_bound = matches!(lease, Lease::Fixed(_)) || renewal.is_some();
-        let granted_at = || granted_at.unwrap_or_else(Instant::now);
-        let lost = match lost {
-            Some(lost) => lost,
-            None if time_bound => LostSignal::new(),
-            None => LostSignal::never(),
-        };
-        let bound = inner.bound;
-        let watchdog = match (lease, renewal) {
-            (Lease::Fixed(d), _) => {
-                lost.set_deadline(granted_at().checked_add(d));
-                None
-            }
-            (Lease::Renewed(d), Some(renewal)) => {
-                lost.set_deadline(granted_at().checked_add(d));
-                let renewed = watchdog::Renewed { renewal, name: name.clone(), bound };
-                Some(watchdog::spawn(renewed, d, lost.clone()))
-            }
-            (Lease::Renewed(_), None) => None,
-        };
-        LockGuard::new(name, fencing_token, lock, (bound, inner.kind), lost, watchdog)
+        let lost = lost.unwrap_or_default();
+        lost.set_deadline(granted_at.unwrap_or_else(Instant::now).checked_add(lease.duration()));
+        let watchdog = renewal.map(|renewal| {
+            let renewed = watchdog::Renewed { renewal, name: name.clone(), bound: inner.bound };
+            watchdog::spawn(renewed, lease.duration(), lost.clone())
+        });
+        LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, watchdog)
     }
 
     /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
@@ -325,7 +312,7 @@ impl LockManager {
     /// returns without a grant, dropping it cleans up.
     async fn acquire_slow(&self, plan: Plan, started: Instant, busy: bool) -> Result<LockGuard, LockError> {
         let backend = &*self.inner.backend;
-        let bound = backend.operation_timeout();
+        let bound = self.inner.bound;
         let lost = LostSignal::new();
         let mut acquisition = backend.begin(plan.req.clone(), lost.clone());
         let deadline = started.checked_add(plan.wait).unwrap_or(started);
@@ -366,13 +353,12 @@ impl LockManager {
     ) -> Result<T, LockError> {
         match crate::bounded::bounded(bound, fut).await {
             Some(result) => result,
-            None => Err(LockError::timed_out(&*plan.req.name, self.inner.backend.kind(), operation, bound)),
+            None => Err(LockError::timed_out(&*plan.req.name, self.inner.kind, operation, bound)),
         }
     }
 }
 
-/// A validated request: what the backend is asked for (with a lost signal that never fires,
-/// for the synchronous fast path) and the policy around it.
+/// A validated request: what the backend is asked for, and the policy around it.
 struct Plan {
     req: Acquire,
     wait: Duration,

@@ -331,8 +331,8 @@ impl MemoryBackend {
 
     /// Takes away the lock of a holder whose lease ran out, handing it on. Returns the next
     /// instant at which the (new) holder's lease runs out, if any.
-    fn reap(&self, key: &str, now: Instant) -> Option<Instant> {
-        let (hash, mut shard) = self.shard(key);
+    fn reap(&self, key: &str, hash: u64, now: Instant) -> Option<Instant> {
+        let mut shard = self.shard_of(hash);
         let Shard { entries, tokens } = &mut *shard;
         let mut slot = entries.find_entry(hash, |e| e.key.is(key)).ok()?;
         let entry = slot.get_mut();
@@ -377,8 +377,8 @@ struct MemoryAcquisition {
     expiry: Option<Instant>,
     /// Our place in the queue: the hand-off arrives here.
     queued: Option<oneshot::Receiver<Handed>>,
-    /// Poked when the holder we wait behind changes.
-    holder_changed: Option<Arc<Notify>>,
+    /// Poked when the holder we wait behind changes (shared with our entry in the queue).
+    holder_changed: Arc<Notify>,
 }
 
 impl MemoryAcquisition {
@@ -390,11 +390,11 @@ impl MemoryAcquisition {
     /// queue behind: attempt again).
     fn enqueue(&mut self) -> bool {
         let (tx, rx) = oneshot::channel();
-        let (hash, mut shard) = self.store.shard(&self.req.key);
-        let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(&self.req.key)) else { return false };
+        let mut shard = self.store.shard_of(self.hash);
+        let Some(entry) = shard.entries.find_mut(self.hash, |e| e.key.is(&self.req.key)) else { return false };
         let Some(holder) = &entry.holder else { return false };
         self.expiry = holder.expires_at;
-        let holder_changed = self.holder_changed.get_or_insert_with(Default::default).clone();
+        let holder_changed = self.holder_changed.clone();
         entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, grant: tx, holder_changed });
         self.queued = Some(rx);
         true
@@ -402,8 +402,12 @@ impl MemoryAcquisition {
 
     /// The lease end of the lock's current holder (`None`: none, or held without expiry).
     fn holder_expiry(&self) -> Option<Instant> {
-        let (hash, shard) = self.store.shard(&self.req.key);
-        shard.entries.find(hash, |e| e.key.is(&self.req.key)).and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
+        let shard = self.store.shard_of(self.hash);
+        shard
+            .entries
+            .find(self.hash, |e| e.key.is(&self.req.key))
+            .and_then(|e| e.holder.as_ref())
+            .and_then(|h| h.expires_at)
     }
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
@@ -413,7 +417,7 @@ impl MemoryAcquisition {
         loop {
             let wake_at = self.expiry.map_or(deadline, |e| e.min(deadline));
             let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
-            let holder_changed = self.holder_changed.clone().unwrap_or_default();
+            let holder_changed = &self.holder_changed;
             tokio::select! {
                 biased;
                 granted = queued => {
@@ -428,7 +432,7 @@ impl MemoryAcquisition {
                     let now = Instant::now();
                     if self.expiry.is_some_and(|e| now >= e) {
                         // The holder's lease ran out: take it away and hand it on (perhaps to us).
-                        self.expiry = self.store.reap(&self.req.key, now);
+                        self.expiry = self.store.reap(&self.req.key, self.hash, now);
                     }
                     if let Some(Ok(handed)) = self.queued.as_mut().map(|q| q.try_recv()) {
                         self.queued = None;
@@ -449,9 +453,9 @@ impl Drop for MemoryAcquisition {
         let now = Instant::now();
         let key = &*self.req.key;
         let owner = self.req.owner;
-        let (hash, mut shard) = self.store.shard(key);
+        let mut shard = self.store.shard_of(self.hash);
         let Shard { entries, tokens } = &mut *shard;
-        let Ok(mut slot) = entries.find_entry(hash, |e| e.key.is(key)) else { return };
+        let Ok(mut slot) = entries.find_entry(self.hash, |e| e.key.is(key)) else { return };
         let entry = slot.get_mut();
         let was_head = entry.waiters.front().is_some_and(|w| w.owner == owner);
         entry.waiters.retain(|w| w.owner != owner);
@@ -521,10 +525,7 @@ impl HeldLock for MemoryHeld {
 
     #[inline]
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
-        Some(match self.release_checked() {
-            Ok(()) => Ok(()),
-            Err(e) => Err(e),
-        })
+        Some(self.release_checked())
     }
 }
 
@@ -569,15 +570,9 @@ impl MemoryBackend {
         (name, Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) })
     }
 
+    /// The grant of a request that is kept (an acquisition's, or another caller's).
     fn grant(&self, req: &Acquire, hash: u64, handed: Handed) -> Grant {
-        let lock = MemoryHeld {
-            hash,
-            store: self.clone(),
-            name: if Arc::ptr_eq(&req.name, &req.key) { None } else { Some(req.name.clone()) },
-            key: req.key.clone(),
-            token: handed.token,
-        };
-        Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) }
+        self.grant_taking(Granted { hash, handed }, req.clone()).1
     }
 }
 
@@ -588,15 +583,15 @@ impl LockBackend for MemoryBackend {
 
     fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
         let hash = self.inner.hasher.hash_one(&*req.key);
-        Box::new(MemoryAcquisition { store: self.clone(), req, hash, expiry: None, queued: None, holder_changed: None })
+        let holder_changed = Arc::default();
+        Box::new(MemoryAcquisition { store: self.clone(), req, hash, expiry: None, queued: None, holder_changed })
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
         // A manager built on this store calls `try_acquire_granted` instead (no key clone).
-        let hash = self.inner.hasher.hash_one(&*req.key);
-        Some(Ok(match self.attempt(req, hash) {
-            Ok(handed) => Attempt::Acquired(self.grant(req, hash, handed)),
-            Err(_) => Attempt::Busy,
+        Some(Ok(match self.try_acquire_granted(req) {
+            Some(granted) => Attempt::Acquired(self.grant_taking(granted, req.clone()).1),
+            None => Attempt::Busy,
         }))
     }
 }
