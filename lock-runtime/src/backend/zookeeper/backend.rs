@@ -266,7 +266,7 @@ impl ZkAcquisition {
     ) -> Result<Grant, LockError> {
         if let (Lease::Fixed(lease), true) = (self.req.lease, waited) {
             if let Err(e) = record_grant(&session.client, &node.path, lease, self.patience()).await {
-                if matches!(e, ZkError::NoNode | ZkError::BadVersion) {
+                if matches!(e, ZkError::NoNode) {
                     self.state = State::Idle;
                     return Err(gone(
                         &self.req.name,
@@ -389,13 +389,16 @@ impl ZkAcquisition {
 }
 
 /// Records a waited holder's grant in its node (conditional on the node's first version, so it
-/// fails if a waiter judged the unrecorded node stale and deleted it). After a lost reply, the
-/// node's data tells whether the record was made.
+/// fails with `NoNode` if a waiter judged the unrecorded node stale and deleted it). After a
+/// lost reply, the node's data tells whether the record was made; and since waiters only ever
+/// delete a node, a retry refused with `BadVersion` means that our first write was applied
+/// (a follower that had not applied it yet answered the look).
 async fn record_grant(client: &Client, path: &str, lease: Duration, patience: Duration) -> Result<(), ZkError> {
     let data = LeaseRecord::granted(lease);
-    for _ in 0..3 {
+    for retry in 0..3 {
         match client.set_data(path, &data, Some(0)).await {
             Ok(_) => return Ok(()),
+            Err(ZkError::BadVersion) if retry > 0 => return Ok(()),
             Err(ZkError::ConnectionLoss) => {
                 wait_connected(client, patience).await?;
                 let (now, _) = client.get_data(path).await?;
@@ -543,11 +546,14 @@ impl Hold {
         };
         tokio::select! {
             deleted = self.watch_node() => {
-                if deleted && !self.released.load(Ordering::Acquire) {
+                if !deleted {
+                    // The session ended: its supervisor reports the loss to every lock still
+                    // registered through it, this one included, and forgets them.
+                    return;
+                }
+                if !self.released.load(Ordering::Acquire) {
                     self.lost.fire("its ZooKeeper node was deleted by someone else");
                 }
-                // Otherwise released by its owner, or the session ended (its supervisor reports
-                // that).
             }
             _ = lease_over => {
                 tracing::debug!(node = %self.path, "fixed lease over: deleting the lock node");
