@@ -591,8 +591,11 @@ async fn an_acquire_dropped_in_flight_leaves_no_lock_behind() {
 }
 
 /// Issue #3: the woken head of the local queue cancelled while its attempt is on the wire
-/// passes the wake-up on: the next local waiter gets the lock at once, not after a hand-off
-/// window or the cancelled request's lease.
+/// passes the wake-up on: the next local waiter attempts at once, not after a hand-off window
+/// or the holder's lease. The lock is taken again by another process before the cancelled
+/// attempt reaches the server, so nothing else (the undo of the cancelled attempt finds the
+/// lock someone else's) can wake the next waiter: W2 (one retry allowed) must make its second
+/// attempt, and give up contended, right away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_woken_waiter_cancelled_mid_attempt_passes_the_wake_up_on() {
     use lock_tests::redis_server::tcp_proxy::TcpProxy;
@@ -619,7 +622,7 @@ async fn a_woken_waiter_cancelled_mid_attempt_passes_the_wake_up_on() {
     }
     let m2 = m.clone();
     let w2 = tokio::spawn(async move {
-        let got = m2.lock(name).wait(Duration::from_secs(20)).await;
+        let got = m2.lock(name).wait(Duration::from_secs(20)).retry(1).await;
         (Instant::now(), got)
     });
     while store.local_waiters() < 2 {
@@ -632,13 +635,16 @@ async fn a_woken_waiter_cancelled_mid_attempt_passes_the_wake_up_on() {
     tokio::time::timeout(Duration::from_secs(10), proxy.await_held(1)).await.expect("W1 was woken and attempted");
     cancel.send(()).expect("W1 still waiting");
     assert!(w1.await.expect("W1 task").is_none(), "W1 got an answer through a holding proxy");
+    let again = holder.lock(name).lease(Duration::from_secs(30)).wait(Duration::ZERO).await.expect("taken again");
     let released = Instant::now();
     proxy.release();
-    let (acquired, got) = w2.await.expect("W2 task");
-    let guard = got.expect("W2 acquired");
-    let took = acquired.duration_since(released);
-    assert!(took < Duration::from_secs(1), "W2 got the lock {took:?} after W1 was cancelled");
-    guard.release().await.expect("release");
+    let (answered, got) = w2.await.expect("W2 task");
+    let err = got.expect_err("W2 cannot have the lock: another process holds it");
+    assert!(err.is_contended(), "{err}");
+    assert!(err.to_string().contains("2 attempt"), "W2 was never woken to attempt again: {err}");
+    let took = answered.duration_since(released);
+    assert!(took < Duration::from_secs(1), "W2 attempted {took:?} after W1 was cancelled");
+    again.release().await.expect("release");
     let mut conn = raw(&server).await;
     assert!(!key_exists(&mut conn, name).await, "a lock key was left behind");
 }

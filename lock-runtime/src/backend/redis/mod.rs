@@ -71,7 +71,9 @@
 //!   answered within the command timeout (a connection that died silently), or a dropped
 //!   connection (a server restart, `CLIENT KILL TYPE pubsub`), makes it reconnect, resubscribe,
 //!   and the heads look at the lock again (a failed look is retried with backoff while their
-//!   `wait` lasts, so a task waiting across a server restart still gets the lock).
+//!   `wait` lasts, so a waiter that is not woken during a server restart looks again once the
+//!   server is back; an attempt that fails, by contrast, ends the `lock()` call with its
+//!   [`is_backend`](crate::LockError::is_backend) error).
 //! - **Leases.** A holder that crashed publishes nothing, so the head also wakes when the
 //!   holder's remaining lease runs out: a lost notification never strands a waiter beyond that
 //!   lease.
