@@ -86,6 +86,9 @@ struct KeyState {
     /// The owner id of the last release observed (a local release and its message are one).
     last_release: Option<Box<str>>,
     idle_since: Option<Instant>,
+    /// Whether the key is in the state's `idle` list (once at most, however often its queue
+    /// empties: steady contention does not grow the list).
+    in_idle: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -121,6 +124,7 @@ impl KeyState {
             unclaimed: 0,
             last_release: None,
             idle_since: None,
+            in_idle: false,
         }
     }
 
@@ -400,8 +404,10 @@ impl Slot {
         }
         if ks.queue.is_empty() {
             ks.idle_since = Some(now);
-            st.idle.push_back((self.channel.clone(), now));
-            let _ = self.poke.send(());
+            if !std::mem::replace(&mut ks.in_idle, true) {
+                st.idle.push_back((self.channel.clone(), now));
+                let _ = self.poke.send(());
+            }
         }
     }
 }
@@ -581,9 +587,21 @@ fn next_op(
             return (None, Some(due));
         }
         st.idle.pop_front();
-        let Some(ks) = st.keys.get(&channel) else { continue };
-        if !ks.queue.is_empty() || ks.idle_since != Some(since) {
-            continue;
+        let Some(ks) = st.keys.get_mut(&channel) else { continue };
+        match ks.idle_since {
+            _ if !ks.queue.is_empty() => {
+                ks.in_idle = false; // waited on again: listed anew once its queue empties
+                continue;
+            }
+            Some(latest) if latest != since => {
+                st.idle.push_back((channel, latest)); // idle again since: due later
+                continue;
+            }
+            None => {
+                ks.in_idle = false;
+                continue;
+            }
+            Some(_) => {}
         }
         let sub = ks.sub;
         st.keys.remove(&channel);
@@ -681,6 +699,19 @@ mod tests {
         head.busy(Instant::now(), 30_000);
         assert!(matches!(head.step(), Step::Sleep(..)));
         head
+    }
+
+    /// A queue that empties again and again (steady contention between two tasks) is listed
+    /// for unsubscription once, not once per hand-off.
+    #[test]
+    fn a_queue_emptied_again_and_again_is_listed_idle_once() {
+        let (w, _rx) = waiters();
+        for _ in 0..1000 {
+            drop(queued(&w));
+        }
+        let st = lock(&w.state);
+        assert_eq!(st.idle.len(), 1, "one idle listing per key");
+        assert!(st.keys.get(CHANNEL).is_some_and(|ks| ks.in_idle && ks.queue.is_empty()));
     }
 
     #[test]
