@@ -3,6 +3,7 @@
 
 pub use lock_runtime::{conformance, conformance_suite};
 pub mod http;
+pub mod jepsen;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod zk_server;
