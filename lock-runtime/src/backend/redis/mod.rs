@@ -28,11 +28,15 @@
 //!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see *Waiting*). Extend
 //!   and release act only when the key still holds the caller's owner id; otherwise the caller
 //!   learns that the lock was lost ([`LockError::is_lost`](crate::LockError::is_lost)).
-//! - **Fencing tokens** are minted by the acquire script itself (an `INCR` in the same call:
-//!   no extra round trip). There is one counter per Redis Cluster hash slot (see
-//!   [`KeyLayout`]), so tokens strictly increase per name for the life of the dataset, and the
-//!   keys left behind stay bounded (at most 16,384 counters, however many names were ever
-//!   locked).
+//! - **Fencing tokens** are minted by the acquire script itself (no extra round trip): one
+//!   above the counter of the lock's Redis Cluster hash slot (see [`KeyLayout`]), and never
+//!   below the server's clock (`TIME`) in microseconds. Tokens therefore strictly increase per
+//!   name, and keep doing so when the counter is lost with the data (a restart without
+//!   persistence, `FLUSHALL`, eviction, a failover to a replica that had not received it): the
+//!   first token afterwards is above every earlier one, so a fenced store refuses the stale
+//!   holder and accepts the new one. What remains: data loss *and* a server clock set back
+//!   past the earlier tokens together can repeat a token. The keys left behind stay bounded
+//!   (at most 16,384 counters, however many names were ever locked).
 //! - **Key layout** puts a lock's key, channel and counter in one hash slot, ready for Redis
 //!   Cluster: see [`KeyLayout`].
 //! - **Acquisitions own their state.** Each `lock()` call is one acquisition object that owns
@@ -95,14 +99,15 @@
 //! # Running Redis for locks
 //!
 //! - Use a `maxmemory-policy` of `noeviction` (the default) or a `volatile-*` one: evicting a
-//!   held lock's key would hand the lock to a second owner, and evicting a fencing counter
-//!   (which has no expiry, so `volatile-*` policies never pick it) would let tokens repeat.
+//!   held lock's key would hand the lock to a second owner (the counters have no expiry, so
+//!   `volatile-*` policies never pick them; were one evicted, tokens would still increase).
 //! - With replicas, a failover can lose the last writes: a lock granted just before it may be
-//!   granted again, and a token may repeat. Check fencing tokens downstream where that matters.
+//!   granted again while its first holder still believes it holds. Tokens still increase (see
+//!   above): check them downstream where that matters. See GUARANTEES.md in the repository.
 //!
 //! # Cost
 //!
-//! An uncontended lock/release cycle is two script calls: acquire (`SET NX PX` + `INCR`) and
+//! An uncontended lock/release cycle is two script calls: acquire (`SET NX PX` + `TIME` and the counter) and
 //! release (`GET` + `DEL`), four server commands, nothing published. Under contention, when
 //! the competing tasks share one process, an acquisition costs the same two calls (a new
 //! request queues behind the local waiters without an attempt, and a release wakes the head
