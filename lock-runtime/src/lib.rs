@@ -45,6 +45,7 @@
 
 pub mod backend;
 mod bounded;
+mod clock;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;

@@ -67,11 +67,10 @@
 //!
 //! # Time
 //!
-//! The runtime measures fixed leases (`lease = ..`) on the system clock, which tokio's paused
-//! clock does not move: under a paused clock a fixed lease does not run out on its own (a wait
-//! behind one ends only when the real lease has passed). To test a lease running out, take the
-//! lock away with [`lose`](TestBackend::lose) instead; the watchdog lease (no `lease`) of the
-//! in-process store needs nothing of the clock.
+//! The runtime measures waits, deadlines and leases on tokio's clock, so under a paused clock
+//! (`#[tokio::test(start_paused = true)]`, tokio's `test-util` feature) they all run on virtual
+//! time: a `wait` that runs out, and a fixed lease (`lease = ..`) that ends, take no real time.
+//! [`lose`](TestBackend::lose) takes a lock away at an exact point of the test instead.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -498,8 +497,7 @@ impl LockBackend for TestBackend {
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
         let name = req.name.clone();
         let inner = self.shared.inner.begin(req, lost.clone());
-        let began = (Instant::now(), tokio::time::Instant::now());
-        Box::new(TestAcquisition { shared: self.shared.clone(), name, lost, inner, began })
+        Box::new(TestAcquisition { shared: self.shared.clone(), name, lost, inner })
     }
 
     // No `try_acquire_now`: every acquisition goes through `begin`, so that its guard has a
@@ -516,10 +514,6 @@ struct TestAcquisition {
     name: Arc<str>,
     lost: LostSignal,
     inner: Box<dyn Acquisition>,
-    /// When it began, on the system clock and on tokio's: deadlines are measured on tokio's
-    /// clock from here (the runtime gives them on the system clock, which a paused tokio clock
-    /// does not move).
-    began: (Instant, tokio::time::Instant),
 }
 
 impl TestAcquisition {
@@ -536,9 +530,8 @@ impl TestAcquisition {
     }
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        let (began, began_tokio) = self.began;
-        let due = began_tokio + deadline.saturating_duration_since(began);
-        let timer = tokio::time::sleep_until(due);
+        // The runtime's deadlines are on tokio's clock (a paused one in tests).
+        let timer = tokio::time::sleep_until(deadline.into());
         tokio::pin!(timer);
         let _waiting = Waiting::new(&self.shared, &self.name);
         // Subscribed before the name is looked at: a change after the look is not missed.
@@ -557,9 +550,6 @@ impl TestAcquisition {
             }
             return Ok(Wake::Retry); // let go: the runtime attempts again
         }
-        // The wrapped backend's own timer must not go off before ours (under a paused tokio
-        // clock, tokio's clock runs ahead of the system's): ours ends the wait, first.
-        let inner_deadline = deadline.max(due.into_std());
         let shared = &self.shared;
         let name = &self.name;
         let held_again = async {
@@ -573,7 +563,7 @@ impl TestAcquisition {
         tokio::select! {
             biased;
             () = &mut timer => Ok(Wake::TimedOut),
-            woke = self.inner.wait(inner_deadline) => Ok(match woke? {
+            woke = self.inner.wait(deadline) => Ok(match woke? {
                 Wake::Acquired(grant) => Wake::Acquired(shared.granted(name, &self.lost, grant)),
                 other => other,
             }),

@@ -401,7 +401,7 @@ impl RedisAcquisition {
             },
         };
         let lease = self.req.lease.duration();
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation.key(&self.layout.lock).key(&self.layout.fence).arg(&*self.owner).arg(lease_millis(lease));
         self.in_flight = true;
@@ -439,7 +439,7 @@ impl RedisAcquisition {
         // while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
         let mut failed: Option<(LockError, Instant, Duration)> = None;
         loop {
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 return match failed {
                     Some((e, ..)) => Err(e),
                     None => Ok(Wake::TimedOut),
@@ -448,12 +448,12 @@ impl RedisAcquisition {
             let (notify, until) = match slot.step() {
                 Step::Attempt => return Ok(Wake::Retry),
                 Step::Check => match &failed {
-                    Some((_, again, _)) if Instant::now() < *again => {
+                    Some((_, again, _)) if crate::clock::now() < *again => {
                         slot.look_failed();
                         (None, Some(*again))
                     }
                     _ => {
-                        let sent = Instant::now();
+                        let sent = crate::clock::now();
                         let mut invocation = WATCH.prepare_invoke();
                         invocation.key(&self.layout.lock);
                         let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
@@ -475,7 +475,7 @@ impl RedisAcquisition {
                                 let backoff =
                                     failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
                                 tracing::debug!(lock = %self.req.name, error = %e, "look at the lock failed; again in {backoff:?}");
-                                let again = Instant::now().checked_add(backoff).unwrap_or(deadline);
+                                let again = crate::clock::now().checked_add(backoff).unwrap_or(deadline);
                                 failed = Some((e, again, backoff));
                             }
                         }
