@@ -3,3 +3,5 @@
 
 pub mod checker;
 pub mod history;
+#[cfg(feature = "redis")]
+pub mod witness;
