@@ -67,8 +67,8 @@ pub struct Overlap {
     /// `pause`, `server-restart`, `partition`, `delay`, `session-expiry`, `client-kill`, another
     /// fault kind, or `unexplained`.
     pub class: String,
-    /// Whether the holder's `lost()` fired at all for this holding (later than the next grant).
-    pub holder_lost_fired: bool,
+    /// How the holder's holding ended (`Lost`: its `lost()` fired, after the next grant).
+    pub holder_end: HoldingEnd,
 }
 
 /// Totals of a run.
@@ -142,11 +142,13 @@ impl Report {
         &self.overlaps
     }
 
-    /// Classes of overlaps whose holder's `lost()` never fired for that holding (it released or
-    /// exited as if it still held): the lost signal failed, not just came late.
+    /// Classes of overlaps whose holder's `lost()` never fired for that holding although the
+    /// holder ran on (it released, exited or acquired again as if it had held throughout): the
+    /// lost signal did not just come late, it never came. Informational: not a violation.
     pub fn silent_overlap_classes(&self) -> Vec<String> {
-        let set: BTreeSet<String> =
-            self.overlaps.iter().filter(|o| !o.holder_lost_fired).map(|o| o.class.clone()).collect();
+        let silent =
+            |o: &&Overlap| matches!(o.holder_end, HoldingEnd::Release | HoldingEnd::Exit | HoldingEnd::NextAcquire);
+        let set: BTreeSet<String> = self.overlaps.iter().filter(silent).map(|o| o.class.clone()).collect();
         set.into_iter().collect()
     }
 
@@ -222,6 +224,10 @@ impl fmt::Display for Report {
             opt(self.longest_quiet_stranded_us)
         )?;
         writeln!(f, "overlaps: {}", list(self.overlap_classes()))?;
+        let silent = self.silent_overlap_classes();
+        if !silent.is_empty() {
+            writeln!(f, "overlaps whose holder ran on without lost(): {}", silent.join(", "))?;
+        }
         if !self.fencing_broken_under.is_empty() {
             writeln!(f, "fencing broken under: {}", self.fencing_broken_under().join(", "))?;
         }
@@ -255,24 +261,30 @@ impl FaultSpan {
 
 /// How a holding ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
+pub enum HoldingEnd {
+    /// The holder's `release` record.
     Release,
+    /// The holder's `lost` record.
     Lost,
+    /// A `fault kill <holder> start`.
     Kill,
+    /// The holder's `exit`.
     Exit,
+    /// The holder's next `acquire` (or `granted`) of the name: it dropped the guard unrecorded.
     NextAcquire,
+    /// Still held at the end of the history.
     History,
 }
 
-impl End {
+impl HoldingEnd {
     fn describe(self) -> &'static str {
         match self {
-            End::Release => "release",
-            End::Lost => "lost",
-            End::Kill => "kill",
-            End::Exit => "exit",
-            End::NextAcquire => "its next acquisition",
-            End::History => "the end of the history (never released)",
+            HoldingEnd::Release => "release",
+            HoldingEnd::Lost => "lost",
+            HoldingEnd::Kill => "kill",
+            HoldingEnd::Exit => "exit",
+            HoldingEnd::NextAcquire => "its next acquisition",
+            HoldingEnd::History => "the end of the history (never released)",
         }
     }
 }
@@ -287,7 +299,7 @@ struct Grant {
     acquire_pos: usize,
     end_t: u64,
     end_pos: usize,
-    end: End,
+    end: HoldingEnd,
 }
 
 #[derive(Debug, Clone)]
@@ -337,7 +349,7 @@ impl<'r> Run<'r> {
             let close = |grants: &mut Vec<Grant>,
                          open: &mut HashMap<(String, String), usize>,
                          key: &(String, String),
-                         end: End| {
+                         end: HoldingEnd| {
                 if let Some(i) = open.remove(key) {
                     let g: &mut Grant = &mut grants[i];
                     (g.end_t, g.end_pos, g.end) = (t, pos, end);
@@ -346,7 +358,7 @@ impl<'r> Run<'r> {
             match &r.event {
                 Event::Acquire { name, wait_ms } => {
                     let key = (r.actor.clone(), name.clone());
-                    close(&mut run.grants, &mut open_grants, &key, End::NextAcquire);
+                    close(&mut run.grants, &mut open_grants, &key, HoldingEnd::NextAcquire);
                     run.acquisitions.push(Acquisition {
                         actor: r.actor.clone(),
                         name: name.clone(),
@@ -359,7 +371,7 @@ impl<'r> Run<'r> {
                 }
                 Event::Granted { name, token } => {
                     let key = (r.actor.clone(), name.clone());
-                    close(&mut run.grants, &mut open_grants, &key, End::NextAcquire);
+                    close(&mut run.grants, &mut open_grants, &key, HoldingEnd::NextAcquire);
                     let acquire_pos = match open_acquisitions.remove(&key) {
                         Some(i) => {
                             run.acquisitions[i].result = Some((t, pos, true));
@@ -376,7 +388,7 @@ impl<'r> Run<'r> {
                         acquire_pos,
                         end_t: u64::MAX,
                         end_pos: usize::MAX,
-                        end: End::History,
+                        end: HoldingEnd::History,
                     });
                     open_grants.insert(key, run.grants.len() - 1);
                 }
@@ -392,13 +404,18 @@ impl<'r> Run<'r> {
                     }
                     let key = (r.actor.clone(), name.clone());
                     if open_grants.get(&key).is_some_and(|&i| run.grants[i].token == *token) {
-                        close(&mut run.grants, &mut open_grants, &key, if lost { End::Lost } else { End::Release });
+                        close(
+                            &mut run.grants,
+                            &mut open_grants,
+                            &key,
+                            if lost { HoldingEnd::Lost } else { HoldingEnd::Release },
+                        );
                     }
                 }
                 Event::Exit { .. } => {
                     let keys: Vec<_> = open_grants.keys().filter(|(a, _)| *a == r.actor).cloned().collect();
                     for key in keys {
-                        close(&mut run.grants, &mut open_grants, &key, End::Exit);
+                        close(&mut run.grants, &mut open_grants, &key, HoldingEnd::Exit);
                     }
                 }
                 Event::Fault { kind, target, start } => {
@@ -412,7 +429,7 @@ impl<'r> Run<'r> {
                             run.killed.insert(target.clone());
                             let keys: Vec<_> = open_grants.keys().filter(|(a, _)| a == target).cloned().collect();
                             for key in keys {
-                                close(&mut run.grants, &mut open_grants, &key, End::Kill);
+                                close(&mut run.grants, &mut open_grants, &key, HoldingEnd::Kill);
                             }
                         }
                     } else if let Some(open) = open_faults.get_mut(&key) {
@@ -587,10 +604,10 @@ fn check_overlaps_and_margins(run: &Run<'_>, report: &mut Report) {
                     next_token: b.token,
                     next_granted_us: b.t,
                     class,
-                    holder_lost_fired: a.end == End::Lost,
+                    holder_end: a.end,
                 };
                 if overlap.class == "unexplained" {
-                    let until = if a.end == End::History {
+                    let until = if a.end == HoldingEnd::History {
                         "the end of the history (never released)".to_string()
                     } else {
                         format!("t={} ({}, {} after the second grant)", a.end_t, a.end.describe(), ms(a.end_t - b.t))
@@ -603,7 +620,7 @@ fn check_overlaps_and_margins(run: &Run<'_>, report: &mut Report) {
                 }
                 report.overlaps.push(overlap);
             }
-            if a.end == End::Lost {
+            if a.end == HoldingEnd::Lost {
                 if let Some(next) = grants.get(i + 1) {
                     report.lost_margins_us.push(next.t as i64 - a.end_t as i64);
                 }
@@ -715,7 +732,7 @@ fn check_stranded(run: &Run<'_>, bound: Duration, report: &mut Report) {
         let unanswered: Vec<&Acquisition> = waits.iter().copied().filter(|w| w.result.is_none()).collect();
         let longest_call = waits.iter().filter_map(|w| w.result.map(|(t, _, _)| t - w.t)).max().unwrap_or(0);
         for (i, a) in grants.iter().enumerate() {
-            if !matches!(a.end, End::Release | End::Lost | End::Kill) {
+            if !matches!(a.end, HoldingEnd::Release | HoldingEnd::Lost | HoldingEnd::Kill) {
                 continue;
             }
             let (e, e_pos) = (a.end_t, a.end_pos);
@@ -987,7 +1004,7 @@ mod tests {
         let report = run_with(&late, &[("a", &[(2, 1)])]);
         assert_clean(&report);
         assert_eq!(report.overlaps().len(), 1);
-        assert!(report.overlaps()[0].holder_lost_fired);
+        assert_eq!(report.overlaps()[0].holder_end, HoldingEnd::Lost);
         assert!(report.silent_overlap_classes().is_empty());
         assert_eq!(report.lost_margin().unwrap().min_ms, -0.4);
     }
