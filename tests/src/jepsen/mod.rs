@@ -2,6 +2,7 @@
 //! a fenced witness store while a nemesis injects faults; a checker reads the history afterwards.
 
 pub mod checker;
+pub mod guarantees;
 pub mod history;
 #[cfg(feature = "redis")]
 pub mod witness;
