@@ -13,7 +13,9 @@
 //!   `acquire` or `granted` of the name (it let go of the guard without a record), its `exit`, or
 //!   the end of the history.
 //! - **Overlaps.** A grant of the name inside another holder's interval is an overlap, classified
-//!   by the fault that explains it (see [`classify`]); `unexplained` ones are violations.
+//!   by the fault that explains it (see [`classify`]); `unexplained` ones are violations. When
+//!   the later grant record has the lower token, it is taken as granted first and logged late,
+//!   and a fault on its own process can explain that.
 //! - **Lost-signal margin.** For every holding that ended with `lost`: the next grant of the name
 //!   (after the holder's grant) minus the `lost` time. Signed: negative when the next holder was
 //!   granted before the signal fired (that grant is also an overlap).
@@ -23,7 +25,8 @@
 //!   unless its actor was paused or killed in between.
 //! - **Stranded waits.** When a holding ends (release, lost, kill) while the lock is otherwise free
 //!   and another actor is waiting, the wait until the next grant (or until the waiter gives up) is
-//!   measured; outside fault windows it must stay within the hand-off bound.
+//!   measured; outside fault windows it must stay within the hand-off bound. A waiter killed (or
+//!   exited) stops waiting there.
 //! - **Exit.** Every worker that was not killed ends with `exit 0`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -311,6 +314,8 @@ struct Acquisition {
     wait_ms: u64,
     /// `(t, pos, granted)` of its result.
     result: Option<(u64, usize, bool)>,
+    /// `(t, pos)` of its actor's kill or exit, when that came first.
+    abandoned: Option<(u64, usize)>,
 }
 
 /// The parsed-out structure of a history, in time order.
@@ -366,6 +371,7 @@ impl<'r> Run<'r> {
                         pos,
                         wait_ms: *wait_ms,
                         result: None,
+                        abandoned: None,
                     });
                     open_acquisitions.insert(key, run.acquisitions.len() - 1);
                 }
@@ -417,6 +423,12 @@ impl<'r> Run<'r> {
                     for key in keys {
                         close(&mut run.grants, &mut open_grants, &key, HoldingEnd::Exit);
                     }
+                    open_acquisitions.retain(|(a, _), &mut i| {
+                        if *a == r.actor {
+                            run.acquisitions[i].abandoned = Some((t, pos));
+                        }
+                        *a != r.actor
+                    });
                 }
                 Event::Fault { kind, target, start } => {
                     let key = (kind.clone(), target.clone());
@@ -431,6 +443,12 @@ impl<'r> Run<'r> {
                             for key in keys {
                                 close(&mut run.grants, &mut open_grants, &key, HoldingEnd::Kill);
                             }
+                            open_acquisitions.retain(|(a, _), &mut i| {
+                                if a == target {
+                                    run.acquisitions[i].abandoned = Some((t, pos));
+                                }
+                                a != target
+                            });
                         }
                     } else if let Some(open) = open_faults.get_mut(&key) {
                         if !open.is_empty() {
@@ -594,7 +612,13 @@ fn check_overlaps_and_margins(run: &Run<'_>, report: &mut Report) {
                 if b.pos >= a.end_pos {
                     break;
                 }
-                let class = classify(run, &a.actor, a.t, b.t);
+                let mut class = classify(run, &a.actor, a.t, b.t);
+                if class == "unexplained" && b.token < a.token {
+                    // The later record has the lower token: b was granted first and its record came
+                    // late, which a fault on b's own process (a pause before it logged) explains.
+                    let acquired = run.sorted.get(b.acquire_pos).map_or(b.t, |r| r.t_us);
+                    class = classify(run, &b.actor, acquired, b.t);
+                }
                 let overlap = Overlap {
                     name: name.to_string(),
                     holder: a.actor.clone(),
@@ -752,9 +776,9 @@ fn check_stranded(run: &Run<'_>, bound: Duration, report: &mut Report) {
             let candidates = waits[from..to.max(from)].iter().chain(unanswered.iter().filter(|w| w.pos < e_pos));
             let mut longest: Option<(u64, &Acquisition)> = None;
             for &w in candidates.filter(|w| w.actor != a.actor) {
-                let failed_at = match w.result {
-                    Some((_, p, _)) if p < e_pos => continue, // not pending at e
-                    Some((t, _, false)) => Some(t),
+                let failed_at = match (w.result, w.abandoned) {
+                    (Some((_, p, _)), _) | (None, Some((_, p))) if p < e_pos => continue, // not pending at e
+                    (Some((t, _, false)), _) | (None, Some((t, _))) => Some(t),
                     _ => None,
                 };
                 let end = match (next, failed_at) {
@@ -777,7 +801,7 @@ fn check_stranded(run: &Run<'_>, bound: Duration, report: &mut Report) {
             if stranded > bound_us {
                 let ended = match next {
                     Some(g) if g.t == end => format!("next grant: {} at t={}", g.actor, g.t),
-                    _ => format!("{} gave up at t={end}", w.actor),
+                    _ => format!("{} stopped waiting at t={end}", w.actor),
                 };
                 report.violations.push(format!(
                     "{name}: stranded wait of {}: {} ended its holding of token {} at t={e} ({}) while {} was \
@@ -1108,7 +1132,7 @@ mod tests {
             102100 w2 failed a contended
             900000 w1 exit 0
             900000 w2 exit 0";
-        assert_violation(&run(history), "w2 gave up at t=102100");
+        assert_violation(&run(history), "w2 stopped waiting at t=102100");
     }
 
     #[test]
@@ -1134,6 +1158,46 @@ mod tests {
         let report = run(history);
         assert_clean(&report);
         assert!(report.overlaps().is_empty());
+    }
+
+    #[test]
+    fn a_grant_logged_late_by_a_paused_worker_is_explained_by_its_pause() {
+        // w1 is granted token 1 and paused before it logs; its lease runs out, w2 takes token 2,
+        // releases; w1 resumes and logs its (old) grant.
+        let history = "\
+            1000 w1 acquire a 1000
+            1500 nemesis fault pause w1 start
+            3000 w2 acquire a 1000
+            4000 w2 granted a 2
+            4500 nemesis fault pause w1 end
+            4600 w1 granted a 1
+            4700 w1 lost a 1
+            5000 w2 release a 2
+            9000 w1 exit 0
+            9000 w2 exit 0";
+        let report = run(history);
+        assert_clean(&report);
+        assert_eq!(report.overlap_classes(), vec![("pause".to_string(), 1)]);
+        // Without the pause nothing explains it.
+        let report = run(&history.replace("pause w1", "pause w3"));
+        assert_violation(&report, "w1 was granted token 1 at t=4600 while w2 still held token 2");
+    }
+
+    #[test]
+    fn a_killed_waiter_is_not_stranded() {
+        let history = "\
+            1000 w1 acquire a 1000
+            2000 w1 granted a 1
+            2100 w2 acquire a 1000
+            2200 nemesis fault kill w2 start
+            2300 w1 release a 1
+            500000 w1 acquire a 1000
+            500100 w1 granted a 2
+            500200 w1 release a 2
+            900000 w1 exit 0";
+        let report = run(history);
+        assert_clean(&report);
+        assert_eq!(report.longest_stranded_wait(), (None, None));
     }
 
     #[test]
