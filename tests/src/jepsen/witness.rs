@@ -3,6 +3,7 @@
 //! that name, and logs every accepted write. The workers read-modify-write through it under their
 //! lock's token; the checker reads the logs afterwards (no accepted write may be lost).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::LazyLock;
@@ -95,6 +96,20 @@ impl Witness {
             })
             .collect()
     }
+
+    /// Every name's log (what the checker takes): all names the witness saw a write for.
+    pub async fn all_logs(&self) -> Result<BTreeMap<String, Vec<(u64, u64)>>, String> {
+        let mut conn = self.conn.clone();
+        // The witness server is the test's own: KEYS over its few keys is fine.
+        let keys: Vec<String> =
+            bounded("keys", redis::cmd("KEYS").arg("witness:{*}:log").query_async(&mut conn)).await?;
+        let mut logs = BTreeMap::new();
+        for key in keys {
+            let Some(name) = key.strip_prefix("witness:{").and_then(|k| k.strip_suffix("}:log")) else { continue };
+            logs.insert(name.to_string(), self.log(name).await?);
+        }
+        Ok(logs)
+    }
 }
 
 #[cfg(test)]
@@ -130,6 +145,9 @@ mod tests {
         assert_eq!(clone.write("m", 1, 1).await, WriteOutcome::Accepted);
         assert_eq!(clone.log("m").await.unwrap(), vec![(1, 1)]);
         assert_eq!(witness.log("never").await.unwrap(), vec![]);
+        let all = witness.all_logs().await.unwrap();
+        assert_eq!(all.keys().collect::<Vec<_>>(), ["m", "n"]);
+        assert_eq!(all["m"], vec![(1, 1)]);
     }
 
     #[tokio::test]
@@ -140,6 +158,7 @@ mod tests {
         assert_eq!(witness.read("n", 1).await, ReadOutcome::Error);
         assert_eq!(witness.write("n", 1, 1).await, WriteOutcome::Error);
         assert!(witness.log("n").await.is_err());
+        assert!(witness.all_logs().await.is_err());
         assert!(Witness::connect(&server.url()).await.is_err());
     }
 }
