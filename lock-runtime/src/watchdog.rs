@@ -46,7 +46,7 @@ async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
                 return;
             }
             Ok(Ok(())) => {
-                lost.set_deadline(sent.checked_add(lease));
+                lost.set_deadline(crate::clock::trusted_until(sent, lease));
                 next = sent + period;
             }
             Ok(Err(e)) if e.is_lost() => {

@@ -787,3 +787,28 @@ async fn fencing_tokens_stay_above_every_earlier_token_across_data_loss() {
         drop(stale);
     }
 }
+
+/// A holder is told its fixed lease ended (`lost()`) before the server lets anyone else in:
+/// when `lost()` completes, the key is still there. (Counted from when the acquire was sent,
+/// minus an allowance for clock drift and timers that fire a tick late: 12 ms of a 1 s lease.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_before_the_servers_lease_ends() {
+    let server = RedisServer::start();
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    let mut rounds = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let (m, mut conn) = (m.clone(), raw(&server).await);
+        rounds.spawn(async move {
+            let name = format!("told-first:{i}");
+            let guard = m.lock(&name).lease(Duration::from_secs(1)).await.expect("lock");
+            guard.lost().await;
+            let key = KeyLayout::of(&name).lock;
+            let pttl: i64 = redis::cmd("PTTL").arg(key).query_async(&mut conn).await.expect("PTTL");
+            (i, pttl)
+        });
+    }
+    while let Some(round) = rounds.join_next().await {
+        let (i, pttl) = round.expect("round");
+        assert!(pttl >= 0, "{i}: lost() fired after the key expired (PTTL {pttl})");
+    }
+}
