@@ -1,4 +1,8 @@
 //! A Jepsen-style fault suite: worker processes lock a name and read-modify-write a counter in
 //! a fenced witness store while a nemesis injects faults; a checker reads the history afterwards.
 
+pub mod checker;
+pub mod guarantees;
 pub mod history;
+#[cfg(feature = "redis")]
+pub mod witness;
