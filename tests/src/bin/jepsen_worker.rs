@@ -241,7 +241,8 @@ async fn main() {
         };
         let token = guard.fencing_token();
         log(actor, Event::Granted { name: name.clone(), token });
-        let hold = Duration::from_millis(1 + rng.below(10));
+        // Mostly short holds; one in eight long enough for a fault to catch the holder.
+        let hold = Duration::from_millis(if rng.below(8) == 0 { 50 + rng.below(150) } else { 1 + rng.below(10) });
         let work = async {
             let read = witness.read(name, token).await;
             log(actor, Event::Read { name: name.clone(), token, outcome: read });

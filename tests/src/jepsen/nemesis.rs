@@ -643,11 +643,27 @@ impl Nemesis {
 
     /// Runs one fault to its end.
     pub async fn inject(&self, fault: Fault) {
+        if let Some(target) = self.target(fault).await {
+            self.inject_at(fault, &target).await;
+        }
+    }
+
+    /// The target of `fault`: `server`, or a worker (preferably one holding a lock), marked busy
+    /// until the fault ends; `None` if no worker is available.
+    pub async fn target(&self, fault: Fault) -> Option<String> {
+        match fault {
+            Fault::ServerRestart | Fault::ClientKillNormal | Fault::ClientKillPubsub => Some("server".to_owned()),
+            Fault::Kill | Fault::Pause | Fault::Partition | Fault::Delay | Fault::SessionExpiry => self.pick().await,
+        }
+    }
+
+    /// Runs `fault` on `target` (from [`target`](Self::target)) to its end.
+    async fn inject_at(&self, fault: Fault, target: &str) {
         let c = &self.config;
         let kind = fault.kind();
         match fault {
             Fault::Kill => {
-                let Some(actor) = self.pick().await else { return };
+                let actor = target.to_owned();
                 self.note(kind, &actor, true);
                 {
                     let mut workers = lock(&self.workers);
@@ -661,7 +677,7 @@ impl Nemesis {
                 self.spawn_worker().await;
             }
             Fault::Pause => {
-                let Some(actor) = self.pick().await else { return };
+                let actor = target.to_owned();
                 let pause = match c.backend {
                     Backend::Redis => c.lease * 2 + self.rng().between(Duration::ZERO, c.lease),
                     Backend::Zookeeper => c.session_timeout * 2 + self.rng().between(Duration::ZERO, c.lease),
@@ -693,7 +709,7 @@ impl Nemesis {
                 eprintln!("nemesis: CLIENT KILL TYPE {which}: {killed:?}");
             }
             Fault::Partition | Fault::SessionExpiry => {
-                let Some(actor) = self.pick().await else { return };
+                let actor = target.to_owned();
                 let proxy = self.proxy_of(&actor);
                 let length = match (fault, c.backend) {
                     // Past a Redis lease: the holder loses the lock, others take it.
@@ -713,7 +729,7 @@ impl Nemesis {
                 self.done_with(&actor);
             }
             Fault::Delay => {
-                let Some(actor) = self.pick().await else { return };
+                let actor = target.to_owned();
                 let proxy = self.proxy_of(&actor);
                 let delay = self.rng().between(Duration::from_millis(20), Duration::from_millis(120));
                 let length = self.rng().between(Duration::from_millis(1500), Duration::from_millis(2500));
@@ -742,7 +758,19 @@ impl Nemesis {
             match step.faults.as_slice() {
                 [one] => self.inject(*one).await,
                 [a, b] => {
-                    tokio::join!(self.inject(*a), self.inject(*b));
+                    // Both targets first, so that the two faults really overlap.
+                    let (ta, tb) = (self.target(*a).await, self.target(*b).await);
+                    let one = async {
+                        if let Some(t) = ta {
+                            self.inject_at(*a, &t).await;
+                        }
+                    };
+                    let two = async {
+                        if let Some(t) = tb {
+                            self.inject_at(*b, &t).await;
+                        }
+                    };
+                    tokio::join!(one, two);
                 }
                 _ => unreachable!(),
             }
