@@ -208,15 +208,6 @@ async fn main() {
     let started = Instant::now();
     let mut rng = Rng::new(args.seed);
     let witness = WitnessClient::connect(&args.witness).await;
-    // The lock server may be down (a restart in progress) when a replacement worker starts.
-    let manager = loop {
-        match connect(&args).await {
-            Ok(manager) => break manager,
-            Err(e) if e.is_invalid() => panic!("{actor}: {e}"),
-            Err(e) if started.elapsed() >= args.run => panic!("{actor}: could not connect during the run: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
     // Stdin's end is the signal to stop (read on a plain thread, not a tokio task, so that it
     // is not counted at exit).
     static STOP: AtomicBool = AtomicBool::new(false);
@@ -224,7 +215,23 @@ async fn main() {
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
         STOP.store(true, Ordering::SeqCst);
     });
-    while started.elapsed() < args.run && !STOP.load(Ordering::SeqCst) {
+    let running = || started.elapsed() < args.run && !STOP.load(Ordering::SeqCst);
+    // The lock server may be down (a restart in progress) when a replacement worker starts.
+    let manager = loop {
+        match connect(&args).await {
+            Ok(manager) => break Some(manager),
+            Err(e) if e.is_invalid() => panic!("{actor}: {e}"),
+            Err(_) if !running() => break None,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let Some(manager) = manager else {
+        eprintln!("{actor}: could not connect to the lock server during the run");
+        witness.shutdown();
+        log(actor, Event::Exit { alive_tasks: alive_after_cleanup().await });
+        return;
+    };
+    while running() {
         let name = &args.names[usize::try_from(rng.below(args.names.len() as u64)).expect("index")];
         log(actor, Event::Acquire { name: name.clone(), wait_ms: u64::try_from(args.wait.as_millis()).unwrap() });
         let mut request = manager.lock(name).wait(args.wait);
@@ -275,11 +282,15 @@ async fn main() {
     }
     witness.shutdown();
     drop(manager);
+    log(actor, Event::Exit { alive_tasks: alive_after_cleanup().await });
+}
+
+/// The tokio tasks still alive on this runtime once they stopped, or after [`CLEANUP_BOUND`].
+async fn alive_after_cleanup() -> u64 {
     let runtime = tokio::runtime::Handle::current();
     let cleanup = Instant::now();
     while runtime.metrics().num_alive_tasks() > 0 && cleanup.elapsed() < CLEANUP_BOUND {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let alive = runtime.metrics().num_alive_tasks();
-    log(actor, Event::Exit { alive_tasks: alive as u64 });
+    runtime.metrics().num_alive_tasks() as u64
 }
