@@ -80,6 +80,21 @@ pub fn current() -> Option<CurrentLock> {
     with_innermost(|f| f.map(|f| CurrentLock { name: f.name.clone(), fencing_token: f.fencing_token }))
 }
 
+/// The names of every lock the running locked call holds, innermost first (empty outside one):
+/// what [`testing::assert_locked`](crate::testing::assert_locked) checks against.
+#[cfg(feature = "testing")]
+pub(crate) fn held_names() -> Vec<Arc<str>> {
+    with_innermost(|innermost| {
+        let mut names = Vec::new();
+        let mut frame = innermost;
+        while let Some(f) = frame {
+            names.push(f.name.clone());
+            frame = f.parent.as_deref();
+        }
+        names
+    })
+}
+
 /// Calls `f` with the innermost frame of the running locked call (`None` outside one).
 #[inline]
 fn with_innermost<T>(f: impl FnOnce(Option<&Frame>) -> T) -> T {

@@ -36,6 +36,8 @@
 //!   [`backend::zookeeper`]).
 //! - `conformance`: the backend conformance suite ([`conformance`]), to run against a backend
 //!   of your own.
+//! - `testing`: a testing kit for code that takes locks ([`testing`]): a backend that makes
+//!   names busy, attempts fail and held locks lost on demand, and `assert_locked`.
 //! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -43,6 +45,7 @@
 
 pub mod backend;
 mod bounded;
+mod clock;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
@@ -54,6 +57,9 @@ mod lost;
 mod manager;
 mod options;
 mod run;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod watchdog;
 
 #[doc(hidden)]

@@ -72,7 +72,7 @@ impl LostSignal {
     /// Whether the lock is lost: fired, or its local lease deadline has passed.
     pub fn is_lost(&self) -> bool {
         let Some(inner) = &self.inner else { return false };
-        inner.fired.load(Ordering::Acquire) || self.deadline().is_some_and(|d| Instant::now() >= d)
+        inner.fired.load(Ordering::Acquire) || self.deadline().is_some_and(|d| crate::clock::now() >= d)
     }
 
     /// What was observed when the lock was lost, if it was.
@@ -108,7 +108,7 @@ impl LostSignal {
             }
             match self.deadline() {
                 Some(deadline) => {
-                    if Instant::now() >= deadline {
+                    if crate::clock::now() >= deadline {
                         return;
                     }
                     tokio::select! {
@@ -145,13 +145,13 @@ mod tests {
     #[tokio::test]
     async fn deadline_passing_counts_as_lost_and_renewal_moves_it() {
         let signal = LostSignal::new();
-        signal.set_deadline(Some(Instant::now() + Duration::from_secs(3600)));
+        signal.set_deadline(Some(crate::clock::now() + Duration::from_secs(3600)));
         assert!(!signal.is_lost());
         let waiter = tokio::spawn({
             let signal = signal.clone();
             async move { signal.wait().await }
         });
-        signal.set_deadline(Some(Instant::now() + Duration::from_millis(20)));
+        signal.set_deadline(Some(crate::clock::now() + Duration::from_millis(20)));
         tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("woken by the new deadline").expect("task");
         assert!(signal.is_lost());
         assert!(signal.reason().is_some_and(|r| r.contains("lease ran out")));
@@ -161,7 +161,7 @@ mod tests {
     async fn never_does_not_fire() {
         let signal = LostSignal::never();
         signal.fire("ignored");
-        signal.set_deadline(Some(Instant::now()));
+        signal.set_deadline(Some(crate::clock::now()));
         assert!(!signal.is_lost());
         assert!(signal.reason().is_none());
         assert!(tokio::time::timeout(Duration::from_millis(20), signal.wait()).await.is_err());

@@ -326,10 +326,10 @@ impl LockManager {
             }
         }
         let grant = loop {
-            if Instant::now() >= deadline || plan.retry.is_some_and(|r| attempts > r) {
+            if crate::clock::now() >= deadline || plan.retry.is_some_and(|r| attempts > r) {
                 return Err(contended(attempts));
             }
-            let bound_wait = deadline.saturating_duration_since(Instant::now()).saturating_add(bound);
+            let bound_wait = deadline.saturating_duration_since(crate::clock::now()).saturating_add(bound);
             match self.bounded(&plan, "wait for", bound_wait, acquisition.wait(deadline)).await? {
                 Wake::Acquired(grant) => break grant,
                 Wake::TimedOut => return Err(contended(attempts)),
@@ -487,7 +487,7 @@ impl Future for LockFuture<'_> {
                     FastPath::Slow { plan, busy } => (plan, busy),
                 }
             };
-            let started = Instant::now();
+            let started = crate::clock::now();
             self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy)));
         }
         match &mut self.state {

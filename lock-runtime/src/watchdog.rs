@@ -6,7 +6,7 @@
 //! dropped (its handle is aborted), or when the lock is lost.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
@@ -29,13 +29,13 @@ pub(crate) fn spawn(renewed: Renewed, lease: Duration, lost: LostSignal) -> Abor
 async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
     let Renewed { renewal, name, bound } = renewed;
     let period = lease / 3;
-    let mut next = Instant::now() + period;
+    let mut next = crate::clock::now() + period;
     loop {
         tokio::select! {
             _ = lost.wait() => return,
             _ = tokio::time::sleep_until(next.into()) => {}
         }
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         let bound = bound.min(lease);
         match tokio::time::timeout(bound, renewal.extend(lease)).await {
             Ok(Ok(())) if lost.is_lost() => {
@@ -66,7 +66,7 @@ async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
                 }
                 tracing::debug!(lock = %name, error = %why, "lease renewal failed; retrying");
                 // Try again soon, well before the local lease deadline.
-                next = Instant::now() + (period / 4).max(Duration::from_millis(5));
+                next = crate::clock::now() + (period / 4).max(Duration::from_millis(5));
             }
         }
     }

@@ -105,3 +105,24 @@ fn a_tight_lock_loop_does_not_starve_its_worker() {
     let rounds = finished.recv_timeout(Duration::from_secs(20)).expect("the lock loop starved the runtime");
     assert!(rounds > 0);
 }
+
+/// The runtime's clock is tokio's: under a paused clock a fixed lease ends, a waiter behind it
+/// is granted and the holder's `lost()` fires, all on virtual time (no real waiting).
+#[tokio::test(start_paused = true)]
+async fn fixed_leases_and_waits_run_on_a_paused_clock() {
+    let m = LockManager::memory();
+    let wall = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
+    let held = m.lock("virtual").lease(Duration::from_secs(600)).await.expect("holder");
+    let err = m.lock("virtual").wait(Duration::from_secs(60)).await.expect_err("busy for the whole wait");
+    assert!(err.is_contended(), "{err}");
+    assert_eq!(started.elapsed(), Duration::from_secs(60));
+    let next = m.lock("virtual").wait(Duration::from_secs(3600)).await.expect("granted when the lease ends");
+    // (To tokio's timer resolution, a millisecond.)
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(600) && waited <= Duration::from_millis(600_001), "{waited:?}");
+    assert!(held.is_lost(), "the holder is told its lease ended");
+    held.lost().await;
+    drop(next);
+    assert!(wall.elapsed() < Duration::from_secs(5), "real time spent: {:?}", wall.elapsed());
+}

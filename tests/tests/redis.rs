@@ -741,3 +741,49 @@ async fn a_silently_dead_pubsub_connection_is_noticed_and_replaced() {
     assert!(took < Duration::from_secs(10), "woken {took:?} after the release");
     guard.release().await.expect("release");
 }
+
+/// Data loss on the server (a restart without persistence, `FLUSHALL`, the counter evicted):
+/// the first holder afterwards still gets a token above every token handed out before, so a
+/// fenced store refuses only the stale holder, never the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_stay_above_every_earlier_token_across_data_loss() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let m = LockManager::builder().default_lease(Duration::from_secs(5)).backend(backend(&server, timeout).await);
+    let name = "fenced";
+    let fence = KeyLayout::of(name).fence;
+    for loss in ["restart", "flushall", "counter evicted"] {
+        // Some traffic first, so that a counter restarting from zero would fall far behind.
+        for _ in 0..20 {
+            m.lock(name).await.expect("lock").release().await.expect("release");
+        }
+        let stale = m.lock(name).lease(Duration::from_secs(60)).await.expect("lock");
+        let highest = stale.fencing_token();
+        match loss {
+            "restart" => server.restart(),
+            "flushall" => {
+                let _: () = redis::cmd("FLUSHALL").query_async(&mut raw(&server).await).await.expect("FLUSHALL");
+            }
+            _ => {
+                // As `allkeys-*` eviction would: the counter goes, the lock key stays, and
+                // then the lock key goes too (its holder is gone).
+                let _: () = redis::cmd("DEL").arg(&fence).query_async(&mut raw(&server).await).await.expect("DEL");
+                m.lock("other").await.expect("lock").release().await.expect("release");
+                let _: () = redis::cmd("DEL")
+                    .arg(KeyLayout::of(name).lock)
+                    .query_async(&mut raw(&server).await)
+                    .await
+                    .expect("DEL");
+            }
+        }
+        let fresh = lock_after_outage(&m, name).await;
+        // A fenced store has seen `highest` from the stale holder: it must accept the new one.
+        assert!(
+            fresh.fencing_token() > highest,
+            "after {loss}: the new holder's token {} is not above the stale holder's {highest}",
+            fresh.fencing_token()
+        );
+        fresh.release().await.expect("release");
+        drop(stale);
+    }
+}

@@ -283,7 +283,7 @@ impl MemoryBackend {
             }
             TableEntry::Occupied(mut slot) => {
                 let entry = slot.get_mut();
-                let now = Instant::now();
+                let now = crate::clock::now();
                 if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
                     entry.holder = None;
                     Self::hand_off(entry, tokens, now);
@@ -316,7 +316,7 @@ impl MemoryBackend {
         let Some(holder) = mine else {
             return Err("its lease ran out and it is now held by another owner");
         };
-        let now = holder.expires_at.map(|_| Instant::now());
+        let now = holder.expires_at.map(|_| crate::clock::now());
         let verdict = match now {
             Some(now) if holder.expired(now) => Err("its lease ran out before the release"),
             _ => Ok(()),
@@ -429,7 +429,7 @@ impl MemoryAcquisition {
                 }
                 _ = holder_changed.notified() => self.expiry = self.holder_expiry(),
                 _ = tokio::time::sleep_until(wake_at.into()) => {
-                    let now = Instant::now();
+                    let now = crate::clock::now();
                     if self.expiry.is_some_and(|e| now >= e) {
                         // The holder's lease ran out: take it away and hand it on (perhaps to us).
                         self.expiry = self.store.reap(&self.req.key, self.hash, now);
@@ -450,7 +450,7 @@ impl MemoryAcquisition {
 impl Drop for MemoryAcquisition {
     fn drop(&mut self) {
         let Some(mut grant) = self.queued.take() else { return };
-        let now = Instant::now();
+        let now = crate::clock::now();
         let key = &*self.req.key;
         let owner = self.req.owner;
         let mut shard = self.store.shard_of(self.hash);

@@ -7,8 +7,9 @@
 -- ARGV[1]  the owner id: unique to this acquisition
 -- ARGV[2]  the lease in milliseconds
 --
--- Returns  {1, token}  acquired: `token` is the counter's next value, strictly greater than
---                      every token handed out before for any key of this slot
+-- Returns  {1, token}  acquired: `token` is strictly greater than every token handed out
+--                      before for any key of this slot, and never below the server's clock in
+--                      microseconds (see `mint`)
 --          {0, pttl}   held by someone else (now marked waited on); `pttl` is its remaining
 --                      lease in milliseconds (-1 if the key has no expiry)
 --
@@ -17,13 +18,33 @@
 -- attempt takes the lock) or after it (and publishes). APPEND keeps the key's expiry.
 -- A value already holding this owner id (an earlier attempt of the same acquisition took the
 -- lock but its answer was lost) is granted again, with a fresh lease and token.
+
+-- Scripts replicate their effects, not themselves (the default from Redis 7), so that reading
+-- the clock is allowed before writing.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
+-- The next token: one above the counter, but never below the server's clock in microseconds.
+-- A counter lost with the data (a restart without persistence, FLUSHALL, eviction, a failover
+-- to a replica that had not received it) thus restarts above every token handed out before,
+-- as long as the server's clock has not been set back past them. (2^53 microseconds, the
+-- largest integer a Lua number holds exactly, is reached in the year 2255.)
+local function mint()
+  local now = redis.call('time')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local token = math.max((tonumber(redis.call('get', KEYS[2])) or 0) + 1, clock)
+  redis.call('set', KEYS[2], string.format('%d', token))
+  return token
+end
+
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('incr', KEYS[2])}
+  return {1, mint()}
 end
 local holder = redis.call('get', KEYS[1])
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, redis.call('incr', KEYS[2])}
+  return {1, mint()}
 end
 if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
   redis.call('append', KEYS[1], '+')

@@ -28,11 +28,15 @@
 //!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see *Waiting*). Extend
 //!   and release act only when the key still holds the caller's owner id; otherwise the caller
 //!   learns that the lock was lost ([`LockError::is_lost`](crate::LockError::is_lost)).
-//! - **Fencing tokens** are minted by the acquire script itself (an `INCR` in the same call:
-//!   no extra round trip). There is one counter per Redis Cluster hash slot (see
-//!   [`KeyLayout`]), so tokens strictly increase per name for the life of the dataset, and the
-//!   keys left behind stay bounded (at most 16,384 counters, however many names were ever
-//!   locked).
+//! - **Fencing tokens** are minted by the acquire script itself (no extra round trip): one
+//!   above the counter of the lock's Redis Cluster hash slot (see [`KeyLayout`]), and never
+//!   below the server's clock (`TIME`) in microseconds. Tokens therefore strictly increase per
+//!   name, and keep doing so when the counter is lost with the data (a restart without
+//!   persistence, `FLUSHALL`, eviction, a failover to a replica that had not received it): the
+//!   first token afterwards is above every earlier one, so a fenced store refuses the stale
+//!   holder and accepts the new one. What remains: data loss *and* a server clock set back
+//!   past the earlier tokens together can repeat a token. The keys left behind stay bounded
+//!   (at most 16,384 counters, however many names were ever locked).
 //! - **Key layout** puts a lock's key, channel and counter in one hash slot, ready for Redis
 //!   Cluster: see [`KeyLayout`].
 //! - **Acquisitions own their state.** Each `lock()` call is one acquisition object that owns
@@ -95,14 +99,15 @@
 //! # Running Redis for locks
 //!
 //! - Use a `maxmemory-policy` of `noeviction` (the default) or a `volatile-*` one: evicting a
-//!   held lock's key would hand the lock to a second owner, and evicting a fencing counter
-//!   (which has no expiry, so `volatile-*` policies never pick it) would let tokens repeat.
+//!   held lock's key would hand the lock to a second owner (the counters have no expiry, so
+//!   `volatile-*` policies never pick them; were one evicted, tokens would still increase).
 //! - With replicas, a failover can lose the last writes: a lock granted just before it may be
-//!   granted again, and a token may repeat. Check fencing tokens downstream where that matters.
+//!   granted again while its first holder still believes it holds. Tokens still increase (see
+//!   above): check them downstream where that matters. See GUARANTEES.md in the repository.
 //!
 //! # Cost
 //!
-//! An uncontended lock/release cycle is two script calls: acquire (`SET NX PX` + `INCR`) and
+//! An uncontended lock/release cycle is two script calls: acquire (`SET NX PX` + `TIME` and the counter) and
 //! release (`GET` + `DEL`), four server commands, nothing published. Under contention, when
 //! the competing tasks share one process, an acquisition costs the same two calls (a new
 //! request queues behind the local waiters without an attempt, and a release wakes the head
@@ -396,7 +401,7 @@ impl RedisAcquisition {
             },
         };
         let lease = self.req.lease.duration();
-        let sent = Instant::now();
+        let sent = crate::clock::now();
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation.key(&self.layout.lock).key(&self.layout.fence).arg(&*self.owner).arg(lease_millis(lease));
         self.in_flight = true;
@@ -434,7 +439,7 @@ impl RedisAcquisition {
         // while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
         let mut failed: Option<(LockError, Instant, Duration)> = None;
         loop {
-            if Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 return match failed {
                     Some((e, ..)) => Err(e),
                     None => Ok(Wake::TimedOut),
@@ -443,12 +448,12 @@ impl RedisAcquisition {
             let (notify, until) = match slot.step() {
                 Step::Attempt => return Ok(Wake::Retry),
                 Step::Check => match &failed {
-                    Some((_, again, _)) if Instant::now() < *again => {
+                    Some((_, again, _)) if crate::clock::now() < *again => {
                         slot.look_failed();
                         (None, Some(*again))
                     }
                     _ => {
-                        let sent = Instant::now();
+                        let sent = crate::clock::now();
                         let mut invocation = WATCH.prepare_invoke();
                         invocation.key(&self.layout.lock);
                         let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
@@ -470,7 +475,7 @@ impl RedisAcquisition {
                                 let backoff =
                                     failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
                                 tracing::debug!(lock = %self.req.name, error = %e, "look at the lock failed; again in {backoff:?}");
-                                let again = Instant::now().checked_add(backoff).unwrap_or(deadline);
+                                let again = crate::clock::now().checked_add(backoff).unwrap_or(deadline);
                                 failed = Some((e, again, backoff));
                             }
                         }

@@ -154,7 +154,8 @@ impl KeyState {
 
     fn look(&mut self, sent: Instant, pttl: i64) {
         self.looked = self.looked.max(Some(sent));
-        self.ttl_at = u64::try_from(pttl).ok().and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
+        self.ttl_at =
+            u64::try_from(pttl).ok().and_then(|ms| crate::clock::now().checked_add(Duration::from_millis(ms)));
     }
 }
 
@@ -306,7 +307,7 @@ impl Slot {
 
     /// What to do next.
     pub(super) fn step(&self) -> Step {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let step = self.with(|ks, pos| {
             let Some(entry) = ks.queue.get_mut(pos) else { return Step::Attempt };
             if entry.phase == Phase::Woken || entry.again {
@@ -384,7 +385,7 @@ impl Slot {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         let Some(ks) = st.keys.get_mut(&self.channel) else { return };
@@ -561,7 +562,7 @@ fn next_op(
     timeout: Duration,
     grace: Duration,
 ) -> (Option<Op>, Option<Instant>) {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut guard = lock(state);
     let st = &mut *guard;
     let mut batch = Vec::new();
@@ -641,7 +642,7 @@ fn change(mut sink: redis::aio::PubSubSink, subscribe: bool, channels: Vec<Arc<s
 
 /// Subscriptions confirmed: heads look at the lock again (a release may have gone unheard).
 fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let mut st = lock(state);
     for channel in channels {
         if let Some(ks) = st.keys.get_mut(channel) {
@@ -688,7 +689,7 @@ mod tests {
     fn queued(w: &Waiters) -> Slot {
         match w.before_attempt(CHANNEL) {
             Before::Queued(slot) => slot,
-            Before::Attempt(capture) => w.busy(CHANNEL, capture, Instant::now(), 30_000),
+            Before::Attempt(capture) => w.busy(CHANNEL, capture, crate::clock::now(), 30_000),
         }
     }
 
@@ -696,7 +697,7 @@ mod tests {
         let head = queued(w);
         confirm(w);
         assert!(matches!(head.step(), Step::Check));
-        head.busy(Instant::now(), 30_000);
+        head.busy(crate::clock::now(), 30_000);
         assert!(matches!(head.step(), Step::Sleep(..)));
         head
     }
@@ -722,7 +723,7 @@ mod tests {
         assert!(matches!(head.step(), Step::Attempt));
         head.attempting();
         on_release(&w.state, CHANNEL, "b"); // arrives while the attempt is in flight
-        head.busy(Instant::now(), 30_000); // the attempt found the lock held
+        head.busy(crate::clock::now(), 30_000); // the attempt found the lock held
         assert!(matches!(head.step(), Step::Attempt), "the release was lost");
     }
 
@@ -755,14 +756,14 @@ mod tests {
         on_release(&w.state, CHANNEL, "a");
         assert!(matches!(next.step(), Step::Attempt));
         next.attempting();
-        next.granted(Instant::now().checked_add(Duration::from_secs(30)));
+        next.granted(crate::clock::now().checked_add(Duration::from_secs(30)));
         assert!(matches!(third.step(), Step::Sleep(..)));
         // The local holder's release, then its message: one wake-up.
         w.released(CHANNEL, "next");
         on_release(&w.state, CHANNEL, "next");
         assert!(matches!(third.step(), Step::Attempt));
         third.attempting();
-        third.busy(Instant::now(), 30_000);
+        third.busy(crate::clock::now(), 30_000);
         assert!(matches!(third.step(), Step::Sleep(..)), "one release, two wake-ups");
     }
 
@@ -775,7 +776,7 @@ mod tests {
         head.granted(None); // the queue is empty now, the channel still subscribed
         let Before::Attempt(capture) = w.before_attempt(CHANNEL) else { panic!("nobody queued") };
         on_release(&w.state, CHANNEL, "b"); // nobody to wake: counted
-        let late = w.busy(CHANNEL, capture, Instant::now(), 30_000);
+        let late = w.busy(CHANNEL, capture, crate::clock::now(), 30_000);
         assert!(matches!(late.step(), Step::Attempt), "the release during its attempt was lost");
     }
 }

@@ -210,7 +210,7 @@ impl ZkAcquisition {
             }
             State::Idle => {}
         }
-        let before = Instant::now();
+        let before = crate::clock::now();
         // An earlier acquisition of this lock abandoned with a create in flight may have left
         // a node ahead of ours: its clean-up comes first.
         self.shared.purged(&self.dir).await;
@@ -303,7 +303,7 @@ impl ZkAcquisition {
 
     async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
         let (session, node, created) = self.node("acquire").await?;
-        let checked_at = Instant::now();
+        let checked_at = crate::clock::now();
         let (index, _) = self.lineup(&session, &node, "acquire").await?;
         if index > 0 {
             return Ok(Attempt::Busy); // our node keeps our place; dropping us deletes it
@@ -318,7 +318,7 @@ impl ZkAcquisition {
         let (session, node, mut created) = self.node(OP).await?;
         let client = session.client.clone();
         loop {
-            let checked_at = Instant::now();
+            let checked_at = crate::clock::now();
             let (index, nodes) = self.lineup(&session, &node, OP).await?;
             let created = created.take();
             if index == 0 {
@@ -326,7 +326,7 @@ impl ZkAcquisition {
                 let grant = self.take(session.clone(), node.clone(), granted_at, created.is_none(), OP).await?;
                 return Ok(Wake::Acquired(grant));
             }
-            let lowest_seen = Instant::now();
+            let lowest_seen = crate::clock::now();
             let predecessor = format!("{}/{}", self.dir, nodes[index - 1].1);
             // Watch the predecessor; when it is the holder, also read its fixed lease, to free
             // the lock if the holder's process cannot (see `stale_at`).
@@ -361,7 +361,7 @@ impl ZkAcquisition {
                             // The only node ahead of ours is gone, and later nodes get higher
                             // sequence numbers: ours is the lowest now, no need to list again.
                             drop(_waiting);
-                            let granted_at = Instant::now();
+                            let granted_at = crate::clock::now();
                             let grant = self.take(session.clone(), node.clone(), granted_at, true, OP).await?;
                             return Ok(Wake::Acquired(grant));
                         }

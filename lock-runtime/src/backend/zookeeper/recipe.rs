@@ -30,7 +30,7 @@ pub(super) struct Node {
 
 impl Node {
     fn new(path: String, seq: i64, stat: &Stat) -> Self {
-        Node { path: Arc::from(path), seq, czxid: stat.czxid, ctime: stat.ctime, seen: Instant::now() }
+        Node { path: Arc::from(path), seq, czxid: stat.czxid, ctime: stat.ctime, seen: crate::clock::now() }
     }
 }
 
@@ -265,7 +265,7 @@ mod tests {
 
     #[test]
     fn a_recorded_grant_counts_from_its_record() {
-        let own = Node { path: Arc::from("/r/n/lk-x-1"), seq: 1, czxid: 1, ctime: 10_000, seen: Instant::now() };
+        let own = Node { path: Arc::from("/r/n/lk-x-1"), seq: 1, czxid: 1, ctime: 10_000, seen: crate::clock::now() };
         let holder = Stat { ctime: 5_000, mtime: 12_000, ..stat() };
         let record = LeaseRecord { lease_ms: 2_000, granted: true };
         let at = stale_at(record, &holder, &own, own.seen).expect("stale at");
@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_grant_recorded_before_our_node_counts_from_earlier() {
-        let own = Node { path: Arc::from("/r/n/lk-x-2"), seq: 2, czxid: 2, ctime: 10_000, seen: Instant::now() };
+        let own = Node { path: Arc::from("/r/n/lk-x-2"), seq: 2, czxid: 2, ctime: 10_000, seen: crate::clock::now() };
         let holder = Stat { ctime: 5_000, mtime: 9_500, ..stat() };
         let record = LeaseRecord { lease_ms: 2_000, granted: true };
         let at = stale_at(record, &holder, &own, own.seen).expect("stale at");
