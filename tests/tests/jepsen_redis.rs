@@ -40,6 +40,7 @@ async fn jepsen_redis() {
     eprintln!("{report}");
     eprintln!("faults by kind: {:?}", report.faults());
     eprintln!("overlaps by class: {:?}", report.overlap_classes());
+    eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
     let replay =
         format!("seed {} (replay: JEPSEN_SEED={}), history {}", run.seed, run.seed, run.history_path.display());
     eprintln!("jepsen_redis: {replay}");

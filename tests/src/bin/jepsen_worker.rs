@@ -248,8 +248,14 @@ async fn main() {
         };
         let token = guard.fencing_token();
         log(actor, Event::Granted { name: name.clone(), token });
-        // Mostly short holds; one in eight long enough for a fault to catch the holder.
-        let hold = Duration::from_millis(if rng.below(8) == 0 { 50 + rng.below(150) } else { 1 + rng.below(10) });
+        // Mostly a few ms. One in ten 50..200 ms, long enough for a fault to catch the holder;
+        // one in ten 300..1500 ms, across watchdog renewals (every third of the lease), and for
+        // a fixed lease of 1 s sometimes past its end (`lost()` must fire before another grant).
+        let hold = Duration::from_millis(match rng.below(10) {
+            0 => 300 + rng.below(1200),
+            1 => 50 + rng.below(150),
+            _ => 1 + rng.below(10),
+        });
         let work = async {
             let read = witness.read(name, token).await;
             log(actor, Event::Read { name: name.clone(), token, outcome: read });

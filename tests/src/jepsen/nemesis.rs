@@ -38,6 +38,9 @@ pub const SHORT_FAULT_SECS: u64 = 16;
 pub const TAIL: Duration = Duration::from_secs(3);
 /// How long after being told to stop a worker may take to log `exit` and end.
 pub const EXIT_GRACE: Duration = Duration::from_secs(20);
+/// A hold this old is one of the workers' long ones (most last a few ms): a fault aimed at it
+/// catches the holder while it holds.
+const LONG_HOLD: Duration = Duration::from_millis(25);
 /// How long the first grant may take (servers and JVMs starting on a busy machine).
 const FIRST_GRANT_BOUND: Duration = Duration::from_secs(30);
 
@@ -308,8 +311,9 @@ impl LockServer {
 #[derive(Debug, Default)]
 struct Shared {
     records: Mutex<Vec<Record>>,
-    /// Lock names each worker holds right now (from its `granted` and `release` lines).
-    holding: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// Lock names each worker holds right now and since when (from its `granted` and
+    /// `release` lines).
+    holding: Mutex<BTreeMap<String, BTreeMap<String, Instant>>>,
     /// Lines that did not parse.
     garbage: Mutex<Vec<String>>,
 }
@@ -552,7 +556,7 @@ impl Nemesis {
                             let held = holding.entry(record.actor.clone()).or_default();
                             match &record.event {
                                 Event::Granted { name, .. } => {
-                                    held.insert(name.clone());
+                                    held.insert(name.clone(), Instant::now());
                                 }
                                 Event::Release { name, .. } => {
                                     held.remove(name);
@@ -602,19 +606,25 @@ impl Nemesis {
             .collect()
     }
 
-    /// Picks a target: a worker holding a lock (waiting up to 3 s for one), else any eligible
-    /// worker; marks it busy.
+    /// Picks a target: a worker in a long hold (holding a lock for [`LONG_HOLD`] already), else
+    /// one holding a lock, waiting up to 3 s for either, else any eligible worker; marks it
+    /// busy.
     async fn pick(&self) -> Option<String> {
         let candidates = self.eligible();
         if candidates.is_empty() {
             return None;
         }
-        let holders = |shared: &Shared| -> Vec<String> {
+        let holders = |shared: &Shared, since: Duration| -> Vec<String> {
             let holding = lock(&shared.holding);
-            candidates.iter().filter(|a| holding.get(*a).is_some_and(|h| !h.is_empty())).cloned().collect()
+            let long = |h: &BTreeMap<String, Instant>| h.values().any(|t| t.elapsed() >= since);
+            candidates.iter().filter(|a| holding.get(*a).is_some_and(long)).cloned().collect()
         };
-        self.wait_for(Duration::from_secs(3), |s| !holders(s).is_empty()).await;
-        let mut pool = holders(&self.shared);
+        // Re-checked on every history line (the other workers write many a second).
+        self.wait_for(Duration::from_secs(3), |s| !holders(s, LONG_HOLD).is_empty()).await;
+        let mut pool = holders(&self.shared, LONG_HOLD);
+        if pool.is_empty() {
+            pool = holders(&self.shared, Duration::ZERO);
+        }
         pool.retain(|a| !lock(&self.busy).contains(a));
         if pool.is_empty() {
             pool = self.eligible();
