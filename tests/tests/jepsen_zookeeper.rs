@@ -45,8 +45,7 @@ async fn jepsen_zookeeper() {
     eprintln!("faults by kind: {:?}", report.faults());
     eprintln!("overlaps by class: {:?}", report.overlap_classes());
     eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
-    let replay =
-        format!("seed {} (replay: JEPSEN_SEED={}), history {}", run.seed, run.seed, run.history_path.display());
+    let replay = format!("seed {} (replay: {}), history {}", run.seed, run.replay(), run.history_path.display());
     eprintln!("jepsen_zookeeper: {replay}");
     assert!(run.problems.is_empty(), "harness problems ({replay}):\n{}", run.problems.join("\n"));
     assert!(

@@ -8,7 +8,7 @@
 //! ```text
 //! jepsen_worker backend=redis|zookeeper addr=<redis url | zk hosts> witness=<redis url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
-//!               op_timeout_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
+//!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
 //! ```
 //!
 //! The run ends after `run_ms` or when stdin reaches its end (the harness closes it), whichever
@@ -84,6 +84,7 @@ struct Args {
     wait: Duration,
     lease: Lease,
     op_timeout: Duration,
+    long_hold: u64,
     session: Duration,
     root: String,
     seed: u64,
@@ -115,6 +116,7 @@ fn parse_args() -> Args {
         wait: ms("wait_ms"),
         lease,
         op_timeout: ms("op_timeout_ms"),
+        long_hold: get("long_hold_ms").parse().expect("long_hold_ms"),
         session: args
             .get("session_ms")
             .map_or(Duration::from_millis(1500), |v| Duration::from_millis(v.parse().expect("session_ms"))),
@@ -249,10 +251,10 @@ async fn main() {
         let token = guard.fencing_token();
         log(actor, Event::Granted { name: name.clone(), token });
         // Mostly a few ms. One in ten 50..200 ms, long enough for a fault to catch the holder;
-        // one in ten 300..1500 ms, across watchdog renewals (every third of the lease), and for
-        // a fixed lease of 1 s sometimes past its end (`lost()` must fire before another grant).
+        // one in ten 300..long_hold_ms, across watchdog renewals (every third of the lease), and
+        // past a fixed lease's end when long_hold_ms exceeds it.
         let hold = Duration::from_millis(match rng.below(10) {
-            0 => 300 + rng.below(1200),
+            0 => 300 + rng.below(args.long_hold.saturating_sub(300) + 1),
             1 => 50 + rng.below(150),
             _ => 1 + rng.below(10),
         });

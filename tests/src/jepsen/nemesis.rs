@@ -9,6 +9,10 @@
 //!   The schedule alternates fault-free intervals and faults: every kind once (in a seeded
 //!   order), then a mixed period (two faults at once), then, in a longer profile, random
 //!   singles and pairs until the time is up.
+//! - **Holds**: most last a few ms; one in ten 50..200 ms (a fault aimed at a holder catches
+//!   it); one in ten from 300 ms to [`Config::long_hold`] (900 ms: across watchdog renewals,
+//!   within a fixed lease of 1 s). `JEPSEN_LONG_HOLD_MS=<n>` changes that bound: above the
+//!   lease, fixed-lease holders regularly hold past their lease's end, with no fault at all.
 //! - **Stopping**: after the faults and a fault-free [`TAIL`], the workers' stdin is closed,
 //!   which tells them to finish their current operation, drop their manager and log `exit`.
 //! - **Bounds**: a worker that has not exited [`EXIT_GRACE`] after that is killed and
@@ -83,6 +87,8 @@ pub struct Config {
     pub op_timeout: Duration,
     /// ZooKeeper's session timeout.
     pub session_timeout: Duration,
+    /// The longest hold (`JEPSEN_LONG_HOLD_MS`, else 900 ms).
+    pub long_hold: Duration,
 }
 
 impl Config {
@@ -98,6 +104,12 @@ impl Config {
             lease: Duration::from_secs(1),
             op_timeout: Duration::from_secs(1),
             session_timeout: Duration::from_millis(1500),
+            long_hold: match std::env::var("JEPSEN_LONG_HOLD_MS") {
+                Ok(ms) => {
+                    Duration::from_millis(ms.trim().parse().unwrap_or_else(|_| panic!("JEPSEN_LONG_HOLD_MS={ms}")))
+                }
+                Err(_) => Duration::from_millis(900),
+            },
         }
     }
 }
@@ -398,6 +410,18 @@ pub struct Run {
 }
 
 impl Run {
+    /// The environment that replays this run: `JEPSEN_SEED=<seed>`, and `JEPSEN_SECS` and
+    /// `JEPSEN_LONG_HOLD_MS` when they were set.
+    pub fn replay(&self) -> String {
+        let mut replay = format!("JEPSEN_SEED={}", self.seed);
+        for var in ["JEPSEN_SECS", "JEPSEN_LONG_HOLD_MS"] {
+            if let Ok(value) = std::env::var(var) {
+                replay.push_str(&format!(" {var}={value}"));
+            }
+        }
+        replay
+    }
+
     /// The witness server's URL.
     pub fn witness_url(&self) -> String {
         self.witness.url()
@@ -534,6 +558,7 @@ impl Nemesis {
             .arg(format!("wait_ms={}", ms(c.wait)))
             .arg(format!("lease={lease}:{}", ms(c.lease)))
             .arg(format!("op_timeout_ms={}", ms(c.op_timeout)))
+            .arg(format!("long_hold_ms={}", ms(c.long_hold)))
             .arg(format!("session_ms={}", ms(c.session_timeout)))
             .arg(format!("root={}", self.root))
             .arg(format!("seed={worker_seed}"))
