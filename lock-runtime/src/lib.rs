@@ -4,7 +4,35 @@
 //! a lock is held, on whatever your system already runs: in-process memory (always
 //! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`).
 //!
-//! # Quick start (programmatic)
+//! # Quick start: the attribute
+//!
+//! ```
+//! use lock_runtime::{distributed_locked, LockError, LockManager};
+//!
+//! struct Order { id: u64 }
+//!
+//! // Waits up to 2 s for `order:<id>`, holds it with a fixed 30 s lease,
+//! // tries up to 3 more times when woken, and answers with `busy` when it cannot be taken.
+//! #[distributed_locked(name = "order:{order.id}", wait = "2s", lease = "30s", retry = 3, fallback = busy)]
+//! async fn settle(order: &Order) -> Result<u64, LockError> {
+//!     // Runs only while the lock is held. Hand the fencing token to your store.
+//!     Ok(lock_runtime::current().expect("inside").fencing_token())
+//! }
+//!
+//! async fn busy(order: &Order) -> Result<u64, LockError> {
+//!     Ok(0) // someone else is settling it
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+//! lock_runtime::set_default(LockManager::memory()); // or LockManager::redis(url).await?, ...
+//! assert!(settle(&Order { id: 42 }).await? > 0);
+//! # Ok(()) }
+//! ```
+//!
+//! Every option (`name`, `wait`, `lease`, `retry`, `fallback`, `manager`, `on_lost`, ...) has a
+//! section with an example in the [attribute's documentation](distributed_locked).
+//!
+//! # Without the attribute
 //!
 //! ```
 //! use std::time::Duration;
@@ -12,9 +40,13 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
 //! let manager = LockManager::memory();
+//! // A guard: released explicitly, or in the background when dropped.
 //! let guard = manager.lock("order:42").wait(Duration::from_secs(2)).await?;
 //! // ... exclusive work; pass guard.fencing_token() to downstream stores ...
 //! guard.release().await?;
+//! // A future run under the lock, as the attribute does (reentrancy and current()).
+//! let token = manager.lock("order:42").run(async { lock_runtime::current().map(|l| l.fencing_token()) }).await?;
+//! assert!(token.is_some());
 //! # Ok(()) }
 //! ```
 //!

@@ -297,7 +297,7 @@ impl LockManager {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
         let lost = lost.unwrap_or_default();
-        lost.set_deadline(granted_at.unwrap_or_else(Instant::now).checked_add(lease.duration()));
+        lost.set_deadline(granted_at.unwrap_or_else(crate::clock::now).checked_add(lease.duration()));
         let watchdog = renewal.map(|renewal| {
             let renewed = watchdog::Renewed { renewal, name: name.clone(), bound: inner.bound };
             watchdog::spawn(renewed, lease.duration(), lost.clone())

@@ -112,8 +112,12 @@ fn a_tight_lock_loop_does_not_starve_its_worker() {
 async fn fixed_leases_and_waits_run_on_a_paused_clock() {
     let m = LockManager::memory();
     let wall = std::time::Instant::now();
+    // Tokio's clock runs an hour ahead of the system's from here: a lease or deadline taken on
+    // the wrong clock would be over at once.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
     let started = tokio::time::Instant::now();
     let held = m.lock("virtual").lease(Duration::from_secs(600)).await.expect("holder");
+    assert!(!held.is_lost(), "a fresh lease is not over");
     let err = m.lock("virtual").wait(Duration::from_secs(60)).await.expect_err("busy for the whole wait");
     assert!(err.is_contended(), "{err}");
     assert_eq!(started.elapsed(), Duration::from_secs(60));

@@ -243,7 +243,7 @@ impl MemoryBackend {
         let token = tokens.next();
         let (expires_at, granted_at) = match lease {
             Lease::Fixed(d) => {
-                let now = now.unwrap_or_else(Instant::now);
+                let now = now.unwrap_or_else(crate::clock::now);
                 (now.checked_add(d), Some(now))
             }
             // Not time-bound: an in-process lock lives exactly as long as its guard.
@@ -322,7 +322,7 @@ impl MemoryBackend {
             _ => Ok(()),
         };
         entry.holder = None;
-        if entry.waiters.is_empty() || !Self::hand_off(entry, tokens, now.unwrap_or_else(Instant::now)) {
+        if entry.waiters.is_empty() || !Self::hand_off(entry, tokens, now.unwrap_or_else(crate::clock::now)) {
             slot.remove();
             shrink(entries, &self.inner.hasher);
         }

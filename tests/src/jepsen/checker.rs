@@ -612,6 +612,12 @@ fn check_overlaps_and_margins(run: &Run<'_>, report: &mut Report) {
                 if b.pos >= a.end_pos {
                     break;
                 }
+                if b.t >= a.end_t && a.end != HoldingEnd::History {
+                    // Holdings are half-open, [grant, end): a grant at the very instant the
+                    // holding ended (its lease ran out, its lost() fired) does not overlap it,
+                    // whichever of the two records was written first.
+                    continue;
+                }
                 let mut class = classify(run, &a.actor, a.t, b.t);
                 if class == "unexplained" && b.token < a.token {
                     // The later record has the lower token: b was granted first and its record came
@@ -1031,6 +1037,13 @@ mod tests {
         assert_eq!(report.overlaps()[0].holder_end, HoldingEnd::Lost);
         assert!(report.silent_overlap_classes().is_empty());
         assert_eq!(report.lost_margin().unwrap().min_ms, -0.4);
+        // Fired at the very instant of the next grant, but recorded after it: no overlap.
+        let same = OVERLAP.replace("{FAULT}", "2500 nemesis fault pause w1 start")
+            + "\n4000 w1 lost a 1\n4050 nemesis fault pause w1 end";
+        let report = run_with(&same, &[("a", &[(2, 1)])]);
+        assert_clean(&report);
+        assert!(report.overlaps().is_empty(), "{:?}", report.overlaps());
+        assert_eq!(report.lost_margin().unwrap().min_ms, 0.0);
     }
 
     #[test]
