@@ -1,12 +1,16 @@
 //! A loopback TCP proxy for fault injection between a client and a server: it can stop
 //! forwarding on some connections without closing them (a connection that died silently, as in
 //! a network partition), and hold everything clients send until told to let it through (a
-//! request that is on the wire but not answered yet).
+//! request that is on the wire but not answered yet). For the fault suite it can also
+//! black-hole every connection, present and future, in both directions (a partition: nothing
+//! is forwarded or closed until [`TcpProxy::heal`], then what was in flight is delivered, as
+//! TCP would after retransmitting) and delay what it forwards.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +34,10 @@ struct Shared {
     hold: AtomicBool,
     /// Client-to-server bytes held since the last [`TcpProxy::hold`].
     held: AtomicU64,
+    /// Nothing is forwarded (nor closed) in either direction while set, on any connection.
+    partitioned: AtomicBool,
+    /// Microseconds each forwarded chunk waits first.
+    delay_us: AtomicU64,
     changed: Notify,
 }
 
@@ -121,6 +129,38 @@ impl TcpProxy {
         self.shared.hold.store(false, Ordering::SeqCst);
         self.shared.changed.notify_waiters();
     }
+
+    /// A partition: from now on nothing is forwarded in either direction, on every connection
+    /// (those accepted later too), and no socket is closed (a peer's close is not passed on
+    /// either), until [`heal`](Self::heal).
+    pub fn partition(&self) {
+        self.shared.partitioned.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends a [`partition`](Self::partition): what was in flight is delivered, then everything
+    /// flows again (connections a peer closed meanwhile are closed now).
+    pub fn heal(&self) {
+        self.shared.partitioned.store(false, Ordering::SeqCst);
+        self.shared.changed.notify_waiters();
+    }
+
+    /// Every chunk forwarded from now on, in either direction, waits `delay` first (zero: none).
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared.delay_us.store(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+}
+
+impl Shared {
+    /// Waits while the proxy is partitioned.
+    async fn pass_partition(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if !self.partitioned.load(Ordering::SeqCst) {
+                return;
+            }
+            changed.await;
+        }
+    }
 }
 
 impl Drop for TcpProxy {
@@ -151,6 +191,11 @@ async fn pump(
         if conn.silent.load(Ordering::SeqCst) {
             continue; // swallowed: the peer never hears of it, and nothing is closed
         }
+        shared.pass_partition().await;
+        let delay = shared.delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+        }
         if upstream {
             if buf[..n].windows(SUBSCRIBE.len()).any(|w| w.eq_ignore_ascii_case(SUBSCRIBE)) {
                 conn.subscriber.store(true, Ordering::SeqCst);
@@ -174,7 +219,9 @@ async fn pump(
             break;
         }
     }
-    // Closed by one side: close the other (unless silenced, where nothing may be noticed).
+    // Closed by one side: close the other (unless silenced, where nothing may be noticed; a
+    // partition passes the close on once healed).
+    shared.pass_partition().await;
     if !conn.silent.load(Ordering::SeqCst) {
         let _ = to.shutdown().await;
     } else {

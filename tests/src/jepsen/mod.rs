@@ -5,4 +5,6 @@ pub mod checker;
 pub mod guarantees;
 pub mod history;
 #[cfg(feature = "redis")]
+pub mod nemesis;
+#[cfg(feature = "redis")]
 pub mod witness;

@@ -1,0 +1,79 @@
+//! The fault suite against ZooKeeper: worker processes lock, read-modify-write a counter in the
+//! fenced witness store (a Redis server, hence the `redis` feature too) and release, while the
+//! nemesis kills and pauses holders, restarts the server (same data directory), partitions
+//! and delays workers, and expires a worker's session by cutting it off past its timeout
+//! (`lock_tests::jepsen::nemesis`). The checker then reads the histories; no lock znode may be
+//! left. `JEPSEN_SEED=<n>` replays a run, `JEPSEN_SECS=<n>` makes it longer.
+#![cfg(all(feature = "redis", feature = "zookeeper"))]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::zookeeper::STALE_HOLDER_MARGIN;
+use lock_tests::jepsen::checker::{self, CheckInput};
+use lock_tests::jepsen::guarantees;
+use lock_tests::jepsen::nemesis::{self, Backend, Config};
+use lock_tests::zk_server::{self, CONTAINER_CHECK_INTERVAL};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jepsen_zookeeper() {
+    let config = Config::new(Backend::Zookeeper, env!("CARGO_BIN_EXE_jepsen_worker"));
+    // Bounds of the checker, from the workers' settings (1.5 s session, 1 s operation timeout,
+    // 1 s fixed leases for half the workers):
+    // - wait_slack: a `wait` may be overrun by one operation still in flight at its deadline
+    //   (the operation timeout), plus 250 ms of scheduling on a busy 2-core machine.
+    // - handoff_bound: a free lock with a waiter is taken at once (the waiter watches its
+    //   predecessor's node). The longest legitimate gap is a hung holder with a fixed lease:
+    //   the next waiter deletes its node once the lease plus STALE_HOLDER_MARGIN is over, then
+    //   takes the lock in one more operation; plus the same 250 ms.
+    let wait_slack = config.op_timeout + Duration::from_millis(250);
+    let handoff_bound = config.lease + STALE_HOLDER_MARGIN + config.op_timeout + Duration::from_millis(250);
+    let session = config.session_timeout;
+    let bound = Duration::from_secs(nemesis::fault_secs() + 150);
+    let run = tokio::time::timeout(bound, nemesis::run(config))
+        .await
+        .unwrap_or_else(|_| panic!("the run took longer than {bound:?}; its workers were killed"));
+    let witness = run.witness_logs().await;
+    let report = checker::check(&CheckInput {
+        backend: "zookeeper",
+        records: &run.records,
+        witness: &witness,
+        wait_slack,
+        handoff_bound,
+    });
+    eprintln!("{report}");
+    eprintln!("faults by kind: {:?}", report.faults());
+    eprintln!("overlaps by class: {:?}", report.overlap_classes());
+    eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
+    let replay = format!("seed {} (replay: {}), history {}", run.seed, run.replay(), run.history_path.display());
+    eprintln!("jepsen_zookeeper: {replay}");
+    assert!(run.problems.is_empty(), "harness problems ({replay}):\n{}", run.problems.join("\n"));
+    assert!(
+        report.violations().is_empty(),
+        "{} violations ({replay}):\n{}",
+        report.violations().len(),
+        report.violations().join("\n")
+    );
+    match std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../GUARANTEES.md")) {
+        Ok(doc) => {
+            let mismatches = guarantees::verify(&report, &doc, "jepsen_zookeeper");
+            assert!(mismatches.is_empty(), "the run contradicts GUARANTEES.md ({replay}):\n{}", mismatches.join("\n"));
+        }
+        Err(e) => eprintln!("GUARANTEES.md not checked: {e}"),
+    }
+
+    // No lock znode left once every worker exited. A killed worker's nodes go with its session
+    // (expired long before: it was killed at least the run's tail earlier), and the server
+    // reaps empty lock containers every CONTAINER_CHECK_INTERVAL; allow both, with room.
+    let hosts = run.zk_hosts().expect("a ZooKeeper run");
+    let reap_bound = session + CONTAINER_CHECK_INTERVAL * 10 + Duration::from_secs(5);
+    let started = Instant::now();
+    loop {
+        let left = zk_server::children(&hosts, &run.root).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < reap_bound, "znodes left under {} ({replay}): {left:?}", run.root);
+        tokio::time::sleep(CONTAINER_CHECK_INTERVAL).await;
+    }
+}
