@@ -3,7 +3,7 @@
 //! a network partition), and hold everything clients send until told to let it through (a
 //! request that is on the wire but not answered yet). For the fault suite it can also
 //! black-hole every connection, present and future, in both directions (a partition: nothing
-//! is forwarded or closed until [`TcpProxy::heal`], then what was in flight is delivered, as
+//! is forwarded or closed until `heal()`, then what was in flight is delivered, as
 //! TCP would after retransmitting) and delay what it forwards.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

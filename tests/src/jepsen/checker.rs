@@ -13,7 +13,7 @@
 //!   `acquire` or `granted` of the name (it let go of the guard without a record), its `exit`, or
 //!   the end of the history.
 //! - **Overlaps.** A grant of the name inside another holder's interval is an overlap, classified
-//!   by the fault that explains it (see [`classify`]); `unexplained` ones are violations. When
+//!   by the fault that explains it (see `classify`); `unexplained` ones are violations. When
 //!   the later grant record has the lower token, it is taken as granted first and logged late,
 //!   and a fault on its own process can explain that.
 //! - **Lost-signal margin.** For every holding that ended with `lost`: the next grant of the name
