@@ -10,6 +10,14 @@
 //!         [--interval MS] [--count N]
 //! ```
 //!
+//! `watch` prints the table (with `--json`: one JSON line) at once and again whenever a
+//! lock is taken, released, changes hands or gains or loses waiters (not when only ages and
+//! leases move on), and exits after `--count` views if given. On ZooKeeper it waits on
+//! watches. On Redis, a release that was waited for and a forced release are announced (the
+//! view follows at once); acquisitions are announced only when the server has keyspace
+//! notifications on (`notify-keyspace-events` including `K` and `g$x`, which `lockctl` never
+//! changes), so it also looks every `--interval` (default 250 ms).
+//!
 //! Install with `cargo install --path lockctl`. `NAME` is the lock's key in the store: the
 //! manager's prefix followed by the lock's name, as `list` shows it.
 //!
@@ -146,7 +154,7 @@ fn command() -> Command {
                         .value_name("MS")
                         .value_parser(clap::value_parser!(u64).range(10..=60_000))
                         .default_value("250")
-                        .help("How often to look, in milliseconds"),
+                        .help("Redis: how often to look for changes Redis does not announce, in milliseconds"),
                 )
                 .arg(
                     Arg::new("count")
@@ -321,8 +329,61 @@ fn confirm(info: &LockInfo) -> Result<(), Failure> {
     }
 }
 
-/// Prints the locks, then again whenever they change (holder, token, waiters; not the ages),
-/// looking every `interval`; stops after `count` views.
+/// What wakes a live view.
+enum Wakeups {
+    #[cfg(feature = "redis")]
+    Redis(Option<lock_runtime::backend::redis::Changes>),
+    #[cfg(feature = "zookeeper")]
+    Zookeeper,
+}
+
+impl Store {
+    /// What wakes a live view of the locks under `prefix`.
+    async fn wakeups(&self, prefix: &str) -> Result<Wakeups, LockError> {
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis(b) => Ok(Wakeups::Redis(Some(b.changes(prefix).await?))),
+            #[cfg(feature = "zookeeper")]
+            Store::Zookeeper(_) => Ok(Wakeups::Zookeeper),
+        }
+    }
+
+    /// Waits for the next reason to look again: on Redis, an announcement or `interval`
+    /// (acquisitions are announced only with keyspace notifications on); on ZooKeeper, a watch.
+    async fn next_change(&self, wakeups: &mut Wakeups, prefix: &str, interval: Duration) -> Result<(), LockError> {
+        match (self, wakeups) {
+            #[cfg(feature = "redis")]
+            (Store::Redis(_), Wakeups::Redis(changes)) => {
+                let announced = async {
+                    match changes {
+                        Some(c) => {
+                            if c.next().await.is_none() {
+                                *changes = None; // closed: look every interval from now on
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = announced => {}
+                    _ = tokio::time::sleep(interval) => {}
+                }
+                Ok(())
+            }
+            #[cfg(feature = "zookeeper")]
+            (Store::Zookeeper(b), _) => b.changed(prefix).await,
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = prefix;
+                tokio::time::sleep(interval).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Prints the locks, then again whenever they change (holder, token, waiters; not the ages);
+/// stops after `count` views.
 async fn watch(
     store: &Store,
     prefix: &str,
@@ -331,6 +392,7 @@ async fn watch(
     json: bool,
     mut print: impl FnMut(&str) -> Result<(), Failure>,
 ) -> Result<(), Failure> {
+    let mut wakeups = store.wakeups(prefix).await?;
     let mut last: Option<Vec<Value>> = None;
     let mut shown = 0u64;
     loop {
@@ -352,7 +414,7 @@ async fn watch(
                 return Ok(());
             }
         }
-        tokio::time::sleep(interval).await;
+        store.next_change(&mut wakeups, prefix, interval).await?;
     }
 }
 

@@ -151,45 +151,67 @@ async fn release_frees_the_lock(store: &Store, holder: LockGuard, waiter: &LockM
     taken.release().await.expect("release");
 }
 
-/// `watch --json` prints a line when a lock is taken and another when it is released.
-async fn watch_prints_changes(store: &Store, manager: &LockManager, prefix: &str, name: &str) {
-    let args: Vec<String> = store
-        .args(&["watch", "--prefix", prefix, "--json", "--interval", "50", "--count", "3"])
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run lockctl watch");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
+/// A running `lockctl watch --json`, its lines read by a thread.
+struct Watch {
+    child: std::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Watch {
+    fn start(args: &[&str]) -> Watch {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run lockctl watch");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        }
-    });
-    async fn line(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Value {
-        let line = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("a view in time");
+        });
+        Watch { child, lines }
+    }
+
+    /// The next view, within `within`.
+    async fn next(&mut self, within: Duration) -> Value {
+        let line = tokio::time::timeout(within, self.lines.recv()).await.expect("a view in time");
         let line = line.expect("a line");
         serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
     }
-    let first = line(&mut rx).await;
+
+    async fn exits_cleanly(mut self) {
+        let status = tokio::task::spawn_blocking(move || self.child.wait()).await.expect("task").expect("wait");
+        assert!(status.success(), "watch exits 0 after --count views");
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `watch --json` prints a line when a lock is taken and another when it is released.
+async fn watch_prints_changes(store: &Store, manager: &LockManager, prefix: &str, name: &str) {
+    let mut watch =
+        Watch::start(&store.args(&["watch", "--prefix", prefix, "--json", "--interval", "50", "--count", "3"]));
+    let first = watch.next(Duration::from_secs(10)).await;
     assert_eq!(first["locks"].as_array().map(Vec::len), Some(0), "{first}");
     let guard = manager.lock(name).await.expect("lock");
-    let taken = line(&mut rx).await;
+    let taken = watch.next(Duration::from_secs(10)).await;
     assert_eq!(taken["locks"][0]["fencing_token"], guard.fencing_token(), "{taken}");
     assert_eq!(taken["locks"][0]["holder"]["label"], LABEL, "{taken}");
     guard.release().await.expect("release");
-    let freed = line(&mut rx).await;
+    let freed = watch.next(Duration::from_secs(10)).await;
     assert_eq!(freed["locks"].as_array().map(Vec::len), Some(0), "{freed}");
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.expect("task").expect("wait");
-    assert!(status.success(), "watch exits 0 after --count views");
+    watch.exits_cleanly().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,6 +263,32 @@ async fn redis_shows_a_waited_on_lock() {
     waiting.await.expect("task").expect("the waiter gets it");
 }
 
+/// A release that was waited for is announced: `watch` shows it at once, not at its next look
+/// (a minute away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_watch_follows_announced_releases() {
+    let server = RedisServer::start();
+    let store = Store { flag: "--redis", address: server.url() };
+    let manager = redis_manager(&server, "w:", Duration::from_secs(5)).await;
+    let waiter = redis_manager(&server, "w:", Duration::from_secs(5)).await;
+    let guard = manager.lock("x").await.expect("lock");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("x").wait(Duration::from_secs(30)).await.expect("the waiter gets it");
+        tokio::time::sleep(Duration::from_secs(30)).await; // hold it: the view settles
+        drop(guard);
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await; // queued, the lock marked waited on
+    let mut watch = Watch::start(&store.args(&["watch", "--prefix", "w:", "--json", "--interval", "60000"]));
+    let first = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(first["locks"][0]["fencing_token"], guard.fencing_token(), "{first}");
+    assert_eq!(first["locks"][0]["waited_on"], true, "{first}");
+    let token = guard.fencing_token();
+    guard.release().await.expect("release");
+    let next = watch.next(Duration::from_secs(5)).await;
+    assert_ne!(next["locks"][0]["fencing_token"], token, "{next}");
+    waiting.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_list_show_release_and_watch() {
     let hosts = zk_server::shared().hosts();
@@ -279,6 +327,17 @@ async fn zookeeper_list_show_release_and_watch() {
     free_names_are_not_found(&store, &prefix).await;
     release_frees_the_lock(&store, guard, &waiter, &key, "order:1").await;
     watch_prints_changes(&store, &manager, &prefix, "order:2").await;
+
+    // ZooKeeper's view follows watches, not looks: a minute's interval changes nothing.
+    let mut watch =
+        Watch::start(&store.args(&["watch", "--prefix", &prefix, "--json", "--interval", "60000", "--count", "2"]));
+    let empty = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(empty["locks"].as_array().map(Vec::len), Some(0), "{empty}");
+    let guard = manager.lock("order:3").await.expect("lock");
+    let taken = watch.next(Duration::from_secs(5)).await;
+    assert_eq!(taken["locks"][0]["fencing_token"], guard.fencing_token(), "{taken}");
+    watch.exits_cleanly().await;
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]

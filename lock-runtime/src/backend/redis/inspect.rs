@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::Value;
 
 use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, KIND};
@@ -96,6 +97,49 @@ impl RedisBackend {
             0 => ForceRelease::NotHeld,
             _ => ForceRelease::OwnerChanged(owner),
         })
+    }
+}
+
+/// Announcements of changes to the locks under a prefix ([`RedisBackend::changes`]), on a
+/// pub/sub connection of its own.
+pub struct Changes {
+    stream: redis::aio::PubSubStream,
+}
+
+impl std::fmt::Debug for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Changes")
+    }
+}
+
+impl Changes {
+    /// The next announcement: the pub/sub channel it came on. `None` once the connection is
+    /// closed (subscribe again).
+    pub async fn next(&mut self) -> Option<String> {
+        self.stream.next().await.map(|msg| msg.get_channel_name().to_owned())
+    }
+}
+
+impl RedisBackend {
+    /// Subscribes to what Redis announces about the locks whose key starts with `prefix`: their
+    /// release channels (a release someone waited for, a forced release) and, when the server
+    /// has keyspace notifications on (`notify-keyspace-events` with `K` and `g$x`, which this
+    /// never turns on), their keys' events, taking included. Redis announces nothing else, so
+    /// a live view also looks again now and then.
+    pub async fn changes(&self, prefix: &str) -> Result<Changes, LockError> {
+        let key = glob_escape(prefix);
+        let timeout = self.inner.options.command_timeout;
+        let subscribe = async {
+            let mut pubsub = self.inner.client.get_async_pubsub().await?;
+            pubsub.psubscribe(format!("lock:{{{key}*:released")).await?;
+            pubsub.psubscribe(format!("__keyspace@*__:lock:{{{key}*")).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(timeout, subscribe).await {
+            Ok(Ok(pubsub)) => Ok(Changes { stream: pubsub.into_on_message() }),
+            Ok(Err(e)) => Err(LockError::backend(prefix, KIND, "subscribe", e)),
+            Err(_) => Err(LockError::timed_out(prefix, KIND, "subscribe", timeout)),
+        }
     }
 }
 

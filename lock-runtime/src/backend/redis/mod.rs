@@ -139,6 +139,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
+pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
@@ -266,6 +267,8 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: ConnectionManager,
+    /// For connections of their own (inspection tools' subscriptions).
+    client: redis::Client,
     waiters: Waiters,
     options: RedisOptions,
     url: String,
@@ -321,8 +324,8 @@ impl RedisBackend {
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
         let timings = Timings { timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
-        let waiters = Waiters::start(&runtime, client, timings);
-        Ok(RedisBackend { inner: Arc::new(Inner { conn, waiters, options, url: shown, runtime }) })
+        let waiters = Waiters::start(&runtime, client.clone(), timings);
+        Ok(RedisBackend { inner: Arc::new(Inner { conn, client, waiters, options, url: shown, runtime }) })
     }
 
     /// The options this backend was created with.

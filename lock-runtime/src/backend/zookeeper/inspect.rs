@@ -75,6 +75,36 @@ impl ZookeeperBackend {
         Err(LockError::backend(key, KIND, OP, "the lock changed hands too often to force its release"))
     }
 
+    /// Completes once the locks whose key starts with `prefix` may have changed: a lock's node
+    /// container created or deleted, a node queued or removed (a lock taken, released, waited
+    /// for). Sets one watch on the lock root and one on each lock's container.
+    pub async fn changed(&self, prefix: &str) -> Result<(), LockError> {
+        const OP: &str = "watch";
+        let client = self.client(prefix, OP).await?;
+        let root = self.options().get_root();
+        let mut watches = tokio::task::JoinSet::new();
+        let dirs = match client.list_and_watch_children(root).await {
+            Ok((dirs, watcher)) => {
+                watches.spawn(async move { drop(watcher.changed().await) });
+                dirs
+            }
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(prefix, OP, e)),
+        };
+        for dir in dirs.iter().filter(|d| decode(d).is_some_and(|k| k.starts_with(prefix))) {
+            match client.list_and_watch_children(&format!("{root}/{dir}")).await {
+                Ok((_, watcher)) => drop(watches.spawn(async move { drop(watcher.changed().await) })),
+                Err(ZkError::NoNode) => return Ok(()), // gone since the listing: a change
+                Err(e) => return Err(zk_error(prefix, OP, e)),
+            }
+        }
+        if watches.is_empty() {
+            std::future::pending::<()>().await;
+        }
+        let _ = watches.join_next().await;
+        Ok(())
+    }
+
     async fn client(&self, name: &str, operation: &'static str) -> Result<Client, LockError> {
         Ok(self.shared.session(name, operation).await?.client.clone())
     }
