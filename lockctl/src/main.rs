@@ -39,8 +39,9 @@
 //! # Releasing
 //!
 //! `release NAME --force` frees the lock at once and wakes its waiters; the holder's guard
-//! reports the lock lost (`lost()` completes: on Redis at its next renewal, on ZooKeeper at
-//! once). Without `--force`, `lockctl` asks for confirmation when standard input is a
+//! reports the lock lost (`lost()` completes: on ZooKeeper at once; on Redis at its next
+//! renewal, within a third of its lease, but for a fixed `lease` only when that lease ends,
+//! since nothing renews it: Redis tells the holder nothing). Without `--force`, `lockctl` asks for confirmation when standard input is a
 //! terminal, and refuses otherwise. The lock is freed only if the holder shown is still the
 //! holder.
 //!

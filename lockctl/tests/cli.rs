@@ -263,6 +263,30 @@ async fn redis_shows_a_waited_on_lock() {
     waiting.await.expect("task").expect("the waiter gets it");
 }
 
+/// A forced release is announced like a release: a waiter in another process gets a lock whose
+/// fixed lease has half a minute left at once, not when the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_forced_release_wakes_the_waiters_at_once() {
+    let server = RedisServer::start();
+    let store = Store { flag: "--redis", address: server.url() };
+    let manager = redis_manager(&server, "", Duration::from_secs(5)).await;
+    let waiter = redis_manager(&server, "", Duration::from_secs(5)).await;
+    let guard = manager.lock("fixed").lease(Duration::from_secs(30)).await.expect("lock");
+    let waiting = tokio::spawn(async move { waiter.lock("fixed").wait(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await; // queued
+    let started = Instant::now();
+    let released = lockctl(&store.args(&["release", "fixed", "--force"])).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    assert!(released.stdout.contains(LABEL), "{}", released.stdout);
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken at once");
+    let taken = taken.expect("task").expect("the waiter gets the lock");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(taken.fencing_token() > guard.fencing_token());
+    let err = guard.release().await.expect_err("the forced-out holder's release");
+    assert!(err.is_lost(), "{err}");
+    taken.release().await.expect("release");
+}
+
 /// A release that was waited for is announced: `watch` shows it at once, not at its next look
 /// (a minute away here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

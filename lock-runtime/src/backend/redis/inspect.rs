@@ -85,7 +85,8 @@ impl RedisBackend {
     /// process) as a release does (`force_release.lua`). With `expected_owner` (a
     /// [`LockInfo::owner`] read before), only if that owner still holds it. The holder is not
     /// told at once: its next renewal (or its release) finds the key gone and reports the lock
-    /// lost ([`LockGuard::lost`](crate::LockGuard::lost) fires).
+    /// lost ([`LockGuard::lost`](crate::LockGuard::lost) fires). A lock with a fixed lease is
+    /// never renewed: its holder's `lost()` fires when that lease ends, as it would anyway.
     pub async fn force_release(&self, key: &str, expected_owner: Option<&str>) -> Result<ForceRelease, LockError> {
         let layout = KeyLayout::of(key);
         let mut invocation = FORCE_RELEASE.prepare_invoke();
