@@ -120,7 +120,8 @@ impl LockManagerBuilder {
     /// A label for this process's locks, stored with each of them next to the host name and
     /// the process id (see [`Holder`]), so that `lockctl` can tell who holds a lock, e.g.
     /// `"billing-worker"`. Characters other than ASCII letters, digits, `-`, `_`, `.` and `:`
-    /// become `_`; at most 64 are kept. Default: none.
+    /// become `_`; at most 64 are kept. Default: none. (The text is kept for the life of the
+    /// process, once per distinct label.)
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self

@@ -140,8 +140,17 @@ fn process_id() -> u128 {
 /// assert_eq!(parsed, me);
 /// assert_eq!(Holder::parse("db-1/42").and_then(|h| h.label().map(str::to_owned)), None);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Holder(Arc<str>);
+#[derive(Clone)]
+pub struct Holder(HolderText);
+
+/// A process's own holder text is interned (one per label, never freed), so that handing it to
+/// every acquisition copies a pointer: no reference count shared by all threads on the hot
+/// path. Texts read back from a store are reference-counted.
+#[derive(Clone)]
+enum HolderText {
+    Interned(&'static str),
+    Read(Arc<str>),
+}
 
 /// The longest host name or label kept in a [`Holder`], in bytes.
 const HOLDER_PART_MAX: usize = 64;
@@ -150,11 +159,11 @@ impl Holder {
     /// This process, with `label` (`None` or empty for none). The host name is read from
     /// `/proc/sys/kernel/hostname`, else the `HOSTNAME` variable, else `unknown`.
     pub fn of_process(label: Option<&str>) -> Holder {
-        static UNLABELLED: OnceLock<Holder> = OnceLock::new();
-        match label.map(sanitize).filter(|l| !l.is_empty()) {
-            None => UNLABELLED.get_or_init(|| Holder(format!("{}/{}", host_name(), std::process::id()).into())).clone(),
-            Some(label) => Holder(format!("{}/{}/{label}", host_name(), std::process::id()).into()),
-        }
+        let text = match label.map(sanitize).filter(|l| !l.is_empty()) {
+            None => format!("{}/{}", host_name(), std::process::id()),
+            Some(label) => format!("{}/{}/{label}", host_name(), std::process::id()),
+        };
+        Holder(HolderText::Interned(intern(text)))
     }
 
     /// Reads `host/pid[/label]` back; `None` when `text` is not in that form.
@@ -168,39 +177,68 @@ impl Holder {
         if !clean(host) || !label.is_none_or(clean) {
             return None;
         }
-        Some(Holder(text.into()))
+        Some(Holder(HolderText::Read(text.into())))
     }
 
     /// The host name.
     pub fn host(&self) -> &str {
-        self.0.split('/').next().unwrap_or("")
+        self.as_str().split('/').next().unwrap_or("")
     }
 
     /// The process id, if the text holds a valid one.
     pub fn pid(&self) -> Option<u32> {
-        self.0.split('/').nth(1)?.parse().ok()
+        self.as_str().split('/').nth(1)?.parse().ok()
     }
 
     /// The label, if the manager was given one.
     pub fn label(&self) -> Option<&str> {
-        self.0.splitn(3, '/').nth(2)
+        self.as_str().splitn(3, '/').nth(2)
     }
 
     /// The text, `host/pid[/label]`.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            HolderText::Interned(text) => text,
+            HolderText::Read(text) => text,
+        }
+    }
+}
+
+/// `text` as a `&'static str`, leaked once per distinct text (a process uses one per label).
+fn intern(text: String) -> &'static str {
+    static TEXTS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut texts = TEXTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = texts.iter().find(|t| **t == text) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(text.into_boxed_str());
+    texts.push(leaked);
+    leaked
+}
+
+impl PartialEq for Holder {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Holder {}
+
+impl std::hash::Hash for Holder {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
     }
 }
 
 impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
