@@ -121,6 +121,214 @@ fn process_id() -> u128 {
     })
 }
 
+/// Which process holds a lock: its host name, process id and an optional label, stored with
+/// every lock the process takes (so that an operator, or `lockctl`, can tell who holds it).
+///
+/// Written `host/pid` or `host/pid/label`. Host and label keep ASCII letters, digits and
+/// `-`, `_`, `.`, `:`; any other character becomes `_`, and each is cut to 64 bytes, so the
+/// text never holds the separators of the stored formats (`/`, `@`, `#`, `+`, `;`, `=`) and
+/// stays short (it is sent with every acquisition). The label is set per manager with
+/// [`LockManagerBuilder::label`](crate::LockManagerBuilder::label).
+///
+/// ```
+/// use lock_runtime::backend::Holder;
+///
+/// let me = Holder::of_process(Some("billing worker"));
+/// assert_eq!(me.pid(), Some(std::process::id()));
+/// assert_eq!(me.label(), Some("billing_worker"));
+/// let parsed = Holder::parse(&me.to_string()).expect("parses");
+/// assert_eq!(parsed, me);
+/// assert_eq!(Holder::parse("db-1/42").and_then(|h| h.label().map(str::to_owned)), None);
+/// ```
+#[derive(Clone)]
+pub struct Holder(HolderText);
+
+/// A process's own holder text is interned (one per label, never freed), so that handing it to
+/// every acquisition copies a pointer: no reference count shared by all threads on the hot
+/// path. Texts read back from a store are reference-counted.
+#[derive(Clone)]
+enum HolderText {
+    Interned(&'static str),
+    Read(Arc<str>),
+}
+
+/// The longest host name or label kept in a [`Holder`], in bytes.
+const HOLDER_PART_MAX: usize = 64;
+
+impl Holder {
+    /// This process, with `label` (`None` or empty for none). The host name is read from
+    /// `/proc/sys/kernel/hostname`, else the `HOSTNAME` variable, else `unknown`.
+    pub fn of_process(label: Option<&str>) -> Holder {
+        let text = match label.map(sanitize).filter(|l| !l.is_empty()) {
+            None => format!("{}/{}", host_name(), std::process::id()),
+            Some(label) => format!("{}/{}/{label}", host_name(), std::process::id()),
+        };
+        Holder(HolderText::Interned(intern(text)))
+    }
+
+    /// Reads `host/pid[/label]` back; `None` when `text` is not in that form.
+    pub fn parse(text: &str) -> Option<Holder> {
+        let mut parts = text.splitn(3, '/');
+        let host = parts.next().filter(|h| !h.is_empty())?;
+        let pid = parts.next()?;
+        pid.parse::<u32>().ok()?;
+        let label = parts.next();
+        let clean = |s: &str| !s.is_empty() && sanitize(s) == s;
+        if !clean(host) || !label.is_none_or(clean) {
+            return None;
+        }
+        Some(Holder(HolderText::Read(text.into())))
+    }
+
+    /// The host name.
+    pub fn host(&self) -> &str {
+        self.as_str().split('/').next().unwrap_or("")
+    }
+
+    /// The process id, if the text holds a valid one.
+    pub fn pid(&self) -> Option<u32> {
+        self.as_str().split('/').nth(1)?.parse().ok()
+    }
+
+    /// The label, if the manager was given one.
+    pub fn label(&self) -> Option<&str> {
+        self.as_str().splitn(3, '/').nth(2)
+    }
+
+    /// The text, `host/pid[/label]`.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            HolderText::Interned(text) => text,
+            HolderText::Read(text) => text,
+        }
+    }
+}
+
+/// `text` as a `&'static str`, leaked once per distinct text (a process uses one per label).
+fn intern(text: String) -> &'static str {
+    static TEXTS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut texts = TEXTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = texts.iter().find(|t| **t == text) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(text.into_boxed_str());
+    texts.push(leaked);
+    leaked
+}
+
+impl PartialEq for Holder {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Holder {}
+
+impl std::hash::Hash for Holder {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// Keeps `[A-Za-z0-9-_.:]`, turns anything else into `_`, cuts to [`HOLDER_PART_MAX`] bytes.
+fn sanitize(part: &str) -> String {
+    part.trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') { c } else { '_' })
+        .take(HOLDER_PART_MAX)
+        .collect()
+}
+
+/// This machine's host name (sanitised), read once.
+fn host_name() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let read = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+        let name = read.or_else(|| std::env::var("HOSTNAME").ok()).map(|h| sanitize(&h)).unwrap_or_default();
+        if name.is_empty() {
+            "unknown".to_owned()
+        } else {
+            name
+        }
+    })
+}
+
+/// What a store can tell about one held lock, for inspection tools (`lockctl`). A field the
+/// store cannot know is `None` ("unknown"), never guessed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The key in the backend: the manager's prefix followed by the lock's name.
+    pub key: String,
+    /// The holding acquisition's owner id, as stored.
+    pub owner: String,
+    /// The holding process, when it stored one (older versions did not).
+    pub holder: Option<Holder>,
+    /// The fencing token the holder was granted.
+    pub fencing_token: Option<u64>,
+    /// How long ago the lock was granted (by the store's clock where it has one).
+    pub age: Option<Duration>,
+    /// `age` is an upper bound: counted from when the holder queued, which may be before it
+    /// was granted the lock (ZooKeeper, for a holder that does not record its grant).
+    pub age_at_most: bool,
+    /// The lease left before the store frees the lock by itself; `None` when unknown or when
+    /// the lock has no lease (see `session_bound`).
+    pub remaining_lease: Option<Duration>,
+    /// Held for as long as the holder's session lives (ZooKeeper without a fixed lease).
+    pub session_bound: bool,
+    /// Acquisitions queued behind the holder, when the store knows them all (ZooKeeper).
+    pub waiters: Option<u64>,
+    /// Whether some acquisition found the lock held and waits for its release (Redis's
+    /// waited-on mark), when the store records it.
+    pub waited_on: Option<bool>,
+    /// Connections subscribed to the lock's release channel (Redis: processes with a waiter
+    /// now, or within their unsubscribe grace), when the store has such a channel.
+    pub subscribers: Option<u64>,
+}
+
+impl LockInfo {
+    /// A record of a held lock where nothing but the key and the owner is known yet.
+    pub fn new(key: impl Into<String>, owner: impl Into<String>) -> Self {
+        LockInfo {
+            key: key.into(),
+            owner: owner.into(),
+            holder: None,
+            fencing_token: None,
+            age: None,
+            age_at_most: false,
+            remaining_lease: None,
+            session_bound: false,
+            waiters: None,
+            waited_on: None,
+            subscribers: None,
+        }
+    }
+}
+
+/// How a forced release ([`RedisBackend::force_release`](redis::RedisBackend::force_release),
+/// …) ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForceRelease {
+    /// The lock was freed (its waiters are woken); holds the owner it was taken from.
+    Released(String),
+    /// Nobody held it.
+    NotHeld,
+    /// Another owner than the expected one holds it now (left untouched); holds that owner.
+    OwnerChanged(String),
+}
+
 /// How the lease of an acquisition is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lease {
@@ -149,6 +357,9 @@ pub struct Acquire {
     pub key: Arc<str>,
     /// Unique to this acquisition.
     pub owner: OwnerId,
+    /// The process taking it (host, pid, the manager's label): stored with the lock where
+    /// the store can keep it.
+    pub holder: Holder,
     /// How the lease is kept.
     pub lease: Lease,
 }

@@ -1,10 +1,13 @@
 -- acquire.lua: one attempt to take a lock, minting its fencing token; an attempt that finds
 -- the lock held marks it as waited on, so that its release is announced.
 --
--- KEYS[1]  the lock key, `lock:{<key>}` (a string holding the owner id, followed by `+` once
---          someone waits for it; expires with the lease)
+-- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, followed by
+--          `+` once someone waits for it; expires with the lease. `<owner>` is ARGV[1] of the
+--          acquisition holding it, `<token>` its fencing token, `<granted ms>` the server's
+--          clock in milliseconds when it was granted (for inspection tools)
 -- KEYS[2]  the fencing counter of the lock key's hash slot, `lock:fence:{<slot tag>}` (same slot)
--- ARGV[1]  the owner id: unique to this acquisition
+-- ARGV[1]  the owner: unique to this acquisition (`<owner id>@<host>/<pid>[/<label>]`, without
+--          `#` or `+`)
 -- ARGV[2]  the lease in milliseconds
 --
 -- Returns  {1, token}  acquired: `token` is strictly greater than every token handed out
@@ -16,8 +19,8 @@
 -- Why the mark: release.lua publishes only for a marked value. The mark is set in the same
 -- atomic step that sees the lock held, so a release either comes before that step (and this
 -- attempt takes the lock) or after it (and publishes). APPEND keeps the key's expiry.
--- A value already holding this owner id (an earlier attempt of the same acquisition took the
--- lock but its answer was lost) is granted again, with a fresh lease and token.
+-- A value already holding this owner (an earlier attempt of the same acquisition took the
+-- lock but its answer was lost) is granted again, with a fresh lease and token (and its mark).
 
 -- Scripts replicate their effects, not themselves (the default from Redis 7), so that reading
 -- the clock is allowed before writing.
@@ -25,26 +28,27 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 
--- The next token: one above the counter, but never below the server's clock in microseconds.
--- A counter lost with the data (a restart without persistence, FLUSHALL, eviction, a failover
--- to a replica that had not received it) thus restarts above every token handed out before,
--- as long as the server's clock has not been set back past them. (2^53 microseconds, the
--- largest integer a Lua number holds exactly, is reached in the year 2255.)
-local function mint()
+local holder = redis.call('get', KEYS[1])
+local mine = ARGV[1] .. '#'
+if holder == false or string.sub(holder, 1, #mine) == mine then
+  -- The next token: one above the counter, but never below the server's clock in
+  -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
+  -- eviction, a failover to a replica that had not received it) thus restarts above every
+  -- token handed out before, as long as the server's clock has not been set back past them.
+  -- (2^53 microseconds, the largest integer a Lua number holds exactly, is reached in the
+  -- year 2255.)
   local now = redis.call('time')
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local token = math.max((tonumber(redis.call('get', KEYS[2])) or 0) + 1, clock)
-  redis.call('set', KEYS[2], string.format('%d', token))
-  return token
-end
-
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, mint()}
-end
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] or holder == ARGV[1] .. '+' then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, mint()}
+  local minted = string.format('%d', token)
+  redis.call('set', KEYS[2], minted)
+  local mark = ''
+  if holder ~= false and string.sub(holder, -1) == '+' then
+    mark = '+'
+  end
+  local granted = string.format('%d', math.floor(clock / 1000))
+  redis.call('set', KEYS[1], mine .. minted .. '#' .. granted .. mark, 'PX', ARGV[2])
+  return {1, token}
 end
 if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
   redis.call('append', KEYS[1], '+')

@@ -5,7 +5,7 @@
 //!
 //! | what | name |
 //! |---|---|
-//! | the lock (a string: the owner id, expiring with the lease) | `lock:{<key>}` |
+//! | the lock (a string `<owner id>@<holder>#<token>#<granted ms>`, then `+` once waited on; expiring with the lease) | `lock:{<key>}` |
 //! | the channel a release publishes on | `lock:{<key>}:released` |
 //! | the fencing counter of the slot | `lock:fence:{<tag>}`, `<tag>` a short string of the same slot |
 //!
@@ -36,6 +36,19 @@ impl KeyLayout {
         let channel = format!("{lock}:released");
         let fence = format!("lock:fence:{{{}}}", slot_tag(key_slot(lock.as_bytes())));
         KeyLayout { lock, channel, fence }
+    }
+
+    /// The backend key of a lock key (`lock:{<key>}` gives `<key>`); `None` for any other
+    /// Redis key (a channel, a counter, a foreign key).
+    ///
+    /// ```
+    /// use lock_runtime::backend::redis::KeyLayout;
+    /// let layout = KeyLayout::of("myapp:order/42");
+    /// assert_eq!(KeyLayout::key_of(&layout.lock), Some("myapp:order/42"));
+    /// assert_eq!(KeyLayout::key_of(&layout.fence), None);
+    /// ```
+    pub fn key_of(lock: &str) -> Option<&str> {
+        lock.strip_prefix("lock:{")?.strip_suffix('}')
     }
 }
 

@@ -24,10 +24,18 @@
 //!   (`acquire.lua`, `extend.lua`, `release.lua`, `watch.lua` beside this file, each stating
 //!   its keys, arguments and answers), sent by SHA (`EVALSHA`) and loaded again transparently
 //!   when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
-//! - **The lock** is a string key holding the owner id (unique to each acquisition), set with
-//!   `NX` and a `PX` lease, followed by `+` once someone waits for it (see *Waiting*). Extend
-//!   and release act only when the key still holds the caller's owner id; otherwise the caller
-//!   learns that the lock was lost ([`LockError::is_lost`](crate::LockError::is_lost)).
+//! - **The lock** is a string key `<owner>#<token>#<granted ms>` with a `PX` lease, set only
+//!   when the key is absent, followed by `+` once someone waits for it (see *Waiting*). The
+//!   owner is `<owner id>@<holder>`: the acquisition's unique [`OwnerId`](super::OwnerId) and
+//!   the process that took it ([`Holder`](super::Holder): host, pid and the manager's label);
+//!   then the lock's fencing token and the server's clock at the grant, in milliseconds. So an
+//!   operator (or `lockctl`, through [`RedisBackend::list`] / [`RedisBackend::inspect`]) sees
+//!   who holds a lock, since when and with which token; about 80 bytes per held lock. Extend
+//!   and release act only when the value still starts with the caller's owner and `#`;
+//!   otherwise the caller learns that the lock was lost
+//!   ([`LockError::is_lost`](crate::LockError::is_lost)). An operator can free a lock whose
+//!   holder is gone with [`RedisBackend::force_release`] (`force_release.lua`): its waiters
+//!   are woken, and the holder's next renewal reports it lost.
 //! - **Fencing tokens** are minted by the acquire script itself (no extra round trip): one
 //!   above the counter of the lock's Redis Cluster hash slot (see [`KeyLayout`]), and never
 //!   below the server's clock (`TIME`) in microseconds. Tokens therefore strictly increase per
@@ -107,8 +115,8 @@
 //!
 //! # Cost
 //!
-//! An uncontended lock/release cycle is two script calls: acquire (`SET NX PX` + `TIME` and the counter) and
-//! release (`GET` + `DEL`), four server commands, nothing published. Under contention, when
+//! An uncontended lock/release cycle is two script calls: acquire (`GET`, `TIME`, the counter, `SET PX`) and
+//! release (`GET` + `DEL`), seven server commands, nothing published. Under contention, when
 //! the competing tasks share one process, an acquisition costs the same two calls (a new
 //! request queues behind the local waiters without an attempt, and a release wakes the head
 //! directly); each other competing process adds about one attempt per acquisition (its
@@ -120,6 +128,7 @@
 //! hand it over 7,500 to 11,000 times a second, every acquisition a hand-off, with fairness
 //! 1.00 (fewest over most acquisitions per task).
 
+mod inspect;
 mod layout;
 mod waiters;
 
@@ -130,6 +139,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
+pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
@@ -148,6 +158,7 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("ac
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
+static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force_release.lua")));
 
 /// The default [`RedisOptions::command_timeout`].
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -256,6 +267,8 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: ConnectionManager,
+    /// For connections of their own (inspection tools' subscriptions).
+    client: redis::Client,
     waiters: Waiters,
     options: RedisOptions,
     url: String,
@@ -311,8 +324,8 @@ impl RedisBackend {
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
         let timings = Timings { timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
-        let waiters = Waiters::start(&runtime, client, timings);
-        Ok(RedisBackend { inner: Arc::new(Inner { conn, waiters, options, url: shown, runtime }) })
+        let waiters = Waiters::start(&runtime, client.clone(), timings);
+        Ok(RedisBackend { inner: Arc::new(Inner { conn, client, waiters, options, url: shown, runtime }) })
     }
 
     /// The options this backend was created with.
@@ -660,7 +673,7 @@ impl LockBackend for RedisBackend {
 
     fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
         let layout = KeyLayout::of(&req.key);
-        let owner: Arc<str> = req.owner.to_string().into();
+        let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
         Box::new(RedisAcquisition { backend: self.clone(), req, layout, owner, slot: None, in_flight: false })
     }
 
@@ -715,7 +728,12 @@ mod tests {
 
     #[test]
     fn scripts_state_their_interface() {
-        for src in [include_str!("acquire.lua"), include_str!("extend.lua"), include_str!("release.lua")] {
+        for src in [
+            include_str!("acquire.lua"),
+            include_str!("extend.lua"),
+            include_str!("release.lua"),
+            include_str!("force_release.lua"),
+        ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
         let watch = include_str!("watch.lua");

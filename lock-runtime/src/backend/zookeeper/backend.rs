@@ -35,7 +35,7 @@ pub struct ZookeeperStats {
 /// [module docs](super) for the recipe and how leases and sessions map onto each other.
 #[derive(Clone)]
 pub struct ZookeeperBackend {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl fmt::Debug for ZookeeperBackend {
@@ -216,7 +216,7 @@ impl ZkAcquisition {
         self.shared.purged(&self.dir).await;
         let session = self.shared.session(&self.req.name, operation).await?;
         self.state = State::Creating(Arc::downgrade(&session));
-        let data = LeaseRecord::initial(self.req.lease);
+        let data = LeaseRecord::initial(self.req.lease, &self.req.holder);
         let root = self.shared.options.get_root();
         let node = create_node(&session.client, root, &self.dir, &self.owner, &data, self.patience())
             .await
@@ -265,7 +265,8 @@ impl ZkAcquisition {
         operation: &'static str,
     ) -> Result<Grant, LockError> {
         if let (Lease::Fixed(lease), true) = (self.req.lease, waited) {
-            if let Err(e) = record_grant(&session.client, &node.path, lease, self.patience()).await {
+            let data = LeaseRecord::granted(lease, &self.req.holder);
+            if let Err(e) = record_grant(&session.client, &node.path, &data, self.patience()).await {
                 if matches!(e, ZkError::NoNode) {
                     self.state = State::Idle;
                     return Err(gone(
@@ -393,10 +394,9 @@ impl ZkAcquisition {
 /// lost reply, the node's data tells whether the record was made; and since waiters only ever
 /// delete a node, a retry refused with `BadVersion` means that our first write was applied
 /// (a follower that had not applied it yet answered the look).
-async fn record_grant(client: &Client, path: &str, lease: Duration, patience: Duration) -> Result<(), ZkError> {
-    let data = LeaseRecord::granted(lease);
+async fn record_grant(client: &Client, path: &str, data: &[u8], patience: Duration) -> Result<(), ZkError> {
     for retry in 0..3 {
-        match client.set_data(path, &data, Some(0)).await {
+        match client.set_data(path, data, Some(0)).await {
             Ok(_) => return Ok(()),
             Err(ZkError::BadVersion) if retry > 0 => return Ok(()),
             Err(ZkError::ConnectionLoss) => {

@@ -72,9 +72,11 @@
 //!
 //! **Every lease is counted from its grant**, also by the waiters, for the case where the
 //! holder's process cannot delete its node (it hangs with its session alive, or is cut off from
-//! the ensemble). The fixed lease is recorded in the node's data (`lease_ms=<n>`), and a holder
-//! that *waited* records its grant before it takes the lock, by rewriting the data to
-//! `lease_ms=<n>;granted` (conditional on the node's first version); its `granted_at` is taken
+//! the ensemble). The fixed lease is recorded in the node's data (`holder=<h>;lease_ms=<n>`,
+//! `<h>` the [`Holder`](crate::backend::Holder): host, pid and the manager's label, also
+//! recorded alone for a watchdog lease, so that `lockctl` can tell who holds a lock), and a
+//! holder that *waited* records its grant before it takes the lock, by rewriting the data to
+//! `holder=<h>;lease_ms=<n>;granted` (conditional on the node's first version); its `granted_at` is taken
 //! before that write. The next waiter (the one watching the holder) deletes the holder's node
 //! once the lease plus [`STALE_HOLDER_MARGIN`] is over:
 //!
@@ -101,7 +103,9 @@
 //! the next operation connects a new session, so new attempts work again once the ensemble is
 //! reachable; while it is not, they fail at once with an [`is_backend`](LockError::is_backend)
 //! error. Each held lock also watches its own node, so a node deleted by anyone else (an
-//! operator, another tool) fires `lost()` too.
+//! operator, another tool, [`ZookeeperBackend::force_release`]) fires `lost()` too.
+//! [`ZookeeperBackend::list`] and [`ZookeeperBackend::inspect`] show the held locks: holder,
+//! token (`czxid`), age, lease and the exact number of waiters.
 //!
 //! Every option is validated when the backend connects (see [`ZookeeperOptions`]); every
 //! operation is bounded by the operation timeout, and every background task (the session's
@@ -115,6 +119,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::error::LockError;
 
 mod backend;
+mod inspect;
 mod options;
 mod purge;
 mod recipe;

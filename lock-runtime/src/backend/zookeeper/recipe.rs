@@ -9,7 +9,7 @@ use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, Stat};
 
 use super::session::wait_connected;
 use super::NODE_PREFIX;
-use crate::backend::Lease;
+use crate::backend::{Holder, Lease};
 
 /// Added to a holder's fixed lease before a waiter deletes its node: covers a step of the
 /// server's wall clock (or a leader change) between the two server timestamps being compared,
@@ -46,6 +46,24 @@ pub(super) fn encode(key: &str) -> String {
         }
     }
     out
+}
+
+/// The lock key of a container node's name ([`encode`] reversed); `None` if it is not one.
+pub(super) fn decode(name: &str) -> Option<String> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The sequence number of a lock node's name, if it is one of ours.
@@ -152,40 +170,53 @@ pub(super) async fn find_own(client: &Client, dir: &str, owner: &str) -> Result<
 
 /// The fixed lease recorded in a lock node's data.
 ///
-/// A node is created with `lease_ms=<n>` (nothing for a watchdog lease). A holder that was not
+/// A node's data is `;`-separated fields: `holder=<host>/<pid>[/<label>]` (the process that
+/// created it, see [`Holder`]), and for a fixed lease `lease_ms=<n>`. A holder that was not
 /// granted in the attempt that created its node (it waited) records its grant before it takes
-/// the lock: it rewrites the data to `lease_ms=<n>;granted` on version 0 of the node, so the
-/// node's `mtime` is the server's time of the grant and its version becomes 1.
+/// the lock: it rewrites the data, adding the field `granted`, on version 0 of the node, so the
+/// node's `mtime` is the server's time of the grant and its version becomes 1. (Nodes of older
+/// versions have no `holder` field; they parse the same.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct LeaseRecord {
     pub(super) lease_ms: u64,
     pub(super) granted: bool,
 }
 
-const GRANTED: &str = ";granted";
+const GRANTED: &str = "granted";
 
 impl LeaseRecord {
     /// The data a new node is created with.
-    pub(super) fn initial(lease: Lease) -> Vec<u8> {
+    pub(super) fn initial(lease: Lease, holder: &Holder) -> Vec<u8> {
         match lease {
-            Lease::Fixed(d) => format!("lease_ms={}", d.as_millis()).into_bytes(),
-            Lease::Renewed(_) => Vec::new(),
+            Lease::Fixed(d) => format!("holder={holder};lease_ms={}", d.as_millis()).into_bytes(),
+            Lease::Renewed(_) => format!("holder={holder}").into_bytes(),
         }
     }
 
     /// The data of a node whose holder recorded its grant.
-    pub(super) fn granted(lease: Duration) -> Vec<u8> {
-        format!("lease_ms={}{GRANTED}", lease.as_millis()).into_bytes()
+    pub(super) fn granted(lease: Duration, holder: &Holder) -> Vec<u8> {
+        format!("holder={holder};lease_ms={};{GRANTED}", lease.as_millis()).into_bytes()
     }
 
     pub(super) fn parse(data: &[u8]) -> Option<LeaseRecord> {
-        let text = std::str::from_utf8(data).ok()?.strip_prefix("lease_ms=")?;
-        let (ms, granted) = match text.strip_suffix(GRANTED) {
-            Some(ms) => (ms, true),
-            None => (text, false),
-        };
-        Some(LeaseRecord { lease_ms: ms.parse().ok()?, granted })
+        let text = std::str::from_utf8(data).ok()?;
+        let mut lease_ms = None;
+        let mut granted = false;
+        for field in text.split(';') {
+            if let Some(ms) = field.strip_prefix("lease_ms=") {
+                lease_ms = Some(ms.parse().ok()?);
+            } else if field == GRANTED {
+                granted = true;
+            }
+        }
+        Some(LeaseRecord { lease_ms: lease_ms?, granted })
     }
+}
+
+/// The process recorded in a lock node's data (see [`LeaseRecord`]), if any.
+pub(super) fn holder_of(data: &[u8]) -> Option<Holder> {
+    let text = std::str::from_utf8(data).ok()?;
+    text.split(';').find_map(|field| field.strip_prefix("holder=")).and_then(Holder::parse)
 }
 
 /// When a waiter may delete the holder's node (with `holder.version` as the expected version):
@@ -229,6 +260,10 @@ mod tests {
         assert_eq!(encode("100%"), "100%25");
         assert_eq!(encode("é"), "%C3%A9");
         assert_ne!(encode("a/b"), encode("a%2Fb"));
+        for key in ["order:42", "a/b", "..", "100%", "é", "a%2Fb"] {
+            assert_eq!(decode(&encode(key)).as_deref(), Some(key));
+        }
+        assert_eq!(decode("bad%2"), None);
     }
 
     #[test]
@@ -253,14 +288,20 @@ mod tests {
     #[test]
     fn lease_records_round_trip() {
         let lease = Duration::from_millis(1500);
-        let initial = LeaseRecord::initial(Lease::Fixed(lease));
+        let holder = Holder::of_process(Some("worker"));
+        let initial = LeaseRecord::initial(Lease::Fixed(lease), &holder);
         assert_eq!(LeaseRecord::parse(&initial), Some(LeaseRecord { lease_ms: 1500, granted: false }));
-        assert_eq!(
-            LeaseRecord::parse(&LeaseRecord::granted(lease)),
-            Some(LeaseRecord { lease_ms: 1500, granted: true })
-        );
-        assert_eq!(LeaseRecord::parse(&LeaseRecord::initial(Lease::Renewed(lease))), None);
+        let granted = LeaseRecord::granted(lease, &holder);
+        assert_eq!(LeaseRecord::parse(&granted), Some(LeaseRecord { lease_ms: 1500, granted: true }));
+        let renewed = LeaseRecord::initial(Lease::Renewed(lease), &holder);
+        assert_eq!(LeaseRecord::parse(&renewed), None);
         assert_eq!(LeaseRecord::parse(b"lease_ms=x"), None);
+        for data in [initial, granted, renewed] {
+            assert_eq!(holder_of(&data).as_ref(), Some(&holder));
+        }
+        // Nodes of older versions: no holder, same lease record.
+        assert_eq!(LeaseRecord::parse(b"lease_ms=7;granted"), Some(LeaseRecord { lease_ms: 7, granted: true }));
+        assert_eq!(holder_of(b"lease_ms=7"), None);
     }
 
     #[test]

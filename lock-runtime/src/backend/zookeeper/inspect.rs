@@ -1,0 +1,213 @@
+//! Looking at the locks in ZooKeeper from outside their holders: listing, inspecting and
+//! force-releasing them (what `lockctl` does).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use zookeeper_client::{Client, Error as ZkError, Stat};
+
+use super::backend::ZookeeperBackend;
+use super::recipe::{decode, holder_of, queue, LeaseRecord};
+use super::{zk_error, KIND, NODE_PREFIX};
+use crate::backend::{ForceRelease, LockInfo};
+use crate::error::LockError;
+
+/// Looks at a lock again when its holder's node went away between the listing and the read.
+const RETRIES: usize = 4;
+
+impl ZookeeperBackend {
+    /// The locks held now whose key (the manager prefix followed by the name) starts with
+    /// `prefix`, sorted by key.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        let client = self.client(prefix, "list").await?;
+        let root = self.options().get_root();
+        let dirs = match client.list_children(root).await {
+            Ok(dirs) => dirs,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(prefix, "list", e)),
+        };
+        let mut keys: Vec<String> = dirs.iter().filter_map(|d| decode(d)).filter(|k| k.starts_with(prefix)).collect();
+        keys.sort_unstable();
+        let mut locks = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(info) = inspect(&client, &self.lock_path(&key), &key).await? {
+                locks.push(info);
+            }
+        }
+        Ok(locks)
+    }
+
+    /// The lock of backend key `key` (the manager prefix followed by the name), if it is held.
+    ///
+    /// Everything is known exactly but the age of a holder that may have waited: the fencing
+    /// token is the holder node's `czxid`, the waiters are the nodes queued behind it, and the
+    /// holder is the one recorded in its node's data. The age is counted from the recorded
+    /// grant of a fixed lease (the node's `mtime`), else from the node's creation, which is
+    /// the grant when the holder did not wait and earlier when it did
+    /// ([`LockInfo::age_at_most`] is then `true`). Ages compare the server's timestamps with
+    /// this machine's clock. A lock without a fixed lease is
+    /// [`session_bound`](LockInfo::session_bound).
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let client = self.client(key, "inspect").await?;
+        inspect(&client, &self.lock_path(key), key).await
+    }
+
+    /// Frees the lock of backend key `key` whatever holds it, by deleting the holder's node:
+    /// the next node in the queue takes the lock, and the holder's process, which watches its
+    /// node, fires its guard's [`lost()`](crate::LockGuard::lost). With `expected_owner` (a
+    /// [`LockInfo::owner`] read before), only if that owner still holds it.
+    pub async fn force_release(&self, key: &str, expected_owner: Option<&str>) -> Result<ForceRelease, LockError> {
+        const OP: &str = "force release";
+        let client = self.client(key, OP).await?;
+        let dir = self.lock_path(key);
+        for _ in 0..RETRIES {
+            let Some((owner, path)) = holder_node(&client, &dir, key, OP).await? else {
+                return Ok(ForceRelease::NotHeld);
+            };
+            if expected_owner.is_some_and(|expected| expected != owner) {
+                return Ok(ForceRelease::OwnerChanged(owner));
+            }
+            match client.delete(&path, None).await {
+                Ok(()) => return Ok(ForceRelease::Released(owner)),
+                Err(ZkError::NoNode) => continue, // released meanwhile: look again
+                Err(e) => return Err(zk_error(key, OP, e)),
+            }
+        }
+        Err(LockError::backend(key, KIND, OP, "the lock changed hands too often to force its release"))
+    }
+
+    /// Completes once the locks whose key starts with `prefix` may have changed: a lock's node
+    /// container created or deleted, a node queued or removed (a lock taken, released, waited
+    /// for). Sets one watch on the lock root and one on each lock's container.
+    pub async fn changed(&self, prefix: &str) -> Result<(), LockError> {
+        const OP: &str = "watch";
+        let client = self.client(prefix, OP).await?;
+        let root = self.options().get_root();
+        let mut watches = tokio::task::JoinSet::new();
+        let dirs = match client.list_and_watch_children(root).await {
+            Ok((dirs, watcher)) => {
+                watches.spawn(async move { drop(watcher.changed().await) });
+                dirs
+            }
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error(prefix, OP, e)),
+        };
+        for dir in dirs.iter().filter(|d| decode(d).is_some_and(|k| k.starts_with(prefix))) {
+            match client.list_and_watch_children(&format!("{root}/{dir}")).await {
+                Ok((_, watcher)) => drop(watches.spawn(async move { drop(watcher.changed().await) })),
+                Err(ZkError::NoNode) => return Ok(()), // gone since the listing: a change
+                Err(e) => return Err(zk_error(prefix, OP, e)),
+            }
+        }
+        if watches.is_empty() {
+            std::future::pending::<()>().await;
+        }
+        let _ = watches.join_next().await;
+        Ok(())
+    }
+
+    async fn client(&self, name: &str, operation: &'static str) -> Result<Client, LockError> {
+        Ok(self.shared.session(name, operation).await?.client.clone())
+    }
+}
+
+/// The owner id in a lock node's name (`lk-<owner id>-<sequence>`).
+fn owner_of(node: &str) -> &str {
+    let rest = node.strip_prefix(NODE_PREFIX).unwrap_or(node);
+    rest.rsplit_once('-').map_or(rest, |(owner, _)| owner)
+}
+
+/// The owner and path of the lowest node under `dir`, if any.
+async fn holder_node(
+    client: &Client,
+    dir: &str,
+    key: &str,
+    operation: &'static str,
+) -> Result<Option<(String, String)>, LockError> {
+    let children = match client.list_children(dir).await {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(e) => return Err(zk_error(key, operation, e)),
+    };
+    Ok(queue(children).into_iter().next().map(|(_, node)| (owner_of(&node).to_owned(), format!("{dir}/{node}"))))
+}
+
+async fn inspect(client: &Client, dir: &str, key: &str) -> Result<Option<LockInfo>, LockError> {
+    const OP: &str = "inspect";
+    for _ in 0..RETRIES {
+        let children = match client.list_children(dir).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_error(key, OP, e)),
+        };
+        let nodes = queue(children);
+        let Some((_, holder)) = nodes.first() else { return Ok(None) };
+        let (data, stat) = match client.get_data(&format!("{dir}/{holder}")).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => continue, // released since the listing: look again
+            Err(e) => return Err(zk_error(key, OP, e)),
+        };
+        let waiters = u64::try_from(nodes.len() - 1).unwrap_or(u64::MAX);
+        return Ok(Some(info(key, holder, &data, &stat, waiters, now_ms())));
+    }
+    Err(LockError::backend(key, KIND, OP, "the lock changed hands too often to be inspected"))
+}
+
+fn info(key: &str, node: &str, data: &[u8], stat: &Stat, waiters: u64, now_ms: i64) -> LockInfo {
+    let mut info = LockInfo::new(key, owner_of(node));
+    info.holder = holder_of(data);
+    info.fencing_token = u64::try_from(stat.czxid).ok();
+    info.waiters = Some(waiters);
+    let record = LeaseRecord::parse(data);
+    let since = match record {
+        Some(r) if r.granted => stat.mtime,
+        _ => {
+            info.age_at_most = true;
+            stat.ctime
+        }
+    };
+    let age = Duration::from_millis(u64::try_from(now_ms.saturating_sub(since)).unwrap_or(0));
+    info.age = Some(age);
+    match record {
+        Some(r) => info.remaining_lease = Some(Duration::from_millis(r.lease_ms).saturating_sub(age)),
+        None => info.session_bound = true,
+    }
+    info
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Holder;
+
+    #[test]
+    fn nodes_are_read_back() {
+        let stat = Stat {
+            czxid: 77,
+            mzxid: 0,
+            pzxid: 0,
+            ctime: 1_000,
+            mtime: 4_000,
+            version: 1,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 0,
+            num_children: 0,
+        };
+        let holder = Holder::parse("db-1/42/billing").expect("holder");
+        let data = format!("holder={holder};lease_ms=5000;granted");
+        let i = info("k", "lk-0a-1-0000000003", data.as_bytes(), &stat, 2, 5_000);
+        assert_eq!((i.owner.as_str(), i.holder.as_ref(), i.fencing_token), ("0a-1", Some(&holder), Some(77)));
+        assert_eq!((i.age, i.age_at_most), (Some(Duration::from_secs(1)), false));
+        assert_eq!((i.remaining_lease, i.session_bound, i.waiters), (Some(Duration::from_secs(4)), false, Some(2)));
+        let session = info("k", "lk-0a-1-0000000003", b"holder=db-1/42", &stat, 0, 5_000);
+        assert_eq!((session.age, session.age_at_most), (Some(Duration::from_secs(4)), true));
+        assert_eq!((session.remaining_lease, session.session_bound), (None, true));
+        let old = info("k", "lk-0a-1-0000000003", b"", &stat, 0, 5_000);
+        assert_eq!(old.holder, None);
+    }
+}

@@ -1,0 +1,600 @@
+//! `lockctl`: inspect and free the locks of lock-runtime's Redis and ZooKeeper backends.
+//!
+//! ```text
+//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH]) [--json] COMMAND
+//!
+//!   list [--prefix P]            held locks: holder, fencing token, age, lease left, waiters
+//!   show NAME                    one lock in detail
+//!   release NAME --force         frees a lock whose holder is gone
+//!   watch [--prefix P]           a live view, printed again on every change
+//!         [--interval MS] [--count N]
+//! ```
+//!
+//! `watch` prints the table (with `--json`: one JSON line) at once and again whenever a
+//! lock is taken, released, changes hands or gains or loses waiters (not when only ages and
+//! leases move on), and exits after `--count` views if given. On ZooKeeper it waits on
+//! watches. On Redis, a release that was waited for and a forced release are announced (the
+//! view follows at once); acquisitions are announced only when the server has keyspace
+//! notifications on (`notify-keyspace-events` including `K` and `g$x`, which `lockctl` never
+//! changes), so it also looks every `--interval` (default 250 ms).
+//!
+//! Install with `cargo install --path lockctl`. `NAME` is the lock's key in the store: the
+//! manager's prefix followed by the lock's name, as `list` shows it.
+//!
+//! # What is shown
+//!
+//! Each lock stores the process holding it (host, pid and the label given with
+//! `LockManagerBuilder::label`), so `lockctl` tells who holds it. What a store cannot tell is
+//! printed as `unknown` (`null` in JSON), never guessed:
+//!
+//! - **Redis**: the waiters of other processes cannot be counted. Shown instead: whether the
+//!   lock is marked waited on (some acquisition found it held and waits), and how many
+//!   connections subscribe to its release channel (processes with a waiter). Age is counted
+//!   by the server's clock from the grant.
+//! - **ZooKeeper**: the waiters are exact (the nodes queued behind the holder's); a lock
+//!   without a fixed lease is held as long as its holder's session lives (`session`); the age
+//!   of a holder that did not record its grant is counted from when it queued (`≤` marks such
+//!   an upper bound).
+//!
+//! # Releasing
+//!
+//! `release NAME --force` frees the lock at once and wakes its waiters; the holder's guard
+//! reports the lock lost (`lost()` completes: on ZooKeeper at once; on Redis at its next
+//! renewal, within a third of its lease, but for a fixed `lease` only when that lease ends,
+//! since nothing renews it: Redis tells the holder nothing). Without `--force`, `lockctl` asks for confirmation when standard input is a
+//! terminal, and refuses otherwise. The lock is freed only if the holder shown is still the
+//! holder.
+//!
+//! # JSON
+//!
+//! `--json` prints one JSON document on standard output (`watch`: one line per change);
+//! errors still go to standard error as text.
+//!
+//! # Exit codes
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | done |
+//! | 1 | error: the store is unreachable, a command failed |
+//! | 2 | usage: bad arguments |
+//! | 3 | not found: `show` or `release` of a lock nobody holds |
+//! | 4 | refused: `release` without `--force` and not confirmed, or the holder changed meanwhile |
+
+use std::fmt::Write as _;
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
+use lock_runtime::backend::{ForceRelease, LockInfo};
+use lock_runtime::LockError;
+use serde_json::{json, Value};
+
+/// `lockctl --help`'s closing section.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  1  error: the store is unreachable, a command failed
+  2  usage: bad arguments
+  3  not found: show or release of a lock nobody holds
+  4  refused: release without --force and not confirmed, or the holder changed meanwhile
+
+What a store cannot tell is shown as `unknown` (null in JSON). NAME is the lock's key in the
+store: the manager's prefix followed by the lock's name, as `list` shows it.";
+
+/// How `lockctl` ends, with its exit code.
+#[derive(Debug)]
+enum Failure {
+    /// 1: the store failed.
+    Error(String),
+    /// 3: nobody holds the lock.
+    NotFound(String),
+    /// 4: a release refused.
+    Refused(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Error(_) => 1,
+            Failure::NotFound(_) => 3,
+            Failure::Refused(_) => 4,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Failure::Error(m) | Failure::NotFound(m) | Failure::Refused(m) => m,
+        }
+    }
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Failure::Error(e.to_string())
+    }
+}
+
+fn command() -> Command {
+    let prefix =
+        || Arg::new("prefix").long("prefix").value_name("P").help("Only keys starting with P").default_value("");
+    let name = || Arg::new("name").value_name("NAME").required(true).help("The lock's key (prefix and name)");
+    let backend = |id: &'static str, value: &'static str, help: &'static str| {
+        Arg::new(id).long(id).value_name(value).help(help).global(true)
+    };
+    Command::new("lockctl")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("Inspect and free the locks of lock-runtime's Redis and ZooKeeper backends")
+        .after_help(EXIT_CODES)
+        .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
+        .arg(backend("zookeeper", "HOSTS", "The ZooKeeper ensemble, e.g. zk1:2181,zk2:2181"))
+        .arg(backend("zk-root", "PATH", "The lock root in ZooKeeper (default /lock-runtime)"))
+        .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
+        .group(ArgGroup::new("store").args(["redis", "zookeeper"]).required(true))
+        .subcommand_required(true)
+        .subcommand(Command::new("list").about("Lists the held locks").arg(prefix()))
+        .subcommand(Command::new("show").about("Shows one lock in detail").arg(name()))
+        .subcommand(
+            Command::new("release")
+                .about("Frees a lock whose holder is gone; its waiters are woken, its holder sees lost()")
+                .arg(name())
+                .arg(
+                    Arg::new("force")
+                        .long("force")
+                        .action(ArgAction::SetTrue)
+                        .help("Release without asking (required when standard input is not a terminal)"),
+                ),
+        )
+        .subcommand(
+            Command::new("watch")
+                .about("Prints the held locks again on every change")
+                .arg(prefix())
+                .arg(
+                    Arg::new("interval")
+                        .long("interval")
+                        .value_name("MS")
+                        .value_parser(clap::value_parser!(u64).range(10..=60_000))
+                        .default_value("250")
+                        .help("Redis: how often to look for changes Redis does not announce, in milliseconds"),
+                )
+                .arg(
+                    Arg::new("count")
+                        .long("count")
+                        .value_name("N")
+                        .value_parser(clap::value_parser!(u64).range(1..))
+                        .help("Exit after N views (the first one included)"),
+                ),
+        )
+}
+
+fn main() -> ExitCode {
+    let matches = match command().try_get_matches() {
+        Ok(matches) => matches,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lockctl: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(&matches)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("lockctl: {}", failure.message());
+            ExitCode::from(failure.code())
+        }
+    }
+}
+
+/// A connected store.
+enum Store {
+    #[cfg(feature = "redis")]
+    Redis(lock_runtime::backend::redis::RedisBackend),
+    #[cfg(feature = "zookeeper")]
+    Zookeeper(lock_runtime::backend::zookeeper::ZookeeperBackend),
+}
+
+impl Store {
+    async fn connect(matches: &ArgMatches) -> Result<Store, Failure> {
+        if let Some(url) = matches.get_one::<String>("redis") {
+            #[cfg(feature = "redis")]
+            return Ok(Store::Redis(lock_runtime::backend::redis::RedisBackend::connect(url).await?));
+            #[cfg(not(feature = "redis"))]
+            return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
+        }
+        let hosts = matches.get_one::<String>("zookeeper").map_or("", String::as_str);
+        #[cfg(feature = "zookeeper")]
+        {
+            use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
+            let mut options = ZookeeperOptions::new().operation_timeout(Duration::from_secs(5));
+            if let Some(root) = matches.get_one::<String>("zk-root") {
+                options = options.root(root.as_str());
+            }
+            Ok(Store::Zookeeper(ZookeeperBackend::connect_with(hosts, options).await?))
+        }
+        #[cfg(not(feature = "zookeeper"))]
+        Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => "redis",
+            #[cfg(feature = "zookeeper")]
+            Store::Zookeeper(_) => "zookeeper",
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis(b) => b.list(prefix).await,
+            #[cfg(feature = "zookeeper")]
+            Store::Zookeeper(b) => b.list(prefix).await,
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis(b) => b.inspect(key).await,
+            #[cfg(feature = "zookeeper")]
+            Store::Zookeeper(b) => b.inspect(key).await,
+        }
+    }
+
+    async fn force_release(&self, key: &str, owner: &str) -> Result<ForceRelease, LockError> {
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis(b) => b.force_release(key, Some(owner)).await,
+            #[cfg(feature = "zookeeper")]
+            Store::Zookeeper(b) => b.force_release(key, Some(owner)).await,
+        }
+    }
+}
+
+async fn run(matches: &ArgMatches) -> Result<(), Failure> {
+    let json = matches.get_flag("json");
+    let store = Store::connect(matches).await?;
+    let mut out = std::io::stdout().lock();
+    let print = |out: &mut std::io::StdoutLock<'_>, text: &str| {
+        out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(|e| Failure::Error(format!("stdout: {e}")))
+    };
+    match matches.subcommand() {
+        Some(("list", sub)) => {
+            let prefix = sub.get_one::<String>("prefix").map_or("", String::as_str);
+            let locks = store.list(prefix).await?;
+            let text = if json { format!("{}\n", list_json(&store, &locks)) } else { table(&locks) };
+            print(&mut out, &text)
+        }
+        Some(("show", sub)) => {
+            let name = sub.get_one::<String>("name").map_or("", String::as_str);
+            let info = store.inspect(name).await?.ok_or_else(|| Failure::NotFound(format!("`{name}` is not held")))?;
+            let text = if json { format!("{}\n", lock_json(&info)) } else { details(store.kind(), &info) };
+            print(&mut out, &text)
+        }
+        Some(("release", sub)) => {
+            let name = sub.get_one::<String>("name").map_or("", String::as_str);
+            let info = store.inspect(name).await?.ok_or_else(|| Failure::NotFound(format!("`{name}` is not held")))?;
+            if !sub.get_flag("force") {
+                confirm(&info)?;
+            }
+            match store.force_release(name, &info.owner).await? {
+                ForceRelease::Released(owner) => {
+                    let text = if json {
+                        format!("{}\n", json!({ "released": name, "owner": owner, "holder": holder_json(&info) }))
+                    } else {
+                        format!("released `{name}` (held by {})\n", holder_text(&info))
+                    };
+                    print(&mut out, &text)
+                }
+                ForceRelease::NotHeld => Err(Failure::NotFound(format!("`{name}` is not held any more"))),
+                ForceRelease::OwnerChanged(owner) => Err(Failure::Refused(format!(
+                    "`{name}` changed hands meanwhile (now owner {owner}): left alone; look again"
+                ))),
+            }
+        }
+        Some(("watch", sub)) => {
+            let prefix = sub.get_one::<String>("prefix").map_or("", String::as_str);
+            let interval = Duration::from_millis(sub.get_one::<u64>("interval").copied().unwrap_or(250));
+            let count = sub.get_one::<u64>("count").copied();
+            watch(&store, prefix, interval, count, json, |text| print(&mut out, text)).await
+        }
+        _ => Err(Failure::Error("no command given (see lockctl --help)".to_owned())),
+    }
+}
+
+/// Asks on the terminal whether to release; refuses when standard input is not one.
+fn confirm(info: &LockInfo) -> Result<(), Failure> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::Refused(format!(
+            "refusing to release `{}` (held by {}) without --force: standard input is not a terminal",
+            info.key,
+            holder_text(info)
+        )));
+    }
+    eprint!("Release `{}`, held by {} (token {})? [y/N] ", info.key, holder_text(info), opt(info.fencing_token));
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer).map_err(|e| Failure::Error(format!("stdin: {e}")))?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(Failure::Refused(format!("`{}` left alone", info.key)))
+    }
+}
+
+/// What wakes a live view.
+enum Wakeups {
+    #[cfg(feature = "redis")]
+    Redis(Option<lock_runtime::backend::redis::Changes>),
+    #[cfg(feature = "zookeeper")]
+    Zookeeper,
+}
+
+impl Store {
+    /// What wakes a live view of the locks under `prefix`.
+    async fn wakeups(&self, prefix: &str) -> Result<Wakeups, LockError> {
+        match self {
+            #[cfg(feature = "redis")]
+            Store::Redis(b) => Ok(Wakeups::Redis(Some(b.changes(prefix).await?))),
+            #[cfg(feature = "zookeeper")]
+            Store::Zookeeper(_) => Ok(Wakeups::Zookeeper),
+        }
+    }
+
+    /// Waits for the next reason to look again: on Redis, an announcement or `interval`
+    /// (acquisitions are announced only with keyspace notifications on); on ZooKeeper, a watch.
+    async fn next_change(&self, wakeups: &mut Wakeups, prefix: &str, interval: Duration) -> Result<(), LockError> {
+        match (self, wakeups) {
+            #[cfg(feature = "redis")]
+            (Store::Redis(_), Wakeups::Redis(changes)) => {
+                let announced = async {
+                    match changes {
+                        Some(c) => {
+                            if c.next().await.is_none() {
+                                *changes = None; // closed: look every interval from now on
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = announced => {}
+                    _ = tokio::time::sleep(interval) => {}
+                }
+                Ok(())
+            }
+            #[cfg(feature = "zookeeper")]
+            (Store::Zookeeper(b), _) => b.changed(prefix).await,
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = prefix;
+                tokio::time::sleep(interval).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Prints the locks, then again whenever they change (holder, token, waiters; not the ages);
+/// stops after `count` views.
+async fn watch(
+    store: &Store,
+    prefix: &str,
+    interval: Duration,
+    count: Option<u64>,
+    json: bool,
+    mut print: impl FnMut(&str) -> Result<(), Failure>,
+) -> Result<(), Failure> {
+    let mut wakeups = store.wakeups(prefix).await?;
+    let mut last: Option<Vec<Value>> = None;
+    let mut shown = 0u64;
+    loop {
+        let locks = store.list(prefix).await?;
+        let state: Vec<Value> = locks.iter().map(change_key).collect();
+        if last.as_ref() != Some(&state) {
+            last = Some(state);
+            shown += 1;
+            let text = if json {
+                let line = list_json(store, &locks);
+                format!("{line}\n")
+            } else {
+                let stamp =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+                format!("-- update {shown} (unix ms {stamp}) --\n{}", table(&locks))
+            };
+            print(&text)?;
+            if count.is_some_and(|n| shown >= n) {
+                return Ok(());
+            }
+        }
+        store.next_change(&mut wakeups, prefix, interval).await?;
+    }
+}
+
+/// What makes a lock's view change (the ages and leases left always do; they do not count).
+fn change_key(info: &LockInfo) -> Value {
+    json!([info.key, info.owner, info.fencing_token, info.waiters, info.waited_on, info.subscribers])
+}
+
+fn opt<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "unknown".to_owned(), |v| v.to_string())
+}
+
+fn duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 60_000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if ms < 3_600_000 {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+    } else {
+        format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60)
+    }
+}
+
+fn age_text(info: &LockInfo) -> String {
+    match info.age {
+        Some(age) if info.age_at_most => format!("≤{}", duration(age)),
+        Some(age) => duration(age),
+        None => "unknown".to_owned(),
+    }
+}
+
+fn lease_text(info: &LockInfo) -> String {
+    match info.remaining_lease {
+        Some(left) => duration(left),
+        None if info.session_bound => "session".to_owned(),
+        None => "unknown".to_owned(),
+    }
+}
+
+fn waiters_text(info: &LockInfo) -> String {
+    match info.waiters {
+        Some(n) => n.to_string(),
+        None => {
+            let mut text = "unknown".to_owned();
+            let mut notes = Vec::new();
+            if let Some(marked) = info.waited_on {
+                notes.push(if marked { "waited on" } else { "not waited on" }.to_owned());
+            }
+            if let Some(subs) = info.subscribers {
+                notes.push(format!("{subs} subscribed"));
+            }
+            if !notes.is_empty() {
+                let _ = write!(text, " ({})", notes.join(", "));
+            }
+            text
+        }
+    }
+}
+
+fn holder_text(info: &LockInfo) -> String {
+    match &info.holder {
+        Some(h) => h.to_string(),
+        None => format!("unknown (owner {})", info.owner),
+    }
+}
+
+/// The `list` table.
+fn table(locks: &[LockInfo]) -> String {
+    let header = ["NAME", "HOLDER", "TOKEN", "AGE", "LEASE LEFT", "WAITERS"].map(str::to_owned);
+    let rows: Vec<[String; 6]> = locks
+        .iter()
+        .map(|l| [l.key.clone(), holder_text(l), opt(l.fencing_token), age_text(l), lease_text(l), waiters_text(l)])
+        .collect();
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+    if rows.is_empty() {
+        out.push_str("(no lock held)\n");
+    }
+    out
+}
+
+/// The `show` text.
+fn details(kind: &str, info: &LockInfo) -> String {
+    let holder = info.holder.as_ref();
+    let mut fields = vec![
+        ("name", info.key.clone()),
+        ("store", kind.to_owned()),
+        ("owner", info.owner.clone()),
+        ("host", opt(holder.map(|h| h.host()))),
+        ("pid", opt(holder.and_then(|h| h.pid()))),
+        (
+            "label",
+            match holder {
+                Some(h) => h.label().unwrap_or("(none)").to_owned(),
+                None => "unknown".to_owned(),
+            },
+        ),
+        ("fencing token", opt(info.fencing_token)),
+        ("age", age_text(info)),
+        ("lease left", lease_text(info)),
+        ("waiters", waiters_text(info)),
+    ];
+    if info.waiters.is_none() {
+        fields.push(("", "(waiters in other processes cannot be counted by this store)".to_owned()));
+    }
+    let mut out = String::new();
+    for (k, v) in fields {
+        let label = if k.is_empty() { String::new() } else { format!("{k}:") };
+        let _ = writeln!(out, "{label:<15}{v}");
+    }
+    out
+}
+
+fn holder_json(info: &LockInfo) -> Value {
+    match &info.holder {
+        Some(h) => json!({ "host": h.host(), "pid": h.pid(), "label": h.label() }),
+        None => Value::Null,
+    }
+}
+
+fn millis(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+}
+
+fn lock_json(info: &LockInfo) -> Value {
+    json!({
+        "name": info.key,
+        "owner": info.owner,
+        "holder": holder_json(info),
+        "fencing_token": info.fencing_token,
+        "age_ms": millis(info.age),
+        "age_at_most": info.age_at_most,
+        "remaining_lease_ms": millis(info.remaining_lease),
+        "session_bound": info.session_bound,
+        "waiters": info.waiters,
+        "waited_on": info.waited_on,
+        "subscribers": info.subscribers,
+    })
+}
+
+fn list_json(store: &Store, locks: &[LockInfo]) -> Value {
+    json!({ "store": store.kind(), "locks": locks.iter().map(lock_json).collect::<Vec<_>>() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        command().debug_assert();
+        assert!(command().try_get_matches_from(["lockctl", "list"]).is_err(), "a store is required");
+        let both = command().try_get_matches_from(["lockctl", "--redis", "r", "--zookeeper", "z", "list"]);
+        assert!(both.is_err(), "one store at a time");
+        let m = command().try_get_matches_from(["lockctl", "--redis", "r", "show", "x", "--json"]).expect("parses");
+        assert!(m.get_flag("json"));
+    }
+
+    #[test]
+    fn unknowns_are_shown_as_such() {
+        let info = LockInfo::new("k", "0a-1");
+        assert_eq!(holder_text(&info), "unknown (owner 0a-1)");
+        assert_eq!(
+            (age_text(&info), lease_text(&info), waiters_text(&info)),
+            ("unknown".into(), "unknown".into(), "unknown".into())
+        );
+        let text = table(std::slice::from_ref(&info));
+        assert!(text.starts_with("NAME") && text.contains("unknown (owner 0a-1)"), "{text}");
+        assert_eq!(lock_json(&info)["fencing_token"], Value::Null);
+        assert_eq!(duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(duration(Duration::from_secs(75)), "1m15s");
+    }
+}

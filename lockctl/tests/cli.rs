@@ -1,0 +1,380 @@
+//! `lockctl` end to end: the binary run against real Redis and ZooKeeper servers, its output
+//! parsed, while locks are held by managers of this process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::RedisBackend;
+use lock_runtime::backend::zookeeper::ZookeeperBackend;
+use lock_runtime::{LockGuard, LockManager};
+use lock_tests::redis_server::RedisServer;
+use lock_tests::{unique, zk_server};
+use serde_json::Value;
+
+const LABEL: &str = "billing-worker";
+
+/// What a run of `lockctl` ended with.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+/// Runs `lockctl args…` with no terminal on standard input.
+async fn lockctl(args: &[&str]) -> Run {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_lockctl")).args(&args).stdin(Stdio::null()).output().expect("run lockctl");
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    })
+    .await
+    .expect("lockctl task")
+}
+
+/// The store arguments of one backend.
+#[derive(Clone)]
+struct Store {
+    flag: &'static str,
+    address: String,
+}
+
+impl Store {
+    fn args<'a>(&'a self, rest: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![self.flag, self.address.as_str()];
+        args.extend_from_slice(rest);
+        args
+    }
+}
+
+async fn redis_manager(server: &RedisServer, prefix: &str, lease: Duration) -> LockManager {
+    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    LockManager::builder().prefix(prefix).label(LABEL).default_lease(lease).backend(backend)
+}
+
+async fn zk_manager(hosts: &str, prefix: &str) -> LockManager {
+    let backend = ZookeeperBackend::connect(hosts).await.expect("connect");
+    LockManager::builder().prefix(prefix).label(LABEL).backend(backend)
+}
+
+fn host() -> String {
+    lock_runtime::backend::Holder::of_process(None).host().to_owned()
+}
+
+/// `list` and `show`, as text and JSON, name the holding process (host, pid, label) and give
+/// the guard's fencing token.
+async fn list_and_show(store: &Store, guard: &LockGuard, key: &str, prefix: &str) -> Value {
+    let pid = std::process::id();
+    let list = lockctl(&store.args(&["list", "--prefix", prefix])).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let token = guard.fencing_token().to_string();
+    let line = list.stdout.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{}", list.stdout));
+    assert!(line.contains(&format!("{}/{pid}/{LABEL}", host())) && line.contains(&token), "{line}");
+    assert!(list.stdout.starts_with("NAME"), "{}", list.stdout);
+
+    let json = lockctl(&store.args(&["list", "--prefix", prefix, "--json"])).await;
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let locks = json.json()["locks"].as_array().expect("locks").clone();
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    let lock = &locks[0];
+    assert_eq!(lock["name"], key);
+    assert_eq!(lock["holder"]["pid"], pid);
+    assert_eq!(lock["holder"]["label"], LABEL);
+    assert_eq!(lock["holder"]["host"], host());
+    assert_eq!(lock["fencing_token"], guard.fencing_token());
+    assert!(lock["age_ms"].as_u64().expect("age") < 60_000, "{lock}");
+
+    let show = lockctl(&store.args(&["show", key])).await;
+    assert_eq!(show.code, 0, "{}", show.stderr);
+    for expected in ["pid:".to_owned(), pid.to_string(), LABEL.to_owned(), token] {
+        assert!(show.stdout.contains(&expected), "{expected} in {}", show.stdout);
+    }
+    let shown = lockctl(&store.args(&["show", key, "--json"])).await;
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    let shown = shown.json();
+    assert_eq!(shown["fencing_token"], guard.fencing_token());
+    shown
+}
+
+/// `show` and `release` of a name nobody holds exit with 3.
+async fn free_names_are_not_found(store: &Store, prefix: &str) {
+    let key = format!("{prefix}free");
+    let show = lockctl(&store.args(&["show", &key])).await;
+    assert_eq!(show.code, 3, "{} {}", show.stdout, show.stderr);
+    let release = lockctl(&store.args(&["release", &key, "--force"])).await;
+    assert_eq!(release.code, 3, "{} {}", release.stdout, release.stderr);
+}
+
+/// `release` without `--force` (no terminal) is refused with 4 and leaves the lock; with it,
+/// the lock is freed, the holder's `lost()` fires and a waiter gets the lock.
+async fn release_frees_the_lock(store: &Store, holder: LockGuard, waiter: &LockManager, key: &str, name: &str) {
+    let waiting = {
+        let waiter = waiter.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move { waiter.lock(name).wait(Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // the waiter is queued
+
+    let refused = lockctl(&store.args(&["release", key])).await;
+    assert_eq!(refused.code, 4, "{} {}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.contains("--force"), "{}", refused.stderr);
+    let still = lockctl(&store.args(&["show", key, "--json"])).await;
+    assert_eq!(still.code, 0, "still held: {}", still.stderr);
+    assert_eq!(still.json()["fencing_token"], holder.fencing_token());
+    assert!(!waiting.is_finished());
+
+    let started = Instant::now();
+    let released = lockctl(&store.args(&["release", key, "--force", "--json"])).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    assert_eq!(released.json()["released"], key);
+    assert_eq!(released.json()["holder"]["label"], LABEL);
+    tokio::time::timeout(Duration::from_secs(5), holder.lost()).await.expect("the holder's lost() fires");
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("the waiter is woken");
+    let taken = taken.expect("task").expect("the waiter gets the lock");
+    assert!(taken.fencing_token() > holder.fencing_token());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = holder.release().await.expect_err("the released holder lost its lock");
+    assert!(err.is_lost(), "{err}");
+    taken.release().await.expect("release");
+}
+
+/// A running `lockctl watch --json`, its lines read by a thread.
+struct Watch {
+    child: std::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Watch {
+    fn start(args: &[&str]) -> Watch {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run lockctl watch");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watch { child, lines }
+    }
+
+    /// The next view, within `within`.
+    async fn next(&mut self, within: Duration) -> Value {
+        let line = tokio::time::timeout(within, self.lines.recv()).await.expect("a view in time");
+        let line = line.expect("a line");
+        serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    async fn exits_cleanly(mut self) {
+        let status = tokio::task::spawn_blocking(move || self.child.wait()).await.expect("task").expect("wait");
+        assert!(status.success(), "watch exits 0 after --count views");
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `watch --json` prints a line when a lock is taken and another when it is released.
+async fn watch_prints_changes(store: &Store, manager: &LockManager, prefix: &str, name: &str) {
+    let mut watch =
+        Watch::start(&store.args(&["watch", "--prefix", prefix, "--json", "--interval", "50", "--count", "3"]));
+    let first = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(first["locks"].as_array().map(Vec::len), Some(0), "{first}");
+    let guard = manager.lock(name).await.expect("lock");
+    let taken = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(taken["locks"][0]["fencing_token"], guard.fencing_token(), "{taken}");
+    assert_eq!(taken["locks"][0]["holder"]["label"], LABEL, "{taken}");
+    guard.release().await.expect("release");
+    let freed = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(freed["locks"].as_array().map(Vec::len), Some(0), "{freed}");
+    watch.exits_cleanly().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_list_show_release_and_watch() {
+    let server = RedisServer::start();
+    let store = Store { flag: "--redis", address: server.url() };
+    let prefix = format!("{}:", unique("lockctl"));
+    let manager = redis_manager(&server, &prefix, Duration::from_millis(900)).await;
+    let waiter = redis_manager(&server, &prefix, Duration::from_secs(5)).await;
+    let key = format!("{prefix}order:1");
+
+    let guard = manager.lock("order:1").await.expect("lock");
+    let shown = list_and_show(&store, &guard, &key, &prefix).await;
+    // Redis cannot count other processes' waiters: unknown, not guessed.
+    assert_eq!(shown["waiters"], Value::Null);
+    assert_eq!(shown["waited_on"], false);
+    let left = shown["remaining_lease_ms"].as_u64().expect("lease left");
+    assert!(left > 0 && left <= 900, "{shown}");
+    let text = lockctl(&store.args(&["show", &key])).await;
+    assert!(text.stdout.contains("unknown"), "{}", text.stdout);
+
+    free_names_are_not_found(&store, &prefix).await;
+    release_frees_the_lock(&store, guard, &waiter, &key, "order:1").await;
+    watch_prints_changes(&store, &manager, &prefix, "order:2").await;
+}
+
+/// A waiter in another process marks the lock and subscribes to its channel: shown as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_shows_a_waited_on_lock() {
+    let server = RedisServer::start();
+    let store = Store { flag: "--redis", address: server.url() };
+    let manager = redis_manager(&server, "", Duration::from_secs(5)).await;
+    let waiter = redis_manager(&server, "", Duration::from_secs(5)).await;
+    let guard = manager.lock("busy").await.expect("lock");
+    let waiting = tokio::spawn(async move { waiter.lock("busy").wait(Duration::from_secs(10)).await.map(drop) });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let shown = lockctl(&store.args(&["show", "busy", "--json"])).await.json();
+        if shown["waited_on"] == true && shown["subscribers"].as_u64() >= Some(1) {
+            assert_eq!(shown["waiters"], Value::Null);
+            break;
+        }
+        assert!(Instant::now() < deadline, "never shown waited on: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = lockctl(&store.args(&["list"])).await;
+    assert!(text.stdout.contains("unknown (waited on, 1 subscribed)"), "{}", text.stdout);
+    guard.release().await.expect("release");
+    waiting.await.expect("task").expect("the waiter gets it");
+}
+
+/// A forced release is announced like a release: a waiter in another process gets a lock whose
+/// fixed lease has half a minute left at once, not when the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_forced_release_wakes_the_waiters_at_once() {
+    let server = RedisServer::start();
+    let store = Store { flag: "--redis", address: server.url() };
+    let manager = redis_manager(&server, "", Duration::from_secs(5)).await;
+    let waiter = redis_manager(&server, "", Duration::from_secs(5)).await;
+    let guard = manager.lock("fixed").lease(Duration::from_secs(30)).await.expect("lock");
+    let waiting = tokio::spawn(async move { waiter.lock("fixed").wait(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await; // queued
+    let started = Instant::now();
+    let released = lockctl(&store.args(&["release", "fixed", "--force"])).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    assert!(released.stdout.contains(LABEL), "{}", released.stdout);
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken at once");
+    let taken = taken.expect("task").expect("the waiter gets the lock");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(taken.fencing_token() > guard.fencing_token());
+    let err = guard.release().await.expect_err("the forced-out holder's release");
+    assert!(err.is_lost(), "{err}");
+    taken.release().await.expect("release");
+}
+
+/// A release that was waited for is announced: `watch` shows it at once, not at its next look
+/// (a minute away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_watch_follows_announced_releases() {
+    let server = RedisServer::start();
+    let store = Store { flag: "--redis", address: server.url() };
+    let manager = redis_manager(&server, "w:", Duration::from_secs(5)).await;
+    let waiter = redis_manager(&server, "w:", Duration::from_secs(5)).await;
+    let guard = manager.lock("x").await.expect("lock");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("x").wait(Duration::from_secs(30)).await.expect("the waiter gets it");
+        tokio::time::sleep(Duration::from_secs(30)).await; // hold it: the view settles
+        drop(guard);
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await; // queued, the lock marked waited on
+    let mut watch = Watch::start(&store.args(&["watch", "--prefix", "w:", "--json", "--interval", "60000"]));
+    let first = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(first["locks"][0]["fencing_token"], guard.fencing_token(), "{first}");
+    assert_eq!(first["locks"][0]["waited_on"], true, "{first}");
+    let token = guard.fencing_token();
+    guard.release().await.expect("release");
+    let next = watch.next(Duration::from_secs(5)).await;
+    assert_ne!(next["locks"][0]["fencing_token"], token, "{next}");
+    waiting.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_list_show_release_and_watch() {
+    let hosts = zk_server::shared().hosts();
+    let store = Store { flag: "--zookeeper", address: hosts.clone() };
+    let prefix = format!("{}:", unique("lockctl"));
+    let manager = zk_manager(&hosts, &prefix).await;
+    let waiter = zk_manager(&hosts, &prefix).await;
+    let key = format!("{prefix}order:1");
+
+    let guard = manager.lock("order:1").await.expect("lock");
+    let shown = list_and_show(&store, &guard, &key, &prefix).await;
+    assert_eq!(shown["waiters"], 0, "ZooKeeper counts waiters exactly");
+    assert_eq!(shown["session_bound"], true, "{shown}");
+
+    // A queued waiter is counted.
+    let queued = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock("order:1").wait(Duration::from_secs(30)).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lockctl(&store.args(&["show", &key, "--json"])).await.json()["waiters"] != 1 {
+        assert!(Instant::now() < deadline, "the waiter was never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    queued.abort();
+    let _ = queued.await;
+
+    // A fixed lease shows what is left of it.
+    let fixed = manager.lock("fixed").lease(Duration::from_secs(20)).await.expect("lock");
+    let fixed_shown = lockctl(&store.args(&["show", &format!("{prefix}fixed"), "--json"])).await.json();
+    let left = fixed_shown["remaining_lease_ms"].as_u64().expect("lease left");
+    assert!(left > 10_000 && left <= 20_000, "{fixed_shown}");
+    assert_eq!(fixed_shown["session_bound"], false);
+    fixed.release().await.expect("release");
+
+    free_names_are_not_found(&store, &prefix).await;
+    release_frees_the_lock(&store, guard, &waiter, &key, "order:1").await;
+    watch_prints_changes(&store, &manager, &prefix, "order:2").await;
+
+    // ZooKeeper's view follows watches, not looks: a minute's interval changes nothing.
+    let mut watch =
+        Watch::start(&store.args(&["watch", "--prefix", &prefix, "--json", "--interval", "60000", "--count", "2"]));
+    let empty = watch.next(Duration::from_secs(10)).await;
+    assert_eq!(empty["locks"].as_array().map(Vec::len), Some(0), "{empty}");
+    let guard = manager.lock("order:3").await.expect("lock");
+    let taken = watch.next(Duration::from_secs(5)).await;
+    assert_eq!(taken["locks"][0]["fencing_token"], guard.fencing_token(), "{taken}");
+    watch.exits_cleanly().await;
+    guard.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn errors_and_usage_have_their_exit_codes() {
+    let unreachable = format!("redis://127.0.0.1:{}", lock_tests::free_port());
+    let run = lockctl(&["--redis", &unreachable, "list"]).await;
+    assert_eq!(run.code, 1, "{} {}", run.stdout, run.stderr);
+    assert!(run.stderr.starts_with("lockctl: "), "{}", run.stderr);
+    for usage in [&["list"][..], &["--redis", "redis://x", "frobnicate"], &["--redis", "redis://x", "show"]] {
+        let run = lockctl(usage).await;
+        assert_eq!(run.code, 2, "{usage:?}: {}", run.stderr);
+    }
+    let help = lockctl(&["--help"]).await;
+    assert_eq!(help.code, 0);
+    assert!(help.stdout.contains("Exit codes:") && help.stdout.contains("4  refused"), "{}", help.stdout);
+}
