@@ -44,6 +44,10 @@ impl<'m> LockRequest<'m> {
     /// **Release on every exit:** dropping the `Run` (cancellation) or a panic in `fut` drops
     /// the guard, which releases the lock, and leaves the task's context as it was.
     ///
+    /// **Tracing:** `fut` is polled inside the lock's `lock.hold` span (a child of the span
+    /// current when the lock was taken), so its spans and events nest under the lock; see the
+    /// crate docs' *Telemetry*.
+    ///
     /// ```
     /// use lock_runtime::{LockError, LockManager};
     ///
