@@ -12,7 +12,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;
 use crate::options::{self, LockOptions};
-use crate::telemetry::{self, Acquiring, LeaseKind};
+use crate::telemetry::{self, Acquiring};
 use crate::watchdog;
 
 /// The default `wait`: how long a call waits for a held lock when it gives no `wait`.
@@ -259,8 +259,7 @@ impl LockManager {
         if let Some(retry) = options.retries() {
             options::check_retry(&name, retry)?;
         }
-        let kind = if matches!(lease, Lease::Fixed(_)) { LeaseKind::Fixed } else { LeaseKind::Renewed };
-        acquiring.planned(wait, kind, lease.duration());
+        acquiring.planned(wait, lease);
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
         let req = Acquire { name, key, owner: OwnerId::next(), lease };
@@ -274,7 +273,7 @@ impl LockManager {
     fn attempt_now(&self, plan: Plan, mut acquiring: Acquiring) -> FastPath {
         match self.inner.backend.try_acquire_now(&plan.req) {
             Some(Ok(Attempt::Acquired(grant))) => {
-                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, &mut acquiring)))
+                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, acquiring)))
             }
             Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true, acquiring },
             Some(Err(e)) => {
@@ -293,7 +292,7 @@ impl LockManager {
         lease: Lease,
         grant: Grant,
         lost: Option<LostSignal>,
-        acquiring: &mut Acquiring,
+        acquiring: Acquiring,
     ) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
@@ -320,7 +319,7 @@ impl LockManager {
         grant: Grant,
         renewal: Option<Box<dyn crate::backend::Renewal>>,
         lost: Option<LostSignal>,
-        acquiring: &mut Acquiring,
+        acquiring: Acquiring,
     ) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
@@ -375,7 +374,7 @@ impl LockManager {
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => {
                     acquiring.waited_since(started);
-                    return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring));
+                    return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take()));
                 }
                 Attempt::Busy => {}
             }
@@ -399,7 +398,7 @@ impl LockManager {
             }
         };
         acquiring.waited_since(started);
-        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring))
+        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take()))
     }
 
     async fn bounded<T>(
@@ -536,7 +535,7 @@ impl Future for LockFuture<'_> {
                         coop.made_progress();
                         let lease = plan.req.lease;
                         let (name, grant) = memory.grant_taking(granted, plan.req);
-                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, &mut acquiring)));
+                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, acquiring)));
                     }
                     None => (plan, true, acquiring),
                 }

@@ -17,6 +17,7 @@ use tokio::task::AbortHandle;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
+use crate::backend::Lease;
 use crate::error::LockError;
 use crate::lost::LostSignal;
 use crate::manager::LockManagerBuilder;
@@ -307,21 +308,26 @@ struct AcquireSpan {
     over: bool,
 }
 
-/// The lease asked for, as spans show it.
-pub(crate) enum LeaseKind {
-    /// Renewed by the watchdog.
-    Renewed,
-    /// Fixed.
-    Fixed,
-}
-
 impl Acquiring {
     /// Records the request's settings on the span.
     #[inline(always)]
-    pub(crate) fn planned(&self, wait: Duration, lease: LeaseKind, lease_for: Duration) {
+    pub(crate) fn planned(&self, wait: Duration, lease: Lease) {
         if let Some(s) = &self.span {
-            s.record_plan(wait, lease, lease_for);
+            s.record_plan(wait, lease);
         }
+    }
+
+    /// Takes it out, leaving one that records nothing (a grant consumes its acquisition).
+    #[inline(always)]
+    pub(crate) fn take(&mut self) -> Acquiring {
+        let done = Acquiring {
+            span: None,
+            #[cfg(feature = "metrics")]
+            handles: None,
+            #[cfg(feature = "metrics")]
+            waited: Duration::ZERO,
+        };
+        std::mem::replace(self, done)
     }
 
     /// Attempts made so far.
@@ -379,7 +385,7 @@ impl Acquiring {
     /// (its `lock.hold` span, a child of the caller's current span, and `lock_held`).
     #[inline(always)]
     pub(crate) fn granted(
-        &mut self,
+        mut self,
         telemetry: &Telemetry,
         name: &Arc<str>,
         fencing_token: u64,
@@ -393,7 +399,7 @@ impl Acquiring {
         } else {
             Some(self.traced(telemetry, name, fencing_token, lost))
         };
-        Holding {
+        let holding = Holding {
             traced,
             #[cfg(feature = "metrics")]
             metrics: self.handles.take().map(|h| {
@@ -402,7 +408,12 @@ impl Acquiring {
                 h.held.increment(1.0);
                 HeldMetrics { since: granted_at.unwrap_or_else(crate::clock::now), handles: h }
             }),
+        };
+        if self.span.is_none() {
+            // Nothing left in it (no span, the handles taken): skip its drop on the fast path.
+            std::mem::forget(self);
         }
+        holding
     }
 
     #[cold]
@@ -439,10 +450,10 @@ impl Acquiring {
 }
 
 impl AcquireSpan {
-    fn record_plan(&self, wait: Duration, lease: LeaseKind, lease_for: Duration) {
+    fn record_plan(&self, wait: Duration, lease: Lease) {
         self.span.record("wait_ms", wait.as_millis() as u64);
-        self.span.record("lease", if matches!(lease, LeaseKind::Renewed) { "renewed" } else { "fixed" });
-        self.span.record("lease_ms", lease_for.as_millis() as u64);
+        self.span.record("lease", if matches!(lease, Lease::Renewed(_)) { "renewed" } else { "fixed" });
+        self.span.record("lease_ms", lease.duration().as_millis() as u64);
     }
 
     fn end(&mut self, outcome: &'static str) {
