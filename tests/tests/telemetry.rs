@@ -7,12 +7,11 @@
 //! the runtime's workers); each test picks out its own records by its own lock names or by a
 //! root span of its own.
 
-use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use examples::orders::{AppState, BoxFuture, Simulated, Upstream};
+use examples::orders::{AppState, Simulated};
 use lock_runtime::testing::TestBackend;
 use lock_runtime::{distributed_locked, LockError, LockManager, TelemetryNames};
 use lock_tests::http::{post_json, Response};
@@ -195,77 +194,6 @@ async fn pay(addr: SocketAddr, id: u64) -> Response {
 
 async fn reserve(addr: SocketAddr, sku: &str) -> Response {
     post_json(addr, "/stock/reserve", &format!(r#"{{"sku":"{sku}","quantity":1}}"#)).await
-}
-
-/// An upstream that holds the calls of the names the test closes (`order:7`, `stock:tea-42`)
-/// inside their handler's lock until it opens them; other calls pass at once.
-#[derive(Default)]
-struct Gate {
-    closed: Mutex<HashSet<String>>,
-    opened: tokio::sync::Notify,
-    entered: tokio::sync::Notify,
-    inside: Mutex<Vec<String>>,
-}
-
-impl Gate {
-    fn is_closed(&self, what: &str) -> bool {
-        self.closed.lock().unwrap_or_else(PoisonError::into_inner).contains(what)
-    }
-
-    async fn pass(&self, what: String) {
-        if !self.is_closed(&what) {
-            return;
-        }
-        self.inside.lock().unwrap_or_else(PoisonError::into_inner).push(what.clone());
-        self.entered.notify_waiters();
-        loop {
-            let opened = self.opened.notified();
-            tokio::pin!(opened);
-            opened.as_mut().enable();
-            if !self.is_closed(&what) {
-                return;
-            }
-            opened.await;
-        }
-    }
-
-    fn close(&self, what: &str) {
-        self.closed.lock().unwrap_or_else(PoisonError::into_inner).insert(what.to_owned());
-    }
-
-    fn open(&self, what: &str) {
-        self.closed.lock().unwrap_or_else(PoisonError::into_inner).remove(what);
-        self.opened.notify_waiters();
-    }
-
-    /// Waits until a call of `what` is held at the gate (so holds its lock).
-    async fn entered(&self, what: &str) {
-        let wait = async {
-            loop {
-                let entered = self.entered.notified();
-                tokio::pin!(entered);
-                entered.as_mut().enable();
-                if self.inside.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|w| w == what) {
-                    return;
-                }
-                entered.await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), wait).await.expect("a handler reached the gate in time");
-    }
-}
-
-impl Upstream for Gate {
-    fn charge(&self, order_id: u64, _amount_cents: u64) -> BoxFuture<'_, String> {
-        Box::pin(async move {
-            self.pass(format!("order:{order_id}")).await;
-            format!("pay_{order_id}")
-        })
-    }
-
-    fn set_aside<'a>(&'a self, sku: &'a str, _quantity: u32) -> BoxFuture<'a, ()> {
-        Box::pin(self.pass(format!("stock:{sku}")))
-    }
 }
 
 /// A request through the Axum example (its `request` span, as a framework's trace layer makes
@@ -484,148 +412,242 @@ async fn a_lost_lock_emits_one_warn() {
     }
 }
 
-/// The metrics of traffic through the Axum example, scraped from its `/metrics` over HTTP and
-/// parsed: acquisitions by outcome, waits and holds, fallbacks, a loss, and gauges back to 0
-/// after a cancelled wait and a guard dropped unreleased. (One test: the recorder is global.)
+/// (Feature `metrics`.) What the metrics test needs: a gated upstream, the scrape parser.
 #[cfg(feature = "metrics")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_scraped_from_the_axum_example_over_http() {
-    use lock_tests::http::request;
+mod metrics {
+    use std::collections::{BTreeMap, HashSet};
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::Duration;
 
-    examples::metrics::install().expect("the Prometheus recorder");
-    let backend = TestBackend::new();
-    let locks = LockManager::builder()
-        .default_wait(Duration::from_secs(2))
-        .metrics_name_label(|name| name.split_once(':').map_or(name, |(prefix, _)| prefix))
-        .backend(backend.clone());
-    let gate = Arc::new(Gate::default());
-    let app = start(AppState::new(locks.clone(), gate.clone())).await;
-    let addr = app.addr;
-    let scrape = || async move {
-        let answer = request(addr, "GET", "/metrics", None).await;
-        assert_eq!(answer.status, 200, "{}", answer.body);
-        Scrape::parse(&answer.body)
-    };
+    use examples::orders::{AppState, BoxFuture, Upstream};
+    use lock_runtime::testing::TestBackend;
+    use lock_runtime::LockManager;
 
-    // Uncontended: three orders paid, one article reserved.
-    for id in [1, 2, 3] {
-        assert_eq!(pay(addr, id).await.status, 200);
+    use super::{pay, reserve, start};
+
+    /// An upstream that holds the calls of the names the test closes (`order:7`, `stock:tea-42`)
+    /// inside their handler's lock until it opens them; other calls pass at once.
+    #[derive(Default)]
+    struct Gate {
+        closed: Mutex<HashSet<String>>,
+        opened: tokio::sync::Notify,
+        entered: tokio::sync::Notify,
+        inside: Mutex<Vec<String>>,
     }
-    assert_eq!(reserve(addr, "mug-7").await.status, 200);
 
-    // Contended payment: the fallback answers 409 while the first one holds the lock.
-    gate.close("order:10");
-    let first = tokio::spawn(pay(addr, 10));
-    gate.entered("order:10").await;
-    assert_eq!(pay(addr, 10).await.status, 409);
-    let now = scrape().await;
-    assert_eq!(now.get("lock_held", &[("name", "order")]), 1.0, "held while the gate is closed");
+    impl Gate {
+        fn is_closed(&self, what: &str) -> bool {
+            self.closed.lock().unwrap_or_else(PoisonError::into_inner).contains(what)
+        }
 
-    // Contended reservation: it waits (counted as waiting), then answers 423; a request
-    // cancelled while waiting gives its place back.
-    gate.close("stock:tea-42");
-    let holder = tokio::spawn(reserve(addr, "tea-42"));
-    gate.entered("stock:tea-42").await;
-    let waiter = tokio::spawn(reserve(addr, "tea-42"));
-    let cancelled = tokio::spawn({
-        let locks = locks.clone();
-        async move { locks.lock("stock:tea-42").await.map(drop) }
-    });
-    while backend.waiting("stock:tea-42") < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(scrape().await.get("lock_waiting", &[("name", "stock")]), 2.0);
-    cancelled.abort();
-    assert!(cancelled.await.expect_err("cancelled").is_cancelled());
-    assert_eq!(waiter.await.expect("answer").status, 423, "after the 2 s wait");
-    gate.open("stock:tea-42");
-    gate.open("order:10");
-    assert_eq!(holder.await.expect("answer").status, 200);
-    assert_eq!(first.await.expect("answer").status, 200);
+        async fn pass(&self, what: String) {
+            if !self.is_closed(&what) {
+                return;
+            }
+            self.inside.lock().unwrap_or_else(PoisonError::into_inner).push(what.clone());
+            self.entered.notify_waiters();
+            loop {
+                let opened = self.opened.notified();
+                tokio::pin!(opened);
+                opened.as_mut().enable();
+                if !self.is_closed(&what) {
+                    return;
+                }
+                opened.await;
+            }
+        }
 
-    // A backend error: the fallback answers.
-    backend.fail_next(1);
-    assert_eq!(pay(addr, 20).await.status, 409);
+        fn close(&self, what: &str) {
+            self.closed.lock().unwrap_or_else(PoisonError::into_inner).insert(what.to_owned());
+        }
 
-    // A loss: the handler is stopped, the lock error answers 500.
-    gate.close("order:30");
-    let lost = tokio::spawn(pay(addr, 30));
-    gate.entered("order:30").await;
-    assert!(backend.lose("order:30").await);
-    assert_eq!(lost.await.expect("answer").status, 500);
+        fn open(&self, what: &str) {
+            self.closed.lock().unwrap_or_else(PoisonError::into_inner).remove(what);
+            self.opened.notify_waiters();
+        }
 
-    // A guard dropped without release.
-    drop(locks.lock("order:99").await.expect("free"));
-    tokio::task::yield_now().await;
-
-    let m = scrape().await;
-    let order = |outcome| m.get("lock_acquisitions_total", &[("name", "order"), ("outcome", outcome)]);
-    let stock = |outcome| m.get("lock_acquisitions_total", &[("name", "stock"), ("outcome", outcome)]);
-    assert_eq!((order("acquired"), order("contended"), order("error")), (6.0, 1.0, 1.0), "orders 1, 2, 3, 10, 30, 99");
-    assert_eq!((stock("acquired"), stock("contended"), stock("error")), (2.0, 1.0, 0.0));
-    assert_eq!(m.get("lock_wait_seconds_count", &[("name", "order")]), 8.0, "one wait per acquisition");
-    assert_eq!(m.get("lock_wait_seconds_count", &[("name", "stock")]), 3.0, "not the cancelled one");
-    assert!(m.get("lock_wait_seconds_sum", &[("name", "stock")]) >= 2.0, "the 423 waited 2 s");
-    assert_eq!(m.get("lock_hold_seconds_count", &[("name", "order")]), 6.0, "one hold per grant");
-    assert_eq!(m.get("lock_hold_seconds_count", &[("name", "stock")]), 2.0);
-    assert_eq!(m.get("lock_lost_total", &[("name", "order")]), 1.0);
-    assert_eq!(m.get("lock_fallbacks_total", &[("name", "order"), ("reason", "contended")]), 1.0);
-    assert_eq!(m.get("lock_fallbacks_total", &[("name", "order"), ("reason", "error")]), 1.0);
-    for name in ["order", "stock"] {
-        assert_eq!(m.get("lock_held", &[("name", name)]), 0.0, "{name}: every guard gone");
-        assert_eq!(m.get("lock_waiting", &[("name", name)]), 0.0, "{name}: no one waiting");
-    }
-    assert!(m.series.iter().all(|(_, labels, _)| labels.get("name").is_none_or(|n| n == "order" || n == "stock")));
-}
-
-/// A parsed Prometheus text exposition: `(metric, labels, value)` per sample.
-#[cfg(feature = "metrics")]
-struct Scrape {
-    series: Vec<(String, BTreeMap<String, String>, f64)>,
-}
-
-#[cfg(feature = "metrics")]
-impl Scrape {
-    fn parse(text: &str) -> Self {
-        let series = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .map(|line| {
-                let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample: {line}"));
-                let value: f64 = value.parse().unwrap_or_else(|_| panic!("a value: {line}"));
-                let (name, labels) = match key.split_once('{') {
-                    Some((name, labels)) => {
-                        let labels = labels.trim_end_matches('}');
-                        let labels = labels
-                            .split(',')
-                            .filter(|l| !l.is_empty())
-                            .map(|l| {
-                                let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("a label: {l}"));
-                                (k.to_owned(), v.trim_matches('"').to_owned())
-                            })
-                            .collect();
-                        (name, labels)
+        /// Waits until a call of `what` is held at the gate (so holds its lock).
+        async fn entered(&self, what: &str) {
+            let wait = async {
+                loop {
+                    let entered = self.entered.notified();
+                    tokio::pin!(entered);
+                    entered.as_mut().enable();
+                    if self.inside.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|w| w == what) {
+                        return;
                     }
-                    None => (key, BTreeMap::new()),
-                };
-                (name.to_owned(), labels, value)
-            })
-            .collect();
-        Scrape { series }
+                    entered.await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(20), wait).await.expect("a handler reached the gate in time");
+        }
     }
 
-    /// The one sample of `metric` on the memory backend whose labels include `labels`.
-    fn get(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
-        let found: Vec<_> = self
-            .series
-            .iter()
-            .filter(|(name, l, _)| {
-                name == metric
-                    && l.get("backend").map(String::as_str) == Some("memory")
-                    && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+    impl Upstream for Gate {
+        fn charge(&self, order_id: u64, _amount_cents: u64) -> BoxFuture<'_, String> {
+            Box::pin(async move {
+                self.pass(format!("order:{order_id}")).await;
+                format!("pay_{order_id}")
             })
-            .collect();
-        assert_eq!(found.len(), 1, "one sample of {metric} {labels:?}: {found:?}");
-        found[0].2
+        }
+
+        fn set_aside<'a>(&'a self, sku: &'a str, _quantity: u32) -> BoxFuture<'a, ()> {
+            Box::pin(self.pass(format!("stock:{sku}")))
+        }
+    }
+
+    /// The metrics of traffic through the Axum example, scraped from its `/metrics` over HTTP and
+    /// parsed: acquisitions by outcome, waits and holds, fallbacks, a loss, and gauges back to 0
+    /// after a cancelled wait and a guard dropped unreleased. (One test: the recorder is global.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_scraped_from_the_axum_example_over_http() {
+        use lock_tests::http::request;
+
+        examples::metrics::install().expect("the Prometheus recorder");
+        let backend = TestBackend::new();
+        let locks = LockManager::builder()
+            .default_wait(Duration::from_secs(2))
+            .metrics_name_label(|name| name.split_once(':').map_or(name, |(prefix, _)| prefix))
+            .backend(backend.clone());
+        let gate = Arc::new(Gate::default());
+        let app = start(AppState::new(locks.clone(), gate.clone())).await;
+        let addr = app.addr;
+        let scrape = || async move {
+            let answer = request(addr, "GET", "/metrics", None).await;
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            Scrape::parse(&answer.body)
+        };
+
+        // Uncontended: three orders paid, one article reserved.
+        for id in [1, 2, 3] {
+            assert_eq!(pay(addr, id).await.status, 200);
+        }
+        assert_eq!(reserve(addr, "mug-7").await.status, 200);
+
+        // Contended payment: the fallback answers 409 while the first one holds the lock.
+        gate.close("order:10");
+        let first = tokio::spawn(pay(addr, 10));
+        gate.entered("order:10").await;
+        assert_eq!(pay(addr, 10).await.status, 409);
+        let now = scrape().await;
+        assert_eq!(now.get("lock_held", &[("name", "order")]), 1.0, "held while the gate is closed");
+
+        // Contended reservation: it waits (counted as waiting), then answers 423; a request
+        // cancelled while waiting gives its place back.
+        gate.close("stock:tea-42");
+        let holder = tokio::spawn(reserve(addr, "tea-42"));
+        gate.entered("stock:tea-42").await;
+        let waiter = tokio::spawn(reserve(addr, "tea-42"));
+        let cancelled = tokio::spawn({
+            let locks = locks.clone();
+            async move { locks.lock("stock:tea-42").await.map(drop) }
+        });
+        let queued = async {
+            while backend.waiting("stock:tea-42") < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), queued).await.expect("both wait in time");
+        assert_eq!(scrape().await.get("lock_waiting", &[("name", "stock")]), 2.0);
+        cancelled.abort();
+        assert!(cancelled.await.expect_err("cancelled").is_cancelled());
+        assert_eq!(waiter.await.expect("answer").status, 423, "after the 2 s wait");
+        gate.open("stock:tea-42");
+        gate.open("order:10");
+        assert_eq!(holder.await.expect("answer").status, 200);
+        assert_eq!(first.await.expect("answer").status, 200);
+
+        // A backend error: the fallback answers.
+        backend.fail_next(1);
+        assert_eq!(pay(addr, 20).await.status, 409);
+
+        // A loss: the handler is stopped, the lock error answers 500.
+        gate.close("order:30");
+        let lost = tokio::spawn(pay(addr, 30));
+        gate.entered("order:30").await;
+        assert!(backend.lose("order:30").await);
+        assert_eq!(lost.await.expect("answer").status, 500);
+
+        // A guard dropped without release (released in the background).
+        drop(locks.lock("order:99").await.expect("free"));
+        let mut m = scrape().await;
+        for _ in 0..400 {
+            if m.get("lock_held", &[("name", "order")]) == 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            m = scrape().await;
+        }
+        let order = |outcome| m.get("lock_acquisitions_total", &[("name", "order"), ("outcome", outcome)]);
+        let stock = |outcome| m.get("lock_acquisitions_total", &[("name", "stock"), ("outcome", outcome)]);
+        assert_eq!(
+            (order("acquired"), order("contended"), order("error")),
+            (6.0, 1.0, 1.0),
+            "orders 1, 2, 3, 10, 30, 99"
+        );
+        assert_eq!((stock("acquired"), stock("contended"), stock("error")), (2.0, 1.0, 0.0));
+        assert_eq!(m.get("lock_wait_seconds_count", &[("name", "order")]), 8.0, "one wait per acquisition");
+        assert_eq!(m.get("lock_wait_seconds_count", &[("name", "stock")]), 3.0, "not the cancelled one");
+        assert!(m.get("lock_wait_seconds_sum", &[("name", "stock")]) >= 2.0, "the 423 waited 2 s");
+        assert_eq!(m.get("lock_hold_seconds_count", &[("name", "order")]), 6.0, "one hold per grant");
+        assert_eq!(m.get("lock_hold_seconds_count", &[("name", "stock")]), 2.0);
+        assert_eq!(m.get("lock_lost_total", &[("name", "order")]), 1.0);
+        assert_eq!(m.get("lock_fallbacks_total", &[("name", "order"), ("reason", "contended")]), 1.0);
+        assert_eq!(m.get("lock_fallbacks_total", &[("name", "order"), ("reason", "error")]), 1.0);
+        for name in ["order", "stock"] {
+            assert_eq!(m.get("lock_held", &[("name", name)]), 0.0, "{name}: every guard gone");
+            assert_eq!(m.get("lock_waiting", &[("name", name)]), 0.0, "{name}: no one waiting");
+        }
+        assert!(m.series.iter().all(|(_, labels, _)| labels.get("name").is_none_or(|n| n == "order" || n == "stock")));
+    }
+
+    /// A parsed Prometheus text exposition: `(metric, labels, value)` per sample.
+    struct Scrape {
+        series: Vec<(String, BTreeMap<String, String>, f64)>,
+    }
+
+    impl Scrape {
+        fn parse(text: &str) -> Self {
+            let series = text
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .map(|line| {
+                    let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample: {line}"));
+                    let value: f64 = value.parse().unwrap_or_else(|_| panic!("a value: {line}"));
+                    let (name, labels) = match key.split_once('{') {
+                        Some((name, labels)) => {
+                            let labels = labels.trim_end_matches('}');
+                            let labels = labels
+                                .split(',')
+                                .filter(|l| !l.is_empty())
+                                .map(|l| {
+                                    let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("a label: {l}"));
+                                    (k.to_owned(), v.trim_matches('"').to_owned())
+                                })
+                                .collect();
+                            (name, labels)
+                        }
+                        None => (key, BTreeMap::new()),
+                    };
+                    (name.to_owned(), labels, value)
+                })
+                .collect();
+            Scrape { series }
+        }
+
+        /// The one sample of `metric` on the memory backend whose labels include `labels`.
+        fn get(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+            let found: Vec<_> = self
+                .series
+                .iter()
+                .filter(|(name, l, _)| {
+                    name == metric
+                        && l.get("backend").map(String::as_str) == Some("memory")
+                        && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+                })
+                .collect();
+            assert_eq!(found.len(), 1, "one sample of {metric} {labels:?}: {found:?}");
+            found[0].2
+        }
     }
 }
