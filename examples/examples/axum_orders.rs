@@ -8,6 +8,10 @@
 //! REDIS_URL=redis://127.0.0.1:6379 ORDERS_ADDR=127.0.0.1:3000 cargo run -p examples --features axum,redis --example axum_orders
 //! REDIS_URL=redis://127.0.0.1:6379 ORDERS_ADDR=127.0.0.1:3002 cargo run -p examples --features axum,redis --example axum_orders
 //!
+//! # with the locks' metrics at GET /metrics (Prometheus text format)
+//! cargo run -p examples --features axum,metrics --example axum_orders
+//! curl -s localhost:3000/metrics
+//!
 //! # try it: two payments of one order at once; one is charged, the other answers 409 + Retry-After
 //! for i in 1 2; do curl -si -X POST localhost:3000/orders/42/pay -H 'content-type: application/json' -d '{"amount_cents":1250}' & done; wait
 //! curl -si -X POST localhost:3000/stock/reserve -H 'content-type: application/json' -d '{"sku":"tea-42","quantity":2}'
@@ -23,6 +27,9 @@ use examples::orders::{self, AppState, Simulated};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Before the manager takes its first lock: it registers its metrics with this recorder.
+    #[cfg(feature = "metrics")]
+    examples::metrics::install()?;
     let (addr, locks) = orders::from_env("127.0.0.1:3000").await?;
     let backend = locks.backend_kind();
     // The payment provider and the warehouse take a moment, so concurrent requests overlap.

@@ -1,9 +1,12 @@
 //! Runnable examples of `lock-runtime`; see the `examples/` folder of this package.
 //!
 //! With the `axum` / `actix` features, the orders service of the `axum_orders` and
-//! `actix_orders` examples (the tests in `lock-tests` serve the same code).
+//! `actix_orders` examples (the tests in `lock-tests` serve the same code). With `metrics`,
+//! the Prometheus recorder the Axum service serves at `/metrics`.
 #![warn(missing_docs)]
 
+#[cfg(feature = "metrics")]
+pub mod metrics;
 #[cfg(any(feature = "axum", feature = "actix"))]
 pub mod orders;
 #[cfg(feature = "actix")]

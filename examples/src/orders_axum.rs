@@ -7,6 +7,8 @@
 //!   up to the manager's `default_wait`; no fallback, so a lock error is answered by its class
 //!   through `lock-runtime`'s `axum` feature: `423 Locked` with `Retry-After` when contended,
 //!   `503` when the backend is down.
+//! - `GET /metrics` (feature `metrics`): the locks' metrics in the Prometheus text format, from
+//!   the recorder of [`crate::metrics`] (`503` when none is installed).
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -18,9 +20,31 @@ use lock_runtime::{distributed_locked, LockError};
 use crate::orders::{fencing_token, AppState, PayRequest, Problem, Receipt, Reservation, ReserveRequest};
 use crate::orders::{OutOfStock, RETRY_AFTER_SECS};
 
-/// The routes, on `state`.
+/// The routes, on `state`, each request in a `request` span (as `tower-http`'s `TraceLayer`
+/// would make): the locks' `lock.acquire` and `lock.hold` spans are its children, and a
+/// handler's `#[tracing::instrument]` span, entered once its lock is held, is a child of
+/// `lock.hold`.
 pub fn router(state: AppState) -> Router {
-    Router::new().route("/orders/{id}/pay", post(pay)).route("/stock/reserve", post(reserve)).with_state(state)
+    let router = Router::new().route("/orders/{id}/pay", post(pay)).route("/stock/reserve", post(reserve));
+    #[cfg(feature = "metrics")]
+    let router = router.route("/metrics", axum::routing::get(metrics));
+    router.layer(axum::middleware::from_fn(traced)).with_state(state)
+}
+
+/// Runs a request in its `request` span.
+async fn traced(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let span = tracing::info_span!("request", method = %request.method(), path = %request.uri().path());
+    next.run(request).instrument(span).await
+}
+
+/// `GET /metrics`: the Prometheus scrape endpoint.
+#[cfg(feature = "metrics")]
+pub async fn metrics() -> Response {
+    match crate::metrics::render() {
+        Some(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "no metrics recorder is installed").into_response(),
+    }
 }
 
 /// Serves [`router`] on `listener` until the process ends.

@@ -3,11 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::AbortHandle;
-
 use crate::backend::Held;
 use crate::error::LockError;
 use crate::lost::LostSignal;
+use crate::telemetry::{self, Holding};
 
 /// A held lock. Release it with [`release`](LockGuard::release) to learn whether it was still
 /// held; dropping it also releases, in the background (never blocking in `Drop`), and if even
@@ -32,7 +31,9 @@ pub struct LockGuard {
 /// What a guard needs until its lock is released.
 struct State {
     lock: Held,
-    watchdog: Option<AbortHandle>,
+    /// The watchdog, the `lock.hold` span and the metrics of the holding: they end with the
+    /// state, when the lock is released (or its release given up).
+    holding: Holding,
     /// The backend's operation timeout, bounding a release.
     bound: Duration,
     /// The backend's kind, for messages.
@@ -56,9 +57,15 @@ impl LockGuard {
         lock: Held,
         (bound, kind): (Duration, &'static str),
         lost: LostSignal,
-        watchdog: Option<AbortHandle>,
+        holding: Holding,
     ) -> Self {
-        LockGuard { state: Some(State { lock, watchdog, bound, kind }), name, fencing_token, lost }
+        LockGuard { state: Some(State { lock, holding, bound, kind }), name, fencing_token, lost }
+    }
+
+    /// The `lock.hold` span while the lock is held (a locked body runs in it).
+    #[inline(always)]
+    pub(crate) fn hold_span(&self) -> Option<&tracing::Span> {
+        self.state.as_ref().and_then(|state| state.holding.span())
     }
 
     /// The lock's name, e.g. `"order:42"` (without the manager prefix).
@@ -115,9 +122,7 @@ impl LockGuard {
     #[inline]
     pub(crate) fn release_at_once(&mut self) -> Option<Result<(), LockError>> {
         let Some(state) = &mut self.state else { return Some(Ok(())) };
-        if let Some(watchdog) = &state.watchdog {
-            watchdog.abort();
-        }
+        state.holding.stop_watchdog();
         let released = state.lock.release_now()?;
         self.state = None;
         // Spelled out so that the common verdict is built in place, not copied.
@@ -218,27 +223,33 @@ impl LockGuard {
     #[inline(never)]
     fn release_on_drop(&mut self) {
         let Some(mut state) = self.state.take() else { return };
-        if let Some(watchdog) = &state.watchdog {
-            watchdog.abort();
-        }
+        state.holding.stop_watchdog();
         if state.lock.release_now().is_some() {
             return;
         }
         let name = self.name.clone();
+        let names = state.holding.names();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
                     match release_remote(&name, &mut state).await {
                         Ok(()) => {}
-                        Err(e) if e.is_backend() => {
-                            tracing::warn!(lock = %name, error = %e, "release on drop failed; the lease will free it")
+                        Err(e) => {
+                            let (lock, error) = (names.render(&name), telemetry::ShownError(&e, names));
+                            let lock = lock.as_deref().unwrap_or("<hidden>");
+                            if e.is_backend() {
+                                tracing::warn!(lock, error = %error, "release on drop failed; the lease will free it")
+                            } else {
+                                tracing::debug!(lock, error = %error, "release on drop failed")
+                            }
                         }
-                        Err(e) => tracing::debug!(lock = %name, error = %e, "release on drop failed"),
                     }
                 });
             }
             Err(_) => {
-                tracing::warn!(lock = %name, "guard dropped outside a tokio runtime; the lease will free the lock");
+                let lock = names.render(&name);
+                let lock = lock.as_deref().unwrap_or("<hidden>");
+                tracing::warn!(lock, "guard dropped outside a tokio runtime; the lease will free the lock");
             }
         }
     }

@@ -71,6 +71,52 @@
 //! - `testing`: a testing kit for code that takes locks ([`testing`]): a backend that makes
 //!   names busy, attempts fail and held locks lost on demand, and `assert_locked`.
 //! - `axum`, `actix`: [`LockError`] converts to an HTTP response by its class (see [`http`]).
+//! - `metrics`: metrics through the [`metrics`](https://docs.rs/metrics) facade (see
+//!   [Telemetry](#telemetry)); without it, nothing of them is compiled.
+//!
+//! # Telemetry
+//!
+//! **Tracing.** Every acquisition is a `lock.acquire` span and every held lock a `lock.hold`
+//! span, both at `debug` and both created in the caller's context, so they are children of the
+//! caller's current span (a handler's `#[tracing::instrument]` span, say):
+//!
+//! - `lock.acquire`, from the first poll of the request to its outcome: `lock` (the name),
+//!   `backend`, `wait_ms`, `lease` (`renewed` or `fixed`), `lease_ms`, `attempts`, `outcome`
+//!   (`acquired`, `contended`, `error`, `invalid`, or `cancelled` when the request was dropped)
+//!   and, once granted, `fencing_token`;
+//! - `lock.hold`, from the grant to the release (or the drop of the guard): `lock`, `backend`,
+//!   `fencing_token`. Renewals that fail are `debug` events in it, and a loss a `warn` event.
+//!   The body of [`LockRequest::run`] and of a `#[distributed_locked]` fn runs inside it, so
+//!   its own spans and events nest under the lock.
+//!
+//! Nothing above `debug` is emitted while all goes well. `warn` is kept for what needs a look:
+//! a lock lost while held (one event per lock, with the reason), a fallback called because of
+//! a backend error (not because the lock was busy), a release that failed. With no subscriber
+//! interested in `debug`, a span costs one relaxed atomic load.
+//!
+//! Lock names may carry personal data (`user:{email}`):
+//! [`LockManagerBuilder::telemetry_names`] shows them hashed or not at all
+//! ([`TelemetryNames`]), in spans, events (error messages included) and metric labels. Events
+//! that belong to no manager (an error answered over HTTP, a backend's own events) follow the
+//! strictest setting of the managers built in the process.
+//!
+//! **Metrics** (feature `metrics`), through the [`metrics`](https://docs.rs/metrics) facade:
+//! install a recorder (e.g. `metrics-exporter-prometheus`) before the first lock is taken;
+//! each manager registers its series on first use, with the recorder in force then.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `lock_acquisitions_total` | counter | `backend`, `outcome` | acquisitions by outcome: `acquired`, `contended`, `error`, `invalid` (a dropped request is not counted) |
+//! | `lock_wait_seconds` | histogram | `backend` | from the request to its outcome, for every acquisition counted but `invalid` ones (0 when granted at once) |
+//! | `lock_hold_seconds` | histogram | `backend` | from the grant to the release (or drop) of the guard |
+//! | `lock_lost_total` | counter | `backend` | locks lost while held |
+//! | `lock_fallbacks_total` | counter | `backend`, `reason` | locked calls that ran their fallback: `contended`, `error`, `invalid`, `not_configured` |
+//! | `lock_renewals_total` | counter | `backend`, `outcome` | watchdog renewals: `renewed`, `refused` (the lock is lost), `failed` (retried, or too late) |
+//! | `lock_held` | gauge | `backend` | guards alive |
+//! | `lock_waiting` | gauge | `backend` | requests waiting for a held lock |
+//!
+//! The lock name is not a label (there may be millions of names); a bounded one can be added
+//! with [`LockManagerBuilder::metrics_name_label`] (e.g. the name up to its first `:`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -89,6 +135,7 @@ mod lost;
 mod manager;
 mod options;
 mod run;
+mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -107,6 +154,7 @@ pub use manager::{
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
 pub use run::Run;
+pub use telemetry::TelemetryNames;
 
 #[cfg(feature = "macros")]
 pub use lock_macros::distributed_locked;

@@ -26,6 +26,8 @@ impl Default for LostSignal {
 #[derive(Default)]
 struct Inner {
     fired: AtomicBool,
+    /// The loss was reported (a `warn` event, `lock_lost_total`): reported once.
+    reported: AtomicBool,
     reason: Mutex<Option<String>>,
     /// The local lease deadline: the lock is considered lost once it passes unrenewed.
     deadline: Mutex<Option<Instant>>,
@@ -73,6 +75,11 @@ impl LostSignal {
     pub fn is_lost(&self) -> bool {
         let Some(inner) = &self.inner else { return false };
         inner.fired.load(Ordering::Acquire) || self.deadline().is_some_and(|d| crate::clock::now() >= d)
+    }
+
+    /// `true` the first time it is called: whoever reports the loss first (telemetry).
+    pub(crate) fn report_once(&self) -> bool {
+        self.inner.as_ref().is_some_and(|inner| !inner.reported.swap(true, Ordering::AcqRel))
     }
 
     /// What was observed when the lock was lost, if it was.

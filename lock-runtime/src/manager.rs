@@ -12,6 +12,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;
 use crate::options::{self, LockOptions};
+use crate::telemetry::{self, Acquiring};
 use crate::watchdog;
 
 /// The default `wait`: how long a call waits for a held lock when it gives no `wait`.
@@ -53,6 +54,7 @@ pub(crate) struct Inner {
     /// The backend's operation timeout and kind, read once.
     pub(crate) bound: Duration,
     pub(crate) kind: &'static str,
+    pub(crate) telemetry: telemetry::Telemetry,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -83,6 +85,8 @@ pub struct LockManagerBuilder {
     pub(crate) default_wait: Duration,
     pub(crate) default_lease: Duration,
     pub(crate) label: Option<String>,
+    /// Its own methods are in `telemetry.rs`.
+    pub(crate) telemetry: telemetry::Config,
 }
 
 impl Default for LockManagerBuilder {
@@ -92,6 +96,7 @@ impl Default for LockManagerBuilder {
             default_wait: DEFAULT_WAIT,
             default_lease: DEFAULT_LEASE,
             label: None,
+            telemetry: telemetry::Config::default(),
         }
     }
 }
@@ -154,6 +159,7 @@ impl LockManagerBuilder {
                 holder: Holder::of_process(self.label.as_deref()),
                 bound: backend.operation_timeout(),
                 kind: backend.kind(),
+                telemetry: self.telemetry.build(backend.kind()),
                 backend,
                 memory,
             }),
@@ -250,8 +256,12 @@ impl LockManager {
         self.inner.id
     }
 
+    pub(crate) fn telemetry(&self) -> &telemetry::Telemetry {
+        &self.inner.telemetry
+    }
+
     /// Validates a request and works out what to ask the backend for.
-    fn plan(&self, name: Arc<str>, options: LockOptions) -> Result<Plan, LockError> {
+    fn plan(&self, name: Arc<str>, options: LockOptions, acquiring: &Acquiring) -> Result<Plan, LockError> {
         let inner = &*self.inner;
         options::check_name(&name)?;
         let wait = options.wait_for().unwrap_or(inner.default_wait);
@@ -269,6 +279,7 @@ impl LockManager {
         if let Some(retry) = options.retries() {
             options::check_retry(&name, retry)?;
         }
+        acquiring.planned(wait, lease);
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
         let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease };
@@ -279,20 +290,30 @@ impl LockManager {
     /// the future or the lost signal; without a verdict, the plan is given back with whether
     /// the lock was found held. (The built-in store's is in [`LockFuture::poll`].)
     #[inline(always)]
-    fn attempt_now(&self, plan: Plan) -> FastPath {
+    fn attempt_now(&self, plan: Plan, mut acquiring: Acquiring) -> FastPath {
         match self.inner.backend.try_acquire_now(&plan.req) {
             Some(Ok(Attempt::Acquired(grant))) => {
-                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None)))
+                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, acquiring)))
             }
-            Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true },
-            Some(Err(e)) => FastPath::Done(Err(e)),
-            None => FastPath::Slow { plan, busy: false },
+            Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true, acquiring },
+            Some(Err(e)) => {
+                acquiring.failed(&e);
+                FastPath::Done(Err(e))
+            }
+            None => FastPath::Slow { plan, busy: false, acquiring },
         }
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
     #[inline(always)]
-    fn guard(&self, name: Arc<str>, lease: Lease, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
+    fn guard(
+        &self,
+        name: Arc<str>,
+        lease: Lease,
+        grant: Grant,
+        lost: Option<LostSignal>,
+        acquiring: Acquiring,
+    ) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
         let renewal = match lease {
@@ -302,9 +323,10 @@ impl LockManager {
         if renewal.is_none() && matches!(lease, Lease::Renewed(_)) {
             // Not time-bound (an in-process lock kept by its guard): no deadline, no watchdog.
             let lost = lost.unwrap_or_else(LostSignal::never);
-            return LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, None);
+            let holding = acquiring.granted(&inner.telemetry, &name, fencing_token, &lost, granted_at);
+            return LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, holding);
         }
-        self.timed_guard(name, lease, Grant { fencing_token, granted_at, lock }, renewal, lost)
+        self.timed_guard(name, lease, Grant { fencing_token, granted_at, lock }, renewal, lost, acquiring)
     }
 
     /// [`guard`](Self::guard) of a time-bound lock: a fixed lease (`renewal` is `None`), or one
@@ -317,16 +339,19 @@ impl LockManager {
         grant: Grant,
         renewal: Option<Box<dyn crate::backend::Renewal>>,
         lost: Option<LostSignal>,
+        acquiring: Acquiring,
     ) -> LockGuard {
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
         let lost = lost.unwrap_or_default();
-        lost.set_deadline(crate::clock::trusted_until(granted_at.unwrap_or_else(crate::clock::now), lease.duration()));
-        let watchdog = renewal.map(|renewal| {
-            let renewed = watchdog::Renewed { renewal, name: name.clone(), bound: inner.bound };
-            watchdog::spawn(renewed, lease.duration(), lost.clone())
-        });
-        LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, watchdog)
+        let granted_at = granted_at.unwrap_or_else(crate::clock::now);
+        lost.set_deadline(crate::clock::trusted_until(granted_at, lease.duration()));
+        let mut holding = acquiring.granted(&inner.telemetry, &name, fencing_token, &lost, Some(granted_at));
+        if let Some(renewal) = renewal {
+            let renewed = watchdog::Renewed { renewal, bound: inner.bound, telemetry: holding.renewals() };
+            holding.keep_watchdog(watchdog::spawn(renewed, lease.duration(), lost.clone()));
+        }
+        LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, holding)
     }
 
     /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
@@ -334,7 +359,29 @@ impl LockManager {
     ///
     /// The acquisition owns the backend state of this call: whenever this future is dropped or
     /// returns without a grant, dropping it cleans up.
-    async fn acquire_slow(&self, plan: Plan, started: Instant, busy: bool) -> Result<LockGuard, LockError> {
+    async fn acquire_slow(
+        &self,
+        plan: Plan,
+        started: Instant,
+        busy: bool,
+        mut acquiring: Acquiring,
+    ) -> Result<LockGuard, LockError> {
+        let acquired = self.acquire_within(plan, started, busy, &mut acquiring).await;
+        if let Err(e) = &acquired {
+            acquiring.waited_since(started);
+            acquiring.failed(e);
+        }
+        acquired
+    }
+
+    /// [`acquire_slow`](Self::acquire_slow), keeping `acquiring`'s count of attempts.
+    async fn acquire_within(
+        &self,
+        plan: Plan,
+        started: Instant,
+        busy: bool,
+        acquiring: &mut Acquiring,
+    ) -> Result<LockGuard, LockError> {
         let backend = &*self.inner.backend;
         let bound = self.inner.bound;
         let lost = LostSignal::new();
@@ -345,10 +392,14 @@ impl LockManager {
         let mut attempts = 1u32;
         if !busy {
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
-                Attempt::Acquired(grant) => return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost))),
+                Attempt::Acquired(grant) => {
+                    acquiring.waited_since(started);
+                    return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take()));
+                }
                 Attempt::Busy => {}
             }
         }
+        let _waiting = acquiring.waiting();
         let grant = loop {
             if crate::clock::now() >= deadline || plan.retry.is_some_and(|r| attempts > r) {
                 return Err(contended(attempts));
@@ -360,12 +411,14 @@ impl LockManager {
                 Wake::Retry => {}
             }
             attempts += 1;
+            acquiring.attempts(attempts);
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => break grant,
                 Attempt::Busy => {}
             }
         };
-        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost)))
+        acquiring.waited_since(started);
+        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take()))
     }
 
     async fn bounded<T>(
@@ -395,7 +448,7 @@ enum FastPath {
     Done(Result<LockGuard, LockError>),
     /// Without a verdict: the acquisition goes on in the background; `busy` when an attempt
     /// already found the lock held.
-    Slow { plan: Plan, busy: bool },
+    Slow { plan: Plan, busy: bool, acquiring: Acquiring },
 }
 
 /// A lock request being configured: `.await` it for a [`LockGuard`].
@@ -485,11 +538,16 @@ impl Future for LockFuture<'_> {
                 return Poll::Ready(Err(polled_after_completion())); // not reached: matched above
             };
             let LockRequest { manager, name, options } = request;
-            let plan = match manager.plan(name, options) {
+            // In the caller's context: its span is the parent of `lock.acquire` and `lock.hold`.
+            let mut acquiring = manager.inner.telemetry.acquiring(&name);
+            let plan = match manager.plan(name, options, &acquiring) {
                 Ok(plan) => plan,
-                Err(e) => return Poll::Ready(Err(e)),
+                Err(e) => {
+                    acquiring.failed(&e);
+                    return Poll::Ready(Err(e));
+                }
             };
-            let (plan, busy) = if let Some(memory) = &manager.inner.memory {
+            let (plan, busy, acquiring) = if let Some(memory) = &manager.inner.memory {
                 // The built-in in-process store: the guard is built right here, the plan moved
                 // only once granted.
                 match memory.try_acquire_granted(&plan.req) {
@@ -497,22 +555,22 @@ impl Future for LockFuture<'_> {
                         coop.made_progress();
                         let lease = plan.req.lease;
                         let (name, grant) = memory.grant_taking(granted, plan.req);
-                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None)));
+                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, acquiring)));
                     }
-                    None => (plan, true),
+                    None => (plan, true, acquiring),
                 }
             } else {
-                match manager.attempt_now(plan) {
+                match manager.attempt_now(plan, acquiring) {
                     FastPath::Done(Ok(guard)) => {
                         coop.made_progress();
                         return Poll::Ready(Ok(guard));
                     }
                     FastPath::Done(Err(e)) => return Poll::Ready(Err(e)),
-                    FastPath::Slow { plan, busy } => (plan, busy),
+                    FastPath::Slow { plan, busy, acquiring } => (plan, busy, acquiring),
                 }
             };
             let started = crate::clock::now();
-            self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy)));
+            self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy, acquiring)));
         }
         match &mut self.state {
             LockFutureState::Running(fut) => {

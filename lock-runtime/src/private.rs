@@ -152,13 +152,10 @@ pub fn default_manager() -> Option<LockManager> {
     crate::manager::default_manager()
 }
 
-/// Notes why a locked call is about to call its fallback instead of its body.
+/// Notes why a locked call is about to call its fallback instead of its body (an event and
+/// `lock_fallbacks_total`). Called in the poll in which the call's entry failed.
 pub fn falling_back(error: &LockError) {
-    if error.is_contended() {
-        tracing::debug!(error = %error, "lock busy; calling the fallback");
-    } else {
-        tracing::warn!(error = %error, "lock not acquired; calling the fallback");
-    }
+    crate::telemetry::falling_back(error);
 }
 
 /// A return type that a lock failure can be returned through: `Result<_, E>` with
@@ -345,9 +342,10 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
     match run::reenter(manager.id(), name.as_name(), run.as_mut().project().hold) {
         Some(parent) => {
             let request = manager.lock_named(name.into_name()).options(options);
-            Enter { run, state: State::Taking(Some(ManuallyDrop::new(Taking::new(request, parent)))), done: false }
+            let state = State::Taking(Some(ManuallyDrop::new(Taking::new(request, parent))));
+            Enter { run, state, done: false, manager: Some(manager) }
         }
-        None => Enter { run, state: State::Entered, done: true },
+        None => Enter { run, state: State::Entered, done: true, manager: Some(manager) },
     }
 }
 
@@ -363,7 +361,7 @@ pub fn enter_default<'a, 'r, N: LockName, F: Future>(
         Some(manager) => enter(run, manager, name, options),
         None => {
             let refused = LockError::NotConfigured { name: name.as_name().to_owned() };
-            Enter { run, state: State::Refused(Some(refused)), done: false }
+            Enter { run, state: State::Refused(Some(refused)), done: false, manager: None }
         }
     }
 }
@@ -376,6 +374,8 @@ pub struct Enter<'a, 'r, F: Future> {
     /// Returned `Ok(())` (or the error of taking): the state is left as it is, to be dropped
     /// once, with the future.
     done: bool,
+    /// Its telemetry settings go to the fallback, if the lock cannot be taken.
+    manager: Option<&'a LockManager>,
 }
 
 enum State<'a> {
@@ -419,15 +419,25 @@ impl<F: Future> Future for Enter<'_, '_, F> {
                 let Some(taking) = slot else { return Poll::Ready(Ok(())) }; // let go of: taken
                 let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().project().hold));
                 this.done = true;
-                if taken.is_ok() {
-                    debug_assert!(taking.is_spent());
-                    *slot = None; // spent: nothing in it to drop
+                match &taken {
+                    Ok(()) => {
+                        debug_assert!(taking.is_spent());
+                        *slot = None; // spent: nothing in it to drop
+                    }
+                    Err(e) => {
+                        if let Some(manager) = this.manager {
+                            manager.telemetry().entry_failed(e);
+                        }
+                    }
                 }
                 Poll::Ready(taken)
             }
-            State::Refused(error) => Poll::Ready(Err(error
-                .take()
-                .unwrap_or_else(|| LockError::invalid("", "a locked call's entry was polled after it completed")))),
+            State::Refused(error) => {
+                crate::telemetry::entry_refused();
+                Poll::Ready(Err(error
+                    .take()
+                    .unwrap_or_else(|| LockError::invalid("", "a locked call's entry was polled after it completed"))))
+            }
             State::Entered => Poll::Ready(Ok(())),
         }
     }

@@ -44,6 +44,10 @@ impl<'m> LockRequest<'m> {
     /// **Release on every exit:** dropping the `Run` (cancellation) or a panic in `fut` drops
     /// the guard, which releases the lock, and leaves the task's context as it was.
     ///
+    /// **Tracing:** `fut` is polled inside the lock's `lock.hold` span (a child of the span
+    /// current when the lock was taken), so its spans and events nest under the lock; see the
+    /// crate docs' *Telemetry*.
+    ///
     /// ```
     /// use lock_runtime::{LockError, LockManager};
     ///
@@ -351,6 +355,8 @@ pub(crate) fn poll_held<F: Future>(
         hold.watch = watch(hold.frame.as_ref());
     }
     let watch = &mut hold.watch;
+    // The body runs in the lock's `lock.hold` span (when a subscriber wants it).
+    let _in_hold = hold.guard.as_ref().and_then(LockGuard::hold_span).map(tracing::Span::enter);
     let polled = context::within(&mut hold.frame, || {
         let Some(fut) = body.as_mut().as_pin_mut() else { return Poll::Ready(Err(not_running())) };
         let over = match fut.poll(cx) {
@@ -442,7 +448,12 @@ fn released_failed<T>(output: Result<T, LockError>, e: LockError, abort_on_lost:
     if abort_on_lost && e.is_lost() && output.is_ok() {
         return Err(e);
     }
-    tracing::warn!(error = %e, "release after a locked call failed");
+    if e.is_lost() {
+        // Already reported, once, as the lock's loss.
+        tracing::debug!(error = %crate::telemetry::shown_error(&e), "release after a locked call found the lock lost");
+    } else {
+        tracing::warn!(error = %crate::telemetry::shown_error(&e), "release after a locked call failed");
+    }
     output
 }
 

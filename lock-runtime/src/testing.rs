@@ -333,7 +333,7 @@ impl TestBackend {
                     }
                 };
                 if let Err(e) = released {
-                    tracing::debug!(lock = %granted.name, error = %e, "testing: freeing a lock taken away failed");
+                    tracing::debug!(lock = %crate::telemetry::shown_name(&granted.name), error = %crate::telemetry::shown_error(&e), "testing: freeing a lock taken away failed");
                 }
             }
             granted.lost.fire(TAKEN_AWAY);

@@ -5,20 +5,19 @@
 //! lease runs out locally, which fires `lost()`. The task ends when the guard is released or
 //! dropped (its handle is aborted), or when the lock is lost.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::AbortHandle;
 
-use crate::backend::Renewal;
 use crate::lost::LostSignal;
+use crate::telemetry::{Renewal, Renewals};
 
-/// What the watchdog renews: the lock's renewal handle, its name (for logs) and the longest a
-/// renewal may take.
+/// What the watchdog renews: the lock's renewal handle, the longest a renewal may take, and
+/// what it reports renewals and a loss with (the lock's name among them).
 pub(crate) struct Renewed {
-    pub(crate) renewal: Box<dyn Renewal>,
-    pub(crate) name: Arc<str>,
+    pub(crate) renewal: Box<dyn crate::backend::Renewal>,
     pub(crate) bound: Duration,
+    pub(crate) telemetry: Renewals,
 }
 
 /// Starts renewing every `lease / 3` until aborted or lost.
@@ -27,7 +26,7 @@ pub(crate) fn spawn(renewed: Renewed, lease: Duration, lost: LostSignal) -> Abor
 }
 
 async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
-    let Renewed { renewal, name, bound } = renewed;
+    let Renewed { renewal, bound, telemetry } = renewed;
     let period = lease / 3;
     let mut next = crate::clock::now() + period;
     loop {
@@ -41,17 +40,22 @@ async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
             Ok(Ok(())) if lost.is_lost() => {
                 // The local lease ran out while this renewal was in flight, and `lost()` may
                 // already have been observed: a lock reported lost stays lost (never revived).
-                tracing::warn!(lock = %name, "lock lost: the lease ran out before the renewal was confirmed");
-                lost.fire("its lease ran out before the watchdog's renewal was confirmed");
+                let reason = "its lease ran out before the watchdog's renewal was confirmed";
+                telemetry.renewal(Renewal::Failed);
+                telemetry.lost(reason);
+                lost.fire(reason);
                 return;
             }
             Ok(Ok(())) => {
+                telemetry.renewal(Renewal::Renewed);
                 lost.set_deadline(crate::clock::trusted_until(sent, lease));
                 next = sent + period;
             }
             Ok(Err(e)) if e.is_lost() => {
-                tracing::warn!(lock = %name, error = %e, "lock lost: renewal refused");
-                lost.fire(format!("the watchdog's renewal was refused: {e}"));
+                let reason = format!("the watchdog's renewal was refused: {e}");
+                telemetry.renewal(Renewal::Refused);
+                telemetry.lost(&reason);
+                lost.fire(reason);
                 return;
             }
             outcome => {
@@ -59,12 +63,14 @@ async fn renew(renewed: Renewed, lease: Duration, lost: LostSignal) {
                     Ok(Err(e)) => e.to_string(),
                     _ => format!("no answer within {bound:?}"),
                 };
+                telemetry.renewal(Renewal::Failed);
                 if lost.is_lost() {
-                    tracing::warn!(lock = %name, error = %why, "lock lost: could not renew before the lease ran out");
-                    lost.fire(format!("the watchdog could not renew it before the lease ran out: {why}"));
+                    let reason = format!("the watchdog could not renew it before the lease ran out: {why}");
+                    telemetry.lost(&reason);
+                    lost.fire(reason);
                     return;
                 }
-                tracing::debug!(lock = %name, error = %why, "lease renewal failed; retrying");
+                telemetry.retrying(&why);
                 // Try again soon, well before the local lease deadline.
                 next = crate::clock::now() + (period / 4).max(Duration::from_millis(5));
             }

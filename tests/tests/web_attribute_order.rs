@@ -54,10 +54,14 @@ impl Subscriber for Spans {
 /// (whether the body ran, the span the code ran in)
 type Ran = (bool, Option<&'static str>);
 
-/// The name of the innermost span entered on this thread.
+/// The name of the innermost span entered on this thread, the lock's own `lock.hold` (which a
+/// locked body runs in) aside.
 fn span() -> Option<&'static str> {
-    let top = ENTERED.with(|e| e.borrow().last().map(Id::into_u64))?;
-    NAMES.with(|n| n.borrow().get(&top).copied())
+    let entered = ENTERED.with(|e| e.borrow().iter().map(Id::into_u64).collect::<Vec<_>>());
+    NAMES.with(|n| {
+        let names = n.borrow();
+        entered.iter().rev().filter_map(|id| names.get(id).copied()).find(|name| !name.starts_with("lock."))
+    })
 }
 
 // `#[tracing::instrument]` above: it sees `Path(id)` as written (so `fields` can name `id`),

@@ -68,8 +68,10 @@ impl LockError {
     #[cfg(any(feature = "axum", feature = "actix"))]
     pub(crate) fn log_for_http(&self) {
         match self {
-            LockError::Contended { .. } => tracing::debug!(error = %self, "answering a request with 423 Locked"),
-            _ => tracing::warn!(error = %self, "a lock error failed a request"),
+            LockError::Contended { .. } => {
+                tracing::debug!(error = %crate::telemetry::shown_error(self), "answering a request with 423 Locked")
+            }
+            _ => tracing::warn!(error = %crate::telemetry::shown_error(self), "a lock error failed a request"),
         }
     }
 }

@@ -487,7 +487,7 @@ impl RedisAcquisition {
                                 slot.look_failed();
                                 let backoff =
                                     failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
-                                tracing::debug!(lock = %self.req.name, error = %e, "look at the lock failed; again in {backoff:?}");
+                                tracing::debug!(lock = %crate::telemetry::shown_name(&self.req.name), error = %crate::telemetry::shown_error(&e), "look at the lock failed; again in {backoff:?}");
                                 let again = crate::clock::now().checked_add(backoff).unwrap_or(deadline);
                                 failed = Some((e, again, backoff));
                             }
@@ -544,12 +544,12 @@ impl Drop for RedisAcquisition {
                 .unwrap_or_else(|_| Err(LockError::timed_out(&*name, KIND, "release", timeout)));
             match outcome {
                 Ok(1) => {
-                    tracing::debug!(lock = %name, "undid the acquire of a dropped acquisition");
+                    tracing::debug!(lock = %crate::telemetry::shown_name(&name), "undid the acquire of a dropped acquisition");
                     inner.waiters.released(&channel, &owner);
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(lock = %name, error = %e, "could not undo the acquire of a dropped acquisition; its lease will free the lock");
+                    tracing::warn!(lock = %crate::telemetry::shown_name(&name), error = %crate::telemetry::shown_error(&e), "could not undo the acquire of a dropped acquisition; its lease will free the lock");
                     inner.waiters.released(&channel, &owner);
                 }
             }
