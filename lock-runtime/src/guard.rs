@@ -1,7 +1,7 @@
 //! [`LockGuard`]: a held lock.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::task::AbortHandle;
 
@@ -37,6 +37,8 @@ struct State {
     bound: Duration,
     /// The backend's kind, for messages.
     kind: &'static str,
+    /// `hold_at_least`: the name stays taken until then, even when released earlier.
+    hold_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -58,7 +60,16 @@ impl LockGuard {
         lost: LostSignal,
         watchdog: Option<AbortHandle>,
     ) -> Self {
-        LockGuard { state: Some(State { lock, watchdog, bound, kind }), name, fencing_token, lost }
+        LockGuard { state: Some(State { lock, watchdog, bound, kind, hold_until: None }), name, fencing_token, lost }
+    }
+
+    /// Keeps the name taken until `until` when released earlier (`hold_at_least`).
+    pub(crate) fn holding_until(mut self, until: Option<Instant>) -> Self {
+        if let Some(state) = &mut self.state {
+            // Overflowing `Instant`: held for as long as the lease lets it.
+            state.hold_until = Some(until.unwrap_or_else(|| crate::clock::now() + crate::options::MAX_LEASE));
+        }
+        self
     }
 
     /// The lock's name, e.g. `"order:42"` (without the manager prefix).
@@ -82,7 +93,7 @@ impl LockGuard {
     /// the backend reported the loss. Never completes while the lock is held.
     ///
     /// ```
-    /// # use std::time::Duration;
+    /// # use std::time::{Duration, Instant};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
     /// let manager = lock_runtime::LockManager::memory();
     /// let guard = manager.lock("short").lease(Duration::from_millis(20)).await?;
@@ -118,7 +129,10 @@ impl LockGuard {
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();
         }
-        let released = state.lock.release_now()?;
+        let released = match state.remaining() {
+            None => state.lock.release_now()?,
+            Some(remaining) => state.lock.release_after_now(remaining)?,
+        };
         self.state = None;
         // Spelled out so that the common verdict is built in place, not copied.
         Some(match released {
@@ -197,9 +211,22 @@ impl std::future::Future for ReleaseFuture {
     }
 }
 
+impl State {
+    /// What is left of `hold_at_least`, if anything.
+    #[inline]
+    fn remaining(&self) -> Option<Duration> {
+        let until = self.hold_until?;
+        Some(until.saturating_duration_since(crate::clock::now())).filter(|d| !d.is_zero())
+    }
+}
+
 async fn release_remote(name: &str, state: &mut State) -> Result<(), LockError> {
     let (bound, kind) = (state.bound, state.kind);
-    match crate::bounded::bounded(bound, state.lock.release()).await {
+    let release = match state.remaining() {
+        None => state.lock.release(),
+        Some(remaining) => state.lock.release_after(remaining),
+    };
+    match crate::bounded::bounded(bound, release).await {
         Some(result) => result,
         None => Err(LockError::timed_out(name, kind, "release", bound)),
     }
@@ -221,7 +248,11 @@ impl LockGuard {
         if let Some(watchdog) = &state.watchdog {
             watchdog.abort();
         }
-        if state.lock.release_now().is_some() {
+        let at_once = match state.remaining() {
+            None => state.lock.release_now(),
+            Some(remaining) => state.lock.release_after_now(remaining),
+        };
+        if at_once.is_some() {
             return;
         }
         let name = self.name.clone();

@@ -269,10 +269,13 @@ impl LockManager {
         if let Some(retry) = options.retries() {
             options::check_retry(&name, retry)?;
         }
+        if let Some(hold) = options.hold_at_least_for() {
+            options::check_hold(&name, hold, options.lease_for())?;
+        }
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
         let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease };
-        Ok(Plan { req, wait, retry: options.retries() })
+        Ok(Plan { req, wait, retry: options.retries(), hold: options.hold_at_least_for() })
     }
 
     /// The synchronous fast path of other in-process backends: one attempt, no allocation for
@@ -282,7 +285,7 @@ impl LockManager {
     fn attempt_now(&self, plan: Plan) -> FastPath {
         match self.inner.backend.try_acquire_now(&plan.req) {
             Some(Ok(Attempt::Acquired(grant))) => {
-                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None)))
+                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, plan.hold)))
             }
             Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true },
             Some(Err(e)) => FastPath::Done(Err(e)),
@@ -290,9 +293,22 @@ impl LockManager {
         }
     }
 
-    /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
+    /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing. `hold`:
+    /// `hold_at_least`, counted from the grant (from now when the backend gave no instant: later
+    /// than the grant, so never shorter).
     #[inline(always)]
-    fn guard(&self, name: Arc<str>, lease: Lease, grant: Grant, lost: Option<LostSignal>) -> LockGuard {
+    fn guard(
+        &self,
+        name: Arc<str>,
+        lease: Lease,
+        grant: Grant,
+        lost: Option<LostSignal>,
+        hold: Option<Duration>,
+    ) -> LockGuard {
+        if let Some(hold) = hold {
+            let until = grant.granted_at.unwrap_or_else(crate::clock::now).checked_add(hold);
+            return self.guard(name, lease, grant, lost, None).holding_until(until);
+        }
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
         let renewal = match lease {
@@ -345,7 +361,9 @@ impl LockManager {
         let mut attempts = 1u32;
         if !busy {
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
-                Attempt::Acquired(grant) => return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost))),
+                Attempt::Acquired(grant) => {
+                    return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), plan.hold))
+                }
                 Attempt::Busy => {}
             }
         }
@@ -365,7 +383,7 @@ impl LockManager {
                 Attempt::Busy => {}
             }
         };
-        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost)))
+        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), plan.hold))
     }
 
     async fn bounded<T>(
@@ -387,6 +405,8 @@ struct Plan {
     req: Acquire,
     wait: Duration,
     retry: Option<u32>,
+    /// `hold_at_least`, if given.
+    hold: Option<Duration>,
 }
 
 /// How the fast path ended.
@@ -426,6 +446,37 @@ impl LockRequest<'_> {
     /// At most this many further attempts after the first, within `wait`.
     pub fn retry(mut self, retry: u32) -> Self {
         self.options = self.options.retry(retry);
+        self
+    }
+
+    /// Keeps the name taken until `hold` after the grant, even when the guard is released (or
+    /// dropped) earlier: ShedLock's `lockAtLeastFor`, for a scheduled job that runs on several
+    /// instances whose clocks differ a little. A 50 ms job started by each instance's timer at
+    /// "12:00:00" by its own clock thus runs once, not once per instance whose timer fires
+    /// after the first one finished.
+    ///
+    /// The remainder is counted from before the request was sent and handed to the store as a
+    /// duration, which counts it on its own clock (Redis shortens the key's expiry instead of
+    /// deleting it; ZooKeeper's node is deleted when the remainder recorded in it has passed;
+    /// the in-process store keeps the entry held): the clocks of the instances need not agree.
+    /// Waiters are woken when the remainder ends. A release after `hold` is a plain release.
+    /// The remainder outlives the guard but not the holder's process on ZooKeeper (its session
+    /// ends, and its node with it) nor the in-process store. At most the fixed `lease`, if
+    /// one is given.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::memory();
+    /// let guard = manager.lock("nightly").hold_at_least(Duration::from_millis(200)).wait(Duration::ZERO).await?;
+    /// guard.release().await?; // the job took no time
+    /// assert!(manager.try_lock("nightly").await?.is_none()); // still taken for ~200 ms
+    /// tokio::time::sleep(Duration::from_millis(250)).await;
+    /// assert!(manager.try_lock("nightly").await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.options = self.options.hold_at_least(hold);
         self
     }
 
@@ -495,9 +546,9 @@ impl Future for LockFuture<'_> {
                 match memory.try_acquire_granted(&plan.req) {
                     Some(granted) => {
                         coop.made_progress();
-                        let lease = plan.req.lease;
+                        let (lease, hold) = (plan.req.lease, plan.hold);
                         let (name, grant) = memory.grant_taking(granted, plan.req);
-                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None)));
+                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, hold)));
                     }
                     None => (plan, true),
                 }
