@@ -182,7 +182,7 @@ mod template;
 ///
 /// A duration, as `wait`'s: the lock stays taken until this long after it was granted, even
 /// when the fn returns earlier (ShedLock's `lockAtLeastFor`). The release then hands the
-/// remainder to the store, which counts it on its own clock (Redis shortens the key's expiry,
+/// remainder to the store, which counts it on its own clock (Redis sets the key's expiry to it,
 /// ZooKeeper deletes the node when it has passed, the in-process store keeps the entry held),
 /// and waiters are woken when it ends. This is what keeps a short scheduled job from running
 /// twice on instances whose clocks differ by less than it (see *Scheduled jobs* below). It

@@ -77,7 +77,7 @@ macro_rules! conformance_suite {
             cancelled_after_any_poll_leaves_nothing, cancelled_waiter_after_any_poll_leaves_nothing,
             woken_waiter_dropped_passes_the_lock_on, lease_of_a_holder_that_waited_counts_from_its_grant,
             hold_at_least_keeps_the_name_taken_after_an_early_release, release_after_hold_at_least_frees_at_once,
-            dropped_guard_honours_hold_at_least);
+            dropped_guard_honours_hold_at_least, hold_at_least_outlasts_a_shorter_watchdog_lease);
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(
@@ -608,6 +608,24 @@ pub async fn dropped_guard_honours_hold_at_least(make: &impl Factory) {
         assert!(!took, "a dropped guard freed the name before hold_at_least");
     }
     let guard = m.lock("dropped").wait(Duration::from_secs(10)).await.expect("taken once the hold is over");
+    assert!(Instant::now() >= before + hold, "granted {:?} after the first grant", before.elapsed());
+    guard.release().await.expect("release");
+}
+
+/// `hold_at_least` longer than the watchdog lease: once released, the watchdog stops renewing,
+/// and the name still stays taken for the whole remainder (not only the lease's rest).
+pub async fn hold_at_least_outlasts_a_shorter_watchdog_lease(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_millis(300))).await;
+    let hold = Duration::from_millis(1500);
+    let before = Instant::now();
+    let guard = m.lock("outlast").hold_at_least(hold).await.expect("holder");
+    guard.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(700)).await; // past the 300 ms lease
+    let took = m.try_lock("outlast").await.expect("try").is_some();
+    if Instant::now() + Duration::from_millis(100) < before + hold {
+        assert!(!took, "the name was freed when the watchdog lease ran out, before hold_at_least");
+    }
+    let guard = m.lock("outlast").wait(Duration::from_secs(10)).await.expect("taken once the hold is over");
     assert!(Instant::now() >= before + hold, "granted {:?} after the first grant", before.elapsed());
     guard.release().await.expect("release");
 }

@@ -456,7 +456,7 @@ impl LockRequest<'_> {
     /// after the first one finished.
     ///
     /// The remainder is counted from before the request was sent and handed to the store as a
-    /// duration, which counts it on its own clock (Redis shortens the key's expiry instead of
+    /// duration, which counts it on its own clock (Redis sets the key's expiry to it instead of
     /// deleting it; ZooKeeper's node is deleted when the remainder recorded in it has passed;
     /// the in-process store keeps the entry held): the clocks of the instances need not agree.
     /// Waiters are woken when the remainder ends. A release after `hold` is a plain release.

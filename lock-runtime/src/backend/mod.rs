@@ -518,7 +518,7 @@ pub trait HeldLock: Send + Sync + 'static {
     /// A backend implementing it must:
     /// - keep the name taken (an attempt finds it [`Busy`](Attempt::Busy)) until `remaining`
     ///   has passed, and free it then, with no further call from this process (e.g. Redis
-    ///   shortens the key's expiry, `PEXPIRE`, instead of deleting it);
+    ///   sets the key's expiry to the remainder, `PEXPIRE`, instead of deleting it);
     /// - wake waiters when the remainder ends, as a lease running out does (no polling); a
     ///   waiter that was told a longer lease must learn of the shorter one;
     /// - report a lock that is gone or owned by someone else as an

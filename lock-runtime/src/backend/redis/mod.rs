@@ -93,10 +93,10 @@
 //!   with `PX`/`PEXPIRE`; the server expires the key on its own clock, so the clocks of the
 //!   holders and waiters never need to agree (a waiter sleeps for the `PTTL` it was told).
 //! - **`hold_at_least`.** A holder that lets go before its `hold_at_least` has passed runs
-//!   `release_after.lua` instead of the release: the key's expiry is shortened to the
+//!   `release_after.lua` instead of the release: the key's expiry is set to the
 //!   remainder (a duration, counted by the server) instead of deleting it, owner-checked, and
 //!   the owner id is published when the value is marked waited on, so that waiters look again
-//!   and sleep for the new, shorter `PTTL` (they attempt when it runs out). The stored value is
+//!   and sleep for the new `PTTL` (they attempt when it runs out). The stored value is
 //!   unchanged.
 //!
 //! # Failures
@@ -619,7 +619,7 @@ impl HeldLock for RedisHeld {
 
     fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
-            // Local waiters look again (and learn the shorter expiry), as remote ones do from
+            // Local waiters look again (and learn the new expiry), as remote ones do from
             // the publication.
             let _released = Released(self);
             let mut invocation = RELEASE_AFTER.prepare_invoke();
