@@ -227,6 +227,10 @@ async fn release_remote(name: &str, state: &mut State) -> Result<(), LockError> 
         Some(remaining) => state.lock.release_after(remaining),
     };
     match crate::bounded::bounded(bound, release).await {
+        // A backend's refusal of `release_after` (the trait's default) names no lock.
+        Some(Err(LockError::Invalid { name: unnamed, reason })) if unnamed.is_empty() => {
+            Err(LockError::invalid(name, reason))
+        }
         Some(result) => result,
         None => Err(LockError::timed_out(name, kind, "release", bound)),
     }

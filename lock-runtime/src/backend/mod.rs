@@ -599,3 +599,27 @@ pub trait LockBackend: Send + Sync + 'static {
         Duration::from_secs(5)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A third-party held lock that implements only `release`.
+    struct Plain(Arc<std::sync::atomic::AtomicBool>);
+
+    impl HeldLock for Plain {
+        fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+            self.0.store(true, Ordering::SeqCst);
+            Box::pin(std::future::ready(Ok(())))
+        }
+    }
+
+    #[tokio::test]
+    async fn release_after_is_refused_by_default_and_leaves_the_lock_alone() {
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut held = Held::new(Plain(released.clone()));
+        let refused = held.release_after(Duration::from_secs(1)).await.expect_err("refused");
+        assert!(refused.is_invalid() && refused.to_string().contains("hold_at_least"), "{refused}");
+        assert!(!released.load(Ordering::SeqCst), "not silently released");
+    }
+}
