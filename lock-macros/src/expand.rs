@@ -285,6 +285,14 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
     if let Some(r) = opts.retry {
         options.extend(quote!(.retry(#r)));
     }
+    if let Some((h, _)) = opts.hold_at_least {
+        let ms = h.ms;
+        options.extend(quote!(.hold_at_least(#private::millis(#ms))));
+    }
+    if opts.skip_if_locked.is_some() && opts.wait.is_none() {
+        // One attempt: a scheduled job held elsewhere is skipped, not waited for.
+        options.extend(quote!(.wait(#private::millis(0))));
+    }
 
     // The lock goes into `run` (the `Run` of `LockRequest::run`), pinned in the locked fn's
     // future: entered in place before the arguments move into the body, then run with it.
@@ -307,6 +315,23 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
     let carry_lock = quote_spanned!(ret_span=> <#ret_ty as #private::CarryLockError>::from_lock_error);
 
     let on_fail = match &opts.fallback {
+        None if opts.skip_if_locked.is_some() => {
+            // Only the call is spanned at the return type: a missing `Default` is reported there.
+            let call = quote_spanned!(ret_span=> (&#private::Probe::<#ret_ty>::new()).skipped());
+            let skipped = quote! {
+                || {
+                    use #private::{SkipWithDefault as _, SkipWithOk as _};
+                    #call
+                }
+            };
+            quote! {
+                let #carry = {
+                    use #private::{AbortIfCarried as _, RunToEndOtherwise as _};
+                    (&#private::Probe::<#ret_ty>::new()).on_lost()
+                };
+                return #private::skip(#error, #carry, #skipped);
+            }
+        }
         None => quote!(return #carry_lock(#error);),
         Some((key, path)) => {
             let receiver = params.iter().any(|p| matches!(p, Param::Receiver(_)));
@@ -356,7 +381,10 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
     };
 
     let start = |on_lost: TokenStream| quote!(#private::start(#run_var, #on_lost, #fut).await);
-    let run = match (opts.on_lost, &opts.fallback) {
+    // Whether a failure to take the lock has an answer other than the error (a `fallback`, or
+    // `skip_if_locked`): then the default `on_lost` follows the return type.
+    let alternative = (opts.fallback.is_some() || opts.skip_if_locked.is_some()).then_some(());
+    let run = match (opts.on_lost, alternative) {
         (Some((OnLost::Ignore, _)), Some(_)) => {
             let start = start(quote!(#private::OnLost::Ignore));
             quote!(#private::carried(#start, ::core::option::Option::None))

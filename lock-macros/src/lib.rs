@@ -79,8 +79,8 @@ mod template;
 ///
 /// # Options
 ///
-/// All are optional: `name`, `wait`, `lease`, `retry`, `fallback`, `manager`, `on_lost`,
-/// `crate`. Each is checked at compile time, with the error on the offending token; every
+/// All are optional: `name`, `wait`, `lease`, `retry`, `hold_at_least`, `skip_if_locked`,
+/// `fallback`, `manager`, `on_lost`, `crate`. Each is checked at compile time, with the error on the offending token; every
 /// problem of a build is reported together.
 ///
 /// ## `name`: which lock
@@ -177,6 +177,71 @@ mod template;
 /// ```
 ///
 /// Without the attribute: `manager.lock("sync").wait(Duration::from_secs(10)).retry(3).await?`.
+///
+/// ## `hold_at_least`: keep the name taken after an early finish
+///
+/// A duration, as `wait`'s: the lock stays taken until this long after it was granted, even
+/// when the fn returns earlier (ShedLock's `lockAtLeastFor`). The release then hands the
+/// remainder to the store, which counts it on its own clock (Redis sets the key's expiry to it,
+/// ZooKeeper deletes the node when it has passed, the in-process store keeps the entry held),
+/// and waiters are woken when it ends. This is what keeps a short scheduled job from running
+/// twice on instances whose clocks differ by less than it (see *Scheduled jobs* below). It
+/// may not be longer than a fixed `lease` (a compile error on `hold_at_least`).
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "digest", hold_at_least = "30s", wait = "0s")]
+/// async fn send_digest() -> Result<(), LockError> {
+///     Ok(()) // done in milliseconds; the name stays taken for 30 s
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # let manager = LockManager::memory();
+/// # lock_runtime::set_default(manager.clone());
+/// send_digest().await?;
+/// assert!(send_digest().await.unwrap_err().is_contended()); // within the 30 s
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `manager.lock("digest").hold_at_least(Duration::from_secs(30))`.
+///
+/// ## `skip_if_locked`: don't run when held elsewhere
+///
+/// A flag: when the lock is held elsewhere the call does not run its body and returns
+/// `Default::default()` (for `Result<T, E>`, `Ok(T::default())`); a return type with no
+/// default is a compile error that names `Default`. It implies `wait = "0s"` (one attempt)
+/// unless `wait` is given. Any other failure to take the lock (the backend, no default
+/// manager) is not skipped in silence: it is logged at `error` level, and returned as
+/// `Err(lock_error.into())` when the return type can carry it (`Result<_, E>` with
+/// `E: From<LockError>`), else the call returns `Default::default()` after the log. Not
+/// together with `fallback` (both say what happens when the lock is held; a compile error).
+/// `on_lost` defaults as with a `fallback`: abort if the return type can carry the error,
+/// else run to the end.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockManager};
+/// use std::sync::atomic::{AtomicU32, Ordering};
+///
+/// static RUNS: AtomicU32 = AtomicU32::new(0);
+///
+/// #[distributed_locked(name = "cleanup", skip_if_locked)]
+/// async fn cleanup() {
+///     RUNS.fetch_add(1, Ordering::SeqCst);
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// # let manager = LockManager::memory();
+/// # lock_runtime::set_default(manager.clone());
+/// let held = manager.lock("cleanup").await?; // another instance runs it
+/// cleanup().await; // skipped at once
+/// assert_eq!(RUNS.load(Ordering::SeqCst), 0);
+/// held.release().await?;
+/// cleanup().await;
+/// assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `match manager.try_lock("cleanup").await? { Some(guard) => ..,
+/// None => return Default::default() }`.
 ///
 /// ## `fallback`: what to do when the lock cannot be taken
 ///
@@ -321,9 +386,61 @@ mod template;
 /// # }
 /// ```
 ///
+/// # Scheduled jobs
+///
+/// A job that runs on a timer on every instance of a service, and must run once per tick
+/// across all of them, is what ShedLock's `@SchedulerLock` does in the JVM world. The same job
+/// side by side:
+///
+/// ```text
+/// // Spring + ShedLock                               // lock_runtime
+/// @Scheduled(cron = "0 */15 * * * *")                // a tokio interval (or any scheduler)
+/// @SchedulerLock(name = "report",                    #[distributed_locked(name = "report",
+///     lockAtMostFor = "10m",                             lease = "10m",
+///     lockAtLeastFor = "30s")                            hold_at_least = "30s",
+/// public void report() { ... }                           skip_if_locked)]
+///                                                    async fn report() { ... }
+/// ```
+///
+/// - `lockAtMostFor` is a fixed `lease`: the lock is freed after it even if the holder hangs or
+///   dies. Leaving `lease` out is usually better here: a watchdog renews the lock while the job
+///   runs and a dead instance frees it after the manager's `default_lease`, so a job that runs
+///   long is never run twice.
+/// - `lockAtLeastFor` is `hold_at_least`: the lock stays taken that long after the grant even
+///   if the job finished in milliseconds, so an instance whose timer fires a little later
+///   (clock skew, a slow start) finds it taken. Choose it longer than the skew between your
+///   instances and shorter than the interval.
+/// - ShedLock skips a locked job; so does `skip_if_locked` (one attempt, `Default::default()`).
+///   Unlike ShedLock, a store that cannot be reached is not a silent skip: it is logged at
+///   `error` (and returned if the fn returns a `Result`).
+/// - Lease ends are counted by the store's clock (Redis `PX`/`TIME`, ZooKeeper's session and
+///   `mtime`), from durations sent by the instances: their clocks need not agree.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_runtime::{distributed_locked, LockManager};
+///
+/// #[distributed_locked(name = "report", hold_at_least = "30s", skip_if_locked)]
+/// async fn report() {
+///     println!("this instance runs this tick's report");
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+/// // Across processes: LockManager::redis("redis://127.0.0.1:6379").await? (feature `redis`).
+/// lock_runtime::set_default(LockManager::memory());
+/// let mut ticks = tokio::time::interval(Duration::from_secs(15 * 60));
+/// loop {
+///     ticks.tick().await;
+///     report().await;
+/// }
+/// # }
+/// ```
+///
+/// See `examples/examples/scheduled.rs` for several processes against one Redis.
+///
 /// # Return type
 ///
-/// Without a `fallback`, the fn must return `Result<T, E>` with `E: From<LockError>`: a
+/// Without a `fallback` or `skip_if_locked`, the fn must return `Result<T, E>` with `E: From<LockError>`: a
 /// failure to lock comes back as `Err(lock_error.into())`. Anything else is a compile error on
 /// the return type that says so. `impl Trait` return types are not supported.
 ///

@@ -8,7 +8,11 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 /// Every option, in the order the docs list them.
-pub(crate) const OPTIONS: &[&str] = &["name", "wait", "lease", "retry", "fallback", "manager", "on_lost", "crate"];
+pub(crate) const OPTIONS: &[&str] =
+    &["name", "wait", "lease", "retry", "hold_at_least", "skip_if_locked", "fallback", "manager", "on_lost", "crate"];
+
+/// The options that are flags (given alone, without `= value`).
+const FLAGS: &[&str] = &["skip_if_locked"];
 
 /// The longest `wait` and `lease` accepted, in milliseconds (`lock_runtime::MAX_WAIT`/`MAX_LEASE`).
 pub(crate) const MAX_MILLIS: u64 = 24 * 60 * 60 * 1000;
@@ -39,17 +43,31 @@ pub(crate) struct Options {
     pub(crate) manager: Option<Expr>,
     pub(crate) on_lost: Option<(OnLost, Span)>,
     pub(crate) krate: Option<Path>,
+    /// `hold_at_least = ..`, with the value's span.
+    pub(crate) hold_at_least: Option<(Millis, Span)>,
+    /// `skip_if_locked`: the flag's span.
+    pub(crate) skip_if_locked: Option<Span>,
 }
 
-/// `key = value`, with any expression as the value (interpreted per key afterwards).
+/// `key = value`, with any expression as the value (interpreted per key afterwards), or a flag
+/// (`value` is `None`).
 struct RawOption {
     key: Ident,
-    value: Expr,
+    value: Option<Expr>,
 }
 
 impl Parse for RawOption {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let key = Ident::parse_any(input)?;
+        if FLAGS.contains(&key.to_string().as_str()) {
+            if input.peek(Token![=]) {
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("`{key}` is a flag: write `{key}` alone, without `= ..`"),
+                ));
+            }
+            return Ok(RawOption { key, value: None });
+        }
         if !input.peek(Token![=]) {
             let hint = if OPTIONS.contains(&key.to_string().as_str()) {
                 format!("expected `=` after `{key}`: write `{key} = ..`")
@@ -60,7 +78,7 @@ impl Parse for RawOption {
         }
         input.parse::<Token![=]>()?;
         let value = input.parse()?;
-        Ok(RawOption { key, value })
+        Ok(RawOption { key, value: Some(value) })
     }
 }
 
@@ -117,6 +135,12 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
             continue;
         }
         seen.push(key.clone());
+        let Some(value) = value else {
+            if k == "skip_if_locked" {
+                options.skip_if_locked = Some(key.span());
+            }
+            continue;
+        };
         let result = match k.as_str() {
             "name" => string(&key, &value, "a string literal template, e.g. `name = \"order:{order.id}\"`")
                 .map(|s| options.name = Some(s)),
@@ -133,6 +157,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
                 Ok(())
             }),
             "retry" => retry(&value).map(|r| options.retry = Some(r)),
+            "hold_at_least" => duration(&key, &value).map(|d| options.hold_at_least = Some((d, value.span()))),
             "fallback" => match &value {
                 Expr::Path(p) if p.qself.is_none() && p.attrs.is_empty() => {
                     options.fallback = Some((key.clone(), p.path.clone()));
@@ -158,7 +183,31 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
             errors.push(e);
         }
     }
+    check_combined(&options, errors);
     options
+}
+
+/// Problems of options given together, each reported on the option that conflicts.
+fn check_combined(options: &Options, errors: &mut Errors) {
+    if let (Some(skip), Some(_)) = (options.skip_if_locked, &options.fallback) {
+        errors.add(
+            skip,
+            "`skip_if_locked` and `fallback` both say what happens when the lock is held elsewhere; keep one \
+             (`skip_if_locked` returns `Default::default()`)",
+        );
+    }
+    if let (Some((hold, span)), Some(lease)) = (options.hold_at_least, options.lease) {
+        if hold.ms > lease.ms {
+            errors.add(
+                span,
+                format!(
+                    "`hold_at_least` of {}ms is longer than the fixed `lease` of {}ms: the lock would expire \
+                     before; give a longer `lease`, or leave it out (a watchdog keeps the lock)",
+                    hold.ms, lease.ms
+                ),
+            );
+        }
+    }
 }
 
 fn string(key: &Ident, value: &Expr, what: &str) -> syn::Result<LitStr> {
@@ -307,6 +356,25 @@ mod tests {
         assert!(errs[4].contains("zero lease"));
         assert!(errs[5].contains("`retry`"));
         assert!(errs[6].contains("`abort`"));
+    }
+
+    #[test]
+    fn scheduled_job_options() {
+        let o = parse_ok(quote!(name = "report", hold_at_least = "30s", skip_if_locked));
+        assert_eq!(o.hold_at_least.map(|h| h.0.ms), Some(30_000));
+        assert!(o.skip_if_locked.is_some());
+        let o = parse_ok(quote!(skip_if_locked, wait = "1s", lease = "1m", hold_at_least = "1m"));
+        assert!(o.skip_if_locked.is_some() && o.wait.is_some());
+        assert!(parse_ok(quote!(name = "x")).skip_if_locked.is_none());
+        let errs = parse_err(quote!(skip_if_locked = true, hold_at_least = "soon"));
+        assert_eq!(errs.len(), 1, "a parse error stops at the first: {errs:#?}");
+        assert!(errs[0].contains("`skip_if_locked` is a flag"), "{errs:#?}");
+        let errs = parse_err(quote!(skip_if_locked, fallback = later, lease = "1s", hold_at_least = "2s"));
+        assert_eq!(errs.len(), 2, "{errs:#?}");
+        assert!(errs[0].contains("`skip_if_locked` and `fallback`"), "{errs:#?}");
+        assert!(errs[1].contains("longer than the fixed `lease`"), "{errs:#?}");
+        assert!(parse_err(quote!(skip_if_locked, skip_if_locked))[0].contains("given twice"));
+        assert!(parse_err(quote!(hold_at_least = "25h"))[0].contains("longer than the most accepted"));
     }
 
     #[test]

@@ -75,7 +75,9 @@ macro_rules! conformance_suite {
             retry_budget_bounds_attempts, watchdog_keeps_lock_past_default_lease,
             distinct_names_do_not_block, guard_reports_key_without_prefix,
             cancelled_after_any_poll_leaves_nothing, cancelled_waiter_after_any_poll_leaves_nothing,
-            woken_waiter_dropped_passes_the_lock_on, lease_of_a_holder_that_waited_counts_from_its_grant);
+            woken_waiter_dropped_passes_the_lock_on, lease_of_a_holder_that_waited_counts_from_its_grant,
+            hold_at_least_keeps_the_name_taken_after_an_early_release, release_after_hold_at_least_frees_at_once,
+            dropped_guard_honours_hold_at_least, hold_at_least_outlasts_a_shorter_watchdog_lease);
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(
@@ -539,4 +541,91 @@ pub async fn lease_of_a_holder_that_waited_counts_from_its_grant(make: &impl Fac
     assert!(lost_at <= third_at + Duration::from_millis(5), "the lock was taken before the holder's lost() fired");
     assert!(third.fencing_token() > second.fencing_token());
     third.release().await.expect("release");
+}
+
+/// `hold_at_least`: a holder released before it keeps the name taken until `hold` after its
+/// grant (an attempt in between fails); a waiter that was queued before the release (and was
+/// told the holder's long lease) is granted when the remainder ends: not earlier, not much later.
+pub async fn hold_at_least_keeps_the_name_taken_after_an_early_release(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    let hold = Duration::from_millis(1500);
+    let too_long = m.lock("hold").lease(Duration::from_secs(1)).hold_at_least(Duration::from_secs(2)).await;
+    assert!(too_long.unwrap_err().is_invalid(), "hold_at_least longer than the fixed lease is refused");
+    let before = Instant::now();
+    let guard = m.lock("hold").hold_at_least(hold).wait(Duration::ZERO).await.expect("first holder");
+    let m2 = m.clone();
+    let polled = Polled::new(async move {
+        let guard = m2.lock("hold").wait(Duration::from_secs(20)).await.expect("waiter");
+        (Instant::now(), guard)
+    });
+    let polls = polled.polls.clone();
+    let waiter = tokio::spawn(polled);
+    until_parked(&polls).await; // queued behind a holder whose lease is 30 s
+    guard.release().await.expect("an early release with hold_at_least is a release");
+    let released_at = Instant::now();
+    assert!(released_at < before + hold, "the test took too long to check anything");
+    let m3 = m.clone();
+    let other = tokio::spawn(async move { m3.try_lock("hold").await.expect("try").is_some() });
+    let attempted_at = Instant::now();
+    let took = other.await.expect("try_lock");
+    if attempted_at + Duration::from_millis(100) < before + hold {
+        assert!(
+            !took,
+            "the name was free {:?} after the grant, before hold_at_least ({hold:?})",
+            attempted_at - before
+        );
+    }
+    let Driven::Done((granted_at, next)) = waiter.await.expect("waiter") else { panic!("the waiter was dropped") };
+    assert!(
+        granted_at >= before + hold,
+        "the waiter was granted {:?} after the first grant, before hold_at_least ({hold:?})",
+        granted_at - before
+    );
+    let late = granted_at - (before + hold);
+    assert!(late < Duration::from_millis(750), "the waiter was granted {late:?} after the remainder ended");
+    next.release().await.expect("release");
+}
+
+/// A release after `hold_at_least` has passed frees the name at once.
+pub async fn release_after_hold_at_least_frees_at_once(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    let guard = m.lock("held-long").hold_at_least(Duration::from_millis(100)).await.expect("holder");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    guard.release().await.expect("release");
+    assert!(m.try_lock("held-long").await.expect("try").is_some(), "the name is free at once");
+}
+
+/// Dropping a guard before `hold_at_least` has passed keeps the name taken for the rest of it.
+pub async fn dropped_guard_honours_hold_at_least(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    let hold = Duration::from_millis(1000);
+    let before = Instant::now();
+    let guard = m.lock("dropped").hold_at_least(hold).await.expect("holder");
+    drop(guard);
+    tokio::time::sleep(Duration::from_millis(200)).await; // the background release runs
+    let took = m.try_lock("dropped").await.expect("try").is_some();
+    if Instant::now() + Duration::from_millis(100) < before + hold {
+        assert!(!took, "a dropped guard freed the name before hold_at_least");
+    }
+    let guard = m.lock("dropped").wait(Duration::from_secs(10)).await.expect("taken once the hold is over");
+    assert!(Instant::now() >= before + hold, "granted {:?} after the first grant", before.elapsed());
+    guard.release().await.expect("release");
+}
+
+/// `hold_at_least` longer than the watchdog lease: once released, the watchdog stops renewing,
+/// and the name still stays taken for the whole remainder (not only the lease's rest).
+pub async fn hold_at_least_outlasts_a_shorter_watchdog_lease(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_millis(300))).await;
+    let hold = Duration::from_millis(1500);
+    let before = Instant::now();
+    let guard = m.lock("outlast").hold_at_least(hold).await.expect("holder");
+    guard.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(700)).await; // past the 300 ms lease
+    let took = m.try_lock("outlast").await.expect("try").is_some();
+    if Instant::now() + Duration::from_millis(100) < before + hold {
+        assert!(!took, "the name was freed when the watchdog lease ran out, before hold_at_least");
+    }
+    let guard = m.lock("outlast").wait(Duration::from_secs(10)).await.expect("taken once the hold is over");
+    assert!(Instant::now() >= before + hold, "granted {:?} after the first grant", before.elapsed());
+    guard.release().await.expect("release");
 }

@@ -1,7 +1,7 @@
 //! [`LockGuard`]: a held lock.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::Held;
 use crate::error::LockError;
@@ -38,6 +38,8 @@ struct State {
     bound: Duration,
     /// The backend's kind, for messages.
     kind: &'static str,
+    /// `hold_at_least`: the name stays taken until then, even when released earlier.
+    hold_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -59,10 +61,18 @@ impl LockGuard {
         lost: LostSignal,
         holding: Holding,
     ) -> Self {
-        LockGuard { state: Some(State { lock, holding, bound, kind }), name, fencing_token, lost }
+        LockGuard { state: Some(State { lock, holding, bound, kind, hold_until: None }), name, fencing_token, lost }
     }
 
-    /// The `lock.hold` span while the lock is held (a locked body runs in it).
+    /// Keeps the name taken until `until` when released earlier (`hold_at_least`).
+    pub(crate) fn holding_until(mut self, until: Option<Instant>) -> Self {
+        if let Some(state) = &mut self.state {
+            // Overflowing `Instant`: held for as long as the lease lets it.
+            state.hold_until = Some(until.unwrap_or_else(|| crate::clock::now() + crate::options::MAX_LEASE));
+        }
+        self
+    }
+
     #[inline(always)]
     pub(crate) fn hold_span(&self) -> Option<&tracing::Span> {
         self.state.as_ref().and_then(|state| state.holding.span())
@@ -89,7 +99,7 @@ impl LockGuard {
     /// the backend reported the loss. Never completes while the lock is held.
     ///
     /// ```
-    /// # use std::time::Duration;
+    /// # use std::time::{Duration, Instant};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
     /// let manager = lock_runtime::LockManager::memory();
     /// let guard = manager.lock("short").lease(Duration::from_millis(20)).await?;
@@ -123,7 +133,10 @@ impl LockGuard {
     pub(crate) fn release_at_once(&mut self) -> Option<Result<(), LockError>> {
         let Some(state) = &mut self.state else { return Some(Ok(())) };
         state.holding.stop_watchdog();
-        let released = state.lock.release_now()?;
+        let released = match state.remaining() {
+            None => state.lock.release_now()?,
+            Some(remaining) => state.lock.release_after_now(remaining)?,
+        };
         self.state = None;
         // Spelled out so that the common verdict is built in place, not copied.
         Some(match released {
@@ -202,9 +215,26 @@ impl std::future::Future for ReleaseFuture {
     }
 }
 
+impl State {
+    /// What is left of `hold_at_least`, if anything.
+    #[inline]
+    fn remaining(&self) -> Option<Duration> {
+        let until = self.hold_until?;
+        Some(until.saturating_duration_since(crate::clock::now())).filter(|d| !d.is_zero())
+    }
+}
+
 async fn release_remote(name: &str, state: &mut State) -> Result<(), LockError> {
     let (bound, kind) = (state.bound, state.kind);
-    match crate::bounded::bounded(bound, state.lock.release()).await {
+    let release = match state.remaining() {
+        None => state.lock.release(),
+        Some(remaining) => state.lock.release_after(remaining),
+    };
+    match crate::bounded::bounded(bound, release).await {
+        // A backend's refusal of `release_after` (the trait's default) names no lock.
+        Some(Err(LockError::Invalid { name: unnamed, reason })) if unnamed.is_empty() => {
+            Err(LockError::invalid(name, reason))
+        }
         Some(result) => result,
         None => Err(LockError::timed_out(name, kind, "release", bound)),
     }
@@ -224,7 +254,11 @@ impl LockGuard {
     fn release_on_drop(&mut self) {
         let Some(mut state) = self.state.take() else { return };
         state.holding.stop_watchdog();
-        if state.lock.release_now().is_some() {
+        let at_once = match state.remaining() {
+            None => state.lock.release_now(),
+            Some(remaining) => state.lock.release_after_now(remaining),
+        };
+        if at_once.is_some() {
             return;
         }
         let name = self.name.clone();

@@ -279,11 +279,14 @@ impl LockManager {
         if let Some(retry) = options.retries() {
             options::check_retry(&name, retry)?;
         }
+        if let Some(hold) = options.hold_at_least_for() {
+            options::check_hold(&name, hold, options.lease_for())?;
+        }
         acquiring.planned(wait, lease);
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
         let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease };
-        Ok(Plan { req, wait, retry: options.retries() })
+        Ok(Plan { req, wait, retry: options.retries(), hold: options.hold_at_least_for() })
     }
 
     /// The synchronous fast path of other in-process backends: one attempt, no allocation for
@@ -293,7 +296,7 @@ impl LockManager {
     fn attempt_now(&self, plan: Plan, mut acquiring: Acquiring) -> FastPath {
         match self.inner.backend.try_acquire_now(&plan.req) {
             Some(Ok(Attempt::Acquired(grant))) => {
-                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, acquiring)))
+                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, acquiring, plan.hold)))
             }
             Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true, acquiring },
             Some(Err(e)) => {
@@ -304,7 +307,9 @@ impl LockManager {
         }
     }
 
-    /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing.
+    /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing. `hold`:
+    /// `hold_at_least`, counted from the grant (from now when the backend gave no instant: later
+    /// than the grant, so never shorter).
     #[inline(always)]
     fn guard(
         &self,
@@ -313,7 +318,12 @@ impl LockManager {
         grant: Grant,
         lost: Option<LostSignal>,
         acquiring: Acquiring,
+        hold: Option<Duration>,
     ) -> LockGuard {
+        if let Some(hold) = hold {
+            let until = grant.granted_at.unwrap_or_else(crate::clock::now).checked_add(hold);
+            return self.guard(name, lease, grant, lost, acquiring, None).holding_until(until);
+        }
         let inner = &*self.inner;
         let Grant { fencing_token, granted_at, lock } = grant;
         let renewal = match lease {
@@ -394,7 +404,14 @@ impl LockManager {
             match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => {
                     acquiring.waited_since(started);
-                    return Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take()));
+                    return Ok(self.guard(
+                        plan.req.name,
+                        plan.req.lease,
+                        grant,
+                        Some(lost),
+                        acquiring.take(),
+                        plan.hold,
+                    ));
                 }
                 Attempt::Busy => {}
             }
@@ -418,7 +435,7 @@ impl LockManager {
             }
         };
         acquiring.waited_since(started);
-        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take()))
+        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold))
     }
 
     async fn bounded<T>(
@@ -440,6 +457,8 @@ struct Plan {
     req: Acquire,
     wait: Duration,
     retry: Option<u32>,
+    /// `hold_at_least`, if given.
+    hold: Option<Duration>,
 }
 
 /// How the fast path ended.
@@ -479,6 +498,37 @@ impl LockRequest<'_> {
     /// At most this many further attempts after the first, within `wait`.
     pub fn retry(mut self, retry: u32) -> Self {
         self.options = self.options.retry(retry);
+        self
+    }
+
+    /// Keeps the name taken until `hold` after the grant, even when the guard is released (or
+    /// dropped) earlier: ShedLock's `lockAtLeastFor`, for a scheduled job that runs on several
+    /// instances whose clocks differ a little. A 50 ms job started by each instance's timer at
+    /// "12:00:00" by its own clock thus runs once, not once per instance whose timer fires
+    /// after the first one finished.
+    ///
+    /// The remainder is counted from before the request was sent and handed to the store as a
+    /// duration, which counts it on its own clock (Redis sets the key's expiry to it instead of
+    /// deleting it; ZooKeeper's node is deleted when the remainder recorded in it has passed;
+    /// the in-process store keeps the entry held): the clocks of the instances need not agree.
+    /// Waiters are woken when the remainder ends. A release after `hold` is a plain release.
+    /// The remainder outlives the guard but not the holder's process on ZooKeeper (its session
+    /// ends, and its node with it) nor the in-process store. At most the fixed `lease`, if
+    /// one is given.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::memory();
+    /// let guard = manager.lock("nightly").hold_at_least(Duration::from_millis(200)).wait(Duration::ZERO).await?;
+    /// guard.release().await?; // the job took no time
+    /// assert!(manager.try_lock("nightly").await?.is_none()); // still taken for ~200 ms
+    /// tokio::time::sleep(Duration::from_millis(250)).await;
+    /// assert!(manager.try_lock("nightly").await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.options = self.options.hold_at_least(hold);
         self
     }
 
@@ -553,9 +603,9 @@ impl Future for LockFuture<'_> {
                 match memory.try_acquire_granted(&plan.req) {
                     Some(granted) => {
                         coop.made_progress();
-                        let lease = plan.req.lease;
+                        let (lease, hold) = (plan.req.lease, plan.hold);
                         let (name, grant) = memory.grant_taking(granted, plan.req);
-                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, acquiring)));
+                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, acquiring, hold)));
                     }
                     None => (plan, true, acquiring),
                 }

@@ -30,12 +30,13 @@ pub struct LockOptions {
     wait: Option<Duration>,
     lease: Option<Duration>,
     retry: Option<u32>,
+    hold_at_least: Option<Duration>,
 }
 
 impl LockOptions {
     /// No option set: the manager's `default_wait`, a watchdog lease, unlimited attempts.
     pub const fn new() -> Self {
-        LockOptions { wait: None, lease: None, retry: None }
+        LockOptions { wait: None, lease: None, retry: None, hold_at_least: None }
     }
 
     /// The longest time to wait for the lock; zero means one attempt.
@@ -58,6 +59,14 @@ impl LockOptions {
         self
     }
 
+    /// Keeps the name taken until `hold` after the grant, even when the holder releases
+    /// earlier (ShedLock's `lockAtLeastFor`): see
+    /// [`LockRequest::hold_at_least`](crate::LockRequest::hold_at_least).
+    pub const fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = Some(hold);
+        self
+    }
+
     /// The `wait` given, if any.
     pub const fn wait_for(&self) -> Option<Duration> {
         self.wait
@@ -71,6 +80,11 @@ impl LockOptions {
     /// The `retry` given, if any.
     pub const fn retries(&self) -> Option<u32> {
         self.retry
+    }
+
+    /// The `hold_at_least` given, if any.
+    pub const fn hold_at_least_for(&self) -> Option<Duration> {
+        self.hold_at_least
     }
 }
 
@@ -170,6 +184,27 @@ fn lease_out_of_range(name: &str, what: &str, lease: Duration, min: Duration) ->
     Ok(())
 }
 
+/// Checks `hold_at_least`: at most [`MAX_LEASE`], and no longer than a fixed `lease` (the lock
+/// would expire before; ShedLock's `lockAtLeastFor <= lockAtMostFor`).
+pub(crate) fn check_hold(name: &str, hold: Duration, lease: Option<Duration>) -> Result<(), LockError> {
+    if hold > MAX_LEASE {
+        return Err(LockError::invalid(
+            name,
+            format!("hold_at_least {hold:?} is longer than the most accepted, {MAX_LEASE:?}"),
+        ));
+    }
+    match lease {
+        Some(lease) if hold > lease => Err(LockError::invalid(
+            name,
+            format!(
+                "hold_at_least {hold:?} is longer than the fixed lease {lease:?}: the lock would expire before; \
+                 give a longer lease, or none (a watchdog keeps it)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn check_retry(name: &str, retry: u32) -> Result<(), LockError> {
     if retry > MAX_RETRY {
         return Err(LockError::invalid(name, format!("retry {retry} is more than the most accepted, {MAX_RETRY}")));
@@ -215,6 +250,10 @@ mod tests {
         assert!(check_lease("n", "lease", Duration::ZERO, MIN_LEASE).unwrap_err().is_invalid());
         assert!(check_lease("n", "lease", MIN_LEASE, MIN_LEASE).is_ok());
         assert!(check_lease("n", "lease", MAX_LEASE * 2, MIN_LEASE).unwrap_err().is_invalid());
+        assert!(check_hold("n", Duration::from_secs(30), None).is_ok());
+        assert!(check_hold("n", MAX_LEASE * 2, None).unwrap_err().is_invalid());
+        assert!(check_hold("n", Duration::from_secs(2), Some(Duration::from_secs(2))).is_ok());
+        assert!(check_hold("n", Duration::from_secs(3), Some(Duration::from_secs(2))).unwrap_err().is_invalid());
         assert!(check_retry("n", MAX_RETRY).is_ok());
         assert!(check_retry("n", MAX_RETRY + 1).unwrap_err().is_invalid());
     }

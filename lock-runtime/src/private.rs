@@ -236,6 +236,73 @@ impl<R> RunToEndOtherwise<R> for &Probe<R> {
     }
 }
 
+/// The value a `skip_if_locked` call returns when it does not run: `Default::default()`.
+#[diagnostic::on_unimplemented(
+    message = "`skip_if_locked` returns `Default::default()` when the lock is held elsewhere, but `{Self}` does not implement `Default`",
+    label = "this return type has no `Default`",
+    note = "return a type that implements `Default` (`()`, `Option<_>`, a number, `Result<T, E>` with `T: Default`, ...), or use `fallback = some_async_fn` instead of `skip_if_locked`"
+)]
+pub trait SkipDefault: Sized {
+    /// `Default::default()`.
+    fn skip_default() -> Self;
+}
+
+impl<T: Default> SkipDefault for T {
+    #[inline]
+    fn skip_default() -> Self {
+        T::default()
+    }
+}
+
+/// Chosen for `Result<T, E>` (which has no `Default`): a skipped call returns
+/// `Ok(T::default())`. Called as `(&Probe::<R>::new()).skipped()` (autoref dispatch).
+pub trait SkipWithOk<R> {
+    /// `Ok(Default::default())`.
+    fn skipped(&self) -> R;
+}
+
+impl<T: SkipDefault, E> SkipWithOk<Result<T, E>> for Probe<Result<T, E>> {
+    #[inline]
+    fn skipped(&self) -> Result<T, E> {
+        Ok(T::skip_default())
+    }
+}
+
+/// Chosen otherwise: a skipped call returns `R::default()` ([`SkipDefault`] names the missing
+/// `Default`).
+pub trait SkipWithDefault<R> {
+    /// `Default::default()`.
+    fn skipped(&self) -> R
+    where
+        R: SkipDefault;
+}
+
+impl<R> SkipWithDefault<R> for &Probe<R> {
+    #[inline]
+    fn skipped(&self) -> R
+    where
+        R: SkipDefault,
+    {
+        R::skip_default()
+    }
+}
+
+/// The output of a `skip_if_locked` call that did not get its lock: `skipped()` when the lock
+/// is held elsewhere; for any other failure (the backend, no manager) the error is logged at
+/// `error` and returned through `carry` when the return type can carry it, else `skipped()`.
+#[inline(never)]
+pub fn skip<R>(error: LockError, carry: Carry<R>, skipped: impl FnOnce() -> R) -> R {
+    if error.is_contended() {
+        tracing::debug!(error = %error, "lock held elsewhere; skipping the call");
+        return skipped();
+    }
+    tracing::error!(error = %error, "lock not acquired; skipping the call");
+    match carry {
+        Some(carry) => carry(error),
+        None => skipped(),
+    }
+}
+
 /// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
 pub type Carry<R> = Option<fn(LockError) -> R>;
 

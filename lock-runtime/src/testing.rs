@@ -621,6 +621,17 @@ impl HeldLock for TestHeld {
         })
     }
 
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        let held = lock(&self.granted.lock).take();
+        self.shared.forget(&self.granted);
+        Box::pin(async move {
+            match held {
+                Some(mut held) => held.release_after(remaining).await,
+                None => Err(self.granted.taken_away()),
+            }
+        })
+    }
+
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
         let released = {
             let mut slot = lock(&self.granted.lock);

@@ -690,3 +690,68 @@ async fn a_release_that_must_be_awaited_is_awaited_before_returning() {
     assert_eq!(backend.releases.load(Ordering::SeqCst), 1, "released before the call returned");
     assert!(m.try_lock("awaited:7").await.expect("try_lock").is_some(), "free again");
 }
+
+// --- Scheduled jobs: `skip_if_locked` and `hold_at_least`.
+
+#[distributed_locked(name = "job:{tag}", skip_if_locked, manager = m)]
+async fn skipped_unit(m: &LockManager, tag: &str, runs: &AtomicU32) {
+    runs.fetch_add(1, Ordering::SeqCst);
+}
+
+#[distributed_locked(name = "job:{tag}", skip_if_locked, manager = m)]
+async fn skipped_result(m: &LockManager, tag: &str, runs: &AtomicU32) -> Result<u32, AppError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[distributed_locked(name = "job:{tag}", skip_if_locked, hold_at_least = "400ms", manager = m)]
+async fn held_at_least(m: &LockManager, tag: &str, runs: &AtomicU32) -> Option<u32> {
+    Some(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn skip_if_locked_on_a_unit_fn_skips_at_once_when_held_elsewhere() {
+    // A manager that would wait 10 s: `skip_if_locked` makes one attempt.
+    let m = LockManager::builder().default_wait(Duration::from_secs(10)).memory();
+    let runs = AtomicU32::new(0);
+    skipped_unit(&m, "unit", &runs).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "runs when the lock is free");
+    let held = m.lock("job:unit").await.expect("held elsewhere");
+    let started = std::time::Instant::now();
+    skipped_unit(&m, "unit", &runs).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "skipped while held elsewhere");
+    assert!(started.elapsed() < Duration::from_secs(2), "did not wait: {:?}", started.elapsed());
+    held.release().await.expect("release");
+    skipped_unit(&m, "unit", &runs).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // A failure other than "held" is not a skip in disguise for a Result (below); a unit fn
+    // logs it and does not run.
+    skipped_unit(&m, "bad\tname", &runs).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "not run without its lock");
+}
+
+#[tokio::test]
+async fn skip_if_locked_on_a_result_returns_ok_default_and_carries_other_errors() {
+    let m = LockManager::builder().default_wait(Duration::from_secs(10)).memory();
+    let runs = AtomicU32::new(0);
+    assert_eq!(skipped_result(&m, "res", &runs).await.expect("ran"), 1);
+    let held = m.lock("job:res").await.expect("held elsewhere");
+    assert_eq!(skipped_result(&m, "res", &runs).await.expect("skipped"), 0, "Ok(Default::default())");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    held.release().await.expect("release");
+    // An invalid name is an error, returned (not skipped).
+    let err = skipped_result(&m, "bad\tname", &runs).await.expect_err("the error is returned");
+    assert!(err.0.is_invalid(), "{:?}", err.0);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn hold_at_least_skips_a_second_run_until_it_has_passed() {
+    let m = LockManager::memory();
+    let runs = AtomicU32::new(0);
+    let started = std::time::Instant::now();
+    assert_eq!(held_at_least(&m, "hold", &runs).await, Some(1));
+    assert_eq!(held_at_least(&m, "hold", &runs).await, None, "the first run's hold keeps the name taken");
+    assert!(!is_free(&m, "job:hold").await || started.elapsed() >= Duration::from_millis(400));
+    tokio::time::sleep(Duration::from_millis(450).saturating_sub(started.elapsed())).await;
+    assert_eq!(held_at_least(&m, "hold", &runs).await, Some(2), "runs again once the hold is over");
+}

@@ -5,12 +5,13 @@
 //! locked and released leave nothing behind. Waiting is a FIFO queue with direct hand-off to
 //! the longest waiter (fair, no polling); a waiter that gives up is removed at once and is
 //! never handed the lock afterwards. Fixed leases are enforced: a holder past its lease loses
-//! the lock to the next waiter.
+//! the lock to the next waiter. A release with `hold_at_least` time left keeps the entry held
+//! until then, as a lease that ends then.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -329,6 +330,46 @@ impl MemoryBackend {
         verdict
     }
 
+    /// [`release_sync`](Self::release_sync) that keeps the entry held until `remaining` from
+    /// now (`hold_at_least`): the holder's lease end becomes that instant (the queue's head
+    /// re-arms its timer on it, and the lock is handed on when it passes), and a task frees an
+    /// entry nobody waits for then.
+    fn release_after_sync(
+        &self,
+        key: &Arc<str>,
+        hash: u64,
+        token: u64,
+        remaining: Duration,
+    ) -> Result<(), &'static str> {
+        let now = crate::clock::now();
+        let Some(until) = now.checked_add(remaining) else { return self.release_sync(key, hash, token) };
+        {
+            let mut shard = self.shard_of(hash);
+            let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(key)) else {
+                return Err("it is no longer held (its lease ran out and nobody else took it yet)");
+            };
+            let Some(holder) = entry.holder.as_mut().filter(|h| h.token == token) else {
+                return Err("its lease ran out and it is now held by another owner");
+            };
+            if holder.expired(now) {
+                drop(shard);
+                return self.release_sync(key, hash, token);
+            }
+            holder.expires_at = Some(until);
+            if let Some(head) = entry.waiters.front() {
+                head.holder_changed.notify_one(); // its holder's lease end moved
+            }
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, key) = (self.clone(), key.clone());
+            runtime.spawn(async move {
+                tokio::time::sleep_until(until.into()).await;
+                store.reap(&key, hash, crate::clock::now());
+            });
+        }
+        Ok(())
+    }
+
     /// Takes away the lock of a holder whose lease ran out, handing it on. Returns the next
     /// instant at which the (new) holder's lease runs out, if any.
     fn reap(&self, key: &str, hash: u64, now: Instant) -> Option<Instant> {
@@ -527,9 +568,21 @@ impl HeldLock for MemoryHeld {
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
         Some(self.release_checked())
     }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::ready(self.release_after_now(remaining)))
+    }
 }
 
 impl MemoryHeld {
+    /// [`HeldLock::release_after`], at once.
+    pub(crate) fn release_after_now(&self, remaining: Duration) -> Result<(), LockError> {
+        match self.store.release_after_sync(&self.key, self.hash, self.token, remaining) {
+            Ok(()) => Ok(()),
+            Err(reason) => Err(self.lost(reason)),
+        }
+    }
+
     #[inline(always)]
     fn release_checked(&self) -> Result<(), LockError> {
         match self.store.release_sync(&self.key, self.hash, self.token) {

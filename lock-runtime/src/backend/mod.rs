@@ -416,6 +416,24 @@ impl Held {
         }
     }
 
+    /// [`HeldLock::release_after`].
+    pub fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        match &mut self.0 {
+            HeldRepr::Memory(lock) => Box::pin(std::future::ready(lock.release_after_now(remaining))),
+            HeldRepr::Boxed(lock) => lock.release_after(remaining),
+        }
+    }
+
+    /// [`HeldLock::release_after`] at once without blocking, where the lock is the built-in
+    /// in-process store's; `None` when [`release_after`](Held::release_after) must run.
+    #[inline]
+    pub(crate) fn release_after_now(&mut self, remaining: Duration) -> Option<Result<(), LockError>> {
+        match &mut self.0 {
+            HeldRepr::Memory(lock) => Some(lock.release_after_now(remaining)),
+            HeldRepr::Boxed(_) => None,
+        }
+    }
+
     /// [`HeldLock::renewal`].
     pub fn renewal(&self) -> Option<Box<dyn Renewal>> {
         match &self.0 {
@@ -489,6 +507,35 @@ pub trait HeldLock: Send + Sync + 'static {
     /// [`is_lost`](LockError::is_lost) error.
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>>;
 
+    /// Lets go of the lock but keeps the name taken for `remaining` more (counted by the
+    /// store's clock where it has one), then frees it: what
+    /// [`LockRequest::hold_at_least`](crate::LockRequest::hold_at_least) asks of a holder that
+    /// finishes early. The runtime calls it instead of [`release`](HeldLock::release) (never
+    /// both), with `remaining > 0`, computed from [`Grant::granted_at`] (so never shorter than
+    /// what is left on the store's side); durations, not timestamps, reach the store, so the
+    /// clocks of the holders need not agree.
+    ///
+    /// A backend implementing it must:
+    /// - keep the name taken (an attempt finds it [`Busy`](Attempt::Busy)) until `remaining`
+    ///   has passed, and free it then, with no further call from this process (e.g. Redis
+    ///   sets the key's expiry to the remainder, `PEXPIRE`, instead of deleting it);
+    /// - wake waiters when the remainder ends, as a lease running out does (no polling); a
+    ///   waiter that was told a longer lease must learn of the shorter one;
+    /// - report a lock that is gone or owned by someone else as an
+    ///   [`is_lost`](LockError::is_lost) error, as `release` does.
+    ///
+    /// **The default refuses** with an [`is_invalid`](LockError::is_invalid) error and leaves
+    /// the lock as it is (taken until its lease ends): a backend that does not implement it
+    /// never silently frees a name that was promised to stay taken. The guard reports the
+    /// error from its release.
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        let _ = remaining;
+        Box::pin(std::future::ready(Err(LockError::invalid(
+            "",
+            "this lock backend does not implement `hold_at_least` (HeldLock::release_after); the lock is left to its lease",
+        ))))
+    }
+
     /// Releases at once without blocking, if the backend can (in-process stores); tried first
     /// by `release()` and by `Drop`. `None` (the default) when the runtime must run
     /// [`release`](HeldLock::release) instead.
@@ -519,6 +566,8 @@ pub trait Renewal: Send + Sync + 'static {
 /// - at most one owner holds a key at a time; only the owner can renew or release it;
 /// - fencing tokens strictly increase per key, for the life of the store;
 /// - a lock held past its lease is lost: its release reports [`LockError::is_lost`];
+/// - a lock let go of with [`HeldLock::release_after`] stays taken for the remainder given,
+///   then is freed and its waiters woken (backends that do not implement it refuse it);
 /// - a [`wait`](Acquisition::wait) is woken by a release (no polling with fixed sleeps) and by
 ///   the holder's lease running out, and never outlives its deadline by more than a
 ///   scheduling delay;
@@ -548,5 +597,29 @@ pub trait LockBackend: Send + Sync + 'static {
     /// an [`is_backend`](LockError::is_backend) error.
     fn operation_timeout(&self) -> Duration {
         Duration::from_secs(5)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A third-party held lock that implements only `release`.
+    struct Plain(Arc<std::sync::atomic::AtomicBool>);
+
+    impl HeldLock for Plain {
+        fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+            self.0.store(true, Ordering::SeqCst);
+            Box::pin(std::future::ready(Ok(())))
+        }
+    }
+
+    #[tokio::test]
+    async fn release_after_is_refused_by_default_and_leaves_the_lock_alone() {
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut held = Held::new(Plain(released.clone()));
+        let refused = held.release_after(Duration::from_secs(1)).await.expect_err("refused");
+        assert!(refused.is_invalid() && refused.to_string().contains("hold_at_least"), "{refused}");
+        assert!(!released.load(Ordering::SeqCst), "not silently released");
     }
 }

@@ -89,6 +89,15 @@
 //! - **Leases.** A holder that crashed publishes nothing, so the head also wakes when the
 //!   holder's remaining lease runs out: a lost notification never strands a waiter beyond that
 //!   lease.
+//! - **Lease ends are counted by the server's clock.** A lease is sent as a duration and set
+//!   with `PX`/`PEXPIRE`; the server expires the key on its own clock, so the clocks of the
+//!   holders and waiters never need to agree (a waiter sleeps for the `PTTL` it was told).
+//! - **`hold_at_least`.** A holder that lets go before its `hold_at_least` has passed runs
+//!   `release_after.lua` instead of the release: the key's expiry is set to the
+//!   remainder (a duration, counted by the server) instead of deleting it, owner-checked, and
+//!   the owner id is published when the value is marked waited on, so that waiters look again
+//!   and sleep for the new `PTTL` (they attempt when it runs out). The stored value is
+//!   unchanged.
 //!
 //! # Failures
 //!
@@ -157,6 +166,7 @@ const MAX_OPTION: Duration = Duration::from_secs(3600);
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release_after.lua")));
 static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force_release.lua")));
 
@@ -607,6 +617,20 @@ impl HeldLock for RedisHeld {
         })
     }
 
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            // Local waiters look again (and learn the new expiry), as remote ones do from
+            // the publication.
+            let _released = Released(self);
+            let mut invocation = RELEASE_AFTER.prepare_invoke();
+            invocation.key(&*self.lock).key(&*self.channel).arg(&*self.owner).arg(lease_millis(remaining));
+            match self.backend.eval::<i64>(&self.name, "release", invocation).await? {
+                1 => Ok(()),
+                status => Err(LockError::lost(&*self.name, lost_reason(status))),
+            }
+        })
+    }
+
     fn renewal(&self) -> Option<Box<dyn Renewal>> {
         Some(Box::new(RedisRenewal {
             backend: self.backend.clone(),
@@ -732,6 +756,7 @@ mod tests {
             include_str!("acquire.lua"),
             include_str!("extend.lua"),
             include_str!("release.lua"),
+            include_str!("release_after.lua"),
             include_str!("force_release.lua"),
         ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));

@@ -293,6 +293,7 @@ impl ZkAcquisition {
             session: Arc::downgrade(&session),
             name: self.req.name.clone(),
             path: node.path.clone(),
+            holder: self.req.holder.clone(),
             released: false,
         };
         Ok(Grant {
@@ -451,6 +452,8 @@ struct ZkHeld {
     session: Weak<Session>,
     name: Arc<str>,
     path: Arc<str>,
+    /// The process, as recorded in the node (kept when the remainder is recorded).
+    holder: crate::backend::Holder,
     /// Whether `release` ran to its end (otherwise the drop deletes the node).
     released: bool,
 }
@@ -503,9 +506,81 @@ impl ZkHeld {
     }
 }
 
+impl ZkHeld {
+    /// `hold_at_least`: records the remainder as the node's lease, from now by the server's
+    /// clock (`holder=<h>;lease_ms=<remaining>;granted`: the write's `mtime` is the start,
+    /// which the waiter watching the node counts from, see `stale_at`), then deletes the node
+    /// once the remainder has passed (counted from the write's answer, so after the server's
+    /// end), which wakes that waiter.
+    async fn release_node_after(&mut self, remaining: Duration) -> Result<(), LockError> {
+        let registered = self.unregister();
+        let Some(session) = self.session.upgrade().filter(|s| !s.is_dead()) else {
+            self.released = true;
+            return Err(LockError::lost(&*self.name, "its ZooKeeper session was lost"));
+        };
+        if !registered {
+            // Its lease ended (the node is being deleted) or it was taken away.
+            return self.release_node().await;
+        }
+        let client = session.client.clone();
+        let patience = self.shared.options.get_operation_timeout();
+        let data = LeaseRecord::granted(remaining, &self.holder);
+        let mut result = client.set_data(&self.path, &data, None).await;
+        if matches!(result, Err(ZkError::ConnectionLoss)) {
+            result = match wait_connected(&client, patience).await {
+                Ok(()) => client.set_data(&self.path, &data, None).await,
+                Err(e) => Err(e),
+            };
+        }
+        let end = crate::clock::now().checked_add(remaining);
+        self.released = true;
+        match result {
+            Ok(_) => {}
+            Err(ZkError::NoNode) => {
+                return Err(LockError::lost(&*self.name, "its ZooKeeper node was already gone (the session expired)"))
+            }
+            Err(e) => {
+                // Not recorded: the node is still deleted when the remainder ends (below).
+                tracing::warn!(node = %self.path, error = %e, "could not record the hold_at_least remainder");
+            }
+        }
+        let (path, shared) = (self.path.clone(), Arc::downgrade(&self.shared));
+        let task = async move {
+            if let Some(end) = end {
+                tokio::time::sleep_until(end.into()).await;
+            }
+            let hold = Hold {
+                shared,
+                client,
+                path,
+                lease_end: None,
+                lost: LostSignal::never(),
+                released: Arc::new(AtomicBool::new(true)),
+                patience,
+            };
+            let bound = patience.saturating_mul(2);
+            if tokio::time::timeout(bound, hold.delete_node()).await.is_err() {
+                tracing::warn!(node = %hold.path, "could not delete a lock node whose hold_at_least ended within {bound:?}");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(task)),
+            Err(_) => {
+                tracing::warn!(node = %self.path, "released outside a tokio runtime: the lock node is deleted at once");
+                purge(&self.shared, &session, Leftover::Node(self.path.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl HeldLock for ZkHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(self.release_node())
+    }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.release_node_after(remaining))
     }
 }
 

@@ -89,6 +89,15 @@
 //!   waiter's delete is conditional on the version it read, and the holder's record on the
 //!   first version, so exactly one of them wins.
 //!
+//! **`hold_at_least`.** A holder that lets go before its `hold_at_least` has passed does not
+//! delete its node: it rewrites the node's data to `holder=<h>;lease_ms=<remainder>;granted`
+//! (so the server's `mtime` of that write starts the remainder, counted as a recorded grant's
+//! lease by the waiter watching the node) and deletes the node when the remainder has passed
+//! (by its own timer, started after the write's answer). The deletion wakes the next waiter
+//! through its watch, as a release does. The node stays ephemeral: if the holder's process
+//! dies during the remainder, its session's end frees the lock earlier (and a waiter deletes
+//! it once the recorded remainder plus the margin is over if the process hangs).
+//!
 //! The margin covers a step of the server's clock or a leader change in between. So the lock
 //! is never taken away before the holder's runtime has reported it lost. If the holder's
 //! process dies and nobody waits, its session's end frees the node.
