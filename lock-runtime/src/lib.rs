@@ -85,6 +85,7 @@ mod context;
 mod error;
 mod guard;
 pub mod http;
+mod kinds;
 mod lost;
 mod manager;
 mod options;
@@ -101,6 +102,7 @@ pub mod __private;
 pub use context::{current, CurrentLock};
 pub use error::{BoxError, LockError};
 pub use guard::{LockGuard, ReleaseFuture};
+pub use kinds::{KindRequest, LockAllGuard, LockAllRequest, MAX_NAMES};
 pub use lost::LostSignal;
 pub use manager::{
     default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,

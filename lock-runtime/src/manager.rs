@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Holder, Lease, LockBackend, OwnerId, Wake};
+use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Holder, Lease, LockBackend, LockKind, OwnerId, Wake};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;
@@ -246,6 +246,17 @@ impl LockManager {
         self.inner.backend.kind()
     }
 
+    /// Whether the backend offers `kind` ([`LockBackend::supports`]): the others are refused
+    /// with an [`is_invalid`](LockError::is_invalid) error.
+    ///
+    /// ```
+    /// use lock_runtime::{backend::LockKind, LockManager};
+    /// assert!(LockManager::memory().supports(LockKind::Semaphore { permits: 3 }));
+    /// ```
+    pub fn supports(&self, kind: LockKind) -> bool {
+        self.inner.backend.supports(kind)
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
     }
@@ -271,7 +282,8 @@ impl LockManager {
         }
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
-        let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease };
+        let kind = LockKind::Exclusive;
+        let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease, kind };
         Ok(Plan { req, wait, retry: options.retries() })
     }
 
@@ -366,6 +378,25 @@ impl LockManager {
             }
         };
         Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost)))
+    }
+
+    /// Takes a lock of `kind` (see [`crate::kinds`]): the policy of an awaited [`LockRequest`],
+    /// after checking that the backend offers the kind.
+    pub(crate) async fn acquire_kind(
+        &self,
+        name: Arc<str>,
+        kind: LockKind,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let mut plan = self.plan(name, options)?;
+        if !self.inner.backend.supports(kind) {
+            return Err(crate::kinds::unsupported(&plan.req.name, self.inner.kind, kind));
+        }
+        plan.req.kind = kind;
+        match self.attempt_now(plan) {
+            FastPath::Done(done) => done,
+            FastPath::Slow { plan, busy } => self.acquire_slow(plan, crate::clock::now(), busy).await,
+        }
     }
 
     async fn bounded<T>(
