@@ -687,3 +687,84 @@ impl<F: Future> Future for InFrame<F> {
         polled
     }
 }
+
+/// What `#[distributed_locked(mode = .., permits = .., names = [..])]` expands to (through
+/// `__private::kinds`). Not a public API.
+#[doc(hidden)]
+pub mod private {
+    use std::borrow::Borrow;
+    use std::future::Future;
+    use std::sync::Arc;
+
+    use super::{KindHold, KindRequest, LockAllRequest};
+    use crate::__private::{LockName, OnLost};
+    use crate::backend::LockKind;
+    use crate::error::LockError;
+    use crate::manager::LockManager;
+    use crate::options::LockOptions;
+
+    /// The read side of a read-write lock.
+    pub const READ: LockKind = LockKind::Read;
+    /// The write side of a read-write lock.
+    pub const WRITE: LockKind = LockKind::Write;
+
+    /// One of `permits` permits.
+    pub const fn semaphore(permits: u32) -> LockKind {
+        LockKind::Semaphore { permits }
+    }
+
+    /// The manager of `manager = ..` (a `LockManager` or a reference to one).
+    #[inline]
+    pub fn manager_of<M: Borrow<LockManager>>(manager: &M) -> Option<&LockManager> {
+        Some(manager.borrow())
+    }
+
+    /// The locks of a locked call, taken (or re-entered) before its arguments move into its
+    /// body.
+    #[must_use = "the locks are released as soon as this is dropped"]
+    pub struct Held(KindHold);
+
+    impl std::fmt::Debug for Held {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Held").field("locks", &self.0.guards.len()).finish()
+        }
+    }
+
+    impl Held {
+        /// Runs the body under the locks, then releases them.
+        pub async fn run<F: Future>(self, on_lost: OnLost, body: F) -> Result<F::Output, LockError> {
+            self.0.run(body, on_lost == OnLost::Abort).await
+        }
+    }
+
+    /// Takes (or re-enters) a read lock, write lock or permit of `name`.
+    pub async fn enter<N: LockName>(
+        manager: Option<&LockManager>,
+        name: N,
+        kind: LockKind,
+        options: LockOptions,
+    ) -> Result<Held, LockError> {
+        let Some(manager) = manager else {
+            return Err(LockError::NotConfigured { name: name.as_name().to_owned() });
+        };
+        if let LockKind::Semaphore { permits: 0 } = kind {
+            return Err(LockError::invalid(name.as_name(), "a semaphore of 0 permits admits nobody; give at least 1"));
+        }
+        let request = KindRequest { manager, name: name.into_name(), kind, options };
+        Ok(Held(request.enter().await?))
+    }
+
+    /// Takes (or re-enters) every one of `names`.
+    pub async fn enter_all(
+        manager: Option<&LockManager>,
+        names: Vec<Arc<str>>,
+        options: LockOptions,
+    ) -> Result<Held, LockError> {
+        let Some(manager) = manager else {
+            let joined: Vec<&str> = names.iter().map(|n| &**n).collect();
+            return Err(LockError::NotConfigured { name: joined.join(", ") });
+        };
+        let request: LockAllRequest<'_> = manager.lock_all(names).options(options);
+        Ok(Held(request.enter().await?))
+    }
+}
