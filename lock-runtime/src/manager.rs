@@ -7,7 +7,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Holder, Lease, LockBackend, LockKind, OwnerId, Wake};
+use crate::backend::LockKind;
+use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Holder, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;

@@ -16,9 +16,8 @@ use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::sync::{oneshot, Notify};
 
-use super::{
-    Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, LockKind, OwnerId, Wake,
-};
+use super::LockKind;
+use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 
 mod kinds;
