@@ -110,3 +110,34 @@ fn kinds_are_send_and_sync() {
     send(&m.semaphore("a", 2).run(async {}));
     send(&m.lock_all(["a"]).run(async {}));
 }
+
+/// A `lock_all` guard is lost as soon as one of its locks is taken away (the other still held),
+/// and a run under it is stopped with the lost error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_all_is_lost_when_one_name_is() {
+    let backend = lock_runtime::testing::TestBackend::new();
+    let m = LockManager::builder().backend(backend.clone());
+    let all = m.lock_all(["a", "b"]).await.expect("free");
+    assert!(!all.is_lost());
+    assert!(backend.lose("b").await, "b was held");
+    tokio::time::timeout(Duration::from_secs(5), all.lost()).await.expect("lost() fired for one name");
+    assert!(all.is_lost());
+    assert!(!all.guards()[0].is_lost(), "a is still held");
+    assert!(all.release().await.expect_err("one was lost").is_lost());
+
+    let m2 = m.clone();
+    let run = tokio::spawn(async move {
+        m2.lock_all(["c", "d"])
+            .run(async {
+                std::future::pending::<()>().await;
+            })
+            .await
+    });
+    while m.try_lock("c").await.expect("try").is_some() {
+        tokio::task::yield_now().await; // not taken yet (a taken probe is released at once)
+    }
+    assert!(backend.lose("d").await, "d was held by the run");
+    let stopped = tokio::time::timeout(Duration::from_secs(5), run).await.expect("stopped").expect("task");
+    assert!(stopped.expect_err("lost").is_lost());
+    assert!(m.try_lock("c").await.expect("try").is_some(), "c released when the run stopped");
+}
