@@ -7,7 +7,7 @@ use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{FnArg, Ident, ItemFn, Pat, PatIdent, ReturnType, Type};
 
-use crate::options::{self, Errors, OnLost, Options};
+use crate::options::{self, Errors, Mode, OnLost, Options};
 use crate::template::{self, Piece};
 
 /// One parameter of the locked fn, as the expansion sees it.
@@ -59,12 +59,22 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 .add(span, "`#[distributed_locked]` needs a nameable return type; `impl Trait` is not supported here");
         }
     }
-    let name = match &opts.name {
-        Some(lit) => match render_name(lit, &params, &mut errors, &private(&opts)) {
+    let name = match (&opts.names, &opts.name) {
+        (Some(names), _) => {
+            // `lock_all` of every rendered template.
+            let private = private(&opts);
+            let rendered: Vec<TokenStream> = names
+                .iter()
+                .filter_map(|lit| render_name(lit, &params, &mut errors, &private))
+                .map(|name| quote!(#private::LockName::into_name(#name)))
+                .collect();
+            quote!(::std::vec![#(#rendered),*])
+        }
+        (None, Some(lit)) => match render_name(lit, &params, &mut errors, &private(&opts)) {
             Some(name) => name,
             None => quote!(""),
         },
-        None => default_name(&func, &private(&opts)),
+        (None, None) => default_name(&func, &private(&opts)),
     };
     if let Err(e) = errors.into_result() {
         let original: ItemFn = match syn::parse2(item) {
@@ -294,6 +304,33 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         options.extend(quote!(.wait(#private::millis(0))));
     }
 
+    // The other kinds (`mode`, `permits`, `names`): taken into a hold, then run with the body.
+    let hold_var = Ident::new("__lock_hold", m);
+    let kind = match (opts.mode, opts.permits) {
+        (Some(Mode::Read), _) => Some(quote!(#private::kinds::READ)),
+        (Some(Mode::Write), _) => Some(quote!(#private::kinds::WRITE)),
+        (None, Some(permits)) => Some(quote!(#private::kinds::semaphore(#permits))),
+        (None, None) => None,
+    };
+    let enter_kind = match (&kind, &opts.names) {
+        (Some(kind), _) => Some(quote!(#private::kinds::enter(#manager_var, #name_var, #kind, #options).await)),
+        (None, Some(_)) => Some(quote!(#private::kinds::enter_all(#manager_var, #name_var, #options).await)),
+        (None, None) => None,
+    };
+    let enter_kind = enter_kind.map(|enter| match &opts.manager {
+        Some(manager) => quote! {
+            let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
+            let #manager_var = #private::kinds::manager_of(&#manager_var);
+            #enter
+        },
+        None => quote! {
+            let #name_var = { #(#by_ref)* #name };
+            let #manager_var = #private::default_manager();
+            let #manager_var = #manager_var.as_ref();
+            #enter
+        },
+    });
+
     // The lock goes into `run` (the `Run` of `LockRequest::run`), pinned in the locked fn's
     // future: entered in place before the arguments move into the body, then run with it.
     let enter = match &opts.manager {
@@ -380,7 +417,10 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         }
     };
 
-    let start = |on_lost: TokenStream| quote!(#private::start(#run_var, #on_lost, #fut).await);
+    let start = |on_lost: TokenStream| match &enter_kind {
+        Some(_) => quote!(#hold_var.run(#on_lost, #fut).await),
+        None => quote!(#private::start(#run_var, #on_lost, #fut).await),
+    };
     // Whether a failure to take the lock has an answer other than the error (a `fallback`, or
     // `skip_if_locked`): then the default `on_lost` follows the return type.
     let alternative = (opts.fallback.is_some() || opts.skip_if_locked.is_some()).then_some(());
@@ -423,13 +463,24 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         }
     };
 
-    let tokens = quote! {{
-        let mut #run_var = ::core::pin::pin!(#private::run());
-        if let ::core::result::Result::Err(#error) = { #enter } {
-            #on_fail
-        }
-        #run
-    }};
+    let tokens = match &enter_kind {
+        Some(enter_kind) => quote! {{
+            let #hold_var = match { #enter_kind } {
+                ::core::result::Result::Ok(#hold_var) => #hold_var,
+                ::core::result::Result::Err(#error) => {
+                    #on_fail
+                }
+            };
+            #run
+        }},
+        None => quote! {{
+            let mut #run_var = ::core::pin::pin!(#private::run());
+            if let ::core::result::Result::Err(#error) = { #enter } {
+                #on_fail
+            }
+            #run
+        }},
+    };
     match syn::parse2(tokens) {
         Ok(block) => block,
         Err(e) => syn::Block {

@@ -386,6 +386,76 @@ mod template;
 /// # }
 /// ```
 ///
+/// ## `mode`: a read-write lock
+///
+/// `mode = read` takes the read side of the read-write lock `name`
+/// (`manager.read_lock(name)`): any number of readers run at once, none while a writer does.
+/// `mode = write` takes its write side (`manager.write_lock(name)`). Read-write locks are a
+/// namespace apart from the plain lock of the same name. In one task, a read inside a read or
+/// a write re-enters; a write inside a read is refused with an `is_invalid()` error (it would
+/// deadlock). Backends: memory today; the others refuse it with an `is_invalid()` error.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "catalog", mode = read)]
+/// async fn browse() -> Result<u32, LockError> {
+///     Ok(7) // many at once
+/// }
+///
+/// #[distributed_locked(name = "catalog", mode = write, wait = "5s")]
+/// async fn reprice() -> Result<(), LockError> {
+///     Ok(()) // alone: no reader, no other writer
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// # assert_eq!(browse().await?, 7);
+/// # reprice().await
+/// # }
+/// ```
+///
+/// ## `permits`: a semaphore
+///
+/// `permits = N` (an integer of at least 1) takes one of `N` permits of the semaphore `name`
+/// (`manager.semaphore(name, N)`): at most `N` calls run at once. Every holder of a name must
+/// agree on `N`. Backends: memory today.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "exports", permits = 4, wait = "30s")]
+/// async fn export(id: u64) -> Result<u64, LockError> {
+///     Ok(id) // at most 4 exports at a time
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// # assert_eq!(export(1).await?, 1);
+/// # Ok(()) }
+/// ```
+///
+/// ## `names`: several locks at once
+///
+/// An array of name templates, instead of `name`: every rendered name is locked
+/// (`manager.lock_all(names)`) before the body runs, or none. They are taken in one global
+/// order whatever order they are written in, so `transfer(a, b)` and `transfer(b, a)` never
+/// deadlock; any one lost stops the body. Works on every backend. `names` does not combine
+/// with `name`, `mode` or `permits`, nor `mode` with `permits`: each conflict is a compile
+/// error on the option given later.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(names = ["acct:{from}", "acct:{to}"], wait = "2s")]
+/// async fn transfer(from: u64, to: u64, amount: u64) -> Result<u64, LockError> {
+///     Ok(amount) // both accounts are ours
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// # assert_eq!(transfer(1, 2, 5).await?, 5);
+/// # assert_eq!(transfer(2, 1, 3).await?, 3);
+/// # Ok(()) }
+/// ```
+///
 /// # Scheduled jobs
 ///
 /// A job that runs on a timer on every instance of a service, and must run once per tick

@@ -8,8 +8,21 @@ use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 /// Every option, in the order the docs list them.
-pub(crate) const OPTIONS: &[&str] =
-    &["name", "wait", "lease", "retry", "hold_at_least", "skip_if_locked", "fallback", "manager", "on_lost", "crate"];
+pub(crate) const OPTIONS: &[&str] = &[
+    "name",
+    "wait",
+    "lease",
+    "retry",
+    "hold_at_least",
+    "skip_if_locked",
+    "fallback",
+    "manager",
+    "on_lost",
+    "crate",
+    "mode",
+    "permits",
+    "names",
+];
 
 /// The options that are flags (given alone, without `= value`).
 const FLAGS: &[&str] = &["skip_if_locked"];
@@ -24,6 +37,13 @@ pub(crate) const MAX_RETRY: u32 = 1_000_000;
 pub(crate) enum OnLost {
     Abort,
     Ignore,
+}
+
+/// `mode = ..`: which side of a read-write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Read,
+    Write,
 }
 
 /// A checked duration option.
@@ -47,6 +67,12 @@ pub(crate) struct Options {
     pub(crate) hold_at_least: Option<(Millis, Span)>,
     /// `skip_if_locked`: the flag's span.
     pub(crate) skip_if_locked: Option<Span>,
+    /// `mode = read|write`: a read-write lock of `name`.
+    pub(crate) mode: Option<Mode>,
+    /// `permits = N`: one of N permits of the semaphore `name`.
+    pub(crate) permits: Option<u32>,
+    /// `names = [..]`: every one of these templates (`lock_all`), instead of `name`.
+    pub(crate) names: Option<Vec<LitStr>>,
 }
 
 /// `key = value`, with any expression as the value (interpreted per key afterwards), or a flag
@@ -177,6 +203,9 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
             "crate" => string(&key, &value, "a string path, e.g. `crate = \"my_facade::lock_runtime\"`")
                 .and_then(|s| s.parse::<Path>().map_err(|e| syn::Error::new(s.span(), format!("`crate`: {e}"))))
                 .map(|p| options.krate = Some(p)),
+            "mode" => mode(&value).map(|m| options.mode = Some(m)),
+            "permits" => permits(&value).map(|p| options.permits = Some(p)),
+            "names" => names(&value).map(|n| options.names = Some(n)),
             _ => Ok(()),
         };
         if let Err(e) = result {
@@ -184,6 +213,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
         }
     }
     check_combined(&options, errors);
+    conflicts(&seen, errors);
     options
 }
 
@@ -208,6 +238,68 @@ fn check_combined(options: &Options, errors: &mut Errors) {
             );
         }
     }
+}
+
+/// Options that cannot go together: the one given later is the offending one.
+fn conflicts(seen: &[Ident], errors: &mut Errors) {
+    const PAIRS: &[(&str, &str, &str)] = &[
+        ("name", "names", "`names` takes several locks in place of `name`; keep one of them"),
+        ("mode", "names", "`names` takes exclusive locks; `mode` (a read-write lock) goes with `name`"),
+        ("permits", "names", "`names` takes exclusive locks; `permits` (a semaphore) goes with `name`"),
+        ("mode", "permits", "a lock is either a read-write lock (`mode`) or a semaphore (`permits`); keep one"),
+    ];
+    let at = |key: &str| seen.iter().position(|s| s == key);
+    for (a, b, why) in PAIRS {
+        if let (Some(i), Some(j)) = (at(a), at(b)) {
+            let (first, later) = if i < j { (&seen[i], &seen[j]) } else { (&seen[j], &seen[i]) };
+            errors.add(later.span(), format!("`{later}` cannot be combined with `{first}`: {why}"));
+        }
+    }
+}
+
+fn mode(value: &Expr) -> syn::Result<Mode> {
+    if let Expr::Path(p) = value {
+        if p.qself.is_none() {
+            if let Some(id) = p.path.get_ident() {
+                match id.to_string().as_str() {
+                    "read" => return Ok(Mode::Read),
+                    "write" => return Ok(Mode::Write),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Err(syn::Error::new(
+        value.span(),
+        "`mode` takes `read` (shared) or `write` (exclusive): a read-write lock of `name`",
+    ))
+}
+
+fn permits(value: &Expr) -> syn::Result<u32> {
+    let Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) = value else {
+        return Err(syn::Error::new(value.span(), "`permits` takes an integer of at least 1: the semaphore's permits"));
+    };
+    match i.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(i.span(), "`permits = 0` admits nobody; give at least 1")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(syn::Error::new(i.span(), format!("`permits` must be a whole number from 1 to {}", u32::MAX))),
+    }
+}
+
+fn names(value: &Expr) -> syn::Result<Vec<LitStr>> {
+    let hint = "`names` takes an array of string literal templates, e.g. `names = [\"acct:{from}\", \"acct:{to}\"]`";
+    let Expr::Array(array) = value else { return Err(syn::Error::new(value.span(), hint)) };
+    if array.elems.is_empty() {
+        return Err(syn::Error::new(value.span(), "`names` is empty; give at least one name template"));
+    }
+    array
+        .elems
+        .iter()
+        .map(|e| match e {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(s.clone()),
+            other => Err(syn::Error::new(other.span(), hint)),
+        })
+        .collect()
 }
 
 fn string(key: &Ident, value: &Expr, what: &str) -> syn::Result<LitStr> {
@@ -375,6 +467,23 @@ mod tests {
         assert!(errs[1].contains("longer than the fixed `lease`"), "{errs:#?}");
         assert!(parse_err(quote!(skip_if_locked, skip_if_locked))[0].contains("given twice"));
         assert!(parse_err(quote!(hold_at_least = "25h"))[0].contains("longer than the most accepted"));
+    }
+
+    #[test]
+    fn kinds() {
+        let o = parse_ok(quote!(name = "catalog", mode = read));
+        assert_eq!(o.mode, Some(Mode::Read));
+        assert_eq!(parse_ok(quote!(name = "exports", permits = 4)).permits, Some(4));
+        let o = parse_ok(quote!(names = ["acct:{from}", "acct:{to}"]));
+        assert_eq!(o.names.map(|n| n.len()), Some(2));
+        assert!(parse_err(quote!(permits = 0))[0].contains("admits nobody"));
+        assert!(parse_err(quote!(mode = upgrade))[0].contains("`read`"));
+        assert!(parse_err(quote!(names = "a"))[0].contains("array of string literal"));
+        assert!(parse_err(quote!(names = []))[0].contains("empty"));
+        let errs = parse_err(quote!(names = ["a"], name = "b", mode = write, permits = 2));
+        assert_eq!(errs.len(), 4, "{errs:#?}"); // each pair, on the option given later
+        assert!(errs.iter().any(|e| e.contains("`name` cannot be combined with `names`")), "{errs:#?}");
+        assert!(errs.iter().any(|e| e.contains("`permits` cannot be combined with `mode`")), "{errs:#?}");
     }
 
     #[test]

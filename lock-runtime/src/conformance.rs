@@ -40,6 +40,9 @@ use std::time::{Duration, Instant};
 
 use crate::{LockManager, LockManagerBuilder};
 
+mod kinds;
+pub use kinds::*;
+
 /// Builds a manager on the backend under test.
 pub trait Factory: Fn(LockManagerBuilder) -> Self::Fut {
     /// The future that builds the manager.
@@ -78,6 +81,16 @@ macro_rules! conformance_suite {
             woken_waiter_dropped_passes_the_lock_on, lease_of_a_holder_that_waited_counts_from_its_grant,
             hold_at_least_keeps_the_name_taken_after_an_early_release, release_after_hold_at_least_frees_at_once,
             dropped_guard_honours_hold_at_least, hold_at_least_outlasts_a_shorter_watchdog_lease);
+        // Lock kinds (`conformance/kinds.rs`): `lock_all` on every backend; read-write locks
+        // and semaphores where the backend supports them (skipped otherwise).
+        $crate::conformance_suite!(@cases $factory;
+            lock_all_takes_every_name_or_none, lock_all_in_both_orders_never_deadlocks_nor_overlaps,
+            lock_all_cancelled_after_any_poll_rolls_back, lock_all_is_lost_if_one_is_lost,
+            unsupported_kinds_are_refused_at_once, kinds_have_their_own_namespace, readers_overlap,
+            writer_excludes_everyone, no_writer_starvation_under_read_load, dropped_waiting_writer_lets_readers_in,
+            read_lease_expiry_lets_a_writer_in, write_inside_read_is_invalid_at_once,
+            semaphore_admits_at_most_permits, semaphore_permits_mismatch_is_invalid,
+            kind_waiter_cancelled_after_any_poll_leaves_nothing);
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(

@@ -180,3 +180,23 @@ fn swap(held: &Cell<Option<ManuallyDrop<Frame>>>, frame: &mut Option<Frame>) {
         frame.get_or_insert(ManuallyDrop::into_inner(outer)); // `frame` is empty: nothing dropped
     }
 }
+
+/// Looks up the nearest frame (innermost first) that `accept` takes, for the lock kinds
+/// ([`crate::kinds`]), whose frames carry a kind tag in the top byte of their `manager`.
+pub(crate) fn find(accept: impl Fn(&Frame) -> bool) -> Lookup {
+    with_innermost(|innermost| match innermost {
+        None => Lookup { held: None, parent: None },
+        Some(innermost) => {
+            let mut frame = Some(innermost);
+            let mut held = None;
+            while let Some(f) = frame {
+                if accept(f) {
+                    held = Some(f.clone());
+                    break;
+                }
+                frame = f.parent.as_deref();
+            }
+            Lookup { held, parent: Some(Arc::new(innermost.clone())) }
+        }
+    })
+}

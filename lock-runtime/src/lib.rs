@@ -56,6 +56,12 @@
 //! - [`LockGuard`]: a held lock, with its fencing token and a [`lost`](LockGuard::lost) signal.
 //! - [`LockRequest::run`]: runs a future under a lock, with reentrancy and [`current()`]
 //!   (what the attribute expands to).
+//! - Lock kinds: [`LockManager::read_lock`] / [`write_lock`](LockManager::write_lock)
+//!   (read-write locks), [`LockManager::semaphore`] (permits), both on the in-process backend
+//!   today (Redis and ZooKeeper refuse them with an [`is_invalid`](LockError::is_invalid)
+//!   error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
+//!   none, in one global order, on every backend); the attribute's `mode`, `permits` and
+//!   `names` options.
 //! - [`LockError`]: the one error type, classified by `is_*` methods.
 //! - [`current()`]: the innermost lock of the running locked call.
 //! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends.
@@ -131,6 +137,7 @@ mod context;
 mod error;
 mod guard;
 pub mod http;
+mod kinds;
 mod lost;
 mod manager;
 mod options;
@@ -148,6 +155,7 @@ pub mod __private;
 pub use context::{current, CurrentLock};
 pub use error::{BoxError, LockError};
 pub use guard::{LockGuard, ReleaseFuture};
+pub use kinds::{KindRequest, LockAllGuard, LockAllRequest, MAX_NAMES};
 pub use lost::LostSignal;
 pub use manager::{
     default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,

@@ -7,6 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::backend::memory::MemoryBackend;
+use crate::backend::LockKind;
 use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Holder, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -252,6 +253,17 @@ impl LockManager {
         self.inner.backend.kind()
     }
 
+    /// Whether the backend offers `kind` ([`LockBackend::supports`]): the others are refused
+    /// with an [`is_invalid`](LockError::is_invalid) error.
+    ///
+    /// ```
+    /// use lock_runtime::{backend::LockKind, LockManager};
+    /// assert!(LockManager::memory().supports(LockKind::Semaphore { permits: 3 }));
+    /// ```
+    pub fn supports(&self, kind: LockKind) -> bool {
+        self.inner.backend.supports(kind)
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
     }
@@ -260,7 +272,9 @@ impl LockManager {
         &self.inner.telemetry
     }
 
-    /// Validates a request and works out what to ask the backend for.
+    /// Validates a request and works out what to ask the backend for. (Inlined into the
+    /// mutex's fast path, as when it was its only caller: the plan is built in place.)
+    #[inline(always)]
     fn plan(&self, name: Arc<str>, options: LockOptions, acquiring: &Acquiring) -> Result<Plan, LockError> {
         let inner = &*self.inner;
         options::check_name(&name)?;
@@ -285,7 +299,8 @@ impl LockManager {
         acquiring.planned(wait, lease);
         let key: Arc<str> =
             if inner.prefix.is_empty() { name.clone() } else { Arc::from(format!("{}{}", inner.prefix, name)) };
-        let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease };
+        let kind = LockKind::Exclusive;
+        let req = Acquire { name, key, owner: OwnerId::next(), holder: inner.holder.clone(), lease, kind };
         Ok(Plan { req, wait, retry: options.retries(), hold: options.hold_at_least_for() })
     }
 
@@ -436,6 +451,37 @@ impl LockManager {
         };
         acquiring.waited_since(started);
         Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold))
+    }
+
+    /// Takes a lock of `kind` (see [`crate::kinds`]): the policy of an awaited [`LockRequest`],
+    /// after checking that the backend offers the kind.
+    pub(crate) async fn acquire_kind(
+        &self,
+        name: Arc<str>,
+        kind: LockKind,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        // In the caller's context: its span is the parent of `lock.acquire` and `lock.hold`.
+        let mut acquiring = self.inner.telemetry.acquiring(&name);
+        let mut plan = match self.plan(name, options, &acquiring) {
+            Ok(plan) => plan,
+            Err(e) => {
+                acquiring.failed(&e);
+                return Err(e);
+            }
+        };
+        if !self.inner.backend.supports(kind) {
+            let e = crate::kinds::unsupported(&plan.req.name, self.inner.kind, kind);
+            acquiring.failed(&e);
+            return Err(e);
+        }
+        plan.req.kind = kind;
+        match self.attempt_now(plan, acquiring) {
+            FastPath::Done(done) => done,
+            FastPath::Slow { plan, busy, acquiring } => {
+                self.acquire_slow(plan, crate::clock::now(), busy, acquiring).await
+            }
+        }
     }
 
     async fn bounded<T>(

@@ -16,6 +16,9 @@ pub use crate::manager::LockManager;
 pub use crate::options::LockOptions;
 use crate::run::{self, Hold, Pending, Taking};
 
+/// Locked fns of the other kinds (`mode`, `permits`, `names`).
+pub use crate::kinds::private as kinds;
+
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnLost {

@@ -494,6 +494,11 @@ impl LockBackend for TestBackend {
         self.shared.inner.kind()
     }
 
+    /// The wrapped backend's kinds.
+    fn supports(&self, kind: crate::backend::LockKind) -> bool {
+        self.shared.inner.supports(kind)
+    }
+
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
         let name = req.name.clone();
         let inner = self.shared.inner.begin(req, lost.clone());

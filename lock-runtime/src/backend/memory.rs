@@ -17,8 +17,11 @@ use hashbrown::hash_table::Entry as TableEntry;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::sync::{oneshot, Notify};
 
+use super::LockKind;
 use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, OwnerId, Wake};
 use crate::error::LockError;
+
+mod kinds;
 
 const SHARDS: usize = 64;
 
@@ -44,11 +47,17 @@ pub struct MemoryBackend {
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: DefaultHashBuilder,
+    /// Read-write locks and semaphores, apart from the mutexes ([`kinds`]).
+    kinds: kinds::Kinds,
 }
 
 impl Default for Inner {
     fn default() -> Self {
-        Inner { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(), hasher: Default::default() }
+        Inner {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: Default::default(),
+            kinds: kinds::Kinds::default(),
+        }
     }
 }
 
@@ -208,9 +217,10 @@ impl MemoryBackend {
         Self::default()
     }
 
-    /// How many names are held or waited on right now (the number of entries in the store).
+    /// How many names are held or waited on right now (the number of entries in the store,
+    /// read-write locks and semaphores included).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).entries.len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).entries.len()).sum::<usize>() + self.inner.kinds.len()
     }
 
     /// Whether no name is held or waited on.
@@ -634,13 +644,24 @@ impl LockBackend for MemoryBackend {
         "memory"
     }
 
+    /// Every kind: mutexes, read-write locks and semaphores.
+    fn supports(&self, _kind: LockKind) -> bool {
+        true
+    }
+
     fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
+        if req.kind != LockKind::Exclusive {
+            return Box::new(kinds::KindAcquisition::new(self.clone(), req));
+        }
         let hash = self.inner.hasher.hash_one(&*req.key);
         let holder_changed = Arc::default();
         Box::new(MemoryAcquisition { store: self.clone(), req, hash, expiry: None, queued: None, holder_changed })
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
+        if req.kind != LockKind::Exclusive {
+            return Some(kinds::try_acquire_now(self, req));
+        }
         // A manager built on this store calls `try_acquire_granted` instead (no key clone).
         Some(Ok(match self.try_acquire_granted(req) {
             Some(granted) => Attempt::Acquired(self.grant_taking(granted, req.clone()).1),

@@ -348,6 +348,66 @@ impl Lease {
     }
 }
 
+/// Which kind of lock an acquisition asks for ([`Acquire::kind`]).
+///
+/// Each kind has its own namespace in a backend: the mutex `catalog`
+/// ([`LockManager::lock`](crate::LockManager::lock)), the read-write lock `catalog` (its
+/// [`Read`](LockKind::Read) and [`Write`](LockKind::Write) sides share one state) and the
+/// semaphore `catalog` never exclude each other, whatever the backend stores them under. The
+/// [`Acquire::key`] is the same text for every kind: keeping the kinds apart is the backend's
+/// job (a key suffix, a separate table, a separate node path, …).
+///
+/// A backend announces what it offers with [`LockBackend::supports`]; the runtime refuses any
+/// other kind with an [`is_invalid`](LockError::is_invalid) error naming the backend and the
+/// kind, before [`LockBackend::begin`] (so a backend is never handed a kind it did not
+/// claim).
+///
+/// ```
+/// use lock_runtime::backend::LockKind;
+///
+/// assert_eq!(LockKind::Semaphore { permits: 4 }.to_string(), "semaphore of 4 permits");
+/// assert!(LockKind::Read.is_shared());
+/// assert!(!LockKind::Write.is_shared());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// A mutex: one holder at a time ([`LockManager::lock`](crate::LockManager::lock)).
+    #[default]
+    Exclusive,
+    /// The shared side of a read-write lock: any number of readers at once, none while a writer
+    /// holds it. A fair backend lets no new reader in while a writer waits (no writer
+    /// starvation).
+    Read,
+    /// The exclusive side of a read-write lock: no other reader or writer.
+    Write,
+    /// One of `permits` permits: at most `permits` holders at once. Every holder and waiter of
+    /// one name must ask with the same `permits`; a backend refuses a mismatch with an
+    /// [`is_invalid`](LockError::is_invalid) error rather than admitting more holders.
+    Semaphore {
+        /// How many holders the semaphore admits at once (at least 1).
+        permits: u32,
+    },
+}
+
+impl LockKind {
+    /// Whether several holders may hold the name at once (a reader, a permit).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, LockKind::Read | LockKind::Semaphore { .. })
+    }
+}
+
+impl fmt::Display for LockKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockKind::Exclusive => f.write_str("exclusive lock"),
+            LockKind::Read => f.write_str("read lock"),
+            LockKind::Write => f.write_str("write lock"),
+            LockKind::Semaphore { permits } => write!(f, "semaphore of {permits} permits"),
+        }
+    }
+}
+
 /// What an acquisition asks for: handed to [`LockBackend::begin`], kept by the acquisition.
 #[derive(Debug, Clone)]
 pub struct Acquire {
@@ -362,6 +422,9 @@ pub struct Acquire {
     pub holder: Holder,
     /// How the lease is kept.
     pub lease: Lease,
+    /// Which kind of lock ([`LockKind::Exclusive`] for [`LockManager::lock`](crate::LockManager::lock));
+    /// only kinds the backend [`supports`](LockBackend::supports) reach it.
+    pub kind: LockKind,
 }
 
 /// A lock that was granted to an acquisition.
@@ -574,9 +637,33 @@ pub trait Renewal: Send + Sync + 'static {
 /// - an [`Acquisition`] dropped at any point leaves nothing behind and is never handed the
 ///   lock afterwards; a wake-up it was given goes to the next waiter;
 /// - every operation is bounded in time (the runtime adds an outer bound as well).
+///
+/// **Lock kinds.** Every backend offers [`LockKind::Exclusive`]. A backend that also offers
+/// read-write locks or semaphores says so in [`supports`](LockBackend::supports); for those
+/// kinds the same rules hold per holder (each reader, each permit, is one owner with its own
+/// fencing token, lease, release and cancellation), plus: readers share a name with readers
+/// only, a writer excludes everyone, and a waiting writer blocks new readers; at most `permits`
+/// holders of a semaphore at once, and a `permits` that differs from the name's current
+/// holders' or waiters' is refused as [`is_invalid`](LockError::is_invalid). Multi-name locks
+/// (`lock_all`) need nothing from a backend: the runtime composes them from exclusive locks.
 pub trait LockBackend: Send + Sync + 'static {
     /// A short name for messages and metrics (`"memory"`, `"redis"`, …).
     fn kind(&self) -> &'static str;
+
+    /// Whether this backend offers `kind`. The default offers [`LockKind::Exclusive`] only;
+    /// the runtime refuses the others at once with an [`is_invalid`](LockError::is_invalid)
+    /// error naming the backend and the kind, and never begins their acquisition here.
+    ///
+    /// ```
+    /// use lock_runtime::backend::{memory::MemoryBackend, LockBackend, LockKind};
+    ///
+    /// let memory = MemoryBackend::new();
+    /// assert!(memory.supports(LockKind::Exclusive));
+    /// assert!(memory.supports(LockKind::Read));
+    /// ```
+    fn supports(&self, kind: LockKind) -> bool {
+        kind == LockKind::Exclusive
+    }
 
     /// Begins one acquisition (no I/O yet): the object that owns its state until it is
     /// granted or dropped. `lost` is the lock's [`LostSignal`] once granted: fire it if the

@@ -1,0 +1,433 @@
+//! Read-write locks and semaphores of the in-process store ([`LockKind::Read`],
+//! [`LockKind::Write`], [`LockKind::Semaphore`]).
+//!
+//! Kept apart from the mutex (its own sharded maps, one per kind's namespace), so the mutex's
+//! fast path is untouched. Each name's entry holds its holders and one FIFO queue of waiters
+//! across readers and writers (or permit holders): a new caller never overtakes a waiter, so
+//! a waiting writer blocks new readers; when the head can be granted it is, and so is every
+//! waiter behind it that can (consecutive readers are granted together). Entries are removed
+//! with their last holder or waiter; fixed leases are enforced (an expired holder is removed
+//! and the queue moves on); a waiter that leaves (timed out, cancelled at any poll) is
+//! removed at once and passes on anything it was handed.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use hashbrown::DefaultHashBuilder;
+use tokio::sync::{oneshot, Notify};
+
+use super::{lock, Handed, MemoryBackend};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockKind, OwnerId, Wake};
+use crate::error::LockError;
+
+const SHARDS: usize = 16;
+
+/// The kinds' store of one [`MemoryBackend`].
+pub(super) struct Kinds {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: DefaultHashBuilder,
+}
+
+impl Default for Kinds {
+    fn default() -> Self {
+        Kinds { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(), hasher: Default::default() }
+    }
+}
+
+/// One shard: the entries of each namespace, and the shard's fencing token counter (a name
+/// always lives in the same shard, so its tokens strictly increase).
+struct Shard {
+    rw: HashMap<Arc<str>, Entry>,
+    sem: HashMap<Arc<str>, Entry>,
+    next_token: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { rw: HashMap::new(), sem: HashMap::new(), next_token: 1 }
+    }
+}
+
+/// Which namespace a kind lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Space {
+    Rw,
+    Sem,
+}
+
+/// What a holder or waiter holds or wants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    Read,
+    Write,
+    Permit,
+}
+
+/// The namespace, the wish and the permits (0 for read-write locks) of a kind.
+fn split(kind: LockKind) -> (Space, Want, u32) {
+    match kind {
+        LockKind::Read => (Space::Rw, Want::Read, 0),
+        LockKind::Semaphore { permits } => (Space::Sem, Want::Permit, permits),
+        _ => (Space::Rw, Want::Write, 0),
+    }
+}
+
+impl Shard {
+    fn map(&mut self, space: Space) -> &mut HashMap<Arc<str>, Entry> {
+        match space {
+            Space::Rw => &mut self.rw,
+            Space::Sem => &mut self.sem,
+        }
+    }
+}
+
+struct Holder {
+    token: u64,
+    want: Want,
+    /// `None` for a watchdog lease: an in-process holding lives as long as its guard.
+    expires_at: Option<Instant>,
+}
+
+struct Waiter {
+    owner: OwnerId,
+    lease: Lease,
+    want: Want,
+    grant: oneshot::Sender<Handed>,
+    /// Poked when this waiter becomes the head of the queue, or the holders change while it is.
+    head_changed: Arc<Notify>,
+}
+
+struct Entry {
+    /// The semaphore's permits, agreed by every holder and waiter (0 for a read-write lock).
+    permits: u32,
+    holders: Vec<Holder>,
+    waiters: VecDeque<Waiter>,
+}
+
+impl Entry {
+    fn can_grant(&self, want: Want) -> bool {
+        match want {
+            Want::Read => !self.holders.iter().any(|h| h.want == Want::Write),
+            Want::Write => self.holders.is_empty(),
+            Want::Permit => self.holders.len() < self.permits as usize,
+        }
+    }
+
+    /// Removes the holders whose fixed lease ran out; whether any was.
+    fn reap(&mut self, now: Instant) -> bool {
+        let before = self.holders.len();
+        self.holders.retain(|h| h.expires_at.is_none_or(|at| now < at));
+        self.holders.len() != before
+    }
+
+    /// Grants the head of the queue, and each waiter after it, while they can be granted.
+    fn hand_off(&mut self, tokens: &mut u64, now: Instant) {
+        while self.waiters.front().is_some_and(|w| self.can_grant(w.want)) {
+            let Some(waiter) = self.waiters.pop_front() else { break };
+            let (holder, handed) = holder_for(tokens, waiter.want, waiter.lease, now);
+            if waiter.grant.send(handed).is_ok() {
+                self.holders.push(holder);
+            }
+        }
+        if let Some(head) = self.waiters.front() {
+            head.head_changed.notify_one();
+        }
+    }
+
+    fn earliest_expiry(&self) -> Option<Instant> {
+        self.holders.iter().filter_map(|h| h.expires_at).min()
+    }
+
+    fn is_free(&self) -> bool {
+        self.holders.is_empty() && self.waiters.is_empty()
+    }
+
+    fn check_permits(&self, name: &str, permits: u32) -> Result<(), LockError> {
+        if self.permits == permits {
+            return Ok(());
+        }
+        Err(LockError::invalid(
+            name,
+            format!(
+                "the semaphore is held or waited for with {} permits; this call asked for {permits}: every holder \
+                 of a semaphore must give the same number of permits",
+                self.permits
+            ),
+        ))
+    }
+}
+
+fn holder_for(tokens: &mut u64, want: Want, lease: Lease, now: Instant) -> (Holder, Handed) {
+    let token = *tokens;
+    *tokens += 1;
+    let (expires_at, granted_at) = match lease {
+        Lease::Fixed(d) => (now.checked_add(d), Some(now)),
+        Lease::Renewed(_) => (None, Some(now)),
+    };
+    (Holder { token, want, expires_at }, Handed { token, granted_at })
+}
+
+impl Kinds {
+    pub(super) fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s)).map(|s| s.rw.len() + s.sem.len()).sum()
+    }
+
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, Shard> {
+        lock(&self.shards[(hash >> 40) as usize % SHARDS])
+    }
+
+    /// One attempt: the grant, or the earliest lease end among the holders (busy).
+    fn attempt(&self, req: &Acquire, hash: u64) -> Result<Result<Handed, Option<Instant>>, LockError> {
+        let (space, want, permits) = split(req.kind);
+        if space == Space::Sem && permits == 0 {
+            return Err(LockError::invalid(&*req.name, "a semaphore of 0 permits admits nobody; give at least 1"));
+        }
+        let now = crate::clock::now();
+        let mut shard = self.shard(hash);
+        let Shard { rw, sem, next_token } = &mut *shard;
+        let map = if space == Space::Rw { rw } else { sem };
+        let entry = match map.get_mut(&*req.key) {
+            Some(entry) => entry,
+            None => {
+                let (holder, handed) = holder_for(next_token, want, req.lease, now);
+                let entry = Entry { permits, holders: vec![holder], waiters: VecDeque::new() };
+                map.insert(req.key.clone(), entry);
+                return Ok(Ok(handed));
+            }
+        };
+        entry.check_permits(&req.name, permits)?;
+        if entry.reap(now) {
+            entry.hand_off(next_token, now);
+        }
+        if entry.waiters.is_empty() && entry.can_grant(want) {
+            let (holder, handed) = holder_for(next_token, want, req.lease, now);
+            entry.holders.push(holder);
+            return Ok(Ok(handed));
+        }
+        Ok(Err(entry.earliest_expiry()))
+    }
+
+    /// Removes the holding `token` of `key`, moving the queue on; whether it was still held
+    /// within its lease.
+    fn release(&self, space: Space, key: &str, hash: u64, token: u64) -> Result<(), &'static str> {
+        let now = crate::clock::now();
+        let mut shard = self.shard(hash);
+        let Shard { rw, sem, next_token } = &mut *shard;
+        let map = if space == Space::Rw { rw } else { sem };
+        let Some(entry) = map.get_mut(key) else {
+            return Err("it is no longer held (its lease ran out and nobody else took it yet)");
+        };
+        let Some(at) = entry.holders.iter().position(|h| h.token == token) else {
+            return Err("its lease ran out and its place was given to another holder");
+        };
+        let holder = entry.holders.swap_remove(at);
+        let verdict = match holder.expires_at {
+            Some(end) if now >= end => Err("its lease ran out before the release"),
+            _ => Ok(()),
+        };
+        entry.reap(now);
+        entry.hand_off(next_token, now);
+        if entry.is_free() {
+            map.remove(key);
+        }
+        verdict
+    }
+
+    /// Removes expired holders of `key` and moves the queue on; the earliest lease end left.
+    fn reap(&self, space: Space, key: &str, hash: u64, now: Instant) -> Option<Instant> {
+        let mut shard = self.shard(hash);
+        let Shard { rw, sem, next_token } = &mut *shard;
+        let map = if space == Space::Rw { rw } else { sem };
+        let entry = map.get_mut(key)?;
+        if entry.reap(now) {
+            entry.hand_off(next_token, now);
+        }
+        let expiry = entry.earliest_expiry();
+        if entry.is_free() {
+            map.remove(key);
+        }
+        expiry
+    }
+
+    /// The earliest lease end among the holders of `key`.
+    fn expiry(&self, space: Space, key: &str, hash: u64) -> Option<Instant> {
+        let mut shard = self.shard(hash);
+        shard.map(space).get(key).and_then(Entry::earliest_expiry)
+    }
+}
+
+/// One acquisition of a kind: owns its place in the queue while it waits.
+pub(super) struct KindAcquisition {
+    store: MemoryBackend,
+    req: Acquire,
+    hash: u64,
+    expiry: Option<Instant>,
+    queued: Option<oneshot::Receiver<Handed>>,
+    head_changed: Arc<Notify>,
+}
+
+impl KindAcquisition {
+    pub(super) fn new(store: MemoryBackend, req: Acquire) -> Self {
+        let hash = store.inner.kinds.hasher.hash_one(&*req.key);
+        KindAcquisition { store, req, hash, expiry: None, queued: None, head_changed: Arc::default() }
+    }
+
+    fn kinds(&self) -> &Kinds {
+        &self.store.inner.kinds
+    }
+
+    fn grant(&self, handed: Handed) -> Grant {
+        grant(&self.store, &self.req, self.hash, handed)
+    }
+
+    /// Joins the queue. `Ok(false)` when there is nothing to queue behind (attempt again).
+    fn enqueue(&mut self) -> Result<bool, LockError> {
+        let (space, want, permits) = split(self.req.kind);
+        let (tx, rx) = oneshot::channel();
+        let store = self.store.clone();
+        let mut shard = store.inner.kinds.shard(self.hash);
+        let Some(entry) = shard.map(space).get_mut(&*self.req.key) else { return Ok(false) };
+        entry.check_permits(&self.req.name, permits)?;
+        if entry.waiters.is_empty() && entry.can_grant(want) {
+            return Ok(false);
+        }
+        self.expiry = entry.earliest_expiry();
+        let head_changed = self.head_changed.clone();
+        entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, want, grant: tx, head_changed });
+        self.queued = Some(rx);
+        Ok(true)
+    }
+
+    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        if self.queued.is_none() && !self.enqueue()? {
+            return Ok(Wake::Retry);
+        }
+        let (space, _, _) = split(self.req.kind);
+        loop {
+            let wake_at = self.expiry.map_or(deadline, |e| e.min(deadline));
+            let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
+            let head_changed = &self.head_changed;
+            tokio::select! {
+                biased;
+                granted = queued => {
+                    self.queued = None;
+                    return Ok(match granted {
+                        Ok(handed) => Wake::Acquired(self.grant(handed)),
+                        Err(_) => Wake::Retry,
+                    });
+                }
+                _ = head_changed.notified() => {
+                    self.expiry = self.store.inner.kinds.expiry(space, &self.req.key, self.hash);
+                }
+                _ = tokio::time::sleep_until(wake_at.into()) => {
+                    let now = crate::clock::now();
+                    self.expiry = self.store.inner.kinds.reap(space, &self.req.key, self.hash, now);
+                    if let Some(Ok(handed)) = self.queued.as_mut().map(|q| q.try_recv()) {
+                        self.queued = None;
+                        return Ok(Wake::Acquired(self.grant(handed)));
+                    }
+                    if now >= deadline {
+                        return Ok(Wake::TimedOut); // still queued: leaves the queue when dropped
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for KindAcquisition {
+    fn drop(&mut self) {
+        let Some(mut grant) = self.queued.take() else { return };
+        let (space, _, _) = split(self.req.kind);
+        let now = crate::clock::now();
+        let owner = self.req.owner;
+        let key = self.req.key.clone();
+        let mut shard = self.kinds().shard(self.hash);
+        let Shard { rw, sem, next_token } = &mut *shard;
+        let map = if space == Space::Rw { rw } else { sem };
+        let Some(entry) = map.get_mut(&*key) else { return };
+        entry.waiters.retain(|w| w.owner != owner);
+        // Hand-offs happen under the shard lock, so a grant sent to us is visible now.
+        grant.close();
+        if let Ok(handed) = grant.try_recv() {
+            entry.holders.retain(|h| h.token != handed.token);
+        }
+        // A writer that left the head may let readers in; a permit handed to us goes on.
+        entry.hand_off(next_token, now);
+        if entry.is_free() {
+            map.remove(&*key);
+        }
+    }
+}
+
+impl Acquisition for KindAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        let attempt = match self.kinds().attempt(&self.req, self.hash) {
+            Ok(Ok(handed)) => Ok(Attempt::Acquired(self.grant(handed))),
+            Ok(Err(expiry)) => {
+                self.expiry = expiry;
+                Ok(Attempt::Busy)
+            }
+            Err(e) => Err(e),
+        };
+        Box::pin(std::future::ready(attempt))
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_until(deadline))
+    }
+}
+
+/// [`LockBackend::try_acquire_now`](crate::backend::LockBackend::try_acquire_now) of a kind.
+pub(super) fn try_acquire_now(store: &MemoryBackend, req: &Acquire) -> Result<Attempt, LockError> {
+    let hash = store.inner.kinds.hasher.hash_one(&*req.key);
+    Ok(match store.inner.kinds.attempt(req, hash)? {
+        Ok(handed) => Attempt::Acquired(grant(store, req, hash, handed)),
+        Err(_) => Attempt::Busy,
+    })
+}
+
+fn grant(store: &MemoryBackend, req: &Acquire, hash: u64, handed: Handed) -> Grant {
+    let (space, _, _) = split(req.kind);
+    let lock = KindHeld {
+        store: store.clone(),
+        space,
+        name: req.name.clone(),
+        key: req.key.clone(),
+        hash,
+        token: handed.token,
+    };
+    Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::new(lock) }
+}
+
+/// A reader's, writer's or permit's holding in the in-process store.
+struct KindHeld {
+    store: MemoryBackend,
+    space: Space,
+    name: Arc<str>,
+    key: Arc<str>,
+    hash: u64,
+    token: u64,
+}
+
+impl KindHeld {
+    fn release_checked(&self) -> Result<(), LockError> {
+        self.store
+            .inner
+            .kinds
+            .release(self.space, &self.key, self.hash, self.token)
+            .map_err(|reason| LockError::lost(&*self.name, reason))
+    }
+}
+
+impl HeldLock for KindHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::ready(self.release_checked()))
+    }
+
+    fn release_now(&mut self) -> Option<Result<(), LockError>> {
+        Some(self.release_checked())
+    }
+}
