@@ -8,12 +8,15 @@ use std::time::{Duration, Instant};
 
 use zookeeper_client::{Client, Error as ZkError, EventType};
 
+use super::kinds::{self, Verdict};
 use super::options::ZookeeperOptions;
 use super::purge::{purge, send_delete, Leftover};
 use super::recipe::{create_node, encode, find_own, queue, stale_at, LeaseRecord, Node};
 use super::session::{wait_connected, HolderEntry, Session, Shared, Waiting};
 use super::{gone, lock, session_gone, zk_error, KIND};
-use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, Wake};
+use crate::backend::{
+    Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, LockKind, Wake,
+};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 use crate::{LockManager, LockManagerBuilder};
@@ -102,12 +105,18 @@ impl LockBackend for ZookeeperBackend {
         KIND
     }
 
+    /// The mutex, read-write locks and semaphores (see the `kinds` recipes in the module
+    /// docs).
+    fn supports(&self, kind: LockKind) -> bool {
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
+    }
+
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
         Box::new(ZkAcquisition {
             lost,
             shared: self.shared.clone(),
-            dir: Arc::from(self.lock_path(&req.key)),
-            owner: Arc::from(req.owner.to_string()),
+            dir: Arc::from(format!("{}{}", self.lock_path(&req.key), kinds::dir_suffix(req.kind))),
+            tag: Arc::from(kinds::tag(req.kind, &req.owner.to_string())),
             req,
             state: State::Idle,
         })
@@ -120,15 +129,15 @@ impl LockBackend for ZookeeperBackend {
 
 /// One `lock()` call on ZooKeeper: owns its one sequential node from the first attempt until it
 /// is granted (the [`ZkHeld`] owns it then) or dropped (the node is deleted).
-struct ZkAcquisition {
-    shared: Arc<Shared>,
-    req: Acquire,
+pub(super) struct ZkAcquisition {
+    pub(super) shared: Arc<Shared>,
+    pub(super) req: Acquire,
     /// The lock's lost signal once granted (fired on session loss or a foreign delete).
     lost: LostSignal,
     /// The lock's container node.
-    dir: Arc<str>,
-    /// The owner id, as it appears in the node's name.
-    owner: Arc<str>,
+    pub(super) dir: Arc<str>,
+    /// The node's name before `-<sequence>`: its kind's prefix and the owner id.
+    tag: Arc<str>,
     state: State,
 }
 
@@ -153,7 +162,7 @@ impl Drop for ZkAcquisition {
             }
             State::Creating(session) => {
                 let Some(session) = session.upgrade() else { return };
-                purge(&self.shared, &session, Leftover::Owner { dir: self.dir.clone(), owner: self.owner.clone() });
+                purge(&self.shared, &session, Leftover::Owner { dir: self.dir.clone(), tag: self.tag.clone() });
             }
             State::Idle | State::Granted => {}
         }
@@ -171,7 +180,7 @@ impl Acquisition for ZkAcquisition {
 }
 
 impl ZkAcquisition {
-    fn fail(&self, operation: &'static str) -> impl Fn(ZkError) -> LockError + '_ {
+    pub(super) fn fail(&self, operation: &'static str) -> impl Fn(ZkError) -> LockError + '_ {
         move |e| zk_error(&self.req.name, operation, e)
     }
 
@@ -181,7 +190,10 @@ impl ZkAcquisition {
 
     /// Our node, created on first use. The instant is `Some` (taken before the create was
     /// sent) when this call created it.
-    async fn node(&mut self, operation: &'static str) -> Result<(Arc<Session>, Node, Option<Instant>), LockError> {
+    pub(super) async fn node(
+        &mut self,
+        operation: &'static str,
+    ) -> Result<(Arc<Session>, Node, Option<Instant>), LockError> {
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Queued { session: weak, node } => {
                 let Some(session) = weak.upgrade().filter(|s| !s.is_dead()) else {
@@ -196,7 +208,7 @@ impl ZkAcquisition {
                 if let Some(session) = weak.upgrade().filter(|s| !s.is_dead()) {
                     self.state = State::Creating(weak);
                     if let Some(node) =
-                        find_own(&session.client, &self.dir, &self.owner).await.map_err(self.fail(operation))?
+                        find_own(&session.client, &self.dir, &self.tag).await.map_err(self.fail(operation))?
                     {
                         self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };
                         return Ok((session, node, None));
@@ -218,7 +230,7 @@ impl ZkAcquisition {
         self.state = State::Creating(Arc::downgrade(&session));
         let data = LeaseRecord::initial(self.req.lease, &self.req.holder);
         let root = self.shared.options.get_root();
-        let node = create_node(&session.client, root, &self.dir, &self.owner, &data, self.patience())
+        let node = create_node(&session.client, root, &self.dir, &self.tag, &data, self.patience())
             .await
             .map_err(self.fail(operation))?;
         self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };
@@ -226,7 +238,7 @@ impl ZkAcquisition {
     }
 
     /// The queue under our lock: our place in it and the nodes, lowest first.
-    async fn lineup(
+    pub(super) async fn lineup(
         &mut self,
         session: &Session,
         node: &Node,
@@ -240,7 +252,11 @@ impl ZkAcquisition {
             }
             listed => listed,
         };
-        let nodes = queue(children.map_err(self.fail(operation))?);
+        let children = children.map_err(self.fail(operation))?;
+        let nodes = match self.req.kind {
+            LockKind::Exclusive => queue(children),
+            _ => kinds::queue(children),
+        };
         match nodes.iter().position(|(seq, _)| *seq == node.seq) {
             Some(index) => Ok((index, nodes)),
             None => {
@@ -254,9 +270,10 @@ impl ZkAcquisition {
         }
     }
 
-    /// Takes the lock: our node is the lowest. A holder that waited records its grant first
-    /// (fixed leases only; see [`LeaseRecord`]), so that waiters count its lease from it.
-    async fn take(
+    /// Takes the lock: our node is the lowest (or, for the kinds, may hold). A holder that
+    /// waited records its grant first (fixed leases, see [`LeaseRecord`], so that waiters count
+    /// its lease from it; and every permit, so that the waiter behind it learns it is first).
+    pub(super) async fn take(
         &mut self,
         session: Arc<Session>,
         node: Node,
@@ -264,8 +281,13 @@ impl ZkAcquisition {
         waited: bool,
         operation: &'static str,
     ) -> Result<Grant, LockError> {
-        if let (Lease::Fixed(lease), true) = (self.req.lease, waited) {
-            let data = LeaseRecord::granted(lease, &self.req.holder);
+        let record = match (self.req.lease, self.req.kind) {
+            _ if !waited => None,
+            (Lease::Fixed(lease), _) => Some(LeaseRecord::granted(lease, &self.req.holder)),
+            (Lease::Renewed(_), LockKind::Semaphore { .. }) => Some(LeaseRecord::granted_unleased(&self.req.holder)),
+            (Lease::Renewed(_), _) => None,
+        };
+        if let Some(data) = record {
             if let Err(e) = record_grant(&session.client, &node.path, &data, self.patience()).await {
                 if matches!(e, ZkError::NoNode) {
                     self.state = State::Idle;
@@ -306,8 +328,12 @@ impl ZkAcquisition {
     async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
         let (session, node, created) = self.node("acquire").await?;
         let checked_at = crate::clock::now();
-        let (index, _) = self.lineup(&session, &node, "acquire").await?;
-        if index > 0 {
+        let (index, nodes) = self.lineup(&session, &node, "acquire").await?;
+        let busy = match self.req.kind {
+            LockKind::Exclusive => index > 0,
+            _ => kinds::verdict(&self.req, index, &nodes)? != Verdict::Granted,
+        };
+        if busy {
             return Ok(Attempt::Busy); // our node keeps our place; dropping us deletes it
         }
         // Granted in the attempt that created the node: the lease runs from before the create.
@@ -317,6 +343,9 @@ impl ZkAcquisition {
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
         const OP: &str = "wait for";
+        if self.req.kind != LockKind::Exclusive {
+            return self.wait_kind(deadline).await;
+        }
         let (session, node, mut created) = self.node(OP).await?;
         let client = session.client.clone();
         loop {
@@ -403,7 +432,7 @@ async fn record_grant(client: &Client, path: &str, data: &[u8], patience: Durati
             Err(ZkError::ConnectionLoss) => {
                 wait_connected(client, patience).await?;
                 let (now, _) = client.get_data(path).await?;
-                if LeaseRecord::parse(&now).is_some_and(|r| r.granted) {
+                if LeaseRecord::is_granted(&now) {
                     return Ok(());
                 }
             }

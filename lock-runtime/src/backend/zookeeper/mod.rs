@@ -57,6 +57,27 @@
 //!   increasing across the whole ensemble, unlike the sequence suffix, which restarts when a
 //!   parent node is recreated.
 //!
+//! # Read-write locks and semaphores
+//!
+//! [`read_lock`](crate::LockManager::read_lock), [`write_lock`](crate::LockManager::write_lock)
+//! and [`semaphore`](crate::LockManager::semaphore) use the same recipe (one ephemeral
+//! sequential node per acquisition, kept while it waits; fixed leases; fencing token = the
+//! node's `czxid`; cancellation deletes the node), in containers of their own beside the
+//! mutex's: `<root>/<encoded key>.rw` and `<root>/<encoded key>.sem`.
+//!
+//! - Nodes `read-<owner id>-<seq>` and `write-<owner id>-<seq>`: a writer holds when its node
+//!   is the lowest and otherwise watches its predecessor; a reader holds when no `write-` node is
+//!   lower than its own (so a waiting writer blocks later readers) and otherwise watches the
+//!   nearest lower `write-` node.
+//! - Nodes `sem<permits>-<owner id>-<seq>`: the first `permits` nodes hold. The first waiter
+//!   watches the holders, every later waiter its predecessor; a waiter granted after waiting
+//!   records its grant in its node's data, which wakes the one behind it. A release wakes one
+//!   waiter (and its grant the next), never the whole queue.
+//! - The permits are part of each node's name: an acquisition whose listing shows a node ahead
+//!   of it with other permits is refused with an [`is_invalid`](LockError::is_invalid) error.
+//!
+//! `lockctl` ([`ZookeeperBackend::list`]) shows the mutexes only.
+//!
 //! # Leases and sessions
 //!
 //! ZooKeeper holds a lock for as long as the session that created its node lives, so a
@@ -129,6 +150,7 @@ use crate::error::LockError;
 
 mod backend;
 mod inspect;
+mod kinds;
 mod options;
 mod purge;
 mod recipe;

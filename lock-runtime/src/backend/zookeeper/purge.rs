@@ -30,8 +30,9 @@ pub(super) fn send_delete(client: &Client, path: &str) -> impl Future<Output = R
 pub(super) enum Leftover {
     /// Its node, by path.
     Node(Arc<str>),
-    /// A create that may or may not have happened: whatever node under `dir` carries `owner`.
-    Owner { dir: Arc<str>, owner: Arc<str> },
+    /// A create that may or may not have happened: whatever node under `dir` carries `tag`
+    /// (its kind's prefix and the owner id).
+    Owner { dir: Arc<str>, tag: Arc<str> },
 }
 
 /// Deletes what an abandoned acquisition (or a release that failed) left, through `session`.
@@ -126,7 +127,7 @@ async fn purge_until_done(
             None => {
                 let target = match leftover {
                     Leftover::Node(path) => Some(path.to_string()),
-                    Leftover::Owner { dir, owner } => match find_own(client, dir, owner).await {
+                    Leftover::Owner { dir, tag } => match find_own(client, dir, tag).await {
                         Ok(found) => found.map(|n| n.path.to_string()),
                         Err(ZkError::ConnectionLoss) => {
                             if wait_connected(client, patience).await.is_err() {

@@ -79,26 +79,38 @@ pub(super) fn queue(children: Vec<String>) -> Vec<(i64, String)> {
     nodes
 }
 
-/// The node name prefix of an acquisition's node (its owner id makes it unique).
-pub(super) fn own_prefix(dir: &str, owner: &str) -> String {
-    format!("{dir}/{NODE_PREFIX}{owner}-")
+/// The sequence number at the end of any node name of ours (`…-<sequence>`), whatever its kind.
+pub(super) fn suffix_sequence(child: &str) -> Option<i64> {
+    child.rsplit_once('-')?.1.parse().ok()
+}
+
+/// The tag of an exclusive lock's node: its kind's prefix and the owner id. An acquisition's
+/// node is named `<tag>-<sequence>` (the owner id makes the tag unique).
+pub(super) fn mutex_tag(owner: &str) -> String {
+    format!("{NODE_PREFIX}{owner}")
+}
+
+/// The node name prefix of an acquisition's node, from its tag ([`mutex_tag`], or a kind's).
+pub(super) fn own_prefix(dir: &str, tag: &str) -> String {
+    format!("{dir}/{tag}-")
 }
 
 pub(super) fn parent(path: &str) -> &str {
     path.rsplit_once('/').map_or(path, |(dir, _)| dir)
 }
 
-/// Creates the acquisition's node under `dir`, creating parents as needed; after a lost
-/// reply, finds the node by the owner id (after a `sync`) instead of creating a second one.
+/// Creates the acquisition's node `<tag>-<sequence>` under `dir`, creating parents as needed;
+/// after a lost reply, finds the node by its tag (after a `sync`) instead of creating a second
+/// one.
 pub(super) async fn create_node(
     client: &Client,
     root: &str,
     dir: &str,
-    owner: &str,
+    tag: &str,
     data: &[u8],
     patience: Duration,
 ) -> Result<Node, ZkError> {
-    let prefix = own_prefix(dir, owner);
+    let prefix = own_prefix(dir, tag);
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let mut tries = 0;
     // Set after a connection loss: the create may have happened, look for it before another.
@@ -107,7 +119,7 @@ pub(super) async fn create_node(
         tries += 1;
         if recovering {
             wait_connected(client, patience).await?;
-            match find_own(client, dir, owner).await {
+            match find_own(client, dir, tag).await {
                 Ok(Some(node)) => return Ok(node),
                 Ok(None) => recovering = false,
                 Err(ZkError::ConnectionLoss) if tries < 8 => continue,
@@ -139,27 +151,27 @@ async fn make_dir(client: &Client, root: &str, dir: &str) -> Result<(), ZkError>
     }
 }
 
-/// Finds the node of `owner` under `dir`, if it exists.
+/// Finds the node tagged `tag` (the owner id and its kind's prefix) under `dir`, if it exists.
 ///
 /// Used after a connection loss, when a create's reply (or the create itself) may be lost. The
 /// client may have reconnected to another server of the ensemble, a follower that has not yet
 /// applied the create: a plain listing there would miss the node, and the caller would create a
 /// second one, which would then hold its place (and later the lock) for the session's life.
 /// So the server is first brought up to date with the leader (`sync`), then listed.
-pub(super) async fn find_own(client: &Client, dir: &str, owner: &str) -> Result<Option<Node>, ZkError> {
+pub(super) async fn find_own(client: &Client, dir: &str, tag: &str) -> Result<Option<Node>, ZkError> {
     match client.sync(dir).await {
         Ok(()) => {}
         Err(ZkError::NoNode) => return Ok(None),
         Err(e) => return Err(e),
     }
-    let mine = format!("{NODE_PREFIX}{owner}-");
+    let mine = format!("{tag}-");
     let children = match client.list_children(dir).await {
         Ok(children) => children,
         Err(ZkError::NoNode) => return Ok(None),
         Err(e) => return Err(e),
     };
     for child in children.into_iter().filter(|c| c.starts_with(&mine)) {
-        let Some(seq) = sequence(&child) else { continue };
+        let Some(seq) = suffix_sequence(&child) else { continue };
         let path = format!("{dir}/{child}");
         if let Some(stat) = client.check_stat(&path).await? {
             return Ok(Some(Node::new(path, seq, &stat)));
@@ -196,6 +208,17 @@ impl LeaseRecord {
     /// The data of a node whose holder recorded its grant.
     pub(super) fn granted(lease: Duration, holder: &Holder) -> Vec<u8> {
         format!("holder={holder};lease_ms={};{GRANTED}", lease.as_millis()).into_bytes()
+    }
+
+    /// The data of a permit holder that waited and has no fixed lease: its grant, recorded so
+    /// that the waiter behind it is woken (see the `kinds` module).
+    pub(super) fn granted_unleased(holder: &Holder) -> Vec<u8> {
+        format!("holder={holder};{GRANTED}").into_bytes()
+    }
+
+    /// Whether `data` records a grant (with or without a fixed lease).
+    pub(super) fn is_granted(data: &[u8]) -> bool {
+        std::str::from_utf8(data).is_ok_and(|text| text.split(';').any(|field| field == GRANTED))
     }
 
     pub(super) fn parse(data: &[u8]) -> Option<LeaseRecord> {

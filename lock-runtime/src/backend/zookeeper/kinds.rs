@@ -1,0 +1,287 @@
+//! Read-write locks and semaphores on ZooKeeper ([`LockKind::Read`], [`LockKind::Write`],
+//! [`LockKind::Semaphore`]): the mutex's recipe (one ephemeral sequential node per acquisition,
+//! kept from its first attempt until it is granted or dropped; fixed leases deleted by the
+//! holder's process; fencing token = the node's `czxid`), with a different rule for who holds
+//! and a different node to watch.
+//!
+//! # Node layout
+//!
+//! Each kind has its own container beside the mutex's `<root>/<encoded key>`:
+//! `<root>/<encoded key>.rw` for the read-write lock and `<root>/<encoded key>.sem` for the
+//! semaphore. An encoded key never holds a `.` (it is percent-encoded), so no mutex's container
+//! can have these names. Like the mutex's, they are containers, deleted with their last node.
+//!
+//! - A reader's node is `read-<owner id>-<sequence>`, a writer's `write-<owner id>-<sequence>`.
+//! - A permit holder's node is `sem<permits>-<owner id>-<sequence>`: the number of permits it
+//!   asked for is part of its name, so one listing of the children tells every acquisition
+//!   what the others agreed on, with no extra read.
+//!
+//! # Who holds, and what a waiter watches
+//!
+//! - **Writer**: holds when its node is the lowest; otherwise watches its immediate predecessor
+//!   (of either kind).
+//! - **Reader**: holds when no `write-` node has a lower sequence number (so a waiting writer
+//!   blocks the readers that come after it: FIFO, no writer starvation); otherwise watches the
+//!   nearest lower `write-` node. Consecutive readers behind one writer all watch it, and are
+//!   all granted when it goes: each of them is granted by that release, no waiter wakes in vain.
+//! - **Permit**: the node at position `i < permits` holds. The first waiter (position
+//!   `permits`) watches the `permits` holders; each later waiter watches its immediate
+//!   predecessor (a waiter), for its deletion and for a change of its data. A waiter that is
+//!   granted after waiting records its grant in its node's data (`…;granted`, as the mutex's
+//!   fixed-lease holders do), which wakes the waiter right behind it, now the first waiter. So
+//!   a release wakes the first waiter, and its grant the next one: two wake-ups per release,
+//!   however many wait (Curator's `InterProcessSemaphoreV2` wakes every waiter instead).
+//!
+//! # Agreeing on permits
+//!
+//! Every acquisition checks, each time it lists the children, the permits in the names of the
+//! nodes *ahead* of its own: one that differs refuses this acquisition with an
+//! [`is_invalid`](LockError::is_invalid) error (its node is deleted). Of two acquisitions that
+//! disagree and coexist, the later one's listing (made after its own create) always shows the
+//! earlier one, before the later one can be granted: so a mismatch is never admitted.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Instant;
+
+use zookeeper_client::{EventType, WatchedEvent};
+
+use super::backend::ZkAcquisition;
+use super::recipe::{mutex_tag, suffix_sequence};
+use super::session::Waiting;
+use super::{gone, session_gone};
+use crate::backend::{Acquire, LockKind, Wake};
+use crate::error::LockError;
+
+/// The suffix of a kind's container name (after the encoded key): none for the mutex.
+pub(super) fn dir_suffix(kind: LockKind) -> &'static str {
+    match kind {
+        LockKind::Read | LockKind::Write => ".rw",
+        LockKind::Semaphore { .. } => ".sem",
+        _ => "",
+    }
+}
+
+/// The tag of an acquisition's node: its name before `-<sequence>`.
+pub(super) fn tag(kind: LockKind, owner: &str) -> String {
+    match kind {
+        LockKind::Read => format!("read-{owner}"),
+        LockKind::Write => format!("write-{owner}"),
+        LockKind::Semaphore { permits } => format!("sem{permits}-{owner}"),
+        _ => mutex_tag(owner),
+    }
+}
+
+/// What a node of a kind's container is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    Read,
+    Write,
+    /// A permit holder or waiter, with the permits it asked for.
+    Permit(u32),
+}
+
+/// The role and sequence number of a node of a kind's container; `None` for anything else.
+pub(super) fn role(child: &str) -> Option<(Role, i64)> {
+    let seq = suffix_sequence(child)?;
+    if child.starts_with("read-") {
+        Some((Role::Read, seq))
+    } else if child.starts_with("write-") {
+        Some((Role::Write, seq))
+    } else {
+        let (permits, _) = child.strip_prefix("sem")?.split_once('-')?;
+        Some((Role::Permit(permits.parse().ok()?), seq))
+    }
+}
+
+/// The nodes of a kind's container, lowest sequence first.
+pub(super) fn queue(children: Vec<String>) -> Vec<(i64, String)> {
+    let mut nodes: Vec<(i64, String)> =
+        children.into_iter().filter_map(|c| role(&c).map(|(_, seq)| (seq, c))).collect();
+    nodes.sort_unstable();
+    nodes
+}
+
+/// Where an acquisition stands, from one listing.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// It holds the lock.
+    Granted,
+    /// Blocked: watch these nodes (by index in the listing); any change may unblock it.
+    Blocked(Vec<usize>),
+    /// A permit waiter behind another waiter: watch that one, which records its grant (a data
+    /// change) when it is granted. If it already did, look again at once.
+    Behind(usize),
+}
+
+/// The verdict for the acquisition of `kind` whose node is at `index` of `nodes` (lowest first).
+pub(super) fn verdict(req: &Acquire, index: usize, nodes: &[(i64, String)]) -> Result<Verdict, LockError> {
+    let ahead = nodes.get(..index).unwrap_or_default();
+    match req.kind {
+        LockKind::Read => {
+            let writer = ahead.iter().rposition(|(_, n)| matches!(role(n), Some((Role::Write, _))));
+            Ok(writer.map_or(Verdict::Granted, |w| Verdict::Blocked(vec![w])))
+        }
+        LockKind::Semaphore { permits } => {
+            let disagrees = ahead.iter().find_map(|(_, n)| match role(n) {
+                Some((Role::Permit(p), _)) if p != permits => Some(p),
+                _ => None,
+            });
+            if let Some(other) = disagrees {
+                return Err(LockError::invalid(
+                    &*req.name,
+                    format!(
+                        "the semaphore is held or waited for with {other} permits; this call asked for {permits}: \
+                         every holder of a semaphore must give the same number of permits"
+                    ),
+                ));
+            }
+            let permits = usize::try_from(permits).unwrap_or(usize::MAX);
+            if index < permits {
+                Ok(Verdict::Granted)
+            } else if index == permits {
+                Ok(Verdict::Blocked((0..permits).collect()))
+            } else {
+                Ok(Verdict::Behind(index - 1))
+            }
+        }
+        // A writer (and the mutex): only the lowest node holds.
+        _ if index == 0 => Ok(Verdict::Granted),
+        _ => Ok(Verdict::Blocked(vec![index - 1])),
+    }
+}
+
+/// A watch's event, boxed so that several can be awaited at once.
+type Watch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
+
+/// The first of `watches` to fire.
+async fn first(mut watches: Vec<Watch>) -> WatchedEvent {
+    std::future::poll_fn(move |cx| {
+        for watch in watches.iter_mut() {
+            if let Poll::Ready(event) = watch.as_mut().poll(cx) {
+                return Poll::Ready(event);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+impl ZkAcquisition {
+    /// [`wait`](crate::backend::Acquisition::wait) of a read-write lock or a semaphore: lists,
+    /// judges ([`verdict`]), watches the blocking nodes, and lists again when one changes.
+    pub(super) async fn wait_kind(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        const OP: &str = "wait for";
+        let (session, node, mut created) = self.node(OP).await?;
+        let client = session.client.clone();
+        'list: loop {
+            let checked_at = crate::clock::now();
+            let (index, nodes) = self.lineup(&session, &node, OP).await?;
+            let created = created.take();
+            let (targets, behind) = match verdict(&self.req, index, &nodes)? {
+                Verdict::Granted => {
+                    let granted_at = created.unwrap_or(checked_at);
+                    let grant = self.take(session.clone(), node.clone(), granted_at, created.is_none(), OP).await?;
+                    return Ok(Wake::Acquired(grant));
+                }
+                Verdict::Blocked(targets) => (targets, false),
+                Verdict::Behind(target) => (vec![target], true),
+            };
+            let mut watches: Vec<Watch> = Vec::with_capacity(targets.len());
+            for target in targets {
+                let Some((_, name)) = nodes.get(target) else { continue 'list };
+                let path = format!("{}/{name}", self.dir);
+                match client.check_and_watch_stat(&path).await.map_err(self.fail(OP))? {
+                    // Granted since the listing (it recorded its grant): nodes ahead of ours
+                    // went, look again.
+                    (Some(stat), _) if behind && stat.version > 0 => continue 'list,
+                    (Some(_), watcher) => watches.push(Box::pin(watcher.changed())),
+                    (None, _) => continue 'list, // gone since the listing: look again
+                }
+            }
+            let _waiting = Waiting::new(&self.shared.waiting);
+            tokio::select! {
+                biased;
+                event = first(watches) => {
+                    if event.event_type == EventType::Session {
+                        if event.session_state.is_terminated() {
+                            let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
+                            return Err(gone(&self.req.name, OP, why));
+                        }
+                    } else {
+                        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                _ = session.lost() => return Err(session_gone(&self.req.name, OP)),
+                _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::backend::{Holder, Lease, OwnerId};
+
+    fn req(kind: LockKind) -> Acquire {
+        Acquire {
+            name: Arc::from("n"),
+            key: Arc::from("n"),
+            owner: OwnerId::next(),
+            holder: Holder::of_process(None),
+            lease: Lease::Renewed(std::time::Duration::from_secs(1)),
+            kind,
+        }
+    }
+
+    fn nodes(names: &[&str]) -> Vec<(i64, String)> {
+        queue(names.iter().enumerate().map(|(i, n)| format!("{n}-o-{i:010}")).collect())
+    }
+
+    #[test]
+    fn names_carry_the_role_and_the_permits() {
+        let owner = OwnerId::next().to_string();
+        for (kind, role_) in [
+            (LockKind::Read, Role::Read),
+            (LockKind::Write, Role::Write),
+            (LockKind::Semaphore { permits: 12 }, Role::Permit(12)),
+        ] {
+            assert_eq!(role(&format!("{}-0000000042", tag(kind, &owner))), Some((role_, 42)));
+        }
+        assert_eq!(role(&format!("{}-0000000042", tag(LockKind::Exclusive, &owner))), None);
+        assert_ne!(dir_suffix(LockKind::Read), dir_suffix(LockKind::Semaphore { permits: 1 }));
+        assert_eq!(dir_suffix(LockKind::Read), dir_suffix(LockKind::Write));
+    }
+
+    #[test]
+    fn readers_wait_only_for_lower_writers_and_writers_for_their_predecessor() {
+        let line = nodes(&["read", "read", "write", "read", "read", "write"]);
+        let read = req(LockKind::Read);
+        assert_eq!(verdict(&read, 1, &line).ok(), Some(Verdict::Granted));
+        assert_eq!(verdict(&read, 3, &line).ok(), Some(Verdict::Blocked(vec![2])));
+        assert_eq!(verdict(&read, 4, &line).ok(), Some(Verdict::Blocked(vec![2])));
+        let write = req(LockKind::Write);
+        assert_eq!(verdict(&write, 2, &line).ok(), Some(Verdict::Blocked(vec![1])));
+        assert_eq!(verdict(&write, 5, &line).ok(), Some(Verdict::Blocked(vec![4])));
+        assert_eq!(verdict(&write, 0, &nodes(&["write"])).ok(), Some(Verdict::Granted));
+    }
+
+    #[test]
+    fn permits_are_positions_and_must_agree() {
+        let line = nodes(&["sem2", "sem2", "sem2", "sem2"]);
+        let sem = req(LockKind::Semaphore { permits: 2 });
+        assert_eq!(verdict(&sem, 1, &line).ok(), Some(Verdict::Granted));
+        assert_eq!(verdict(&sem, 2, &line).ok(), Some(Verdict::Blocked(vec![0, 1])));
+        assert_eq!(verdict(&sem, 3, &line).ok(), Some(Verdict::Behind(2)));
+        let mixed = nodes(&["sem2", "sem3"]);
+        let err = verdict(&req(LockKind::Semaphore { permits: 3 }), 1, &mixed).expect_err("disagrees");
+        assert!(err.is_invalid() && err.to_string().contains("permits"), "{err}");
+        // A later node that disagrees is refused by its own listing, not ours.
+        assert_eq!(verdict(&sem, 0, &mixed).ok(), Some(Verdict::Granted));
+    }
+}
