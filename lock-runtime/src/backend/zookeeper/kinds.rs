@@ -1,8 +1,9 @@
 //! Read-write locks and semaphores on ZooKeeper ([`LockKind::Read`], [`LockKind::Write`],
 //! [`LockKind::Semaphore`]): the mutex's recipe (one ephemeral sequential node per acquisition,
 //! kept from its first attempt until it is granted or dropped; fixed leases deleted by the
-//! holder's process; fencing token = the node's `czxid`), with a different rule for who holds
-//! and a different node to watch.
+//! holder's process, and by the waiter it blocks if that process hangs: see `stale_at`;
+//! fencing token = the node's `czxid`), with a different rule for who holds and a different
+//! node to watch.
 //!
 //! # Node layout
 //!
@@ -46,10 +47,10 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Instant;
 
-use zookeeper_client::{EventType, WatchedEvent};
+use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
 
 use super::backend::ZkAcquisition;
-use super::recipe::{mutex_tag, suffix_sequence};
+use super::recipe::{mutex_tag, stale_at, suffix_sequence, LeaseRecord};
 use super::session::Waiting;
 use super::{gone, session_gone};
 use crate::backend::{Acquire, LockKind, Wake};
@@ -153,6 +154,18 @@ pub(super) fn verdict(req: &Acquire, index: usize, nodes: &[(i64, String)]) -> R
     }
 }
 
+/// Whether the node at `index` of `nodes` (a kind's container, lowest first) holds the lock of
+/// `kind`.
+pub(super) fn holds(kind: LockKind, index: usize, nodes: &[(i64, String)]) -> bool {
+    let role_at = |i: usize| nodes.get(i).and_then(|(_, n)| role(n)).map(|(r, _)| r);
+    match (kind, role_at(index)) {
+        (LockKind::Semaphore { permits }, _) => index < usize::try_from(permits).unwrap_or(usize::MAX),
+        (_, Some(Role::Write)) => index == 0,
+        (_, Some(Role::Read)) => !(0..index).any(|i| role_at(i) == Some(Role::Write)),
+        _ => false,
+    }
+}
+
 /// A watch's event, boxed so that several can be awaited at once.
 type Watch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
 
@@ -189,18 +202,39 @@ impl ZkAcquisition {
                 Verdict::Blocked(targets) => (targets, false),
                 Verdict::Behind(target) => (vec![target], true),
             };
+            let listed_at = crate::clock::now();
             let mut watches: Vec<Watch> = Vec::with_capacity(targets.len());
+            // The earliest a blocking holder's fixed lease is over (see `stale_at`): its node,
+            // the version read, and when.
+            let mut stale: Option<(Instant, String, i32)> = None;
             for target in targets {
                 let Some((_, name)) = nodes.get(target) else { continue 'list };
                 let path = format!("{}/{name}", self.dir);
-                match client.check_and_watch_stat(&path).await.map_err(self.fail(OP))? {
+                let (data, stat, watcher) = match client.get_and_watch_data(&path).await {
+                    Ok(read) => read,
+                    Err(ZkError::NoNode) => continue 'list, // gone since the listing: look again
+                    Err(e) => return Err(self.fail(OP)(e)),
+                };
+                if behind && stat.version > 0 {
                     // Granted since the listing (it recorded its grant): nodes ahead of ours
                     // went, look again.
-                    (Some(stat), _) if behind && stat.version > 0 => continue 'list,
-                    (Some(_), watcher) => watches.push(Box::pin(watcher.changed())),
-                    (None, _) => continue 'list, // gone since the listing: look again
+                    continue 'list;
                 }
+                if holds(self.req.kind, target, &nodes) {
+                    let at = LeaseRecord::parse(&data).and_then(|r| stale_at(r, &stat, &node, listed_at));
+                    if let Some(at) = at.filter(|at| stale.as_ref().is_none_or(|(first, _, _)| at < first)) {
+                        stale = Some((at, path, stat.version));
+                    }
+                }
+                watches.push(Box::pin(watcher.changed()));
             }
+            let stale_when = stale.as_ref().map(|(at, _, _)| *at).filter(|at| *at < deadline);
+            let stale_timer = async {
+                match stale_when {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             let _waiting = Waiting::new(&self.shared.waiting);
             tokio::select! {
                 biased;
@@ -215,6 +249,17 @@ impl ZkAcquisition {
                     }
                 }
                 _ = session.lost() => return Err(session_gone(&self.req.name, OP)),
+                _ = stale_timer => {
+                    if let Some((_, path, version)) = &stale {
+                        tracing::warn!(node = %path, "a holder's fixed lease is over but its node remains: deleting it");
+                        // Conditional on the version read: a holder that recorded its grant
+                        // since is judged again from its record.
+                        match client.delete(path, Some(*version)).await {
+                            Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
+                            Err(e) => return Err(self.fail(OP)(e)),
+                        }
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
             }
         }
@@ -269,6 +314,10 @@ mod tests {
         assert_eq!(verdict(&write, 2, &line).ok(), Some(Verdict::Blocked(vec![1])));
         assert_eq!(verdict(&write, 5, &line).ok(), Some(Verdict::Blocked(vec![4])));
         assert_eq!(verdict(&write, 0, &nodes(&["write"])).ok(), Some(Verdict::Granted));
+        let holding: Vec<bool> = (0..line.len()).map(|i| holds(LockKind::Read, i, &line)).collect();
+        assert_eq!(holding, [true, true, false, false, false, false]);
+        let writer_first = nodes(&["write", "read"]);
+        assert!(holds(LockKind::Write, 0, &writer_first) && !holds(LockKind::Read, 1, &writer_first));
     }
 
     #[test]
