@@ -918,3 +918,53 @@ async fn a_waiter_frees_a_hung_reader_or_permit_after_its_fixed_lease() {
         g.release().await.expect("release");
     }
 }
+
+/// Who a read-write release wakes: a writer's release wakes each reader it lets in (once), not
+/// the writer queued behind them; that writer watches only the last reader ahead of it, so the
+/// other readers' releases wake nobody, and the last one's wakes it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_release_wakes_only_whom_it_unblocks() {
+    const READERS: usize = 4;
+    let hosts = zk_server::shared().hosts();
+    let name = lock_tests::unique("rw-herd");
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        stores.push(ZookeeperBackend::connect(&hosts).await.expect("connect"));
+    }
+    let managers: Vec<LockManager> = stores.iter().map(|s| LockManager::builder().backend(s.clone())).collect();
+    let wakeups = || stores.iter().map(|s| s.stats().wakeups).sum::<u64>();
+    let waiting = || stores.iter().map(|s| s.stats().waiting).sum::<u64>();
+    let holder = managers[0].write_lock(&name).await.expect("writer");
+    let mut readers = Vec::new();
+    for i in 0..READERS {
+        let (m, name) = (managers[i % 2].clone(), name.clone());
+        readers.push(tokio::spawn(async move { m.read_lock(&name).wait(Duration::from_secs(30)).await }));
+        until("the reader is queued", || waiting() == i as u64 + 1).await;
+    }
+    let writer = tokio::spawn({
+        let (m, name) = (managers[1].clone(), name.clone());
+        async move { m.write_lock(&name).wait(Duration::from_secs(30)).await }
+    });
+    until("the second writer is queued", || waiting() == READERS as u64 + 1).await;
+    let before = wakeups();
+    holder.release().await.expect("release");
+    let mut guards = Vec::new();
+    for r in readers {
+        guards.push(r.await.expect("task").expect("reader after the writer"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await; // any stray wake-up lands
+    assert_eq!(wakeups() - before, READERS as u64, "each reader woken once, the second writer not at all");
+    assert_eq!(waiting(), 1, "the second writer still waits");
+    let last = guards.pop().expect("the last reader");
+    let before = wakeups();
+    for g in guards {
+        g.release().await.expect("release");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(wakeups() - before, 0, "releases of readers the writer does not watch woke someone");
+    assert!(!writer.is_finished(), "the writer got in beside a reader");
+    last.release().await.expect("release");
+    let writer = writer.await.expect("task").expect("the writer after the readers");
+    assert_eq!(wakeups() - before, 1, "the last reader's release wakes the writer alone");
+    writer.release().await.expect("release");
+}

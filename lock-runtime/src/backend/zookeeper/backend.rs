@@ -25,8 +25,10 @@ use crate::{LockManager, LockManagerBuilder};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ZookeeperStats {
-    /// How many times a waiting acquisition was woken by the deletion of its predecessor. With
-    /// no herd, each release wakes one waiter.
+    /// How many times a waiting acquisition was woken by the deletion of its predecessor (or,
+    /// for the lock kinds, by any change of a node it watches). With no herd, each release wakes
+    /// one waiter (one per reader it lets in; two for a semaphore: the first waiter, then the
+    /// one behind it through the grant's record).
     pub wakeups: u64,
     /// How many acquisitions wait on a predecessor's watch right now.
     pub waiting: u64,
