@@ -138,6 +138,7 @@
 //! 1.00 (fewest over most acquisitions per task).
 
 mod inspect;
+mod kinds;
 mod layout;
 mod waiters;
 
@@ -152,6 +153,7 @@ pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
+use super::LockKind;
 use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Renewal, Wake};
 use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
@@ -695,9 +697,16 @@ impl LockBackend for RedisBackend {
         KIND
     }
 
+    fn supports(&self, kind: LockKind) -> bool {
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
+    }
+
     fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
-        let layout = KeyLayout::of(&req.key);
         let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
+        if req.kind != LockKind::Exclusive {
+            return kinds::begin(self, req, owner);
+        }
+        let layout = KeyLayout::of(&req.key);
         Box::new(RedisAcquisition { backend: self.clone(), req, layout, owner, slot: None, in_flight: false })
     }
 
