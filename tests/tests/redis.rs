@@ -982,3 +982,51 @@ async fn kind_operations_leave_no_keys_behind() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Readers kept by the watchdog (a 600 ms lease, renewed per reader) hold past many leases,
+/// keeping a writer of another backend out; once they release, it gets in at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewed_readers_keep_a_writer_out_past_their_lease() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(600);
+    let readers = LockManager::builder().default_lease(lease).backend(backend(&server, Duration::from_secs(1)).await);
+    let first = readers.read_lock("kept").await.expect("reader");
+    let second = readers.read_lock("kept").await.expect("reader");
+    let writers = kinds_manager(&server).await;
+    let err = writers.write_lock("kept").wait(lease * 4).await.expect_err("readers renewed");
+    assert!(err.is_contended(), "{err}");
+    assert!(!first.is_lost() && !second.is_lost());
+    let w = writers.clone();
+    let writer = tokio::spawn(async move { w.write_lock("kept").wait(Duration::from_secs(10)).await });
+    tokio::time::sleep(lease).await;
+    assert!(!writer.is_finished(), "a writer beside renewed readers");
+    let released_at = Instant::now();
+    for g in [first, second] {
+        g.release().await.expect("release within the renewed lease");
+    }
+    let writer = writer.await.expect("task").expect("writer");
+    assert!(released_at.elapsed() < Duration::from_millis(500), "hand-off took {:?}", released_at.elapsed());
+    writer.release().await.expect("release");
+}
+
+/// A waiting writer that crashed (its acquisition never polled again, never dropped) keeps
+/// new readers out only until its intent's lease ends: a reader of another backend waiting
+/// meanwhile gets in then, woken by that expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_waiting_writer_blocks_readers_only_for_its_lease() {
+    let server = RedisServer::start();
+    let lease = Duration::from_millis(1200);
+    let (a, b, c) = (kinds_manager(&server).await, kinds_manager(&server).await, kinds_manager(&server).await);
+    let old = a.read_lock("page").await.expect("reader");
+    let mut writer = Box::pin(b.write_lock("page").lease(lease).wait(Duration::from_secs(60)).into_future());
+    assert!(tokio::time::timeout(Duration::from_millis(300), &mut writer).await.is_err(), "the writer waits");
+    assert!(c.try_read_lock("page").await.expect("try").is_none(), "its intent keeps readers out");
+    std::mem::forget(writer); // crashed: never polled nor dropped again
+    let crashed_at = Instant::now();
+    let reader = c.read_lock("page").wait(Duration::from_secs(20)).await.expect("reader after the intent's lease");
+    let took = crashed_at.elapsed();
+    assert!(took <= lease + Duration::from_secs(1), "the reader got in {took:?} after the crash");
+    for g in [reader, old] {
+        g.release().await.expect("release");
+    }
+}
