@@ -36,7 +36,10 @@
 //! kind's), one pub/sub subscription per name while tasks of this process wait, a release that
 //! publishes only when the state is marked waited on, and a waiter that also wakes when the
 //! earliest entry in its way expires. A reader or permit holder granted from the queue passes
-//! a wake-up to the next local waiter (there may be room for it too).
+//! a wake-up to the next local waiter (there may be room for it too). In the local queue a
+//! writer goes ahead of the sleeping readers (they are kept out by its intent anyway), so the
+//! writer, not a reader its own intent keeps out, is the head that attempts and renews the
+//! intent.
 //!
 //! # Permits
 //!
@@ -130,7 +133,7 @@ impl KindAcquisition {
                 slot.attempting();
                 None
             }
-            None => match waiters.before_attempt(&self.keys.channel) {
+            None => match waiters.before_attempt_as(&self.keys.channel, mode == "W") {
                 Before::Queued(slot) => {
                     // Local FIFO: behind this process's waiters (a waiting writer among them
                     // keeps this reader out), without racing their head.
@@ -189,7 +192,7 @@ impl KindAcquisition {
                     (Some(slot), _) => slot.busy(sent, value),
                     (None, capture) => {
                         let capture = capture.unwrap_or(Capture::NONE);
-                        self.slot = Some(waiters.busy(&self.keys.channel, capture, sent, value));
+                        self.slot = Some(waiters.busy_as(&self.keys.channel, capture, sent, value, mode == "W"));
                     }
                 }
                 Ok(Attempt::Busy)
