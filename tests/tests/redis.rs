@@ -1030,3 +1030,28 @@ async fn crashed_waiting_writer_blocks_readers_only_for_its_lease() {
         g.release().await.expect("release");
     }
 }
+
+/// `hold_at_least` on a writer released early: the entry stays until the remainder ends (a
+/// reader of another backend waiting meanwhile is kept out), then the reader gets in, woken
+/// by the shorter expiry it learns from the release's announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_released_early_with_hold_at_least_keeps_readers_out_until_it_ends() {
+    let server = RedisServer::start();
+    let (a, b) = (kinds_manager(&server).await, kinds_manager(&server).await);
+    let hold = Duration::from_millis(1200);
+    let granted = Instant::now();
+    let writer =
+        a.write_lock("held").options(lock_runtime::LockOptions::new().hold_at_least(hold)).await.expect("writer");
+    let b2 = b.clone();
+    let reader = tokio::spawn(async move {
+        let g = b2.read_lock("held").wait(Duration::from_secs(20)).await.expect("reader");
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // the reader waits, told a 30 s lease
+    writer.release().await.expect("an early release");
+    assert!(b.try_read_lock("held").await.expect("try").is_none(), "free before hold_at_least ended");
+    let (got_at, g) = reader.await.expect("task");
+    assert!(got_at >= granted + hold - Duration::from_millis(50), "in {:?} after the grant", got_at - granted);
+    assert!(got_at <= granted + hold + Duration::from_millis(750), "in {:?} after the grant", got_at - granted);
+    g.release().await.expect("release");
+}
