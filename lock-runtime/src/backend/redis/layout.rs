@@ -8,6 +8,8 @@
 //! | the lock (a string `<owner id>@<holder>#<token>#<granted ms>`, then `+` once waited on; expiring with the lease) | `lock:{<key>}` |
 //! | the channel a release publishes on | `lock:{<key>}:released` |
 //! | the fencing counter of the slot | `lock:fence:{<tag>}`, `<tag>` a short string of the same slot |
+//! | a read-write lock's state (a hash of holders, waiting writers' intents, a waited-on mark) and its channel | `lock:rw:{<key>}`, `lock:rw:{<key>}:released` |
+//! | a semaphore's state (a hash of holders, its permits, a waited-on mark) and its channel | `lock:sem:{<key>}`, `lock:sem:{<key>}:released` |
 //!
 //! `<key>` is the manager prefix followed by the lock name. There is one fencing counter per
 //! hash slot ever used (at most 16,384), never one per name, so the keys left behind stay

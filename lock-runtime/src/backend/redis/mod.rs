@@ -47,6 +47,18 @@
 //!   (at most 16,384 counters, however many names were ever locked).
 //! - **Key layout** puts a lock's key, channel and counter in one hash slot, ready for Redis
 //!   Cluster: see [`KeyLayout`].
+//! - **Read-write locks and semaphores** ([`LockKind`]) live in their own
+//!   namespaces, `lock:rw:{<key>}` and `lock:sem:{<key>}` (same hash tag, so same slot and
+//!   same fencing counter as the mutex of that name): a hash of the holders, each with its own
+//!   expiry (server's clock), token, lease and watchdog renewal, pruned by every script (a
+//!   crashed holder blocks nobody past its lease, and the key expires with its last entry);
+//!   the intents of waiting writers, which keep new readers out in every process (no writer
+//!   starvation) and expire with the writer's lease unless its attempts renew them; and a
+//!   semaphore's `permits`, which a request with another number is refused against
+//!   ([`is_invalid`](crate::LockError::is_invalid)). Scripts `kind_acquire.lua`,
+//!   `kind_release.lua`, `kind_extend.lua`; waiting as for the mutex (local queue, pub/sub
+//!   wake-ups published when the state is marked waited on, bounded by the earliest expiry in
+//!   the way). [`RedisBackend::list`] and [`RedisBackend::inspect`] show mutexes only.
 //! - **Acquisitions own their state.** Each `lock()` call is one acquisition object that owns
 //!   its place in the local queue and any acquire request in flight, until it is granted the
 //!   lock or dropped. Dropped at any point (its future cancelled, its call timed out client
@@ -138,6 +150,7 @@
 //! 1.00 (fewest over most acquisitions per task).
 
 mod inspect;
+mod kinds;
 mod layout;
 mod waiters;
 
@@ -152,6 +165,7 @@ pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
+use super::LockKind;
 use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Renewal, Wake};
 use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
@@ -695,9 +709,16 @@ impl LockBackend for RedisBackend {
         KIND
     }
 
+    fn supports(&self, kind: LockKind) -> bool {
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
+    }
+
     fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
-        let layout = KeyLayout::of(&req.key);
         let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
+        if req.kind != LockKind::Exclusive {
+            return kinds::begin(self, req, owner);
+        }
+        let layout = KeyLayout::of(&req.key);
         Box::new(RedisAcquisition { backend: self.clone(), req, layout, owner, slot: None, in_flight: false })
     }
 

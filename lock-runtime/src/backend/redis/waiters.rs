@@ -9,6 +9,8 @@
 //! key joins the back without an attempt (local FIFO: it would only race the woken head).
 //! Only the head is ever woken, so a release costs one attempt per process however many tasks
 //! wait.
+//! For a read-write lock, a waiting writer goes ahead of the sleeping readers (its intent keeps
+//! them out, and it must attempt to renew that intent); mutex entries keep their order.
 //!
 //! A head is in one of three states: *waiting* (asleep), *woken* (a release was observed, or
 //! the holder's lease ran out: it attempts next), or *busy* (its attempt or look at the lock is
@@ -107,6 +109,9 @@ enum Phase {
 
 struct Entry {
     id: u64,
+    /// A writer of a read-write lock: queued ahead of the sleeping readers (see
+    /// [`Waiters::busy_as`]).
+    writer: bool,
     phase: Phase,
     /// A release observed while busy: attempt again if the attempt found the lock held.
     again: bool,
@@ -126,6 +131,34 @@ impl KeyState {
             idle_since: None,
             in_idle: false,
         }
+    }
+
+    /// Queues `entry`: at the back, or, a writer, ahead of the first sleeping reader.
+    fn enqueue(&mut self, entry: Entry) {
+        let at = match entry.writer {
+            true => self.queue.iter().position(|e| !e.writer && e.phase == Phase::Waiting && !e.again),
+            false => None,
+        };
+        match at {
+            Some(at) => self.queue.insert(at, entry),
+            None => self.queue.push_back(entry),
+        }
+    }
+
+    /// A reader at the head went back to sleep (its attempt found no room, maybe because of
+    /// the intent of a writer queued behind it): the first writer behind a sleeping reader
+    /// moves ahead of it, and attempts at once if it is the head now (renewing its intent).
+    fn writers_first(&mut self) {
+        let Some(reader) = self.queue.iter().position(|e| !e.writer && e.phase == Phase::Waiting && !e.again) else {
+            return;
+        };
+        let Some(writer) = self.queue.iter().skip(reader + 1).position(|e| e.writer) else { return };
+        let Some(mut entry) = self.queue.remove(reader + 1 + writer) else { return };
+        if reader == 0 && entry.phase == Phase::Waiting {
+            entry.phase = Phase::Woken;
+            entry.notify.notify_one();
+        }
+        self.queue.insert(reader, entry);
     }
 
     /// A release (or a wake-up passed on): the head attempts next.
@@ -215,6 +248,12 @@ impl Waiters {
 
     /// Before an acquisition without a slot attempts: joins the queue if one exists.
     pub(super) fn before_attempt(&self, channel: &str) -> Before {
+        self.before_attempt_as(channel, false)
+    }
+
+    /// [`before_attempt`](Self::before_attempt) of a writer (`writer`: queued ahead of the
+    /// sleeping readers) or of anything else.
+    pub(super) fn before_attempt_as(&self, channel: &str, writer: bool) -> Before {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         let Some((key, ks)) = st.keys.get_key_value(channel) else { return Before::Attempt(Capture(None)) };
@@ -226,7 +265,7 @@ impl Waiters {
         let id = st.next_id;
         let notify = Arc::new(Notify::new());
         if let Some(ks) = st.keys.get_mut(&key) {
-            ks.queue.push_back(Entry { id, phase: Phase::Waiting, again: false, notify: notify.clone() });
+            ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone() });
         }
         Before::Queued(self.slot(key, id, notify))
     }
@@ -238,6 +277,15 @@ impl Waiters {
     /// An attempt sent at `sent` (state captured by [`before_attempt`](Self::before_attempt))
     /// found the lock held for `pttl` ms more: joins the back of the queue.
     pub(super) fn busy(&self, channel: &str, capture: Capture, sent: Instant, pttl: i64) -> Slot {
+        self.busy_as(channel, capture, sent, pttl, false)
+    }
+
+    /// [`busy`](Self::busy) of a writer of a read-write lock (`writer`) or of anything else.
+    /// A writer's attempt that found no room recorded its intent, which keeps readers out: it
+    /// joins the queue ahead of the sleeping readers (behind other writers and behind a head
+    /// that is attempting), so that it, not a reader its own intent keeps out, attempts next
+    /// and renews that intent.
+    pub(super) fn busy_as(&self, channel: &str, capture: Capture, sent: Instant, pttl: i64, writer: bool) -> Slot {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         st.next_id += 1;
@@ -256,7 +304,7 @@ impl Waiters {
         if let Some(ks) = st.keys.get_mut(&key) {
             ks.idle_since = None;
             ks.look(sent, pttl);
-            ks.queue.push_back(Entry { id, phase: Phase::Waiting, again: false, notify: notify.clone() });
+            ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone() });
             // A release observed while this attempt was in flight and nobody was queued may
             // have been this lock's: the head attempts now. (A key state made since the capture
             // counts from zero. Before the subscription is confirmed nothing is observed, and
@@ -354,6 +402,7 @@ impl Slot {
             let Some(entry) = ks.queue.get_mut(pos) else { return };
             entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
             entry.again = false;
+            ks.writers_first();
         });
     }
 
@@ -713,6 +762,31 @@ mod tests {
         let st = lock(&w.state);
         assert_eq!(st.idle.len(), 1, "one idle listing per key");
         assert!(st.keys.get(CHANNEL).is_some_and(|ks| ks.in_idle && ks.queue.is_empty()));
+    }
+
+    /// A writer (its intent recorded) never sleeps behind a sleeping reader of its process:
+    /// queued ahead of them, or moved ahead of a head reader whose attempt found no room.
+    #[test]
+    fn a_waiting_writer_goes_ahead_of_sleeping_readers() {
+        let (w, _rx) = waiters();
+        let reader = settled_head(&w);
+        let writer = w.busy_as(CHANNEL, Capture::NONE, crate::clock::now(), 30_000, true);
+        assert!(matches!(reader.step(), Step::Sleep(_, None)), "the reader is no longer the head");
+        assert!(!matches!(writer.step(), Step::Sleep(_, None)), "the writer is the head");
+        drop(writer);
+        // A reader attempting when the writer queues, then finding no room.
+        on_release(&w.state, CHANNEL, "a");
+        assert!(matches!(reader.step(), Step::Attempt));
+        reader.attempting();
+        let writer = w.busy_as(CHANNEL, Capture::NONE, crate::clock::now(), 30_000, true);
+        assert!(matches!(writer.step(), Step::Sleep(_, None)), "behind the attempting head");
+        reader.busy(crate::clock::now(), 30_000); // kept out by the writer's intent
+        assert!(matches!(writer.step(), Step::Attempt), "the writer attempts (and renews its intent)");
+        assert!(matches!(reader.step(), Step::Sleep(_, None)));
+        let Before::Queued(late) = w.before_attempt_as(CHANNEL, false) else { panic!("queued") };
+        let Before::Queued(second) = w.before_attempt_as(CHANNEL, true) else { panic!("queued") };
+        let order: Vec<u64> = lock(&w.state).keys[CHANNEL].queue.iter().map(|e| e.id).collect();
+        assert_eq!(order, [writer.id, second.id, reader.id, late.id], "writers first, then readers in order");
     }
 
     #[test]

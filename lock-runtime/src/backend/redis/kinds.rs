@@ -1,0 +1,389 @@
+//! Read-write locks and semaphores on Redis ([`LockKind::Read`], [`LockKind::Write`],
+//! [`LockKind::Semaphore`]).
+//!
+//! # Keys
+//!
+//! Each kind has its own namespace: a read-write lock's state is the hash `lock:rw:{<key>}`,
+//! a semaphore's `lock:sem:{<key>}`, each with its release channel `<state>:released`. The
+//! hash tag is the mutex's (`lock:{<key>}`), so a name's keys, channels and its slot's fencing
+//! counter share one Redis Cluster slot, and every script touches one slot.
+//!
+//! The hash holds one field per holder, `h:<owner>` → `<expiry ms>#<R|W|S>#<token>#<granted
+//! ms>`, one per waiting writer, `w:<owner>` → `<expiry ms>` (its intent), the semaphore's
+//! `permits`, and `mark` once someone waits. Expiries are the server's clock (`TIME`): every
+//! script prunes the entries past theirs, so a crashed holder (or waiting writer) blocks
+//! nobody past its lease, and the key itself expires with its last entry (no key is left
+//! behind, whatever crashed; only the fencing counters stay).
+//!
+//! # Scripts
+//!
+//! `kind_acquire.lua` (one attempt: room is checked and the holder added, or the state marked
+//! waited on), `kind_release.lua` (release, `hold_at_least`, and the cleanup of a dropped
+//! acquisition) and `kind_extend.lua` (the watchdog's renewal, per holder), each stating its
+//! keys, arguments and answers.
+//!
+//! # Fairness
+//!
+//! A writer that finds no room records its intent (`w:<owner>`, living for its lease and
+//! renewed by each of its attempts, which come at least every third of its lease): while an
+//! intent lives, no new reader gets in, in any process, so a stream of readers cannot starve a
+//! writer. A writer dropped while waiting (cancelled at any poll, timed out) removes its intent
+//! and wakes the waiters; one that crashed stops renewing it, and it expires.
+//!
+//! # Waiting
+//!
+//! As for the mutex: a local FIFO queue per name (shared with nothing: its channel is the
+//! kind's), one pub/sub subscription per name while tasks of this process wait, a release that
+//! publishes only when the state is marked waited on, and a waiter that also wakes when the
+//! earliest entry in its way expires. A reader or permit holder granted from the queue passes
+//! a wake-up to the next local waiter (there may be room for it too). In the local queue a
+//! writer goes ahead of the sleeping readers (they are kept out by its intent anyway), so the
+//! writer, not a reader its own intent keeps out, is the head that attempts and renews the
+//! intent.
+//!
+//! # Permits
+//!
+//! A semaphore's state records its `permits`; an attempt with another number while it has
+//! holders is refused with an [`is_invalid`](crate::LockError::is_invalid) error (never more
+//! holders than agreed). Once free, the next holder sets the number anew.
+
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+
+use super::waiters::{Before, Capture, Slot, Step};
+use super::{eval, lease_millis, lost_reason, KeyLayout, RedisBackend, KIND};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockKind, Renewal, Wake};
+use crate::error::LockError;
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_acquire.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_release.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_extend.lua")));
+
+/// The Redis names of one read-write lock or semaphore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KindKeys {
+    /// The state, `lock:rw:{<key>}` or `lock:sem:{<key>}`.
+    pub(super) state: String,
+    /// The release channel, `<state>:released`.
+    pub(super) channel: String,
+    /// The fencing counter of the name's hash slot (the mutex's).
+    pub(super) fence: String,
+}
+
+impl KindKeys {
+    /// The names of `kind` for the backend key `key`.
+    pub(super) fn of(key: &str, kind: LockKind) -> Self {
+        let space = if matches!(kind, LockKind::Semaphore { .. }) { "sem" } else { "rw" };
+        let state = format!("lock:{space}:{{{key}}}");
+        let channel = format!("{state}:released");
+        KindKeys { state, channel, fence: KeyLayout::of(key).fence }
+    }
+}
+
+/// The mode argument of `kind_acquire.lua` and the permits of `kind`.
+fn mode(kind: LockKind) -> (&'static str, u32) {
+    match kind {
+        LockKind::Read => ("R", 0),
+        LockKind::Semaphore { permits } => ("S", permits),
+        _ => ("W", 0),
+    }
+}
+
+/// Begins an acquisition of a read lock, a write lock or a permit.
+pub(super) fn begin(backend: &RedisBackend, req: Acquire, owner: Arc<str>) -> Box<dyn Acquisition> {
+    let keys = KindKeys::of(&req.key, req.kind);
+    Box::new(KindAcquisition {
+        backend: backend.clone(),
+        req,
+        keys,
+        owner,
+        slot: None,
+        in_flight: false,
+        intent: false,
+    })
+}
+
+/// One `read_lock()`, `write_lock()` or `semaphore()` call on Redis: owns its place in the
+/// local queue, any acquire in flight and (a writer) its intent. Dropped, it leaves the queue
+/// and removes whatever it may have left in Redis with an owner-checked `kind_release.lua`.
+struct KindAcquisition {
+    backend: RedisBackend,
+    req: Acquire,
+    keys: KindKeys,
+    owner: Arc<str>,
+    slot: Option<Slot>,
+    /// An acquire was sent and its answer not seen: it may hold an entry server-side.
+    in_flight: bool,
+    /// A writer's intent was recorded (it keeps new readers out until removed or expired).
+    intent: bool,
+}
+
+impl KindAcquisition {
+    async fn attempt_inner(&mut self) -> Result<Attempt, LockError> {
+        let (mode, permits) = mode(self.req.kind);
+        if mode == "S" && permits == 0 {
+            return Err(LockError::invalid(&*self.req.name, "a semaphore of 0 permits admits nobody; give at least 1"));
+        }
+        let waiters = &self.backend.inner.waiters;
+        let capture = match &self.slot {
+            Some(slot) => {
+                slot.attempting();
+                None
+            }
+            None => match waiters.before_attempt_as(&self.keys.channel, mode == "W") {
+                Before::Queued(slot) => {
+                    // Local FIFO: behind this process's waiters (a waiting writer among them
+                    // keeps this reader out), without racing their head.
+                    self.slot = Some(slot);
+                    return Ok(Attempt::Busy);
+                }
+                Before::Attempt(capture) => Some(capture),
+            },
+        };
+        let lease = self.req.lease.duration();
+        let sent = crate::clock::now();
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation
+            .key(&self.keys.state)
+            .key(&self.keys.fence)
+            .arg(&*self.owner)
+            .arg(lease_millis(lease))
+            .arg(mode)
+            .arg(permits);
+        self.in_flight = true;
+        let (status, value): (i64, i64) = self.backend.eval(&self.req.name, "acquire", invocation).await?;
+        self.in_flight = false;
+        match status {
+            1 => {
+                if value <= 0 {
+                    self.in_flight = true; // not ours to keep: undone when dropped
+                    let why = format!("the fencing counter returned {value}");
+                    return Err(LockError::backend(&*self.req.name, KIND, "acquire", why));
+                }
+                self.intent = false; // the grant removed it
+                let lease_end = sent.checked_add(lease);
+                match self.slot.take() {
+                    Some(slot) => {
+                        slot.granted(lease_end);
+                        if mode != "W" {
+                            // There may be room for the next local waiter as well.
+                            waiters.released(&self.keys.channel, &format!("{}+granted", self.owner));
+                        }
+                    }
+                    None => waiters.acquired(&self.keys.channel, lease_end),
+                }
+                Ok(Attempt::Acquired(self.grant(value, sent)))
+            }
+            -1 => Err(LockError::invalid(
+                &*self.req.name,
+                format!(
+                    "the semaphore is held with {value} permits; this call asked for {permits}: every holder of \
+                     a semaphore must give the same number of permits"
+                ),
+            )),
+            _ => {
+                if mode == "W" {
+                    self.intent = true;
+                }
+                match (&self.slot, capture) {
+                    (Some(slot), _) => slot.busy(sent, value),
+                    (None, capture) => {
+                        let capture = capture.unwrap_or(Capture::NONE);
+                        self.slot = Some(waiters.busy_as(&self.keys.channel, capture, sent, value, mode == "W"));
+                    }
+                }
+                Ok(Attempt::Busy)
+            }
+        }
+    }
+
+    fn grant(&self, token: i64, sent: Instant) -> Grant {
+        let lock = KindHeld {
+            backend: self.backend.clone(),
+            name: self.req.name.clone(),
+            state: self.keys.state.as_str().into(),
+            channel: self.keys.channel.as_str().into(),
+            owner: self.owner.clone(),
+        };
+        Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Held::new(lock) }
+    }
+
+    async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
+        loop {
+            if crate::clock::now() >= deadline {
+                return Ok(Wake::TimedOut);
+            }
+            let (notify, until) = match slot.step() {
+                // The look after a confirmed subscription is an attempt (it marks the state).
+                Step::Attempt | Step::Check => return Ok(Wake::Retry),
+                Step::Sleep(notify, until) => (notify, until),
+            };
+            let wake_at = until.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
+            }
+        }
+    }
+}
+
+impl Acquisition for KindAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        Box::pin(self.attempt_inner())
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_inner(deadline))
+    }
+}
+
+impl Drop for KindAcquisition {
+    fn drop(&mut self) {
+        // Leave the queue first: a wake-up this acquisition held goes to the next waiter now.
+        drop(self.slot.take());
+        if !self.in_flight && !self.intent {
+            return;
+        }
+        // An acquire whose answer was never seen may have been granted, and a waiting writer
+        // keeps readers out: remove both (owner-checked), and wake the waiters.
+        let inner = self.backend.inner.clone();
+        let (name, owner) = (self.req.name.clone(), self.owner.clone());
+        let (state, channel) = (std::mem::take(&mut self.keys.state), std::mem::take(&mut self.keys.channel));
+        let timeout = inner.options.command_timeout;
+        let cleanup = async move {
+            let mut invocation = RELEASE.prepare_invoke();
+            invocation.key(&state).key(&channel).arg(&*owner).arg(0);
+            let release = eval::<i64>(&inner.conn, timeout, &name, "release", invocation);
+            let outcome = tokio::time::timeout(timeout, release)
+                .await
+                .unwrap_or_else(|_| Err(LockError::timed_out(&*name, KIND, "release", timeout)));
+            if let Err(e) = outcome {
+                tracing::warn!(lock = %crate::telemetry::shown_name(&name), error = %crate::telemetry::shown_error(&e), "could not clean up after a dropped acquisition; its lease will");
+            }
+            inner.waiters.released(&channel, &owner);
+        };
+        // Polled once here, so the cleanup is queued on the connection now, ahead of any
+        // command sent after this drop; the rest runs in the background.
+        let runtime = &self.backend.inner.runtime;
+        let mut cleanup = Box::pin(cleanup);
+        if std::thread::panicking() {
+            drop(runtime.spawn(cleanup));
+            return;
+        }
+        let _entered = runtime.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cleanup.as_mut().poll(&mut cx)));
+        match first {
+            Ok(std::task::Poll::Pending) => drop(runtime.spawn(cleanup)),
+            Ok(std::task::Poll::Ready(())) => {}
+            Err(_) => tracing::warn!("could not clean up after a dropped acquisition"),
+        }
+    }
+}
+
+/// A reader's, writer's or permit holder's entry in Redis.
+struct KindHeld {
+    backend: RedisBackend,
+    name: Arc<str>,
+    state: Arc<str>,
+    channel: Arc<str>,
+    owner: Arc<str>,
+}
+
+impl KindHeld {
+    async fn release_with(&self, remainder: u64) -> Result<(), LockError> {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation.key(&*self.state).key(&*self.channel).arg(&*self.owner).arg(remainder);
+        // Local waiters attempt (or look again), as remote ones do from the publication,
+        // however the release ends: completed, failed or dropped mid-flight.
+        let _released = Released(self);
+        match self.backend.eval::<i64>(&self.name, "release", invocation).await? {
+            1 => Ok(()),
+            status => Err(LockError::lost(&*self.name, lost_reason(status))),
+        }
+    }
+}
+
+/// Tells the local queue that a holder let go (or may have).
+struct Released<'a>(&'a KindHeld);
+
+impl Drop for Released<'_> {
+    fn drop(&mut self) {
+        self.0.backend.inner.waiters.released(&self.0.channel, &self.0.owner);
+    }
+}
+
+impl HeldLock for KindHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.release_with(0))
+    }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.release_with(lease_millis(remaining)))
+    }
+
+    fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        Some(Box::new(KindRenewal {
+            backend: self.backend.clone(),
+            name: self.name.clone(),
+            state: self.state.clone(),
+            owner: self.owner.clone(),
+        }))
+    }
+}
+
+/// Renews one holder's entry (`kind_extend.lua`).
+struct KindRenewal {
+    backend: RedisBackend,
+    name: Arc<str>,
+    state: Arc<str>,
+    owner: Arc<str>,
+}
+
+impl Renewal for KindRenewal {
+    fn extend(&self, lease: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            let mut invocation = EXTEND.prepare_invoke();
+            invocation.key(&*self.state).arg(&*self.owner).arg(lease_millis(lease));
+            match self.backend.eval::<i64>(&self.name, "extend", invocation).await? {
+                1 => Ok(()),
+                status => Err(LockError::lost(&*self.name, lost_reason(status))),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::key_slot;
+    use super::*;
+
+    #[test]
+    fn kind_keys_share_the_names_slot_and_namespaces_differ() {
+        for key in ["order:42", "myapp:x", "a{b}c", "é", "a}b"] {
+            let lock = KeyLayout::of(key);
+            let slot = key_slot(lock.lock.as_bytes());
+            let rw = KindKeys::of(key, LockKind::Read);
+            let sem = KindKeys::of(key, LockKind::Semaphore { permits: 3 });
+            assert_eq!(rw, KindKeys::of(key, LockKind::Write), "readers and writers share one state");
+            assert_ne!(rw.state, sem.state);
+            assert_ne!(rw.state, lock.lock);
+            for name in [&rw.state, &rw.channel, &rw.fence, &sem.state, &sem.channel, &sem.fence] {
+                assert_eq!(key_slot(name.as_bytes()), slot, "{name} of {key}");
+            }
+            assert_eq!(KeyLayout::key_of(&rw.state), None, "not taken for a mutex by inspection");
+        }
+    }
+
+    #[test]
+    fn kind_scripts_state_their_interface() {
+        for src in [include_str!("kind_acquire.lua"), include_str!("kind_release.lua"), include_str!("kind_extend.lua")]
+        {
+            assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
+        }
+    }
+}
