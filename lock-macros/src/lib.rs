@@ -393,7 +393,7 @@ mod template;
 /// `mode = write` takes its write side (`manager.write_lock(name)`). Read-write locks are a
 /// namespace apart from the plain lock of the same name. In one task, a read inside a read or
 /// a write re-enters; a write inside a read is refused with an `is_invalid()` error (it would
-/// deadlock). Backends: memory today; the others refuse it with an `is_invalid()` error.
+/// deadlock). Backends: memory, Redis and ZooKeeper.
 ///
 /// ```
 /// use lock_runtime::{distributed_locked, LockError, LockManager};
@@ -418,7 +418,7 @@ mod template;
 ///
 /// `permits = N` (an integer of at least 1) takes one of `N` permits of the semaphore `name`
 /// (`manager.semaphore(name, N)`): at most `N` calls run at once. Every holder of a name must
-/// agree on `N`. Backends: memory today.
+/// agree on `N`. Backends: memory, Redis and ZooKeeper.
 ///
 /// ```
 /// use lock_runtime::{distributed_locked, LockError, LockManager};

@@ -4,8 +4,8 @@
 //!
 //! Read-write locks and semaphores are acquisitions of a [`LockKind`] other than
 //! [`LockKind::Exclusive`], offered by the backends that [`support`](LockBackend::supports)
-//! them (today the in-process one); the others refuse them at once with an
-//! [`is_invalid`](LockError::is_invalid) error. Multi-name locks are exclusive locks taken one
+//! them (the in-process, Redis and ZooKeeper backends); a backend of your own that does not
+//! refuses them at once with an [`is_invalid`](LockError::is_invalid) error. Multi-name locks are exclusive locks taken one
 //! by one in one global order, so they work on every backend.
 //!
 //! [`LockBackend::supports`]: crate::backend::LockBackend::supports
@@ -58,7 +58,8 @@ impl LockManager {
     /// Read-write locks are a namespace apart from [`lock`](Self::lock): `read_lock("catalog")`
     /// and `lock("catalog")` never exclude each other. `.await` it for a [`LockGuard`].
     ///
-    /// Backends: memory. Others refuse it with an [`is_invalid`](LockError::is_invalid) error.
+    /// Backends: memory, Redis, ZooKeeper; one that does not offer it refuses it with an
+    /// [`is_invalid`](LockError::is_invalid) error.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
@@ -97,7 +98,8 @@ impl LockManager {
     /// an [`is_invalid`](LockError::is_invalid) error (never more holders than agreed), and so
     /// is zero. Semaphores are a namespace of their own.
     ///
-    /// Backends: memory. Others refuse it with an [`is_invalid`](LockError::is_invalid) error.
+    /// Backends: memory, Redis, ZooKeeper; one that does not offer it refuses it with an
+    /// [`is_invalid`](LockError::is_invalid) error.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {

@@ -57,9 +57,9 @@
 //! - [`LockRequest::run`]: runs a future under a lock, with reentrancy and [`current()`]
 //!   (what the attribute expands to).
 //! - Lock kinds: [`LockManager::read_lock`] / [`write_lock`](LockManager::write_lock)
-//!   (read-write locks), [`LockManager::semaphore`] (permits), both on the in-process backend
-//!   today (Redis and ZooKeeper refuse them with an [`is_invalid`](LockError::is_invalid)
-//!   error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
+//!   (read-write locks), [`LockManager::semaphore`] (permits), both on memory, Redis and
+//!   ZooKeeper (a backend that does not offer them refuses them with an
+//!   [`is_invalid`](LockError::is_invalid) error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
 //!   none, in one global order, on every backend); the attribute's `mode`, `permits` and
 //!   `names` options.
 //! - [`LockError`]: the one error type, classified by `is_*` methods.

@@ -133,8 +133,9 @@ async fn lock_all_is_lost_when_one_name_is() {
             })
             .await
     });
-    while m.try_lock("c").await.expect("try").is_some() {
-        tokio::task::yield_now().await; // not taken yet (a taken probe is released at once)
+    // `d` is taken last (sorted order): once it is held, the run holds both.
+    while !backend.is_held("d") {
+        tokio::task::yield_now().await;
     }
     assert!(backend.lose("d").await, "d was held by the run");
     let stopped = tokio::time::timeout(Duration::from_secs(5), run).await.expect("stopped").expect("task");
