@@ -72,6 +72,8 @@
 //! - `redis`: the Redis backend, [`LockManager::redis`] (see [`backend::redis`]).
 //! - `zookeeper`: the ZooKeeper backend, [`LockManager::zookeeper`] (see
 //!   [`backend::zookeeper`]).
+//! - `postgres`: the PostgreSQL backend, [`LockManager::postgres`] (see
+//!   [`backend::postgres`]).
 //! - `conformance`: the backend conformance suite ([`conformance`]), to run against a backend
 //!   of your own.
 //! - `testing`: a testing kit for code that takes locks ([`testing`]): a backend that makes

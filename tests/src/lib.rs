@@ -4,6 +4,8 @@
 pub use lock_runtime::{conformance, conformance_suite};
 pub mod http;
 pub mod jepsen;
+#[cfg(feature = "postgres")]
+pub mod pg_server;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod zk_server;

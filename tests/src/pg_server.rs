@@ -1,0 +1,236 @@
+//! A real PostgreSQL server for the PostgreSQL backend tests: the Debian `postgresql`
+//! package's binaries (`/usr/lib/postgresql/<version>/bin`), started as the `postgres` process
+//! itself (no `pg_ctl` daemon) on a free loopback port with a temporary data directory, and
+//! stopped by its own pid on drop.
+//!
+//! PostgreSQL refuses to run as root: when the tests run as root, `initdb` and `postgres` run
+//! as the `postgres` user (created by the Debian package), else `nobody`, through `setpriv`,
+//! and the data directory is given to that user. `initdb` runs once per test process, into a
+//! template directory; each server starts on a copy of it (a second, not an `initdb`, per
+//! server).
+//!
+//! ```ignore
+//! let mut pg = lock_tests::pg_server::PgServer::start();
+//! let manager = lock_runtime::LockManager::postgres(pg.url()).await?;
+//! pg.restart(); // fast shutdown, then the same port and data directory
+//! ```
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use crate::free_port;
+
+/// The newest `/usr/lib/postgresql/<version>/bin` holding `initdb`.
+pub fn bin_dir() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).expect(
+        "no PostgreSQL under /usr/lib/postgresql/*/bin (install it: apt-get install postgresql; scripts/test does)",
+    )
+}
+
+/// The user the server runs as: `None` (ourselves) unless we are root, then `postgres` if it
+/// exists, else `nobody`.
+fn run_as() -> Option<&'static str> {
+    static USER: OnceLock<Option<&'static str>> = OnceLock::new();
+    *USER.get_or_init(|| {
+        let uid = Command::new("id").arg("-u").output().expect("run id");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            return None;
+        }
+        let has_postgres = Command::new("id").arg("postgres").stdout(Stdio::null()).stderr(Stdio::null()).status();
+        Some(if has_postgres.map(|s| s.success()).unwrap_or(false) { "postgres" } else { "nobody" })
+    })
+}
+
+/// `program` run as [`run_as`]'s user.
+fn command(program: &Path) -> Command {
+    match run_as() {
+        None => Command::new(program),
+        Some(user) => {
+            let mut c = Command::new("setpriv");
+            // `setpriv` execs the program: the child's pid is the server's own.
+            c.args([&format!("--reuid={user}"), &format!("--regid={user}"), "--init-groups"]).arg(program);
+            c
+        }
+    }
+}
+
+fn give_to_user(dir: &Path) {
+    if let Some(user) = run_as() {
+        let status = Command::new("chown").args(["-R", &format!("{user}:")]).arg(dir).status().expect("chown");
+        assert!(status.success(), "chown {} to {user} failed", dir.display());
+    }
+}
+
+/// The `initdb`-ed template of this process (removed only by the next run, see below).
+fn template() -> &'static Path {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        // Templates of earlier runs whose process is gone.
+        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("lock-tests-pg-template-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = tmp.join(format!("lock-tests-pg-template-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("template dir");
+        give_to_user(&dir);
+        let data = dir.join("data");
+        let out = command(&bin_dir().join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "--no-instructions"])
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        data
+    })
+}
+
+/// One PostgreSQL server process, stopped on drop.
+#[derive(Debug)]
+pub struct PgServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PgServer {
+    /// Starts a server on a free loopback port (trust authentication, user `postgres`) and
+    /// waits until it accepts connections. Panics (failing the test) if it does not.
+    pub fn start() -> PgServer {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-tests-pg-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let status = Command::new("cp").arg("-a").arg(template()).arg(dir.join("data")).status().expect("cp");
+        assert!(status.success(), "copying the template data directory failed");
+        give_to_user(&dir);
+        let mut last = String::new();
+        for _ in 0..5 {
+            let mut server = PgServer { port: free_port(), dir: dir.clone(), child: None };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => {
+                    last = e;
+                    server.dir = PathBuf::new(); // keep the directory for the next try
+                }
+            }
+        }
+        panic!("could not start postgres: {last}");
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = std::fs::File::create(self.dir.join("postgres.log")).map_err(|e| e.to_string())?;
+        give_to_user(&self.dir.join("postgres.log"));
+        let child = command(&bin_dir().join("postgres"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c"])
+            .arg(format!("unix_socket_directories={}", self.dir.display()))
+            .args(["-c", "fsync=off", "-c", "max_connections=200", "-c", "shared_buffers=16MB"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot run postgres: {e}"))?;
+        self.child = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(15) {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+                return Err(format!("postgres exited with {status}: {log}"));
+            }
+            if self.ready() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop("-KILL");
+        Err("postgres did not accept connections within 15 s".into())
+    }
+
+    /// Whether the server accepts connections right now (`pg_isready`).
+    pub fn ready(&self) -> bool {
+        Command::new(bin_dir().join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-t", "1"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server with `signal` (`-INT`: fast shutdown, `-QUIT`: immediate, `-KILL`)
+    /// sent to its own pid, and waits for it.
+    fn stop(&mut self, signal: &str) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A fast shutdown (every session is terminated), then the server again on the same port
+    /// with the same data.
+    pub fn restart(&mut self) {
+        self.stop("-INT");
+        let started = Instant::now();
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) if started.elapsed() > Duration::from_secs(15) => panic!("restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.stop("-QUIT"); // immediate shutdown
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The PostgreSQL backend against real `postgres` servers this test binary starts (each test
+//! its own, on a free loopback port, from one `initdb` template): the conformance suite, a
+//! holder's session terminated by the server (`pg_terminate_backend`), a server restart, and
+//! bad or unreachable URLs.
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::postgres::{advisory_key, PostgresBackend, PostgresOptions};
+use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::pg_server::{free_port, PgServer};
+
+lock_tests::conformance_suite!({
+    let server = Arc::new(PgServer::start());
+    move |builder: LockManagerBuilder| {
+        let (url, _server) = (server.url(), server.clone());
+        async move { builder.postgres(url).await.expect("connect") }
+    }
+});
+
+async fn raw(server: &PgServer) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls).await.expect("raw");
+    tokio::spawn(connection);
+    client
+}
+
+/// The server pid of the session holding the advisory lock of `key`.
+async fn holder_pid(client: &tokio_postgres::Client, key: &str) -> i32 {
+    let (a, b) = advisory_key(key);
+    let row = client
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
+             AND classid::int8 = $1 AND objid::int8 = $2",
+            &[&i64::from(a as u32), &i64::from(b as u32)],
+        )
+        .await;
+    match row {
+        Ok(row) => row.get(0),
+        Err(e) => panic!("no holder of {key}: {e}"),
+    }
+}
+
+/// Retries `lock` until the backend answers again (after an outage), within 15 s.
+async fn lock_after_outage(m: &LockManager, name: &str) -> lock_runtime::LockGuard {
+    let started = Instant::now();
+    loop {
+        match m.lock(name).wait(Duration::from_secs(2)).await {
+            Ok(guard) => return guard,
+            Err(e) if e.is_backend() && started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no recovery after {:?}: {e}", started.elapsed()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn malformed_url_is_invalid() {
+    for url in ["", "nonsense", "http://127.0.0.1:5432", "postgres://127.0.0.1:notaport/db", "postgres://u@[::1/db"] {
+        let err = LockManager::postgres(url).await.expect_err(url);
+        assert!(err.is_invalid(), "{url}: {err}");
+    }
+    let zero = PostgresOptions::new().operation_timeout(Duration::ZERO);
+    let err = PostgresBackend::connect_with("postgres://u@127.0.0.1:5432/db", zero).await.expect_err("zero timeout");
+    assert!(err.is_invalid(), "{err}");
+}
+
+#[tokio::test]
+async fn unreachable_server_is_backend_within_the_timeout() {
+    let timeout = Duration::from_millis(400);
+    let started = Instant::now();
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let err = PostgresBackend::connect_with(&url, PostgresOptions::new().operation_timeout(timeout))
+        .await
+        .expect_err("refused");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < timeout + Duration::from_secs(1), "took {:?}", started.elapsed());
+}
+
+/// `pg_terminate_backend` of the holder's session: `lost()` fires, a waiter (queued on the
+/// server) gets the lock, and the old holder's release is `is_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_holder_session_fires_lost_and_hands_over() {
+    let server = PgServer::start();
+    let m = LockManager::builder().prefix("t:").postgres(server.url()).await.expect("connect");
+    let admin = raw(&server).await;
+    let holder = m.lock("victim").await.expect("holder");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { m2.lock("victim").wait(Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pid = holder_pid(&admin, "t:victim").await;
+    let ok: bool = admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate").get(0);
+    assert!(ok);
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), holder.lost()).await.expect("lost() fired");
+    assert!(started.elapsed() < Duration::from_secs(2), "lost() after {:?}", started.elapsed());
+    let next = waiter.await.expect("task").expect("the waiter gets the lock");
+    assert!(next.fencing_token() > holder.fencing_token());
+    assert!(holder.release().await.expect_err("terminated").is_lost());
+    next.release().await.expect("release");
+}
+
+/// A server restart (fast shutdown): held locks are lost, and the manager works again once the
+/// server is back, with fencing tokens still increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_fires_lost_and_the_manager_recovers() {
+    let mut server = PgServer::start();
+    let m = LockManager::postgres(server.url()).await.expect("connect");
+    let before = m.lock("restarted").await.expect("holder");
+    let idle = m.lock("idle").await.expect("idle");
+    idle.release().await.expect("release"); // an idle connection to be found closed later
+    let restarted = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    });
+    let token = before.fencing_token();
+    tokio::time::timeout(Duration::from_secs(15), before.lost()).await.expect("lost() fired");
+    assert!(before.release().await.expect_err("restarted").is_lost());
+    let _server = restarted.await.expect("restart");
+    let after = lock_after_outage(&m, "restarted").await;
+    assert!(after.fencing_token() > token, "tokens survive the restart");
+    after.release().await.expect("release");
+}
