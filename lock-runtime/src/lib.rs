@@ -2,7 +2,8 @@
 //!
 //! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
 //! a lock is held, on whatever your system already runs: in-process memory (always
-//! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`).
+//! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`), PostgreSQL (feature
+//! `postgres`).
 //!
 //! # Quick start: the attribute
 //!

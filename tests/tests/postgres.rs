@@ -124,3 +124,37 @@ async fn server_restart_fires_lost_and_the_manager_recovers() {
     assert!(after.fencing_token() > token, "tokens survive the restart");
     after.release().await.expect("release");
 }
+
+/// Waiters queued on the server for advisory locks (`pg_locks`, not granted).
+async fn queued(client: &tokio_postgres::Client) -> i64 {
+    let row = client
+        .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
+        .await
+        .expect("pg_locks");
+    row.get(0)
+}
+
+/// A waiter dropped while it waits on the server (in `pg_advisory_lock`) leaves the server's
+/// queue at once (its query is cancelled and its connection closed), long before its `wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_waiter_leaves_the_server_queue() {
+    let server = PgServer::start();
+    let m = LockManager::postgres(server.url()).await.expect("connect");
+    let admin = raw(&server).await;
+    let holder = m.lock("queued").await.expect("holder");
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { m2.lock("queued").wait(Duration::from_secs(30)).await.map(drop) });
+    let started = Instant::now();
+    while queued(&admin).await != 1 {
+        assert!(started.elapsed() < Duration::from_secs(5), "the waiter never queued on the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    waiter.abort();
+    let _ = waiter.await;
+    let started = Instant::now();
+    while queued(&admin).await != 0 {
+        assert!(started.elapsed() < Duration::from_secs(2), "the dropped waiter stayed queued on the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    holder.release().await.expect("release");
+}
