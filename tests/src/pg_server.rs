@@ -109,14 +109,23 @@ fn template() -> &'static Path {
 }
 
 /// Where the servers' data directories go: `/dev/shm` (memory: copying the template there
-/// takes milliseconds, not a second) when it is there, else the temporary directory.
+/// takes milliseconds, not a second) when it is there with room to spare (a container's is
+/// often 64 MB, less than a few servers need), else the temporary directory.
 fn server_base() -> PathBuf {
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() && std::fs::metadata(shm).map(|m| !m.permissions().readonly()).unwrap_or(false) {
+    let writable = shm.is_dir() && std::fs::metadata(shm).map(|m| !m.permissions().readonly()).unwrap_or(false);
+    if writable && available_kib(shm).is_some_and(|kib| kib >= 1024 * 1024) {
         shm.to_owned()
     } else {
         std::env::temp_dir()
     }
+}
+
+/// Free space of the file system holding `path`, in KiB (from `df -Pk`).
+fn available_kib(path: &Path) -> Option<u64> {
+    let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// One PostgreSQL server process, stopped on drop.
