@@ -136,7 +136,12 @@ impl Drop for EtcdServer {
     }
 }
 
+/// A TCP proxy for fault injection between a backend and its server (the Redis harness's,
+/// when it is compiled in: the file is loaded as a module once).
+#[cfg(feature = "redis")]
+pub use crate::redis_server::tcp_proxy;
 /// A TCP proxy for fault injection between a backend and its server.
+#[cfg(not(feature = "redis"))]
 #[path = "tcp_proxy.rs"]
 pub mod tcp_proxy;
 
