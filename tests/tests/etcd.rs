@@ -4,6 +4,8 @@
 #![cfg(feature = "etcd")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
@@ -87,6 +89,64 @@ async fn partitioned_holder_is_lost_before_another_client_is_granted() {
         }
     }
     let _ = leases;
+}
+
+/// A holder process killed with SIGKILL: a waiter in another process gets the lock once the
+/// dead manager's lease has run out (its TTL, plus etcd's expiry check), not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_when_its_lease_expires() {
+    let server = etcd_server::shared();
+    let name = lock_tests::unique("crash");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_etcd_worker"))
+        .args([&server.endpoint(), "hold", &name, "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        line
+    })
+    .await
+    .expect("reader");
+    let their_token: u64 = line.trim().strip_prefix("held ").expect("held line").parse().expect("token");
+    let m = LockManager::etcd([server.endpoint()]).await.expect("connect");
+    let (m2, name2) = (m.clone(), name.clone());
+    let waiter = tokio::spawn(async move {
+        let guard = m2.lock(&name2).wait(Duration::from_secs(20)).await.expect("waiter");
+        (Instant::now(), guard)
+    });
+    // The worker's keep-alive holds its lease past its TTL while it lives.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!waiter.is_finished(), "acquired while the holder lived");
+    child.kill().expect("SIGKILL");
+    let killed_at = Instant::now();
+    child.wait().expect("reaped");
+    let (acquired_at, guard) = waiter.await.expect("waiter");
+    let took = acquired_at.duration_since(killed_at);
+    assert!(took <= Duration::from_secs(5), "acquired {took:?} after the kill");
+    assert!(guard.fencing_token() > their_token);
+    guard.release().await.expect("release");
+}
+
+/// A restart shorter than the loss bound (2/3 of a 6 s TTL) loses nothing: the lock stays held
+/// (nobody else gets it) and is released normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_server_restart_keeps_held_locks() {
+    let mut server = EtcdServer::start();
+    let options = EtcdOptions::new().lease_ttl(Duration::from_secs(6)).operation_timeout(Duration::from_secs(1));
+    let m = LockManager::builder().backend(EtcdBackend::connect_with([server.endpoint()], options).await.expect("m"));
+    let held = m.lock("short").await.expect("holder");
+    server.restart();
+    let other = LockManager::etcd([server.endpoint()]).await.expect("other");
+    tokio::select! {
+        _ = held.lost() => panic!("lost across a short restart"),
+        _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+    }
+    assert!(other.try_lock("short").await.expect("try").is_none(), "still held after the restart");
+    held.release().await.expect("release");
+    assert!(other.try_lock("short").await.expect("try").is_some());
 }
 
 /// A restart longer than the lease's loss bound: the held lock is reported lost (its release

@@ -68,7 +68,7 @@
 //!   new acquisitions fail at once with an [`is_backend`](LockError::is_backend) error.
 //! - **Server restart.** etcd keeps its keys and leases across a restart (with its data
 //!   directory) and renews every lease's TTL when it comes back: a restart shorter than two
-//!   thirds of the TTL loses nothing; a longer one fires `lost()` as above, and the manager
+//!   thirds of the TTL (server start-up included) loses nothing; a longer one fires `lost()` as above, and the manager
 //!   works again with a new lease once the server is back.
 //!
 //! Every operation is bounded by [`EtcdOptions::operation_timeout`]. The keep-alive task runs
