@@ -53,7 +53,14 @@ impl EtcdBackend {
         let shown = endpoints.join(",");
         options.check(&shown)?;
         let bound = options.get_operation_timeout();
-        let connect = ConnectOptions::new().with_connect_timeout(bound).with_timeout(bound);
+        // No per-request timeout in the client: it would also end the long-lived watch and
+        // keep-alive streams (the server honours `grpc-timeout`). Every request is bounded here
+        // instead. HTTP/2 pings notice a dead connection under a silent watch (not more often
+        // than etcd's default `--grpc-keepalive-min-time` of 5 s allows).
+        let connect = ConnectOptions::new()
+            .with_connect_timeout(bound)
+            .with_keep_alive(Duration::from_secs(10), bound)
+            .with_keep_alive_while_idle(true);
         let client = match tokio::time::timeout(bound, Client::connect(&endpoints, Some(connect))).await {
             Ok(Ok(client)) => client,
             Ok(Err(e @ (etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_)))) => {
