@@ -8,11 +8,12 @@
 //!
 //! Without `ETCD_ENDPOINT` it starts an etcd of its own (the Debian `etcd-server` package) on
 //! free loopback ports. Prints p50/p99/max of the hand-off and of an uncontended acquire +
-//! release. The waiter is given 20 ms to start watching its predecessor before each release
-//! (etcd's backend has no "waiting" counter), so only the hand-off is measured.
+//! release. Each release waits until the waiter watches the holder's key, so only the hand-off
+//! is measured.
 
 use std::time::{Duration, Instant};
 
+use lock_runtime::backend::etcd::EtcdBackend;
 use lock_runtime::{LockError, LockManager};
 
 const ROUNDS: usize = 300;
@@ -29,7 +30,8 @@ async fn main() -> Result<(), LockError> {
         }
     };
     let holder = LockManager::builder().prefix("bench:").etcd([&endpoint]).await?;
-    let waiter = LockManager::builder().prefix("bench:").etcd([&endpoint]).await?;
+    let waiter_store = EtcdBackend::connect([&endpoint]).await?;
+    let waiter = LockManager::builder().prefix("bench:").backend(waiter_store.clone());
     let name = format!("handoff-{}", std::process::id());
 
     let mut handoff = Vec::with_capacity(ROUNDS);
@@ -42,7 +44,9 @@ async fn main() -> Result<(), LockError> {
             g.release().await?;
             Ok::<Instant, LockError>(at)
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        while waiter_store.stats().waiting < 1 {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
         let released = Instant::now();
         held.release().await?;
         let acquired = task.await.expect("waiter task")?;

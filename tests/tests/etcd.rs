@@ -180,6 +180,40 @@ async fn server_restart_loses_held_locks_and_the_manager_recovers() {
     assert!(backend.leases_granted() >= 2);
 }
 
+/// A waiter watches only its predecessor, one watch for as long as it waits (longer than the
+/// operation timeout: the client puts no deadline on the stream), and a release wakes only it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_watch_per_predecessor_and_no_herd() {
+    let server = etcd_server::shared();
+    let quick = EtcdOptions::new().operation_timeout(Duration::from_millis(300));
+    let holder = LockManager::etcd([server.endpoint()]).await.expect("holder");
+    let backend = EtcdBackend::connect_with([server.endpoint()], quick).await.expect("waiters");
+    let waiters = LockManager::builder().backend(backend.clone());
+    let name = lock_tests::unique("herd");
+    let held = holder.lock(&name).await.expect("holder");
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (w, n) = (waiters.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = w.lock(&n).wait(Duration::from_secs(20)).await.expect("waiter");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.expect("release");
+        }));
+        // Queue them in order.
+        while backend.stats().waiting < tasks.len() as u64 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await; // four operation timeouts
+    assert_eq!(backend.stats().watches, 3, "{:?}", backend.stats());
+    held.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("waiter");
+    }
+    let stats = backend.stats();
+    assert_eq!((stats.wakeups, stats.watches, stats.waiting), (3, 3, 0), "{stats:?}");
+}
+
 /// Releases, timed-out and cancelled waiters, `try_lock`s and `hold_at_least` leave no key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_keys_left_after_a_run() {

@@ -15,6 +15,22 @@ use crate::error::LockError;
 use crate::lost::LostSignal;
 use crate::{LockManager, LockManagerBuilder};
 
+/// Counters of an [`EtcdBackend`], for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdStats {
+    /// Acquisitions watching their predecessor's key right now.
+    pub waiting: u64,
+    /// Watches opened on a predecessor's key (one per predecessor a waiter waits behind, plus
+    /// one per watch stream the server ended).
+    pub watches: u64,
+    /// Waiters woken by their predecessor's deletion (with no herd, one per release that had a
+    /// waiter behind it).
+    pub wakeups: u64,
+    /// Leases granted: 1, plus one after each lease lost.
+    pub leases: u64,
+}
+
 /// The etcd lock store. Cheap to clone: clones share one client and one lease. See the
 /// [module docs](super) for the recipe.
 #[derive(Clone)]
@@ -28,6 +44,7 @@ impl fmt::Debug for EtcdBackend {
             .field("endpoints", &self.shared.endpoints)
             .field("options", &self.shared.options)
             .field("lease", &format_args!("{:016x}", self.shared.lease_id()))
+            .field("stats", &self.stats())
             .finish()
     }
 }
@@ -90,6 +107,17 @@ impl EtcdBackend {
     /// How many leases this backend was granted: 1, plus one after each lease lost.
     pub fn leases_granted(&self) -> u64 {
         self.shared.sessions()
+    }
+
+    /// The counters of this backend.
+    pub fn stats(&self) -> EtcdStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        EtcdStats {
+            waiting: self.shared.waiting.load(Relaxed),
+            watches: self.shared.watches.load(Relaxed),
+            wakeups: self.shared.wakeups.load(Relaxed),
+            leases: self.shared.sessions(),
+        }
     }
 
     /// The prefix under which the keys of lock `key` (the manager prefix followed by the name)

@@ -71,6 +71,9 @@
 //!   thirds of the TTL (server start-up included) loses nothing; a longer one fires `lost()` as above, and the manager
 //!   works again with a new lease once the server is back.
 //!
+//! [`EtcdBackend::stats`] counts the waiters, the watches they opened and their wake-ups (one
+//! per release with a waiter behind it: no herd).
+//!
 //! Every operation is bounded by [`EtcdOptions::operation_timeout`]. The keep-alive task runs
 //! on the tokio runtime that created the backend: keep that runtime alive for as long as the
 //! manager is used.
@@ -84,7 +87,7 @@ mod options;
 mod recipe;
 mod session;
 
-pub use backend::EtcdBackend;
+pub use backend::{EtcdBackend, EtcdStats};
 pub use options::EtcdOptions;
 
 const KIND: &str = "etcd";

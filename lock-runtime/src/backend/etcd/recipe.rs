@@ -1,6 +1,7 @@
 //! One `lock()` call on etcd ([`EtcdAcquisition`], owning its one key) and one granted lock
 //! ([`EtcdHeld`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -191,11 +192,17 @@ impl EtcdAcquisition {
             State::Queued { session, .. } => session.clone(),
             _ => return Ok(true),
         };
+        self.shared.watches.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting::new(&self.shared.waiting);
         loop {
             tokio::select! {
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        if resp.canceled() || resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                            self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                            return Ok(true);
+                        }
+                        if resp.canceled() {
                             return Ok(true);
                         }
                     }
@@ -280,6 +287,22 @@ impl Drop for EtcdAcquisition {
             State::Queued { key, .. } => cleanup(self.shared.client.clone(), key, bound, false),
             State::Idle | State::Granted => {}
         }
+    }
+}
+
+/// Counts one waiting acquisition while it lives.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -87,6 +87,12 @@ pub(super) struct Shared {
     pub(super) ttl: Duration,
     session: Mutex<Arc<Session>>,
     sessions: AtomicU64,
+    /// Acquisitions watching their predecessor right now.
+    pub(super) waiting: AtomicU64,
+    /// Watches opened on a predecessor.
+    pub(super) watches: AtomicU64,
+    /// Waiters woken by their predecessor's deletion.
+    pub(super) wakeups: AtomicU64,
 }
 
 impl Shared {
@@ -107,6 +113,9 @@ impl Shared {
             ttl,
             session: Mutex::new(Arc::new(Session::new(lease))),
             sessions: AtomicU64::new(1),
+            waiting: AtomicU64::new(0),
+            watches: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
         });
         tokio::spawn(keep_alive(Arc::downgrade(&shared), client, granted_at));
         Ok(shared)
