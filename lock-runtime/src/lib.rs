@@ -3,7 +3,7 @@
 //! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
 //! a lock is held, on whatever your system already runs: in-process memory (always
 //! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`), PostgreSQL (feature
-//! `postgres`).
+//! `postgres`), etcd (feature `etcd`).
 //!
 //! # Quick start: the attribute
 //!
@@ -75,6 +75,8 @@
 //!   [`backend::zookeeper`]).
 //! - `postgres`: the PostgreSQL backend, [`LockManager::postgres`] (see
 //!   [`backend::postgres`]).
+//! - `etcd`: the etcd backend, [`LockManager::etcd`] (see [`backend::etcd`]); building it
+//!   needs `protoc` (`apt-get install protobuf-compiler libprotobuf-dev`).
 //! - `conformance`: the backend conformance suite ([`conformance`]), to run against a backend
 //!   of your own.
 //! - `testing`: a testing kit for code that takes locks ([`testing`]): a backend that makes

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub mod etcd;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -1,0 +1,178 @@
+//! [`EtcdBackend`]: connects, owns the manager's lease, begins acquisitions.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+use super::options::{check_endpoints, EtcdOptions};
+use super::recipe::EtcdAcquisition;
+use super::session::Shared;
+use super::{encode, KIND};
+use crate::backend::{Acquire, Acquisition, LockBackend};
+use crate::error::LockError;
+use crate::lost::LostSignal;
+use crate::{LockManager, LockManagerBuilder};
+
+/// Counters of an [`EtcdBackend`], for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EtcdStats {
+    /// Acquisitions watching their predecessor's key right now.
+    pub waiting: u64,
+    /// Watches opened on a predecessor's key (one per predecessor a waiter waits behind, plus
+    /// one per watch stream the server ended).
+    pub watches: u64,
+    /// Waiters woken by their predecessor's deletion (with no herd, one per release that had a
+    /// waiter behind it).
+    pub wakeups: u64,
+    /// Leases granted: 1, plus one after each lease lost.
+    pub leases: u64,
+}
+
+/// The etcd lock store. Cheap to clone: clones share one client and one lease. See the
+/// [module docs](super) for the recipe.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.shared.endpoints)
+            .field("options", &self.shared.options)
+            .field("lease", &format_args!("{:016x}", self.shared.lease_id()))
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to `endpoints` (`http://host:port`, or `host:port`) with the default
+    /// [`EtcdOptions`].
+    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self, LockError> {
+        Self::connect_with(endpoints, EtcdOptions::new()).await
+    }
+
+    /// Connects to `endpoints` with `options` and grants the manager's lease. Fails with an
+    /// [`is_invalid`](LockError::is_invalid) error for a malformed endpoint (or `https://`:
+    /// this build has no TLS) or an option out of range, and an
+    /// [`is_backend`](LockError::is_backend) error when no server grants the lease within the
+    /// operation timeout.
+    pub async fn connect_with<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        options: EtcdOptions,
+    ) -> Result<Self, LockError> {
+        let given: Vec<&str> = endpoints.as_ref().iter().map(AsRef::as_ref).collect();
+        let endpoints = check_endpoints(&given)?;
+        let shown = endpoints.join(",");
+        options.check(&shown)?;
+        let bound = options.get_operation_timeout();
+        // No per-request timeout in the client: it would also end the long-lived watch and
+        // keep-alive streams (the server honours `grpc-timeout`). Every request is bounded here
+        // instead. HTTP/2 pings notice a dead connection under a silent watch (not more often
+        // than etcd's default `--grpc-keepalive-min-time` of 5 s allows).
+        let connect = ConnectOptions::new()
+            .with_connect_timeout(bound)
+            .with_keep_alive(Duration::from_secs(10), bound)
+            .with_keep_alive_while_idle(true);
+        let client = match tokio::time::timeout(bound, Client::connect(&endpoints, Some(connect))).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e @ (etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_)))) => {
+                return Err(LockError::invalid(shown, format!("not a valid etcd endpoint list: {e}")));
+            }
+            Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
+            Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", bound)),
+        };
+        Ok(EtcdBackend { shared: Shared::start(client, options, endpoints).await? })
+    }
+
+    /// The options this backend was built with.
+    pub fn options(&self) -> &EtcdOptions {
+        &self.shared.options
+    }
+
+    /// The TTL of the manager's lease, as the server granted it.
+    pub fn lease_ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// The id of the manager's current lease.
+    pub fn lease_id(&self) -> i64 {
+        self.shared.lease_id()
+    }
+
+    /// How many leases this backend was granted: 1, plus one after each lease lost.
+    pub fn leases_granted(&self) -> u64 {
+        self.shared.sessions()
+    }
+
+    /// The counters of this backend.
+    pub fn stats(&self) -> EtcdStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        EtcdStats {
+            waiting: self.shared.waiting.load(Relaxed),
+            watches: self.shared.watches.load(Relaxed),
+            wakeups: self.shared.wakeups.load(Relaxed),
+            leases: self.shared.sessions(),
+        }
+    }
+
+    /// The prefix under which the keys of lock `key` (the manager prefix followed by the name)
+    /// live, `/` included.
+    pub fn lock_prefix(&self, key: &str) -> String {
+        format!("{}/{}/", self.shared.options.get_root().trim_matches('/'), encode(key))
+    }
+}
+
+impl LockBackend for EtcdBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
+        Box::new(EtcdAcquisition::new(self.shared.clone(), Arc::from(self.lock_prefix(&req.key)), req, lost))
+    }
+
+    fn operation_timeout(&self) -> Duration {
+        self.shared.options.get_operation_timeout()
+    }
+}
+
+impl LockManager {
+    /// A manager on etcd at `endpoints` (`["http://host:port", …]`) with default settings;
+    /// same as `LockManager::builder().etcd(endpoints)`. See [`EtcdBackend`] for the options.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::etcd(&["http://127.0.0.1:2379"]).await?;
+    /// let guard = manager.lock("order:42").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn etcd<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<LockManager, LockError> {
+        LockManager::builder().etcd(endpoints).await
+    }
+}
+
+impl LockManagerBuilder {
+    /// A manager on etcd at `endpoints` with the default [`EtcdOptions`]; for other options,
+    /// pass [`EtcdBackend::connect_with`]'s backend to
+    /// [`backend`](LockManagerBuilder::backend).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::builder()
+    ///     .prefix("myapp:")
+    ///     .default_lease(Duration::from_secs(30))
+    ///     .etcd(&["http://etcd1:2379", "http://etcd2:2379"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn etcd<E: AsRef<str>, S: AsRef<[E]>>(self, endpoints: S) -> Result<LockManager, LockError> {
+        Ok(self.backend(EtcdBackend::connect(endpoints).await?))
+    }
+}

@@ -1,0 +1,489 @@
+//! One `lock()` call on etcd ([`EtcdAcquisition`], owning its one key) and one granted lock
+//! ([`EtcdHeld`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse, WatchOptions,
+};
+use tokio::task::JoinHandle;
+
+use super::session::{Session, Shared};
+use super::{etcd_error, KIND};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, Wake};
+use crate::error::LockError;
+use crate::lost::LostSignal;
+
+/// What a put of the acquisition's key learnt: its create revision, and the create revision of
+/// the lowest key under the lock's prefix.
+struct Put {
+    revision: i64,
+    lowest: i64,
+}
+
+enum State {
+    /// No key.
+    Idle,
+    /// The put of `key` runs in its own task (so that a dropped acquisition can wait for its
+    /// end and delete what it made).
+    Putting { key: String, session: Arc<Session>, task: JoinHandle<Result<Put, LockError>>, sent: Instant },
+    /// Our key, in the queue.
+    Queued { key: String, session: Arc<Session>, revision: i64 },
+    /// Handed to an [`EtcdHeld`].
+    Granted,
+}
+
+/// One `lock()` call on etcd: owns its key from the first attempt until it is granted (the
+/// [`EtcdHeld`] owns it then) or dropped (the key is deleted).
+pub(super) struct EtcdAcquisition {
+    shared: Arc<Shared>,
+    prefix: Arc<str>,
+    req: Acquire,
+    lost: LostSignal,
+    state: State,
+}
+
+impl EtcdAcquisition {
+    pub(super) fn new(shared: Arc<Shared>, prefix: Arc<str>, req: Acquire, lost: LostSignal) -> Self {
+        EtcdAcquisition { shared, prefix, req, lost, state: State::Idle }
+    }
+
+    fn bound(&self) -> Duration {
+        self.shared.options.get_operation_timeout()
+    }
+
+    fn timed_out(&self, operation: &'static str) -> LockError {
+        LockError::timed_out(&*self.req.name, KIND, operation, self.bound())
+    }
+
+    async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
+        if matches!(self.state, State::Idle) {
+            let session = self.shared.session(&self.req.name, "acquire")?;
+            let key = format!("{}{:016x}-{}", self.prefix, session.lease, self.req.owner);
+            let sent = Instant::now();
+            let task = tokio::spawn(put(
+                self.shared.client.clone(),
+                self.req.name.clone(),
+                self.prefix.clone(),
+                key.clone(),
+                self.req.holder.to_string(),
+                session.lease,
+                self.bound(),
+            ));
+            self.state = State::Putting { key, session, task, sent };
+        }
+        if let State::Putting { task, .. } = &mut self.state {
+            let outcome = task.await;
+            let State::Putting { key, session, sent, .. } = std::mem::replace(&mut self.state, State::Idle) else {
+                return Err(LockError::backend(&*self.req.name, KIND, "acquire", "unexpected state"));
+            };
+            let put = match outcome {
+                Ok(Ok(put)) => put,
+                Ok(Err(e)) => {
+                    // The put may have been applied without its answer: delete the key.
+                    cleanup(self.shared.client.clone(), key, self.bound(), true);
+                    return Err(e);
+                }
+                Err(e) => {
+                    cleanup(self.shared.client.clone(), key, self.bound(), true);
+                    return Err(LockError::backend(&*self.req.name, KIND, "acquire", e));
+                }
+            };
+            self.state = State::Queued { key, session, revision: put.revision };
+            if put.lowest == put.revision {
+                return Ok(Attempt::Acquired(self.grant(sent)));
+            }
+            return Ok(Attempt::Busy);
+        }
+        // Queued: are we the lowest now?
+        let State::Queued { key, session, revision } = &self.state else {
+            return Err(LockError::backend(&*self.req.name, KIND, "acquire", "the acquisition was already granted"));
+        };
+        if session.is_lost() {
+            return Err(self.lease_lost("acquire"));
+        }
+        let before = Instant::now();
+        let mut client = self.shared.client.clone();
+        let txn = Txn::new().and_then([
+            TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(&*self.prefix, Some(lowest_first().with_limit(1))),
+        ]);
+        let resp = tokio::time::timeout(self.bound(), client.txn(txn))
+            .await
+            .map_err(|_| self.timed_out("acquire"))?
+            .map_err(|e| etcd_error(&self.req.name, "acquire", e))?;
+        let revision = *revision;
+        let (ours, lowest) = two_gets(&resp);
+        if ours.is_none() {
+            self.state = State::Idle;
+            return Err(self.lease_lost("acquire"));
+        }
+        if lowest == Some(revision) {
+            return Ok(Attempt::Acquired(self.grant(before)));
+        }
+        Ok(Attempt::Busy)
+    }
+
+    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        loop {
+            let State::Queued { key, session, revision } = &self.state else { return Ok(Wake::Retry) };
+            if session.is_lost() {
+                return Err(self.lease_lost("wait"));
+            }
+            let (key, revision) = (key.clone(), *revision);
+            let before = Instant::now();
+            let mut client = self.shared.client.clone();
+            // Our key, and the key just before ours.
+            let txn = Txn::new().and_then([
+                TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())),
+                TxnOp::get(
+                    &*self.prefix,
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_max_create_revision(revision - 1)
+                            .with_limit(1),
+                    ),
+                ),
+            ]);
+            let bound = deadline.min(before + self.bound());
+            let resp = match tokio::time::timeout_at(bound.into(), client.txn(txn)).await {
+                Ok(resp) => resp.map_err(|e| etcd_error(&self.req.name, "wait", e))?,
+                Err(_) if Instant::now() >= deadline => return Ok(Wake::TimedOut),
+                Err(_) => return Err(self.timed_out("wait")),
+            };
+            let ours = get_at(&resp, 0).and_then(|kvs| kvs.first().map(|kv| kv.create_revision()));
+            if ours.is_none() {
+                self.state = State::Idle;
+                return Err(self.lease_lost("wait"));
+            }
+            let Some(before_us) = get_at(&resp, 1).and_then(|kvs| kvs.first().map(|kv| kv.key().to_vec())) else {
+                return Ok(Wake::Acquired(self.grant(before)));
+            };
+            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            match self.watch_delete(&mut client, before_us, from, deadline).await? {
+                true => continue,
+                false => return Ok(Wake::TimedOut),
+            }
+        }
+    }
+
+    /// Waits for the deletion of `key` (from revision `from`) until `deadline`: `true` when it
+    /// was deleted (or the watch ended: look again), `false` when the deadline passed.
+    async fn watch_delete(
+        &self,
+        client: &mut Client,
+        key: Vec<u8>,
+        from: i64,
+        deadline: Instant,
+    ) -> Result<bool, LockError> {
+        let open = client.watch(key, Some(WatchOptions::new().with_start_revision(from)));
+        let mut stream = match tokio::time::timeout_at(deadline.min(Instant::now() + self.bound()).into(), open).await {
+            Ok(stream) => stream.map_err(|e| etcd_error(&self.req.name, "wait", e))?,
+            Err(_) if Instant::now() >= deadline => return Ok(false),
+            Err(_) => return Err(self.timed_out("wait")),
+        };
+        let session = match &self.state {
+            State::Queued { session, .. } => session.clone(),
+            _ => return Ok(true),
+        };
+        self.shared.watches.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting::new(&self.shared.waiting);
+        loop {
+            tokio::select! {
+                message = stream.message() => match message {
+                    Ok(Some(resp)) => {
+                        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                            self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                            return Ok(true);
+                        }
+                        if resp.canceled() {
+                            return Ok(true);
+                        }
+                    }
+                    Ok(None) | Err(_) => return Ok(true),
+                },
+                // The lease's loss deletes our key too; the watch would not tell.
+                _ = session.until_lost() => return Ok(true),
+                _ = tokio::time::sleep_until(deadline.into()) => return Ok(false),
+            }
+        }
+    }
+
+    fn lease_lost(&self, operation: &'static str) -> LockError {
+        LockError::backend(
+            &*self.req.name,
+            KIND,
+            operation,
+            "the acquisition's key is gone: the etcd lease of the manager was lost",
+        )
+    }
+
+    /// Hands the queued key to an [`EtcdHeld`].
+    fn grant(&mut self, granted_at: Instant) -> Grant {
+        let State::Queued { key, session, revision } = std::mem::replace(&mut self.state, State::Granted) else {
+            // Only called in the Queued state.
+            return Grant {
+                fencing_token: 0,
+                granted_at: Some(granted_at),
+                lock: Held::new(Gone { name: self.req.name.clone() }),
+            };
+        };
+        let registration = session.register(self.lost.clone());
+        let expiry = match self.req.lease {
+            Lease::Fixed(lease) => Some(tokio::spawn(delete_at(
+                self.shared.client.clone(),
+                key.clone(),
+                revision,
+                granted_at + lease,
+                self.bound(),
+            ))),
+            Lease::Renewed(_) => None,
+        };
+        Grant {
+            fencing_token: u64::try_from(revision).unwrap_or(0),
+            granted_at: Some(granted_at),
+            lock: Held::new(EtcdHeld {
+                shared: self.shared.clone(),
+                name: self.req.name.clone(),
+                key,
+                revision,
+                session,
+                registration,
+                expiry,
+            }),
+        }
+    }
+}
+
+impl Acquisition for EtcdAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        Box::pin(self.attempt_once())
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_until(deadline))
+    }
+}
+
+impl Drop for EtcdAcquisition {
+    fn drop(&mut self) {
+        let bound = self.bound();
+        match std::mem::replace(&mut self.state, State::Idle) {
+            State::Putting { key, task, .. } => {
+                let client = self.shared.client.clone();
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        let failed = !matches!(task.await, Ok(Ok(_)));
+                        cleanup(client, key, bound, failed);
+                    });
+                }
+            }
+            State::Queued { key, .. } => cleanup(self.shared.client.clone(), key, bound, false),
+            State::Idle | State::Granted => {}
+        }
+    }
+}
+
+/// Counts one waiting acquisition while it lives.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Lowest create revision first, the whole prefix.
+fn lowest_first() -> GetOptions {
+    GetOptions::new().with_prefix().with_keys_only().with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+/// Puts `key` with `lease` and reads the lowest key of the lock, in one transaction.
+async fn put(
+    mut client: Client,
+    name: Arc<str>,
+    prefix: Arc<str>,
+    key: String,
+    value: String,
+    lease: i64,
+    bound: Duration,
+) -> Result<Put, LockError> {
+    let txn = Txn::new().and_then([
+        TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease))),
+        TxnOp::get(&*prefix, Some(lowest_first().with_limit(1))),
+    ]);
+    let resp = tokio::time::timeout(bound, client.txn(txn))
+        .await
+        .map_err(|_| LockError::timed_out(&*name, KIND, "acquire", bound))?
+        .map_err(|e| etcd_error(&name, "acquire", e))?;
+    // A put of a new key in a transaction: the key's create revision is the transaction's.
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let lowest = get_at(&resp, 1).and_then(|kvs| kvs.first().map(|kv| kv.create_revision()));
+    match lowest {
+        Some(lowest) if revision > 0 => Ok(Put { revision, lowest }),
+        _ => Err(LockError::backend(&*name, KIND, "acquire", "etcd answered the put without its revision")),
+    }
+}
+
+/// The key-values of the `i`th operation of a transaction, if it was a get.
+fn get_at(resp: &TxnResponse, i: usize) -> Option<Vec<etcd_client::KeyValue>> {
+    match resp.op_responses().into_iter().nth(i) {
+        Some(TxnOpResponse::Get(get)) => Some(get.kvs().to_vec()),
+        _ => None,
+    }
+}
+
+/// Our key's create revision and the lowest one, from a two-get transaction.
+fn two_gets(resp: &TxnResponse) -> (Option<i64>, Option<i64>) {
+    let first = |i| get_at(resp, i).and_then(|kvs| kvs.first().map(|kv| kv.create_revision()));
+    (first(0), first(1))
+}
+
+/// Deletes `key` in a spawned task (retried a few times); when `again`, once more after the
+/// operation timeout (for a put whose answer was lost and that may still be applied).
+fn cleanup(mut client: Client, key: String, bound: Duration, again: bool) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+    handle.spawn(async move {
+        for round in 0..if again { 2 } else { 1 } {
+            if round > 0 {
+                tokio::time::sleep(bound).await;
+            }
+            for _ in 0..3 {
+                if matches!(tokio::time::timeout(bound, client.delete(key.as_str(), None)).await, Ok(Ok(_))) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+}
+
+/// Deletes `key` if it still has create revision `revision`: `Ok(true)` when it did.
+async fn delete_if(client: &mut Client, key: &str, revision: i64, bound: Duration) -> Result<bool, etcd_client::Error> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(key, None)]);
+    match tokio::time::timeout(bound, client.txn(txn)).await {
+        Ok(resp) => Ok(resp?.succeeded()),
+        Err(_) => Err(etcd_client::Error::InvalidArgs(format!("no answer within {bound:?}"))),
+    }
+}
+
+/// At `at`, deletes `key` if it is still ours (a fixed lease's end, or a `hold_at_least`'s).
+async fn delete_at(mut client: Client, key: String, revision: i64, at: Instant, bound: Duration) {
+    tokio::time::sleep_until(at.into()).await;
+    for _ in 0..3 {
+        if delete_if(&mut client, &key, revision, bound).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A granted lock: its key, deleted on release.
+struct EtcdHeld {
+    shared: Arc<Shared>,
+    name: Arc<str>,
+    key: String,
+    revision: i64,
+    session: Arc<Session>,
+    registration: u64,
+    /// The task that ends a fixed lease.
+    expiry: Option<JoinHandle<()>>,
+}
+
+impl EtcdHeld {
+    fn bound(&self) -> Duration {
+        self.shared.options.get_operation_timeout()
+    }
+
+    fn gone(&self) -> LockError {
+        LockError::lost(
+            &*self.name,
+            "the lock's etcd key is gone (its lease ran out, the manager's lease was lost, or it was deleted)",
+        )
+    }
+
+    /// Stops the fixed-lease task and the lease-loss registration.
+    fn settle(&mut self) {
+        if let Some(expiry) = self.expiry.take() {
+            expiry.abort();
+        }
+        self.session.unregister(self.registration);
+    }
+
+    async fn release_key(&mut self) -> Result<(), LockError> {
+        self.settle();
+        if self.session.is_lost() {
+            return Err(self.gone());
+        }
+        let mut client = self.shared.client.clone();
+        match delete_if(&mut client, &self.key, self.revision, self.bound()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.gone()),
+            Err(e) => Err(etcd_error(&self.name, "release", e)),
+        }
+    }
+
+    async fn release_later(&mut self, remaining: Duration) -> Result<(), LockError> {
+        let started = Instant::now();
+        self.settle();
+        if self.session.is_lost() {
+            return Err(self.gone());
+        }
+        let mut client = self.shared.client.clone();
+        let txn = Txn::new().when([Compare::create_revision(self.key.as_str(), CompareOp::Equal, self.revision)]);
+        let still_ours = tokio::time::timeout(self.bound(), client.txn(txn))
+            .await
+            .map_err(|_| LockError::timed_out(&*self.name, KIND, "release", self.bound()))?
+            .map_err(|e| etcd_error(&self.name, "release", e))?
+            .succeeded();
+        if !still_ours {
+            return Err(self.gone());
+        }
+        tokio::spawn(delete_at(client, self.key.clone(), self.revision, started + remaining, self.bound()));
+        Ok(())
+    }
+}
+
+impl HeldLock for EtcdHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.release_key())
+    }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.release_later(remaining))
+    }
+}
+
+impl Drop for EtcdHeld {
+    fn drop(&mut self) {
+        // The fixed-lease task (if any) keeps running: it ends the lease of a lock whose
+        // release never came.
+        self.session.unregister(self.registration);
+    }
+}
+
+/// The lock of a grant made in a state that cannot make one (never happens): reports it lost.
+struct Gone {
+    name: Arc<str>,
+}
+
+impl HeldLock for Gone {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::ready(Err(LockError::lost(&*self.name, "no etcd key was held"))))
+    }
+}

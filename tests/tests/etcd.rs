@@ -1,0 +1,245 @@
+//! The etcd backend against real etcd servers started by the tests
+//! (`lock_tests::etcd_server`): the conformance suite, lease loss under a partition, a server
+//! restart, endpoint checks and leftovers.
+#![cfg(feature = "etcd")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
+use lock_runtime::LockManager;
+use lock_tests::etcd_server::{self, tcp_proxy::TcpProxy, EtcdServer};
+
+lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
+    builder.etcd([etcd_server::shared().endpoint()]).await.expect("connect to the test etcd")
+});
+
+/// A short lease TTL and operation timeout, for the fault tests.
+fn quick() -> EtcdOptions {
+    EtcdOptions::new().lease_ttl(Duration::from_secs(2)).operation_timeout(Duration::from_millis(800))
+}
+
+fn unique_root(label: &str) -> String {
+    format!("t/{}", lock_tests::unique(label).replace(':', "-"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_endpoints_are_invalid() {
+    for bad in [vec![], vec!["not an endpoint"], vec!["http://:2379"], vec!["https://127.0.0.1:2379"], vec!["h:0"]] {
+        let err = LockManager::etcd(&bad).await.expect_err("refused");
+        assert!(err.is_invalid(), "{bad:?}: {err}");
+    }
+    let bad_ttl = EtcdBackend::connect_with(["127.0.0.1:1"], EtcdOptions::new().lease_ttl(Duration::ZERO)).await;
+    assert!(bad_ttl.expect_err("refused").is_invalid());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_is_backend_within_the_timeout() {
+    let port = lock_tests::free_port();
+    let started = Instant::now();
+    let options = EtcdOptions::new().operation_timeout(Duration::from_millis(500));
+    let err = EtcdBackend::connect_with([format!("http://127.0.0.1:{port}")], options).await.expect_err("nobody there");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+}
+
+/// A manager cut off from etcd (its keep-alives black-holed) reports its lock lost before the
+/// server's TTL lets another client in; once healed, it works again with a new lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_holder_is_lost_before_another_client_is_granted() {
+    let server = etcd_server::shared();
+    let proxy = TcpProxy::start(server.port()).await;
+    let cut = EtcdBackend::connect_with([format!("http://127.0.0.1:{}", proxy.port())], quick()).await.expect("cut");
+    let leases = cut.leases_granted();
+    let cut = LockManager::builder().backend(cut.clone());
+    let other = LockManager::builder().etcd([server.endpoint()]).await.expect("other");
+    let name = lock_tests::unique("partition");
+    let held = cut.lock(&name).await.expect("holder");
+    let (other2, name2) = (other.clone(), name.clone());
+    let waiter = tokio::spawn(async move {
+        let guard = other2.lock(&name2).wait(Duration::from_secs(15)).await.expect("granted after the lease");
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let partitioned = Instant::now();
+    proxy.partition();
+    tokio::time::timeout(Duration::from_secs(5), held.lost()).await.expect("lost() fired");
+    let lost_at = Instant::now();
+    let (granted_at, next) = waiter.await.expect("waiter");
+    assert!(lost_at < granted_at, "another client was granted {:?} before lost()", lost_at - granted_at);
+    assert!(lost_at - partitioned < Duration::from_secs(2), "lost() after {:?}", lost_at - partitioned);
+    assert!(next.fencing_token() > held.fencing_token());
+    assert!(held.release().await.expect_err("lost").is_lost());
+    next.release().await.expect("release");
+    proxy.heal();
+    // The cut manager takes a new lease and works again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cut.lock(&name).wait(Duration::from_secs(2)).await {
+            Ok(guard) => {
+                guard.release().await.expect("release");
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the manager did not recover: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let _ = leases;
+}
+
+/// A holder process killed with SIGKILL: a waiter in another process gets the lock once the
+/// dead manager's lease has run out (its TTL, plus etcd's expiry check), not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_the_lock_when_its_lease_expires() {
+    let server = etcd_server::shared();
+    let name = lock_tests::unique("crash");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_etcd_worker"))
+        .args([&server.endpoint(), "hold", &name, "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read");
+        line
+    })
+    .await
+    .expect("reader");
+    let their_token: u64 = line.trim().strip_prefix("held ").expect("held line").parse().expect("token");
+    let m = LockManager::etcd([server.endpoint()]).await.expect("connect");
+    let (m2, name2) = (m.clone(), name.clone());
+    let waiter = tokio::spawn(async move {
+        let guard = m2.lock(&name2).wait(Duration::from_secs(20)).await.expect("waiter");
+        (Instant::now(), guard)
+    });
+    // The worker's keep-alive holds its lease past its TTL while it lives.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!waiter.is_finished(), "acquired while the holder lived");
+    child.kill().expect("SIGKILL");
+    let killed_at = Instant::now();
+    child.wait().expect("reaped");
+    let (acquired_at, guard) = waiter.await.expect("waiter");
+    let took = acquired_at.duration_since(killed_at);
+    assert!(took <= Duration::from_secs(5), "acquired {took:?} after the kill");
+    assert!(guard.fencing_token() > their_token);
+    guard.release().await.expect("release");
+}
+
+/// A restart shorter than the loss bound (2/3 of a 6 s TTL) loses nothing: the lock stays held
+/// (nobody else gets it) and is released normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_server_restart_keeps_held_locks() {
+    let mut server = EtcdServer::start();
+    let options = EtcdOptions::new().lease_ttl(Duration::from_secs(6)).operation_timeout(Duration::from_secs(1));
+    let m = LockManager::builder().backend(EtcdBackend::connect_with([server.endpoint()], options).await.expect("m"));
+    let held = m.lock("short").await.expect("holder");
+    server.restart();
+    let other = LockManager::etcd([server.endpoint()]).await.expect("other");
+    tokio::select! {
+        _ = held.lost() => panic!("lost across a short restart"),
+        _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+    }
+    assert!(other.try_lock("short").await.expect("try").is_none(), "still held after the restart");
+    held.release().await.expect("release");
+    assert!(other.try_lock("short").await.expect("try").is_some());
+}
+
+/// A restart longer than the lease's loss bound: the held lock is reported lost (its release
+/// is `is_lost`), and once the server is back the manager works again with a new lease, and the
+/// old lease's key does not block the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_loses_held_locks_and_the_manager_recovers() {
+    let mut server = EtcdServer::start();
+    let backend = EtcdBackend::connect_with([server.endpoint()], quick()).await.expect("connect");
+    let m = LockManager::builder().backend(backend.clone());
+    let held = m.lock("restart").await.expect("holder");
+    server.kill();
+    tokio::time::timeout(Duration::from_secs(5), held.lost()).await.expect("lost() fired while the server is down");
+    server.restart();
+    let old_token = held.fencing_token();
+    assert!(held.release().await.expect_err("lost").is_lost());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match m.lock("restart").wait(Duration::from_secs(5)).await {
+            Ok(guard) => {
+                assert!(guard.fencing_token() > old_token);
+                guard.release().await.expect("release");
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the manager did not recover: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(backend.leases_granted() >= 2);
+}
+
+/// A waiter watches only its predecessor, one watch for as long as it waits (longer than the
+/// operation timeout: the client puts no deadline on the stream), and a release wakes only it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_watch_per_predecessor_and_no_herd() {
+    let server = etcd_server::shared();
+    let quick = EtcdOptions::new().operation_timeout(Duration::from_millis(300));
+    let holder = LockManager::etcd([server.endpoint()]).await.expect("holder");
+    let backend = EtcdBackend::connect_with([server.endpoint()], quick).await.expect("waiters");
+    let waiters = LockManager::builder().backend(backend.clone());
+    let name = lock_tests::unique("herd");
+    let held = holder.lock(&name).await.expect("holder");
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (w, n) = (waiters.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = w.lock(&n).wait(Duration::from_secs(20)).await.expect("waiter");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.expect("release");
+        }));
+        // Queue them in order.
+        while backend.stats().waiting < tasks.len() as u64 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await; // four operation timeouts
+    assert_eq!(backend.stats().watches, 3, "{:?}", backend.stats());
+    held.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("waiter");
+    }
+    let stats = backend.stats();
+    assert_eq!((stats.wakeups, stats.watches, stats.waiting), (3, 3, 0), "{stats:?}");
+}
+
+/// Releases, timed-out and cancelled waiters, `try_lock`s and `hold_at_least` leave no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_keys_left_after_a_run() {
+    let server = etcd_server::shared();
+    let root = unique_root("leftovers");
+    let backend =
+        EtcdBackend::connect_with([server.endpoint()], EtcdOptions::new().root(&root)).await.expect("connect");
+    let m = LockManager::builder().backend(backend);
+    let held = m.lock("a").await.expect("holder");
+    assert!(m.try_lock("a").await.expect("try").is_none());
+    assert!(m.lock("a").wait(Duration::from_millis(200)).await.expect_err("busy").is_contended());
+    let waiting = m.lock("a").wait(Duration::from_secs(10));
+    assert!(tokio::time::timeout(Duration::from_millis(200), waiting).await.is_err());
+    assert!(!etcd_server::keys(&server.endpoint(), &root).await.is_empty());
+    held.release().await.expect("release");
+    let short = m.lock("b").hold_at_least(Duration::from_millis(300)).await.expect("b");
+    short.release().await.expect("release");
+    let fixed = m.lock("c").lease(Duration::from_millis(300)).await.expect("c");
+    fixed.lost().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = etcd_server::keys(&server.endpoint(), &root).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "keys left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
