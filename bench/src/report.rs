@@ -460,7 +460,7 @@ impl Results {
                 a.median_overhead * 100.0
             );
         }
-        let _ = writeln!(s, "\nTargets (issue 10):");
+        let _ = writeln!(s, "\nTargets:");
         for t in self.targets() {
             let _ = writeln!(s, "  {:<48} {:>7}  {:<44} {}", t.what, t.goal, t.measured, Self::verdict(&t));
         }
@@ -477,7 +477,7 @@ impl Results {
             if self.quick { " **QUICK run: short windows, indicative only.**" } else { "" }
         );
         let _ = writeln!(s, "Machine: {}.\n", self.machine.line());
-        let _ = writeln!(s, "## Targets (issue 10)\n");
+        let _ = writeln!(s, "## Targets\n");
         let _ = writeln!(
             s,
             "Range: over every full run recorded in `bench/history.tsv` (this one included); the \
