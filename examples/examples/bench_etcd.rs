@@ -11,8 +11,7 @@
 //! release. Each release waits until the waiter watches the holder's key, so only the hand-off
 //! is measured.
 
-use std::time::{Duration, Instant};
-
+use examples::bench;
 use lock_runtime::backend::etcd::EtcdBackend;
 use lock_runtime::{LockError, LockManager};
 
@@ -34,47 +33,10 @@ async fn main() -> Result<(), LockError> {
     let waiter = LockManager::builder().prefix("bench:").backend(waiter_store.clone());
     let name = format!("handoff-{}", std::process::id());
 
-    let mut handoff = Vec::with_capacity(ROUNDS);
-    for round in 0..ROUNDS + WARMUP {
-        let held = holder.lock(&name).await?;
-        let (w, n) = (waiter.clone(), name.clone());
-        let task = tokio::spawn(async move {
-            let g = w.lock(&n).wait(Duration::from_secs(10)).await?;
-            let at = Instant::now();
-            g.release().await?;
-            Ok::<Instant, LockError>(at)
-        });
-        while waiter_store.stats().waiting < 1 {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
-        let released = Instant::now();
-        held.release().await?;
-        let acquired = task.await.expect("waiter task")?;
-        if round >= WARMUP {
-            handoff.push(acquired.saturating_duration_since(released));
-        }
-    }
-
-    let mut uncontended = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        holder.lock(&name).await?.release().await?;
-        uncontended.push(started.elapsed());
-    }
-
-    report("hand-off (release -> next waiter holds it)", &mut handoff);
-    report("uncontended acquire + release", &mut uncontended);
+    let waiting = |_| waiter_store.stats().waiting >= 1;
+    let mut handoff = bench::handoffs(&holder, &waiter, &name, (ROUNDS, WARMUP), None, waiting).await?;
+    let mut uncontended = bench::uncontended(&holder, &name, ROUNDS).await?;
+    bench::report("hand-off (release -> next waiter holds it)", &mut handoff);
+    bench::report("uncontended acquire + release", &mut uncontended);
     Ok(())
-}
-
-fn report(what: &str, samples: &mut [Duration]) {
-    samples.sort_unstable();
-    let pick = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    println!(
-        "{what}: n={} p50={:?} p99={:?} max={:?}",
-        samples.len(),
-        pick(0.50),
-        pick(0.99),
-        samples[samples.len() - 1]
-    );
 }

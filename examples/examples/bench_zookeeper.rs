@@ -11,7 +11,9 @@
 //! fixed lease, where the waiter records its grant in its node), and of an uncontended
 //! acquire + release for comparison.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use examples::bench;
 
 use lock_runtime::backend::zookeeper::ZookeeperBackend;
 use lock_runtime::{LockError, LockManager};
@@ -35,69 +37,15 @@ async fn main() -> Result<(), LockError> {
     let waiter = LockManager::builder().prefix("bench:").backend(waiter_store.clone());
     let name = format!("handoff-{}", std::process::id());
 
-    let mut handoff = measure_handoff(&holder, &waiter, &waiter_store, &name, None).await?;
+    let rounds = (ROUNDS, WARMUP);
+    let waiting = |_| waiter_store.stats().waiting >= 1;
+    let mut handoff = bench::handoffs(&holder, &waiter, &name, rounds, None, waiting).await?;
     // A waiter granted with a fixed lease records its grant in its node first (one more write).
-    let mut fixed = measure_handoff(&holder, &waiter, &waiter_store, &name, Some(Duration::from_secs(30))).await?;
-
-    let mut uncontended = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
-        let started = Instant::now();
-        holder.lock(&name).await?.release().await?;
-        uncontended.push(started.elapsed());
-    }
-
-    report("hand-off (release -> next waiter holds it)", &mut handoff);
-    report("hand-off, fixed lease (the waiter records its grant)", &mut fixed);
-    report("uncontended acquire + release", &mut uncontended);
+    let fixed = Some(Duration::from_secs(30));
+    let mut fixed = bench::handoffs(&holder, &waiter, &name, rounds, fixed, waiting).await?;
+    let mut uncontended = bench::uncontended(&holder, &name, ROUNDS).await?;
+    bench::report("hand-off (release -> next waiter holds it)", &mut handoff);
+    bench::report("hand-off, fixed lease (the waiter records its grant)", &mut fixed);
+    bench::report("uncontended acquire + release", &mut uncontended);
     Ok(())
-}
-
-/// Hand-off latencies: from the holder's `release()` call to the moment the waiter holds the
-/// lock, the waiter asking for a fixed `lease` if given.
-async fn measure_handoff(
-    holder: &LockManager,
-    waiter: &LockManager,
-    waiter_store: &ZookeeperBackend,
-    name: &str,
-    lease: Option<Duration>,
-) -> Result<Vec<Duration>, LockError> {
-    let mut handoff = Vec::with_capacity(ROUNDS);
-    for round in 0..ROUNDS + WARMUP {
-        let held = holder.lock(name).await?;
-        let w = waiter.clone();
-        let n = name.to_owned();
-        let task = tokio::spawn(async move {
-            let request = w.lock(&n).wait(Duration::from_secs(10));
-            let g = match lease {
-                Some(lease) => request.lease(lease).await?,
-                None => request.await?,
-            };
-            let at = Instant::now();
-            g.release().await?;
-            Ok::<Instant, LockError>(at)
-        });
-        // Wait until the waiter watches the holder's node, so only the hand-off is measured.
-        while waiter_store.stats().waiting < 1 {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
-        let released = Instant::now();
-        held.release().await?;
-        let acquired = task.await.expect("waiter task")?;
-        if round >= WARMUP {
-            handoff.push(acquired.saturating_duration_since(released));
-        }
-    }
-    Ok(handoff)
-}
-
-fn report(what: &str, samples: &mut [Duration]) {
-    samples.sort_unstable();
-    let pick = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
-    println!(
-        "{what}: n={} p50={:?} p99={:?} max={:?}",
-        samples.len(),
-        pick(0.50),
-        pick(0.99),
-        samples[samples.len() - 1]
-    );
 }

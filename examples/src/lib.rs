@@ -5,6 +5,7 @@
 //! the Prometheus recorder the Axum service serves at `/metrics`.
 #![warn(missing_docs)]
 
+pub mod bench;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(any(feature = "axum", feature = "actix"))]

@@ -16,8 +16,6 @@
 
 use std::time::{Duration, Instant};
 
-use lock_tests::jepsen::checker::{self, CheckInput};
-use lock_tests::jepsen::guarantees;
 use lock_tests::jepsen::nemesis::{self, Backend, Config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,38 +31,8 @@ async fn jepsen_redis() {
     //   timeout; plus the same 250 ms of scheduling.
     let wait_slack = config.op_timeout + Duration::from_millis(250);
     let handoff_bound = config.lease + config.op_timeout + Duration::from_millis(250);
-    let bound = Duration::from_secs(nemesis::fault_secs() + 120);
-    let run = tokio::time::timeout(bound, nemesis::run(config))
-        .await
-        .unwrap_or_else(|_| panic!("the run took longer than {bound:?}; its workers were killed"));
-    let witness = run.witness_logs().await;
-    let report = checker::check(&CheckInput {
-        backend: "redis",
-        records: &run.records,
-        witness: &witness,
-        wait_slack,
-        handoff_bound,
-    });
-    eprintln!("{report}");
-    eprintln!("faults by kind: {:?}", report.faults());
-    eprintln!("overlaps by class: {:?}", report.overlap_classes());
-    eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
-    let replay = format!("seed {} (replay: {}), history {}", run.seed, run.replay(), run.history_path.display());
-    eprintln!("jepsen_redis: {replay}");
-    assert!(run.problems.is_empty(), "harness problems ({replay}):\n{}", run.problems.join("\n"));
-    assert!(
-        report.violations().is_empty(),
-        "{} violations ({replay}):\n{}",
-        report.violations().len(),
-        report.violations().join("\n")
-    );
-    match std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../GUARANTEES.md")) {
-        Ok(doc) => {
-            let mismatches = guarantees::verify(&report, &doc, "jepsen_redis");
-            assert!(mismatches.is_empty(), "the run contradicts GUARANTEES.md ({replay}):\n{}", mismatches.join("\n"));
-        }
-        Err(e) => eprintln!("GUARANTEES.md not checked: {e}"),
-    }
+    let (run, replay) =
+        nemesis::run_and_check(config, "jepsen_redis", wait_slack, handoff_bound, Duration::from_secs(120)).await;
 
     // Nothing left once every worker exited: no key but the fencing counters (which are kept
     // on purpose, see the backend's key layout), no channel.

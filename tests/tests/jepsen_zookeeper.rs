@@ -10,8 +10,6 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::zookeeper::STALE_HOLDER_MARGIN;
-use lock_tests::jepsen::checker::{self, CheckInput};
-use lock_tests::jepsen::guarantees;
 use lock_tests::jepsen::nemesis::{self, Backend, Config};
 use lock_tests::zk_server::{self, CONTAINER_CHECK_INTERVAL};
 
@@ -29,38 +27,8 @@ async fn jepsen_zookeeper() {
     let wait_slack = config.op_timeout + Duration::from_millis(250);
     let handoff_bound = config.lease + STALE_HOLDER_MARGIN + config.op_timeout + Duration::from_millis(250);
     let session = config.session_timeout;
-    let bound = Duration::from_secs(nemesis::fault_secs() + 150);
-    let run = tokio::time::timeout(bound, nemesis::run(config))
-        .await
-        .unwrap_or_else(|_| panic!("the run took longer than {bound:?}; its workers were killed"));
-    let witness = run.witness_logs().await;
-    let report = checker::check(&CheckInput {
-        backend: "zookeeper",
-        records: &run.records,
-        witness: &witness,
-        wait_slack,
-        handoff_bound,
-    });
-    eprintln!("{report}");
-    eprintln!("faults by kind: {:?}", report.faults());
-    eprintln!("overlaps by class: {:?}", report.overlap_classes());
-    eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
-    let replay = format!("seed {} (replay: {}), history {}", run.seed, run.replay(), run.history_path.display());
-    eprintln!("jepsen_zookeeper: {replay}");
-    assert!(run.problems.is_empty(), "harness problems ({replay}):\n{}", run.problems.join("\n"));
-    assert!(
-        report.violations().is_empty(),
-        "{} violations ({replay}):\n{}",
-        report.violations().len(),
-        report.violations().join("\n")
-    );
-    match std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../GUARANTEES.md")) {
-        Ok(doc) => {
-            let mismatches = guarantees::verify(&report, &doc, "jepsen_zookeeper");
-            assert!(mismatches.is_empty(), "the run contradicts GUARANTEES.md ({replay}):\n{}", mismatches.join("\n"));
-        }
-        Err(e) => eprintln!("GUARANTEES.md not checked: {e}"),
-    }
+    let (run, replay) =
+        nemesis::run_and_check(config, "jepsen_zookeeper", wait_slack, handoff_bound, Duration::from_secs(150)).await;
 
     // No lock znode left once every worker exited. A killed worker's nodes go with its session
     // (expired long before: it was killed at least the run's tail earlier), and the server

@@ -909,3 +909,48 @@ pub async fn run(config: Config) -> Run {
     let nemesis = Nemesis::start(config, seed, fault_time).await;
     nemesis.run(fault_time).await
 }
+
+/// Runs the nemesis (bounded by `extra` beyond the fault time), checks the history with the
+/// checker's bounds and against GUARANTEES.md, prints the report and how to replay it, and
+/// returns the finished run (for the backend's own "nothing left" checks) with its replay line.
+/// Panics, failing the test, on a harness problem, a violation or a claim the run refutes.
+pub async fn run_and_check(
+    config: Config,
+    test: &str,
+    wait_slack: Duration,
+    handoff_bound: Duration,
+    extra: Duration,
+) -> (Run, String) {
+    let backend = match config.backend {
+        Backend::Redis => "redis",
+        Backend::Zookeeper => "zookeeper",
+    };
+    let bound = Duration::from_secs(fault_secs()) + extra;
+    let run = tokio::time::timeout(bound, run(config))
+        .await
+        .unwrap_or_else(|_| panic!("the run took longer than {bound:?}; its workers were killed"));
+    let witness = run.witness_logs().await;
+    let report = super::checker::check(&super::checker::CheckInput {
+        backend,
+        records: &run.records,
+        witness: &witness,
+        wait_slack,
+        handoff_bound,
+    });
+    eprintln!("{report}");
+    eprintln!("faults by kind: {:?}", report.faults());
+    eprintln!("overlaps by class: {:?}", report.overlap_classes());
+    eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
+    let replay = format!("seed {} (replay: {}), history {}", run.seed, run.replay(), run.history_path.display());
+    eprintln!("{test}: {replay}");
+    assert!(run.problems.is_empty(), "harness problems ({replay}):\n{}", run.problems.join("\n"));
+    assert!(
+        report.violations().is_empty(),
+        "{} violations ({replay}):\n{}",
+        report.violations().len(),
+        report.violations().join("\n")
+    );
+    let mismatches = super::guarantees::verify(&report, include_str!("../../../GUARANTEES.md"), test);
+    assert!(mismatches.is_empty(), "the run contradicts GUARANTEES.md ({replay}):\n{}", mismatches.join("\n"));
+    (run, replay)
+}
