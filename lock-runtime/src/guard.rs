@@ -64,6 +64,15 @@ impl LockGuard {
         LockGuard { state: Some(State { lock, holding, bound, kind, hold_until: None }), name, fencing_token, lost }
     }
 
+    /// Drops a `hold_at_least`: the next release frees the name at once (a partial
+    /// `lock_all` rolled back must not keep the names it took).
+    pub(crate) fn without_hold(mut self) -> Self {
+        if let Some(state) = &mut self.state {
+            state.hold_until = None;
+        }
+        self
+    }
+
     /// Keeps the name taken until `until` when released earlier (`hold_at_least`).
     pub(crate) fn holding_until(mut self, until: Option<Instant>) -> Self {
         if let Some(state) = &mut self.state {

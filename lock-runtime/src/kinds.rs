@@ -470,26 +470,38 @@ async fn acquire_all(
     options::check_wait(&names[0], wait)?;
     let started = crate::clock::now();
     let deadline = started.checked_add(wait).unwrap_or(started);
-    // Dropped with the future (cancelled half-way): every guard in it releases.
-    let mut taken = Vec::with_capacity(names.len());
+    // Dropped with the future (cancelled half-way): every guard in it releases at once.
+    let mut taken = Partial(Vec::with_capacity(names.len()));
     for name in names {
         let remaining = deadline.saturating_duration_since(crate::clock::now());
         match manager.lock_named(name).options(options.wait(remaining)).await {
-            Ok(guard) => taken.push(guard),
+            Ok(guard) => taken.0.push(guard),
             Err(e) => {
-                release_all(taken).await;
+                release_all(std::mem::take(&mut taken.0)).await;
                 return Err(e);
             }
         }
     }
-    Ok(taken)
+    Ok(std::mem::take(&mut taken.0))
+}
+
+/// The locks a `lock_all` took so far: a rollback frees them at once, whatever `hold_at_least`
+/// said (that is for a completed holding, released by its holder).
+struct Partial(Vec<LockGuard>);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        for guard in self.0.drain(..) {
+            drop(guard.without_hold());
+        }
+    }
 }
 
 /// Releases every guard, awaiting each (errors only logged: the caller reports its own).
 async fn release_all(guards: Vec<LockGuard>) {
     for guard in guards {
         let name = guard.key().to_owned();
-        if let Err(e) = guard.release().await {
+        if let Err(e) = guard.without_hold().release().await {
             tracing::debug!(lock = %name, error = %e, "release of a partial lock_all failed");
         }
     }

@@ -142,3 +142,43 @@ async fn lock_all_is_lost_when_one_name_is() {
     assert!(stopped.expect_err("lost").is_lost());
     assert!(m.try_lock("c").await.expect("try").is_some(), "c released when the run stopped");
 }
+
+/// `hold_at_least` on a read lock, a write lock and a permit released early: the name stays
+/// taken until the hold ends, then is free (it was never freed before: the in-process store
+/// refused the remainder and, with no lease, kept the lock for the life of the process).
+#[tokio::test(start_paused = true)]
+async fn hold_at_least_on_kinds_keeps_then_frees() {
+    let m = LockManager::memory();
+    let hold = Duration::from_secs(30);
+    let with_hold = || lock_runtime::LockOptions::new().hold_at_least(hold);
+    let started = tokio::time::Instant::now();
+    let read = m.read_lock("rw").options(with_hold()).await.expect("reader");
+    read.release().await.expect("released early");
+    assert!(m.try_write_lock("rw").await.expect("try").is_none(), "kept until the hold ends");
+    let write = m.write_lock("rw").wait(Duration::from_secs(60)).await.expect("a writer once the hold ends");
+    assert!(started.elapsed() >= hold, "freed after {:?}", started.elapsed());
+    write.release().await.expect("release");
+
+    let permit = m.semaphore("sem", 1).options(with_hold()).await.expect("permit");
+    drop(permit);
+    assert!(m.try_semaphore("sem", 1).await.expect("try").is_none(), "kept until the hold ends");
+    let again = m.semaphore("sem", 1).wait(Duration::from_secs(60)).await.expect("a permit once the hold ends");
+    again.release().await.expect("release");
+}
+
+/// A `lock_all` rolled back (one name busy past the wait, or the call cancelled) frees the names
+/// it took at once, even with `hold_at_least`: the hold is for a completed holding.
+#[tokio::test(start_paused = true)]
+async fn a_rolled_back_lock_all_frees_at_once_despite_hold_at_least() {
+    let m = LockManager::memory();
+    let busy = m.lock("b").await.expect("b");
+    let options = lock_runtime::LockOptions::new().hold_at_least(Duration::from_secs(30)).wait(Duration::from_secs(1));
+    let err = m.lock_all(["a", "b"]).options(options).await.expect_err("b is busy");
+    assert!(err.is_contended(), "{err}");
+    assert!(m.try_lock("a").await.expect("try").is_some(), "a rolled back at once");
+    // Cancelled while waiting for b: a is freed with the future.
+    let pending = m.lock_all(["a", "b"]).options(options.wait(Duration::from_secs(60)));
+    assert!(tokio::time::timeout(Duration::from_secs(1), pending).await.is_err(), "still waiting for b");
+    assert!(m.try_lock("a").await.expect("try").is_some(), "a freed with the cancelled future");
+    drop(busy);
+}

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hashbrown::DefaultHashBuilder;
 use tokio::sync::{oneshot, Notify};
@@ -235,6 +235,45 @@ impl Kinds {
         verdict
     }
 
+    /// Keeps the holding `token` of `key` until `remaining` from now (`hold_at_least`): its
+    /// lease end becomes that instant (the queue's head re-arms its timer on it, and the queue
+    /// moves on when it passes), and a task frees an entry nobody waits for then.
+    fn release_after(
+        &self,
+        store: &MemoryBackend,
+        (space, key, hash): (Space, &Arc<str>, u64),
+        token: u64,
+        remaining: Duration,
+    ) -> Result<(), &'static str> {
+        let now = crate::clock::now();
+        let Some(until) = now.checked_add(remaining) else { return self.release(space, key, hash, token) };
+        {
+            let mut shard = self.shard(hash);
+            let Some(entry) = shard.map(space).get_mut(&**key) else {
+                return Err("it is no longer held (its lease ran out and nobody else took it yet)");
+            };
+            let Some(holder) = entry.holders.iter_mut().find(|h| h.token == token) else {
+                return Err("its lease ran out and its place was given to another holder");
+            };
+            if holder.expires_at.is_some_and(|end| now >= end) {
+                drop(shard);
+                return self.release(space, key, hash, token);
+            }
+            holder.expires_at = Some(until);
+            if let Some(head) = entry.waiters.front() {
+                head.head_changed.notify_one(); // a holder's lease end moved
+            }
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, key) = (store.clone(), key.clone());
+            runtime.spawn(async move {
+                tokio::time::sleep_until(until.into()).await;
+                store.inner.kinds.reap(space, &key, hash, crate::clock::now());
+            });
+        }
+        Ok(())
+    }
+
     /// Removes expired holders of `key` and moves the queue on; the earliest lease end left.
     fn reap(&self, space: Space, key: &str, hash: u64, now: Instant) -> Option<Instant> {
         let mut shard = self.shard(hash);
@@ -425,6 +464,16 @@ impl KindHeld {
 impl HeldLock for KindHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(std::future::ready(self.release_checked()))
+    }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        let kept = self.store.inner.kinds.release_after(
+            &self.store,
+            (self.space, &self.key, self.hash),
+            self.token,
+            remaining,
+        );
+        Box::pin(std::future::ready(kept.map_err(|reason| LockError::lost(&*self.name, reason))))
     }
 
     fn release_now(&mut self) -> Option<Result<(), LockError>> {
