@@ -131,7 +131,7 @@ impl RedisBackend {
         let key = glob_escape(prefix);
         let timeout = self.inner.options.command_timeout;
         let subscribe = async {
-            let mut pubsub = self.inner.client.get_async_pubsub().await?;
+            let mut pubsub = self.inner.source.pubsub().await?;
             pubsub.psubscribe(format!("lock:{{{key}*:released")).await?;
             pubsub.psubscribe(format!("__keyspace@*__:lock:{{{key}*")).await?;
             Ok::<_, redis::RedisError>(pubsub)

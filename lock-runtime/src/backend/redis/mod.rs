@@ -152,6 +152,7 @@
 mod inspect;
 mod kinds;
 mod layout;
+mod topology;
 mod waiters;
 
 use std::future::Future;
@@ -163,6 +164,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
+use topology::{Conn, Source};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
 use super::LockKind;
@@ -290,9 +292,9 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    conn: ConnectionManager,
-    /// For connections of their own (inspection tools' subscriptions).
-    client: redis::Client,
+    conn: Conn,
+    /// Where pub/sub connections are made (the waiters', inspection tools' subscriptions).
+    source: Source,
     waiters: Waiters,
     options: RedisOptions,
     url: String,
@@ -347,9 +349,21 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        let timings = Timings { timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
-        let waiters = Waiters::start(&runtime, client.clone(), timings);
-        Ok(RedisBackend { inner: Arc::new(Inner { conn, client, waiters, options, url: shown, runtime }) })
+        Ok(Self::from_parts(Conn::Single(conn), Source::Single(client), options, shown, &runtime))
+    }
+
+    /// A backend on `conn` and `source`, whatever the topology behind them.
+    fn from_parts(
+        conn: Conn,
+        source: Source,
+        options: RedisOptions,
+        url: String,
+        runtime: &tokio::runtime::Handle,
+    ) -> Self {
+        let timings =
+            Timings { timeout: options.command_timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
+        let waiters = Waiters::start(runtime, source.clone(), timings);
+        RedisBackend { inner: Arc::new(Inner { conn, source, waiters, options, url, runtime: runtime.clone() }) }
     }
 
     /// The options this backend was created with.
@@ -393,7 +407,7 @@ impl RedisBackend {
 /// One script call. The connection's response timeout (the command timeout) bounds it; no
 /// timer of its own (the runtime bounds every operation as well).
 async fn eval<T: FromRedisValue>(
-    conn: &ConnectionManager,
+    conn: &Conn,
     timeout: Duration,
     name: &str,
     operation: &'static str,

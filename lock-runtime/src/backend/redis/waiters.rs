@@ -51,6 +51,8 @@ use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, Notify};
 
+use super::topology::Source;
+
 /// Most channels named in one `SUBSCRIBE` / `UNSUBSCRIBE`.
 const BATCH: usize = 512;
 /// Longest pause between two reconnection attempts of the pub/sub connection.
@@ -239,10 +241,10 @@ pub(super) struct Slot {
 
 impl Waiters {
     /// Starts the pub/sub task (on `runtime`); it stops when this and every slot are dropped.
-    pub(super) fn start(runtime: &tokio::runtime::Handle, client: redis::Client, timings: Timings) -> Self {
+    pub(super) fn start(runtime: &tokio::runtime::Handle, source: Source, timings: Timings) -> Self {
         let state = Arc::new(Mutex::new(State::default()));
         let (poke, rx) = mpsc::unbounded_channel();
-        runtime.spawn(subscriber(state.clone(), client, rx, timings));
+        runtime.spawn(subscriber(state.clone(), source, rx, timings));
         Waiters { state, poke }
     }
 
@@ -497,16 +499,11 @@ async fn run_ping(ping: &mut Option<BoxFuture<'static, bool>>) -> bool {
 }
 
 /// The pub/sub task: keeps one connection, the subscriptions the queues need, and wakes heads.
-async fn subscriber(
-    state: Arc<Mutex<State>>,
-    client: redis::Client,
-    mut poke: mpsc::UnboundedReceiver<()>,
-    timings: Timings,
-) {
+async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::UnboundedReceiver<()>, timings: Timings) {
     let Timings { timeout, grace, ping: ping_every } = timings;
     let mut backoff = Duration::from_millis(20);
     loop {
-        let pubsub = match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
+        let pubsub = match tokio::time::timeout(timeout, source.pubsub()).await {
             Ok(Ok(pubsub)) => pubsub,
             outcome => {
                 let why = match outcome {

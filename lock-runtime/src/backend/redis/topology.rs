@@ -1,0 +1,58 @@
+//! Where a Redis backend's commands and subscriptions go: one server, or (behind their
+//! features) a Redis Cluster or the primary a set of Sentinels names.
+//!
+//! Everything else in the backend (scripts, waiting, watchdog, inspection) talks to a
+//! [`Conn`] for commands and asks the [`Source`] for a pub/sub connection, so every topology
+//! runs the same protocol.
+
+use redis::aio::{ConnectionLike, ConnectionManager, PubSub};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// The connection commands are sent on. Cheap to clone (clones share the connection).
+#[derive(Clone)]
+pub(super) enum Conn {
+    /// One server, through the `redis` crate's connection manager (reconnects by itself).
+    Single(ConnectionManager),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Where a pub/sub connection (the waiters' one, an inspection tool's) is made, again after
+/// every loss.
+#[derive(Clone)]
+pub(super) enum Source {
+    /// One server.
+    Single(redis::Client),
+}
+
+impl Source {
+    /// A new pub/sub connection. Unbounded: callers bound it with their command timeout.
+    pub(super) async fn pubsub(&self) -> RedisResult<PubSub> {
+        match self {
+            Source::Single(client) => client.get_async_pubsub().await,
+        }
+    }
+}
