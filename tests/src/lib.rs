@@ -8,6 +8,8 @@ pub mod jepsen;
 #[cfg(feature = "postgres")]
 pub mod pg_server;
 #[cfg(feature = "redis")]
+pub mod redis_cluster;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod zk_server;
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::Value;
 
+use super::topology::Conn;
 use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, KIND};
 use crate::backend::{ForceRelease, Holder, LockInfo};
 use crate::error::LockError;
@@ -15,29 +16,18 @@ const SCAN_COUNT: usize = 500;
 
 impl RedisBackend {
     /// The locks held now whose key (the manager prefix followed by the name) starts with
-    /// `prefix`, sorted by key. Scans the keyspace (`SCAN`, never `KEYS`), so a busy server is
-    /// not blocked; a lock taken or released during the scan may or may not be listed.
+    /// `prefix`, sorted by key. Scans the keyspace (`SCAN`, never `KEYS`; on a Redis Cluster,
+    /// every primary's in turn), so a busy server is not blocked; a lock taken or released
+    /// during the scan may or may not be listed.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
         let pattern = format!("lock:{{{}*", glob_escape(prefix));
-        let mut conn = self.inner.conn.clone();
-        let mut keys = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| LockError::backend(prefix, KIND, "list", e))?;
-            keys.extend(batch.iter().filter_map(|k| KeyLayout::key_of(k)).map(str::to_owned));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+        let found = match &self.inner.conn {
+            // A cluster's keys are spread over its primaries: each is scanned.
+            Conn::Cluster(cluster) => super::cluster::scan_primaries(cluster, &pattern, SCAN_COUNT).await,
+            conn => scan(conn, &pattern).await,
+        };
+        let found = found.map_err(|e| LockError::backend(prefix, KIND, "list", e))?;
+        let mut keys: Vec<String> = found.iter().filter_map(|k| KeyLayout::key_of(k)).map(str::to_owned).collect();
         keys.sort_unstable();
         keys.dedup();
         let mut locks = Vec::with_capacity(keys.len());
@@ -98,6 +88,28 @@ impl RedisBackend {
             0 => ForceRelease::NotHeld,
             _ => ForceRelease::OwnerChanged(owner),
         })
+    }
+}
+
+/// The keys matching `pattern` on the server of `conn`.
+async fn scan(conn: &Conn, pattern: &str) -> redis::RedisResult<Vec<String>> {
+    let mut conn = conn.clone();
+    let mut keys = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(&mut conn)
+            .await?;
+        keys.extend(batch);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
     }
 }
 

@@ -18,6 +18,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! On a Redis Cluster, the same protocol runs through [`RedisBackend::cluster`] /
+//! [`LockManager::redis_cluster`]: see the [cluster module docs](cluster) for routing,
+//! pub/sub across nodes, failover and resharding.
+//!
 //! # Protocol
 //!
 //! - **Acquire, extend, release and a waiter's look at the lock** are atomic Lua scripts
@@ -149,6 +153,7 @@
 //! hand it over 7,500 to 11,000 times a second, every acquisition a hand-off, with fairness
 //! 1.00 (fewest over most acquisitions per task).
 
+pub mod cluster;
 mod inspect;
 mod kinds;
 mod layout;

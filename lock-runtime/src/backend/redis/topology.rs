@@ -13,12 +13,16 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 pub(super) enum Conn {
     /// One server, through the `redis` crate's connection manager (reconnects by itself).
     Single(ConnectionManager),
+    /// A Redis Cluster, through the `redis` crate's cluster client (routes by key, follows
+    /// redirections, reconnects); scripts reach the node that runs them (see `cluster.rs`).
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => super::cluster::command(conn, cmd),
         }
     }
 
@@ -30,12 +34,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
         }
     }
 }
@@ -46,6 +52,9 @@ impl ConnectionLike for Conn {
 pub(super) enum Source {
     /// One server.
     Single(redis::Client),
+    /// A Redis Cluster: any node hears every release (classic pub/sub is broadcast), so one
+    /// node, the next known one after each loss (see `cluster.rs`).
+    Cluster(std::sync::Arc<super::cluster::Nodes>),
 }
 
 impl Source {
@@ -53,6 +62,7 @@ impl Source {
     pub(super) async fn pubsub(&self) -> RedisResult<PubSub> {
         match self {
             Source::Single(client) => client.get_async_pubsub().await,
+            Source::Cluster(nodes) => nodes.pubsub().await,
         }
     }
 }

@@ -1,0 +1,387 @@
+//! A real Redis Cluster for the cluster backend tests: `redis-server` processes in cluster
+//! mode on free loopback ports (client and bus ports both picked free), one temporary
+//! directory, no persistence, joined with `redis-cli --cluster create`. Every node is killed
+//! by its own pid when the cluster is dropped (or, for a cluster kept in a static, by a small
+//! reaper when the test binary exits).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::{key_slot, KeyLayout};
+
+use crate::free_port;
+
+/// How long a node may take to answer one command of the harness.
+const NODE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Keys moved per `MIGRATE` by [`RedisCluster::migrate_slot`].
+const MIGRATE_BATCH: usize = 100;
+
+/// One node of a [`RedisCluster`].
+#[derive(Debug)]
+struct Node {
+    port: u16,
+    bus: u16,
+    child: Option<Child>,
+}
+
+/// A Redis Cluster this test owns.
+#[derive(Debug)]
+pub struct RedisCluster {
+    dir: PathBuf,
+    nodes: Vec<Node>,
+}
+
+/// A primary as a node sees it in `CLUSTER NODES`: its port and the slots it owns.
+#[derive(Debug, Clone)]
+struct Owner {
+    port: u16,
+    slots: Vec<(u16, u16)>,
+}
+
+impl RedisCluster {
+    /// Starts `primaries` primaries with `replicas_per_primary` replicas each, creates the
+    /// cluster and waits until every node sees every slot served and every other node
+    /// connected (so a `PUBLISH` anywhere reaches every node).
+    ///
+    /// Panics (it is test support) when `redis-server` / `redis-cli` are missing or the cluster
+    /// does not form within 30 s.
+    pub fn start(primaries: usize, replicas_per_primary: usize) -> Self {
+        assert!(primaries >= 1, "a cluster needs a primary");
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-tests-redis-cluster-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir for the cluster");
+        let total = primaries * (1 + replicas_per_primary);
+        let mut taken = HashSet::new();
+        let mut port = || loop {
+            let p = free_port();
+            if taken.insert(p) {
+                return p;
+            }
+        };
+        let nodes = (0..total).map(|_| Node { port: port(), bus: port(), child: None }).collect();
+        let mut cluster = RedisCluster { dir, nodes };
+        for i in 0..total {
+            cluster.spawn(i);
+        }
+        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas_per_primary.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run `redis-cli --cluster create` (install redis-tools)");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let dir = self.dir.clone();
+        let node = &mut self.nodes[i];
+        let port = node.port.to_string();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("redis-{port}.log")))
+            .expect("log file");
+        let child = Command::new("redis-server")
+            .args(["--port", &port, "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
+            .args(["--cluster-port", &node.bus.to_string()])
+            .args(["--cluster-config-file", &dir.join(format!("nodes-{port}.conf")).to_string_lossy()])
+            .args(["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("run `redis-server` (install it: apt-get install redis-server)");
+        // If the test process ends without dropping the cluster (a static, a crash), a reaper
+        // kills the node by its pid: it lives while both processes do.
+        let reaper = format!(
+            "while kill -0 {test} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+             kill -9 {pid} 2>/dev/null; kill -0 {test} 2>/dev/null || rm -rf '{dir}'",
+            test = std::process::id(),
+            pid = child.id(),
+            dir = dir.display(),
+        );
+        let _ = Command::new("sh")
+            .args(["-c", &reaper])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        node.child = Some(child);
+        let started = Instant::now();
+        while self.query::<String>(i, &["PING"]).is_err() {
+            if let Some(status) = self.nodes[i].child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let log = std::fs::read_to_string(self.dir.join(format!("redis-{port}.log"))).unwrap_or_default();
+                panic!("redis-server {port} exited with {status}: {log}");
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "redis-server {port} did not answer PING");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// One command on node `i`, bounded by [`NODE_TIMEOUT`].
+    pub fn query<T: redis::FromRedisValue>(&self, i: usize, args: &[&str]) -> Result<T, String> {
+        let client = redis::Client::open(self.url(i)).map_err(|e| e.to_string())?;
+        let mut conn = client.get_connection_with_timeout(NODE_TIMEOUT).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(NODE_TIMEOUT)).map_err(|e| e.to_string())?;
+        conn.set_write_timeout(Some(NODE_TIMEOUT)).map_err(|e| e.to_string())?;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn).map_err(|e| e.to_string())
+    }
+
+    /// The URLs of every node (killed ones included), in index order.
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.nodes.len()).map(|i| self.url(i)).collect()
+    }
+
+    /// `redis://127.0.0.1:<port>` of node `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}", self.nodes[i].port)
+    }
+
+    /// The client port of node `i`.
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].port
+    }
+
+    /// How many nodes the cluster was started with.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the cluster has no node (never: [`start`](Self::start) refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Whether node `i` runs (not killed; maybe paused).
+    pub fn running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
+    fn index_of(&self, port: u16) -> usize {
+        self.nodes.iter().position(|n| n.port == port).expect("a node of this cluster")
+    }
+
+    /// Kills node `i` with SIGKILL (its data is gone: no persistence).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `i` again on its ports with its cluster configuration (it rejoins; a
+    /// primary that was failed over comes back as a replica), with an empty dataset.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+    }
+
+    /// Freezes node `i` (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Lets a paused node run again (SIGCONT).
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let pid = self.nodes[i].child.as_ref().expect("node running").id();
+        let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    /// The node index of the primary serving `slot`, as the first running node that answers
+    /// sees it.
+    pub fn slot_owner(&self, slot: u16) -> usize {
+        let owners = (0..self.nodes.len())
+            .filter(|&i| self.running(i))
+            .find_map(|i| self.owners(i).ok())
+            .expect("a running node answers CLUSTER NODES");
+        let owner = owners.iter().find(|o| o.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)));
+        self.index_of(owner.expect("every slot is served").port)
+    }
+
+    /// The node index of the primary serving the lock of backend key `key` (the manager
+    /// prefix followed by the lock name).
+    pub fn primary_of(&self, key: &str) -> usize {
+        self.slot_owner(slot_of(key))
+    }
+
+    /// The node indexes of the running primaries.
+    pub fn primaries(&self) -> Vec<usize> {
+        let owners = (0..self.nodes.len())
+            .filter(|&i| self.running(i))
+            .find_map(|i| self.owners(i).ok())
+            .expect("a running node answers CLUSTER NODES");
+        owners.iter().filter(|o| !o.slots.is_empty()).map(|o| self.index_of(o.port)).collect()
+    }
+
+    /// The primaries node `i` sees (failed ones left out), with their slots.
+    fn owners(&self, i: usize) -> Result<Vec<Owner>, String> {
+        let text: String = self.query(i, &["CLUSTER", "NODES"])?;
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let flags = *fields.get(2)?;
+                if !flags.split(',').any(|f| f == "master") || flags.split(',').any(|f| f.starts_with("fail")) {
+                    return None;
+                }
+                let port = fields[1].split(['@', ',']).next()?.rsplit_once(':')?.1.parse().ok()?;
+                let slots = fields[8..]
+                    .iter()
+                    .filter(|s| !s.starts_with('['))
+                    .filter_map(|s| match s.split_once('-') {
+                        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                        None => s.parse().ok().map(|a| (a, a)),
+                    })
+                    .collect();
+                Some(Owner { port, slots })
+            })
+            .collect())
+    }
+
+    /// The node id of node `i`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.query(i, &["CLUSTER", "MYID"]).expect("CLUSTER MYID")
+    }
+
+    /// Whether every running node reports `cluster_state:ok`, sees every slot served by a
+    /// running primary, and sees every other running node connected.
+    fn healthy(&self) -> bool {
+        let running: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.running(i)).collect();
+        let live: HashSet<u16> = running.iter().map(|&i| self.nodes[i].port).collect();
+        running.iter().all(|&i| {
+            let info: String = match self.query(i, &["CLUSTER", "INFO"]) {
+                Ok(info) => info,
+                Err(_) => return false,
+            };
+            if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                return false;
+            }
+            let Ok(owners) = self.owners(i) else { return false };
+            let covered: usize = owners
+                .iter()
+                .filter(|o| live.contains(&o.port))
+                .flat_map(|o| o.slots.iter())
+                .map(|&(a, b)| usize::from(b - a) + 1)
+                .sum();
+            let Ok(text) = self.query::<String>(i, &["CLUSTER", "NODES"]) else { return false };
+            let connected = text
+                .lines()
+                .filter(|l| l.split_whitespace().nth(7) == Some("connected"))
+                .filter(|l| !l.split_whitespace().nth(2).unwrap_or("").contains("fail"))
+                .count();
+            covered == 16_384 && connected == running.len()
+        })
+    }
+
+    /// Waits (polling the nodes: there is no signal) until the cluster is healthy: every
+    /// running node reports `cluster_state:ok`, every slot is served by a running primary, and
+    /// every running node sees the others connected. Panics after `within`.
+    pub fn wait_healthy(&self, within: Duration) {
+        let started = Instant::now();
+        while !self.healthy() {
+            assert!(started.elapsed() < within, "the cluster did not become healthy within {within:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the slots of the killed primary `killed` are served by a replica promoted
+    /// in its place and the cluster is healthy again (see [`wait_healthy`](Self::wait_healthy));
+    /// returns the promoted node's index. Panics after `within`.
+    pub fn wait_for_failover(&self, killed: usize, within: Duration) -> usize {
+        assert!(!self.running(killed), "kill node {killed} first");
+        self.wait_healthy(within);
+        let killed_port = self.nodes[killed].port;
+        let promoted: Vec<usize> = self.primaries().into_iter().filter(|&i| self.nodes[i].port != killed_port).collect();
+        // The promoted replica won an election: its config epoch is above every other's.
+        *promoted.iter().max_by_key(|&&i| self.config_epoch(i)).expect("a promoted primary")
+    }
+
+    /// The config epoch of node `i` (a promotion raises it above every other).
+    fn config_epoch(&self, i: usize) -> u64 {
+        let info: String = self.query(i, &["CLUSTER", "INFO"]).unwrap_or_default();
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix("cluster_my_epoch:"))
+            .and_then(|e| e.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Moves `slot` from primary `from` to primary `to` as `redis-cli --cluster reshard` does:
+    /// `CLUSTER SETSLOT IMPORTING` / `MIGRATING`, its keys moved in batches (`CLUSTER
+    /// GETKEYSINSLOT`, `MIGRATE`), then `CLUSTER SETSLOT NODE` on every primary.
+    pub fn migrate_slot(&self, slot: u16, from: usize, to: usize) {
+        let slot_text = slot.to_string();
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let _: String = self.query(to, &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id]).expect("IMPORTING");
+        let _: String = self.query(from, &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id]).expect("MIGRATING");
+        let to_port = self.port(to).to_string();
+        let batch = MIGRATE_BATCH.to_string();
+        loop {
+            let keys: Vec<String> =
+                self.query(from, &["CLUSTER", "GETKEYSINSLOT", &slot_text, &batch]).expect("GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(String::as_str));
+            let _: String = self.query(from, &args).expect("MIGRATE");
+        }
+        let _: String = self.query(to, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]).expect("SETSLOT NODE");
+        let _: String = self.query(from, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]).expect("SETSLOT NODE");
+        for other in self.primaries() {
+            if other != from && other != to {
+                let _: Result<String, _> = self.query(other, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]);
+            }
+        }
+    }
+}
+
+/// The hash slot of the lock of backend key `key`.
+pub fn slot_of(key: &str) -> u16 {
+    key_slot(KeyLayout::of(key).lock.as_bytes())
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i); // SIGKILL, which also ends a paused node
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One 3-primary cluster (no replicas) shared by the tests of a binary that neither kill,
+/// pause nor reshard it (killed by its reapers when the binary exits). Tests that do start
+/// their own.
+pub fn shared() -> &'static RedisCluster {
+    static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
