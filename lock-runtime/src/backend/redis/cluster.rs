@@ -337,13 +337,18 @@ pub(super) fn command<'a>(conn: &'a mut ClusterConnection, cmd: &'a Cmd) -> Redi
             }
         }
         let answer = conn.req_packed_command(cmd).await;
+        // A server's error comes back as a value (or, from some paths, as an error).
+        let noscript = match &answer {
+            Ok(Value::ServerError(e)) => e.kind() == Some(redis::ServerErrorKind::NoScript),
+            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            Ok(_) => false,
+        };
         match answer {
-            Err(e) if verb(0, "EVALSHA") && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let source = args.get(1).and_then(|sha| {
-                    let sha = std::str::from_utf8(sha).ok()?.to_ascii_lowercase();
-                    SOURCES.lock().unwrap_or_else(|e| e.into_inner()).get(&sha).cloned()
+            _ if noscript && verb(0, "EVALSHA") && args.len() >= 3 => {
+                let source = std::str::from_utf8(args[1]).ok().and_then(|sha| {
+                    SOURCES.lock().unwrap_or_else(|e| e.into_inner()).get(&sha.to_ascii_lowercase()).cloned()
                 });
-                let Some(source) = source else { return Err(e) };
+                let Some(source) = source else { return answer };
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(&*source);
                 for arg in &args[2..] {

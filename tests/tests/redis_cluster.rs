@@ -1,0 +1,294 @@
+//! The Redis backend on a real Redis Cluster (`redis-server --cluster-enabled yes` processes
+//! this binary starts): the conformance suite on a shared 3-primary cluster, locks spread over
+//! primaries, wake-ups across nodes, a primary killed under contention (failover), a slot
+//! migrated under contention, and bad input.
+
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
+use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::redis_cluster::{self, slot_of, RedisCluster};
+
+lock_tests::conformance_suite!({
+    let cluster = redis_cluster::shared();
+    move |builder: LockManagerBuilder| {
+        let urls = cluster.urls();
+        async move { builder.redis_cluster(&urls).await.expect("connect") }
+    }
+});
+
+async fn manager(urls: &[String], timeout: Duration) -> LockManager {
+    let backend =
+        RedisBackend::cluster(urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+    LockManager::builder().backend(backend)
+}
+
+/// A name (unique to this run) whose lock lives on primary `node` of `cluster`.
+fn name_on(cluster: &RedisCluster, node: usize, label: &str) -> String {
+    (0..)
+        .map(|i| format!("{}-{i}", lock_tests::unique(label)))
+        .find(|name| cluster.primary_of(name) == node)
+        .expect("some name lands on every primary")
+}
+
+/// The node whose pub/sub connections listen on `channel` right now (`PUBSUB NUMSUB` counts a
+/// node's own subscribers only), polled (no signal exists) until one does.
+async fn subscriber_node(cluster: &RedisCluster, channel: &str) -> usize {
+    let started = Instant::now();
+    loop {
+        for i in 0..cluster.len() {
+            let (_, n): (String, u64) = cluster.query(i, &["PUBSUB", "NUMSUB", channel]).expect("NUMSUB");
+            if n > 0 {
+                return i;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "nobody subscribed to {channel}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls the lock's key (no signal exists) until a waiter marked it waited on.
+async fn await_marked(cluster: &RedisCluster, name: &str) {
+    let key = KeyLayout::of(name).lock;
+    let owner = cluster.primary_of(name);
+    let started = Instant::now();
+    loop {
+        let value: Option<String> = cluster.query(owner, &["GET", &key]).expect("GET");
+        if value.is_some_and(|v| v.ends_with('+')) {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{name} was never marked waited on");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_different_primaries_are_held_at_once_and_listed() {
+    let cluster = redis_cluster::shared();
+    let urls = cluster.urls();
+    let m = manager(&urls, Duration::from_secs(2)).await;
+    let names: Vec<String> = (0..3).map(|node| name_on(cluster, node, "spread")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(m.lock(name).wait(Duration::ZERO).await.expect("each primary grants its lock"));
+    }
+    // Every lock is where its slot says, and held at once.
+    for (node, name) in names.iter().enumerate() {
+        let value: Option<String> = cluster.query(node, &["GET", &KeyLayout::of(name).lock]).expect("GET");
+        assert!(value.is_some(), "{name} is held on primary {node}");
+        assert!(m.try_lock(name).await.expect("try_lock").is_none(), "{name} is held");
+    }
+    // `list` scans every primary, `inspect` finds each.
+    let backend = RedisBackend::cluster(&urls, RedisOptions::default()).await.expect("connect");
+    let prefix = names[0].split(':').next().expect("label");
+    let listed: Vec<String> = backend.list(prefix).await.expect("list").into_iter().map(|l| l.key).collect();
+    for name in &names {
+        assert!(listed.contains(name), "{name} listed in {listed:?}");
+        let info = backend.inspect(name).await.expect("inspect").expect("held");
+        assert!(info.fencing_token.is_some());
+    }
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    for name in &names {
+        assert!(backend.inspect(name).await.expect("inspect").is_none(), "{name} released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_one_node_wakes_a_waiter_subscribed_on_another() {
+    let cluster = redis_cluster::shared();
+    let urls = cluster.urls();
+    let holder = manager(&urls, Duration::from_secs(2)).await;
+    let waiter = Arc::new(manager(&urls, Duration::from_secs(2)).await);
+    // Find the node the waiter's pub/sub connection went to, with a first lock...
+    let first = lock_tests::unique("warmup");
+    let guard = holder.lock(&first).lease(Duration::from_secs(30)).await.expect("lock");
+    let task = {
+        let (waiter, first) = (waiter.clone(), first.clone());
+        tokio::spawn(async move { waiter.lock(&first).wait(Duration::from_secs(10)).await.map(|g| g.release()) })
+    };
+    let subscribed_on = subscriber_node(cluster, &KeyLayout::of(&first).channel).await;
+    guard.release().await.expect("release");
+    task.await.expect("task").expect("granted").await.expect("release");
+    // ... then hold one whose primary is another node.
+    let other = (0..3).find(|&n| n != subscribed_on).expect("another primary");
+    let name = name_on(cluster, other, "across");
+    let guard = holder.lock(&name).lease(Duration::from_secs(30)).await.expect("lock");
+    let started = Instant::now();
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name).wait(Duration::from_secs(10)).await })
+    };
+    await_marked(cluster, &name).await;
+    assert_eq!(subscriber_node(cluster, &KeyLayout::of(&name).channel).await, subscribed_on, "same connection");
+    guard.release().await.expect("release");
+    // The lease (30 s) would end after the wait (10 s): only the publication can grant it.
+    let granted = task.await.expect("task").expect("woken by the release published on another node");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    granted.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_invalid_and_nothing_listening_is_a_backend_error() {
+    let none: [&str; 0] = [];
+    let err = LockManager::redis_cluster(none).await.expect_err("no node");
+    assert!(err.is_invalid(), "{err}");
+    for bad in ["not a url", "http://127.0.0.1:7000", "redis+unix:///tmp/redis.sock"] {
+        let err = LockManager::redis_cluster([bad]).await.expect_err(bad);
+        assert!(err.is_invalid(), "{bad}: {err}");
+    }
+    let err = RedisBackend::cluster(["redis://127.0.0.1:7000"], RedisOptions::default().command_timeout(Duration::ZERO))
+        .await
+        .expect_err("zero timeout");
+    assert!(err.is_invalid(), "{err}");
+    let timeout = Duration::from_millis(500);
+    let nobody = [format!("redis://127.0.0.1:{}", lock_tests::free_port())];
+    let started = Instant::now();
+    let err = RedisBackend::cluster(&nobody, RedisOptions::default().command_timeout(timeout))
+        .await
+        .expect_err("nothing listens");
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < timeout + Duration::from_millis(250), "bounded by the command timeout");
+    // Must accept a slice of literals.
+    let literals = &["redis://127.0.0.1:1", "redis://127.0.0.1:2"];
+    let err = LockManager::builder().redis_cluster(literals).await.expect_err("nothing listens");
+    assert!(err.is_backend(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_after_their_holders_primary_fails_over() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let urls = cluster.urls();
+    let timeout = Duration::from_millis(1000);
+    let wait = Duration::from_secs(25);
+    let name = lock_tests::unique("failover");
+    let victim = cluster.primary_of(&name);
+    // Renewed by the watchdog every second (a 3 s lease).
+    let backend = RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+    let holder = LockManager::builder().default_lease(Duration::from_secs(3)).backend(backend);
+    let guard = holder.lock(&name).await.expect("lock");
+    let first_token = guard.fencing_token();
+    let granted = Arc::new(AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let m = manager(&urls, timeout).await;
+        let (name, granted) = (name.clone(), granted.clone());
+        waiters.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = m.lock(&name).wait(wait).await;
+            let took = started.elapsed();
+            let guard = outcome.map_err(|e| format!("{e} after {took:?}"))?;
+            let token = guard.fencing_token();
+            granted.fetch_add(1, Ordering::SeqCst);
+            guard.release().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((took, token))
+        }));
+    }
+    await_marked(&cluster, &name).await;
+    let key = KeyLayout::of(&name).lock;
+    let held: String = cluster.query(victim, &["GET", &key]).expect("GET");
+    let owner = held.split('#').next().expect("owner").to_owned();
+    let killed_at = Instant::now();
+    cluster.kill(victim);
+    let promoted = tokio::task::block_in_place(|| cluster.wait_for_failover(victim, Duration::from_secs(20)));
+    assert_ne!(promoted, victim);
+    let failed_over = killed_at.elapsed();
+    // Async replication: the promoted replica kept the lock, or not. Kept, its holder renews
+    // and releases it; lost, the holder's next renewal finds it gone (or a waiter's) and says so.
+    let kept: Option<String> = cluster.query(promoted, &["GET", &key]).expect("GET");
+    let kept = kept.is_some_and(|v| v.split('#').next() == Some(owner.as_str()));
+    if !kept {
+        tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("a lock lost with its primary fires lost()");
+    }
+    match guard.release().await {
+        Ok(()) => assert!(kept, "a lost lock cannot be released"),
+        Err(e) => assert!(e.is_lost(), "{e}"),
+    }
+    let mut tokens = Vec::new();
+    for w in waiters {
+        let (took, token) = w.await.expect("task").expect("every waiter is granted after the failover");
+        assert!(took < wait + timeout, "bounded by its wait: {took:?}");
+        assert!(token > first_token, "tokens still increase: {token} after {first_token}");
+        tokens.push(token);
+    }
+    assert_eq!(granted.load(Ordering::SeqCst), 3);
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "distinct tokens");
+    // New locks work, on the promoted primary too.
+    let fresh = name_on(&cluster, promoted, "after-failover");
+    let g = holder.lock(&fresh).wait(Duration::from_secs(2)).await.expect("new lock on the promoted primary");
+    g.release().await.expect("release");
+    println!("failover took {failed_over:?}; all waiters granted {:?} after the kill", killed_at.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_under_contention_keeps_mutual_exclusion() {
+    let cluster = Arc::new(RedisCluster::start(3, 0));
+    let urls = cluster.urls();
+    let name = lock_tests::unique("migrate");
+    let from = cluster.primary_of(&name);
+    let to = (from + 1) % 3;
+    let slot = slot_of(&name);
+    let stop = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(AtomicU64::new(0));
+    let last_token = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..6 {
+        // Two processes' worth of backends: local queues and pub/sub both in play.
+        let m = Arc::new(manager(&urls, Duration::from_secs(2)).await);
+        let (name, stop, inside, counter, last_token) =
+            (name.clone(), stop.clone(), inside.clone(), counter.clone(), last_token.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::SeqCst) || rounds == 0 {
+                let guard = m.lock(&name).wait(Duration::from_secs(20)).await.map_err(|e| format!("task {t}: {e}"))?;
+                let token = guard.fencing_token();
+                let previous = last_token.swap(token, Ordering::SeqCst);
+                assert!(token > previous, "tokens strictly increase: {token} after {previous}");
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.map_err(|e| format!("task {t}: release: {e}"))?;
+                rounds += 1;
+            }
+            Ok::<u64, String>(rounds)
+        }));
+    }
+    // Contention is running: wait until some hand-offs happened, then migrate the slot.
+    let started = Instant::now();
+    while counter.load(Ordering::SeqCst) < 20 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no progress before the migration");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = counter.load(Ordering::SeqCst);
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.migrate_slot(slot, from, to)).await.expect("migration");
+    assert_eq!(cluster.primary_of(&name), to, "the slot moved");
+    // More hand-offs on the new primary, then stop.
+    let moved_at = counter.load(Ordering::SeqCst);
+    let started = Instant::now();
+    while counter.load(Ordering::SeqCst) < moved_at + 20 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no progress after the migration");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task").expect("every task finishes");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), total, "no lost update");
+    let key = KeyLayout::of(&name).lock;
+    let exists: i64 = cluster.query(to, &["EXISTS", &key]).expect("EXISTS");
+    assert_eq!(exists, 0, "released on the new primary");
+    println!("{total} acquisitions, {before} before the migration, {} during it", moved_at - before);
+}
