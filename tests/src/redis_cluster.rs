@@ -105,6 +105,8 @@ impl RedisCluster {
             .args(["--cluster-port", &node.bus.to_string()])
             .args(["--cluster-config-file", &dir.join(format!("nodes-{port}.conf")).to_string_lossy()])
             .args(["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"])
+            // Replicas sync at once (the default waits 5 s for more replicas to share a transfer).
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(["--protected-mode", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -273,7 +275,8 @@ impl RedisCluster {
     }
 
     /// Whether every running node reports `cluster_state:ok`, sees every slot served by a
-    /// running primary, and sees every other running node connected.
+    /// running primary, and sees every other running node connected, and every replica is in
+    /// sync with its primary.
     fn healthy(&self) -> bool {
         let running: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.running(i)).collect();
         let live: HashSet<u16> = running.iter().map(|&i| self.nodes[i].port).collect();
@@ -298,17 +301,33 @@ impl RedisCluster {
                 .filter(|l| l.split_whitespace().nth(7) == Some("connected"))
                 .filter(|l| !l.split_whitespace().nth(2).unwrap_or("").contains("fail"))
                 .count();
-            covered == 16_384 && connected == running.len()
+            // A replica that never synced cannot take over: wait for its link.
+            let Ok(replication) = self.query::<String>(i, &["INFO", "replication"]) else { return false };
+            let synced = !replication.lines().any(|l| l.trim() == "role:slave")
+                || replication.lines().any(|l| l.trim() == "master_link_status:up");
+            covered == 16_384 && connected == running.len() && synced
         })
     }
 
     /// Waits (polling the nodes: there is no signal) until the cluster is healthy: every
-    /// running node reports `cluster_state:ok`, every slot is served by a running primary, and
-    /// every running node sees the others connected. Panics after `within`.
+    /// running node reports `cluster_state:ok`, every slot is served by a running primary,
+    /// every running node sees the others connected, and every replica's link to its primary
+    /// is up. Panics after `within`.
     pub fn wait_healthy(&self, within: Duration) {
         let started = Instant::now();
         while !self.healthy() {
-            assert!(started.elapsed() < within, "the cluster did not become healthy within {within:?}");
+            if started.elapsed() > within {
+                let views: Vec<String> = (0..self.nodes.len())
+                    .filter(|&i| self.running(i))
+                    .map(|i| {
+                        let info: String = self.query(i, &["CLUSTER", "INFO"]).unwrap_or_default();
+                        let state = info.lines().find(|l| l.starts_with("cluster_state")).unwrap_or("").to_owned();
+                        let nodes: String = self.query(i, &["CLUSTER", "NODES"]).unwrap_or_default();
+                        format!("node {i} ({state}):\n{nodes}")
+                    })
+                    .collect();
+                panic!("the cluster did not become healthy within {within:?}:\n{}", views.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }

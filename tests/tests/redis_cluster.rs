@@ -225,7 +225,11 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
     let fresh = name_on(&cluster, promoted, "after-failover");
     let g = holder.lock(&fresh).wait(Duration::from_secs(2)).await.expect("new lock on the promoted primary");
     g.release().await.expect("release");
-    println!("failover took {failed_over:?}; all waiters granted {:?} after the kill", killed_at.elapsed());
+    println!(
+        "failover took {failed_over:?}; the lock was {} by the promoted replica; all waiters granted {:?} after the kill",
+        if kept { "kept" } else { "lost" },
+        killed_at.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
