@@ -339,7 +339,8 @@ impl RedisCluster {
         assert!(!self.running(killed), "kill node {killed} first");
         self.wait_healthy(within);
         let killed_port = self.nodes[killed].port;
-        let promoted: Vec<usize> = self.primaries().into_iter().filter(|&i| self.nodes[i].port != killed_port).collect();
+        let promoted: Vec<usize> =
+            self.primaries().into_iter().filter(|&i| self.nodes[i].port != killed_port).collect();
         // The promoted replica won an election: its config epoch is above every other's.
         *promoted.iter().max_by_key(|&&i| self.config_epoch(i)).expect("a promoted primary")
     }
@@ -347,10 +348,7 @@ impl RedisCluster {
     /// The config epoch of node `i` (a promotion raises it above every other).
     fn config_epoch(&self, i: usize) -> u64 {
         let info: String = self.query(i, &["CLUSTER", "INFO"]).unwrap_or_default();
-        info.lines()
-            .find_map(|l| l.trim().strip_prefix("cluster_my_epoch:"))
-            .and_then(|e| e.parse().ok())
-            .unwrap_or(0)
+        info.lines().find_map(|l| l.trim().strip_prefix("cluster_my_epoch:")).and_then(|e| e.parse().ok()).unwrap_or(0)
     }
 
     /// Moves `slot` from primary `from` to primary `to` as `redis-cli --cluster reshard` does:

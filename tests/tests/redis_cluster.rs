@@ -23,8 +23,7 @@ lock_tests::conformance_suite!({
 });
 
 async fn manager(urls: &[String], timeout: Duration) -> LockManager {
-    let backend =
-        RedisBackend::cluster(urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+    let backend = RedisBackend::cluster(urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
     LockManager::builder().backend(backend)
 }
 
@@ -143,9 +142,10 @@ async fn bad_input_is_invalid_and_nothing_listening_is_a_backend_error() {
         let err = LockManager::redis_cluster([bad]).await.expect_err(bad);
         assert!(err.is_invalid(), "{bad}: {err}");
     }
-    let err = RedisBackend::cluster(["redis://127.0.0.1:7000"], RedisOptions::default().command_timeout(Duration::ZERO))
-        .await
-        .expect_err("zero timeout");
+    let err =
+        RedisBackend::cluster(["redis://127.0.0.1:7000"], RedisOptions::default().command_timeout(Duration::ZERO))
+            .await
+            .expect_err("zero timeout");
     assert!(err.is_invalid(), "{err}");
     let timeout = Duration::from_millis(500);
     let nobody = [format!("redis://127.0.0.1:{}", lock_tests::free_port())];
@@ -170,7 +170,8 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
     let name = lock_tests::unique("failover");
     let victim = cluster.primary_of(&name);
     // Renewed by the watchdog every second (a 3 s lease).
-    let backend = RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+    let backend =
+        RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
     let holder = LockManager::builder().default_lease(Duration::from_secs(3)).backend(backend);
     let guard = holder.lock(&name).await.expect("lock");
     let first_token = guard.fencing_token();
@@ -204,7 +205,9 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
     let kept: Option<String> = cluster.query(promoted, &["GET", &key]).expect("GET");
     let kept = kept.is_some_and(|v| v.split('#').next() == Some(owner.as_str()));
     if !kept {
-        tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("a lock lost with its primary fires lost()");
+        tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("a lock lost with its primary fires lost()");
     }
     match guard.release().await {
         Ok(()) => assert!(kept, "a lost lock cannot be released"),

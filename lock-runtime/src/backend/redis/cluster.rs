@@ -152,7 +152,8 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        let source = Nodes { seeds, learned: Mutex::new(Vec::new()), next: AtomicUsize::new(0), conn: conn.clone(), timeout };
+        let source =
+            Nodes { seeds, learned: Mutex::new(Vec::new()), next: AtomicUsize::new(0), conn: conn.clone(), timeout };
         Ok(Self::from_parts(Conn::Cluster(conn), Source::Cluster(Arc::new(source)), options, shown, &runtime))
     }
 }
