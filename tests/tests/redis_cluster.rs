@@ -134,6 +134,46 @@ async fn a_release_on_one_node_wakes_a_waiter_subscribed_on_another() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_pubsub_connection_moves_to_another_node_and_still_wakes_waiters() {
+    let cluster = RedisCluster::start(3, 0);
+    let urls = cluster.urls();
+    let holder = manager(&urls, Duration::from_secs(1)).await;
+    let waiter = Arc::new(manager(&urls, Duration::from_secs(1)).await);
+    let name = lock_tests::unique("moved");
+    let channel = KeyLayout::of(&name).channel;
+    let guard = holder.lock(&name).lease(Duration::from_secs(30)).await.expect("lock");
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name).wait(Duration::from_secs(10)).await })
+    };
+    let first = subscriber_node(&cluster, &channel).await;
+    let killed: i64 = cluster.query(first, &["CLIENT", "KILL", "TYPE", "pubsub"]).expect("CLIENT KILL");
+    assert!(killed >= 1, "the waiter's pub/sub connection (and maybe the holder's)");
+    // It comes back on the next node in turn, subscribed again (polled: no signal exists).
+    let started = Instant::now();
+    let second = loop {
+        let on: Vec<usize> = (0..3)
+            .filter(|&i| {
+                let (_, n): (String, u64) = cluster.query(i, &["PUBSUB", "NUMSUB", &channel]).expect("NUMSUB");
+                n > 0
+            })
+            .collect();
+        if let [node] = on[..] {
+            if node != first {
+                break node;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "never resubscribed elsewhere: {on:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    guard.release().await.expect("release");
+    // The lease (30 s) would end after the wait (10 s): only the publication can grant it.
+    let granted = task.await.expect("task").expect("woken through the new connection");
+    granted.release().await.expect("release");
+    println!("pub/sub moved from node {first} to node {second}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_invalid_and_nothing_listening_is_a_backend_error() {
     let none: [&str; 0] = [];
     let err = LockManager::redis_cluster(none).await.expect_err("no node");

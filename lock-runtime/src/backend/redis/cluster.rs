@@ -46,7 +46,8 @@
 //! - **Waiting (pub/sub).** A Redis Cluster broadcasts every classic `PUBLISH` (a release
 //!   script's included) to every node over its cluster bus, so one classic subscription on
 //!   any node, primary or replica, hears the releases of every slot. The waiters' one pub/sub
-//!   connection is therefore made to one node; after it is lost (the node killed, paused past
+//!   connection is therefore made to one node (backends start their turns at different nodes,
+//!   so connections spread over the cluster); after it is lost (the node killed, paused past
 //!   the ping, failed over) the next connection goes to the next known node in turn. The known
 //!   nodes are the seed URLs and those the cluster reports (`CLUSTER NODES`, asked again
 //!   before each connection, failed nodes left out), so a cluster whose seeds are all gone
@@ -152,8 +153,13 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        let source =
-            Nodes { seeds, learned: Mutex::new(Vec::new()), next: AtomicUsize::new(0), conn: conn.clone(), timeout };
+        let source = Nodes {
+            seeds,
+            learned: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(spread()),
+            conn: conn.clone(),
+            timeout,
+        };
         Ok(Self::from_parts(Conn::Cluster(conn), Source::Cluster(Arc::new(source)), options, shown, &runtime))
     }
 }
@@ -211,7 +217,9 @@ impl Nodes {
     pub(super) async fn pubsub(&self) -> RedisResult<PubSub> {
         let share = self.timeout / 4;
         let mut conn = self.conn.clone();
-        if let Ok(Ok(nodes)) = tokio::time::timeout(share, cluster_nodes(&mut conn)).await {
+        if let Ok(Ok(mut nodes)) = tokio::time::timeout(share, cluster_nodes(&mut conn)).await {
+            // In a stable order (each node lists them in its own), so turns go round them all.
+            nodes.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
             let template = &self.seeds[0];
             let learned = nodes.into_iter().map(|n| node_info(template, &n.host, n.port)).collect();
             *self.learned.lock().unwrap_or_else(|e| e.into_inner()) = learned;
@@ -241,6 +249,13 @@ impl Nodes {
         }
         Err(last.unwrap_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "no Redis Cluster node known"))))
     }
+}
+
+/// Where a backend's turns over the nodes start: varies between backends and processes, so
+/// their pub/sub connections spread over the cluster instead of all going to one node.
+fn spread() -> usize {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    (nanos as usize) ^ (std::process::id() as usize)
 }
 
 /// A node of the cluster as `CLUSTER NODES` reports it.
