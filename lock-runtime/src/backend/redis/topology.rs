@@ -13,12 +13,15 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 pub(super) enum Conn {
     /// One server, through the `redis` crate's connection manager (reconnects by itself).
     Single(ConnectionManager),
+    /// The primary a set of Sentinels names, followed across failovers.
+    Sentinel(super::sentinel::SentinelConn),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -30,12 +33,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(conn) => conn.get_db(),
+            Conn::Sentinel(conn) => conn.get_db(),
         }
     }
 }
@@ -46,6 +51,8 @@ impl ConnectionLike for Conn {
 pub(super) enum Source {
     /// One server.
     Single(redis::Client),
+    /// The current primary of a set of Sentinels (resolved again on every connection).
+    Sentinel(super::sentinel::SentinelConn),
 }
 
 impl Source {
@@ -53,6 +60,7 @@ impl Source {
     pub(super) async fn pubsub(&self) -> RedisResult<PubSub> {
         match self {
             Source::Single(client) => client.get_async_pubsub().await,
+            Source::Sentinel(conn) => conn.pubsub().await,
         }
     }
 }
