@@ -8,6 +8,8 @@ pub mod jepsen;
 #[cfg(feature = "postgres")]
 pub mod pg_server;
 #[cfg(feature = "redis")]
+pub mod redis_sentinel;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod zk_server;
 

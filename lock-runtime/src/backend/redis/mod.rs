@@ -528,7 +528,11 @@ impl RedisAcquisition {
             None => (self.backend.eval(&self.req.name, "acquire", invocation).await?, None),
             Some(wait) => {
                 let lease = lease_millis(lease).to_string();
-                let script = (&*ACQUIRE, &[self.layout.lock.as_str(), self.layout.fence.as_str()][..], &[&*self.owner, &*lease][..]);
+                let script = (
+                    &*ACQUIRE,
+                    &[self.layout.lock.as_str(), self.layout.fence.as_str()][..],
+                    &[&*self.owner, &*lease][..],
+                );
                 let (reply, acked) = self.backend.eval_then_wait(&self.req.name, "acquire", script, wait).await?;
                 (reply, Some(acked))
             }

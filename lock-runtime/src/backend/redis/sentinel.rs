@@ -197,7 +197,14 @@ impl SentinelConn {
             next_id: std::sync::atomic::AtomicU64::new(1),
             _stop: stop,
         });
-        tokio::spawn(listen(Arc::downgrade(&shared), shared.sentinels.clone(), shared.master.clone(), timeout, ping, stopped));
+        tokio::spawn(listen(
+            Arc::downgrade(&shared),
+            shared.sentinels.clone(),
+            shared.master.clone(),
+            timeout,
+            ping,
+            stopped,
+        ));
         SentinelConn(shared)
     }
 
@@ -228,9 +235,8 @@ impl SentinelConn {
         let s = &self.0;
         let addr = self.resolve().await?;
         let info = node_info(&addr, &s.node)?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(s.timeout))
-            .set_response_timeout(Some(s.timeout));
+        let config =
+            AsyncConnectionConfig::new().set_connection_timeout(Some(s.timeout)).set_response_timeout(Some(s.timeout));
         let mut conn = Client::open(info)?.get_multiplexed_async_connection_with_config(&config).await?;
         let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
         let role = match role.first() {
@@ -375,7 +381,12 @@ impl Shared {
                         .set_connection_timeout(Some(timeout))
                         .set_response_timeout(Some(timeout));
                     let mut conn = Client::open(info)?.get_multiplexed_async_connection_with_config(&config).await?;
-                    redis::cmd("CLIENT").arg("KILL").arg("ADDR").arg(local.to_string()).query_async::<Value>(&mut conn).await
+                    redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("ADDR")
+                        .arg(local.to_string())
+                        .query_async::<Value>(&mut conn)
+                        .await
                 };
                 match tokio::time::timeout(timeout, kill).await {
                     Ok(Ok(_)) => tracing::debug!("ended a subscription on the old primary {}:{}", addr.0, addr.1),
@@ -527,7 +538,10 @@ fn check(given: &[&str], master: &str) -> Result<(Vec<ConnectionInfo>, String), 
         let info = url.into_connection_info().map_err(|e| {
             LockError::invalid(
                 &shown,
-                format!("`{}` is not a usable sentinel URL ({e}); expected e.g. `redis://127.0.0.1:26379`", redact(url)),
+                format!(
+                    "`{}` is not a usable sentinel URL ({e}); expected e.g. `redis://127.0.0.1:26379`",
+                    redact(url)
+                ),
             )
         })?;
         if !matches!(info.addr(), ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_)) {
