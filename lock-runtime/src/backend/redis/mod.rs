@@ -133,6 +133,8 @@
 //! - With replicas, a failover can lose the last writes: a lock granted just before it may be
 //!   granted again while its first holder still believes it holds. Tokens still increase (see
 //!   above): check them downstream where that matters. See GUARANTEES.md in the repository.
+//! - To follow a Sentinel-managed primary across failovers, and to have grants wait for
+//!   replicas ([`RedisOptions::wait_for_replicas`]), see [`sentinel`].
 //!
 //! # Cost
 //!
@@ -152,7 +154,7 @@
 mod inspect;
 mod kinds;
 mod layout;
-mod sentinel;
+pub mod sentinel;
 mod topology;
 mod waiters;
 
