@@ -259,3 +259,24 @@ async fn bad_input_is_refused() {
     assert!(err.is_backend(), "{err}");
     assert!(started.elapsed() < TIMEOUT * 3, "took {:?}", started.elapsed());
 }
+
+/// The watchdog's renewals wait for the replica too: while it acknowledges, a lock outlives
+/// twice its lease; with the replica frozen, renewals are not confirmed, and the guard reports
+/// `lost()` once its lease ran out (the key itself is still extended on the primary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_wait_for_replicas_too() {
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 1));
+    let options = RedisOptions::default().command_timeout(TIMEOUT).wait_for_replicas(1, Duration::from_millis(200));
+    let lease = Duration::from_millis(1500);
+    let m = LockManager::builder().default_lease(lease).backend(backend(&setup, options).await);
+    let replica = 1 - setup.primary_index();
+    let guard = m.lock(unique("renewed")).await.expect("granted");
+    let outlived = tokio::time::timeout(lease * 2, guard.lost()).await;
+    assert!(outlived.is_err(), "renewals acknowledged by the replica keep the lock");
+
+    setup.pause(replica);
+    let lost = tokio::time::timeout(lease * 3, guard.lost()).await;
+    setup.resume(replica);
+    assert!(lost.is_ok(), "renewals no replica acknowledged were not taken as confirmed");
+    assert!(guard.is_lost());
+}

@@ -258,8 +258,10 @@ impl RedisOptions {
     /// acknowledged it (`WAIT`), at most `timeout`; a grant short of replicas is undone and
     /// refused with an [`is_backend`](crate::LockError::is_backend) error. For a primary with
     /// replicas (one server, or [Sentinel](RedisBackend::sentinel)); see the
-    /// [sentinel docs](sentinel) for what it buys and what not. `replicas` at least one,
-    /// `timeout` greater than zero and less than the command timeout. Not set by default.
+    /// [sentinel docs](sentinel) for what it buys and what not, and what it costs. `replicas`
+    /// at least one, `timeout` greater than zero and less than the command timeout. Not set
+    /// by default. Mutexes (and `lock_all`) only: read-write locks and semaphores do not wait.
+    /// Not for a Redis Cluster (each slot's primary has its own replicas).
     ///
     /// ```
     /// use std::time::Duration;
@@ -926,12 +928,16 @@ mod tests {
         let edge = RedisOptions::default().command_timeout(hour).unsubscribe_after(hour).ping_interval(hour);
         assert!(edge.problem().is_none());
         assert!(RedisOptions::default().unsubscribe_after(Duration::ZERO).problem().is_none());
+        assert!(RedisOptions::default().wait_for_replicas(2, Duration::from_millis(500)).problem().is_none());
         for bad in [
             RedisOptions::default().command_timeout(Duration::ZERO),
             RedisOptions::default().command_timeout(Duration::MAX),
             RedisOptions::default().unsubscribe_after(hour + Duration::from_nanos(1)),
             RedisOptions::default().ping_interval(Duration::ZERO),
             RedisOptions::default().ping_interval(Duration::MAX),
+            RedisOptions::default().wait_for_replicas(0, Duration::from_millis(100)),
+            RedisOptions::default().wait_for_replicas(1, Duration::ZERO),
+            RedisOptions::default().wait_for_replicas(1, DEFAULT_COMMAND_TIMEOUT),
         ] {
             assert!(bad.problem().is_some(), "{bad:?}");
         }
