@@ -24,24 +24,29 @@ const WARMUP: usize = 200;
 /// machine does not decide the ratio.
 const RUNS: usize = 3;
 
-struct Server(Child);
+/// A server and its own directory (a replica writes the dataset it receives there).
+struct Server(Child, std::path::PathBuf);
 
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
 fn start_server(args: &[&str]) -> (u16, Server) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("bench-redis-wait-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--dir", &dir.to_string_lossy()])
         .args(args)
         .stdout(Stdio::null())
         .spawn()
         .expect("redis-server (apt-get install redis-server)");
-    let server = Server(child);
+    let server = Server(child, dir);
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");

@@ -75,16 +75,17 @@
 //! # Cost
 //!
 //! Measured with `examples/bench_redis_wait.rs` (release build; a primary and one replica on
-//! the loopback of a busy 2-core machine; one task locking and releasing one name; two runs,
+//! the loopback of a busy 2-core machine; one task locking and releasing one name; three runs,
 //! best of three alternating runs each). `WAIT` adds about one replication round trip per
 //! grant (and per renewal), roughly a quarter of the throughput of an uncontended cycle:
 //!
 //! | | cycles/s | p50 | p99 |
 //! |---|---|---|---|
-//! | without `WAIT` | 3,200 to 4,800 | 0.19 to 0.29 ms | 0.41 to 0.60 ms |
-//! | `wait_for_replicas(1, 500 ms)` | 2,500 to 3,400 | 0.27 to 0.41 ms | 0.56 to 0.74 ms |
+//! | without `WAIT` | 3,200 to 8,900 | 0.11 to 0.29 ms | 0.19 to 0.60 ms |
+//! | `wait_for_replicas(1, 500 ms)` | 2,500 to 6,500 | 0.14 to 0.41 ms | 0.26 to 0.74 ms |
 //!
-//! (ratio of throughputs with over without: 0.71 to 0.80.) An acquire attempt that finds the
+//! (The spread is the machine's other load; within one run the ratio of throughputs with over
+//! without was 0.71 to 0.80.) An acquire attempt that finds the
 //! lock held waits for the replicas too (it marks the lock waited on, a write), so under
 //! contention each attempt pays the same round trip.
 
