@@ -75,19 +75,18 @@
 //! # Cost
 //!
 //! Measured with `examples/bench_redis_wait.rs` (release build; a primary and one replica on
-//! the loopback of a busy 2-core machine; one task locking and releasing one name; three runs,
-//! best of three alternating runs each). `WAIT` adds about one replication round trip per
-//! grant (and per renewal), roughly a quarter of the throughput of an uncontended cycle:
+//! the loopback of a busy 2-core machine; one task locking and releasing one name; three
+//! invocations, each the best of three alternating runs). `WAIT` adds about one replication round trip per
+//! grant (and per renewal): an uncontended cycle loses 20 to 30 % of its throughput.
 //!
 //! | | cycles/s | p50 | p99 |
 //! |---|---|---|---|
 //! | without `WAIT` | 3,200 to 8,900 | 0.11 to 0.29 ms | 0.19 to 0.60 ms |
 //! | `wait_for_replicas(1, 500 ms)` | 2,500 to 6,500 | 0.14 to 0.41 ms | 0.26 to 0.74 ms |
 //!
-//! (The spread is the machine's other load; within one run the ratio of throughputs with over
-//! without was 0.71 to 0.80.) An acquire attempt that finds the
-//! lock held waits for the replicas too (it marks the lock waited on, a write), so under
-//! contention each attempt pays the same round trip.
+//! The spread is the machine's other load; within one run, the throughput with `WAIT` was 0.71
+//! to 0.80 of that without. An acquire attempt that finds the lock held waits for the replicas
+//! too (it marks the lock waited on, a write), so under contention every attempt pays it.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
