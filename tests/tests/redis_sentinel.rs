@@ -280,3 +280,42 @@ async fn renewals_wait_for_replicas_too() {
     assert!(lost.is_ok(), "renewals no replica acknowledged were not taken as confirmed");
     assert!(guard.is_lost());
 }
+
+/// `total_connections_received` of a sentinel (every resolution opens a connection to ask).
+async fn sentinel_connections(url: &str) -> u64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("sentinel");
+    let info: String = redis::cmd("INFO").arg("stats").query_async(&mut conn).await.expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_connections_received")
+}
+
+/// After a failover, 16 concurrent acquisitions through one backend find the new primary
+/// with one resolution between them (the sentinel sees a handful of new connections, not one
+/// per acquisition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commands_share_one_resolution() {
+    let mut setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 1));
+    let m = LockManager::builder().backend(backend(&setup, RedisOptions::default().command_timeout(TIMEOUT)).await);
+    m.lock(unique("warm")).await.expect("lock").release().await.expect("release");
+    let old = setup.primary_index();
+    setup.kill(old);
+    tokio::task::block_in_place(|| setup.wait_for_new_primary(old));
+
+    let sentinel = setup.sentinel_urls()[0].clone();
+    let before = sentinel_connections(&sentinel).await;
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move { lock_within(&m, &unique("together"), Duration::from_secs(10)).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    // Our own INFO connection counts one; the resolution(s) the rest.
+    let opened = sentinel_connections(&sentinel).await - before - 1;
+    assert!(opened <= 3, "{opened} connections to the sentinel for 16 concurrent acquisitions");
+}
