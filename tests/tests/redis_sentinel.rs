@@ -1,5 +1,6 @@
 //! The Redis backend on a Sentinel-managed primary, against real `redis-server` and
-//! `redis-sentinel` processes this binary starts: the conformance suite (one shared setup),
+//! `redis-sentinel` processes this binary starts: the conformance suite, plain and with
+//! `wait_for_replicas` (one shared setup),
 //! failovers followed (a killed primary, a demoted one restarted, a manual failover with the
 //! old primary alive), `wait_for_replicas`, and bad input.
 
@@ -21,6 +22,22 @@ lock_tests::conformance_suite!({
         async move { builder.redis_sentinel(&urls, MASTER).await.expect("connect") }
     }
 });
+
+/// The conformance suite again with every grant and renewal waiting for the replica.
+mod waiting_for_replicas {
+    use super::*;
+
+    lock_tests::conformance_suite!({
+        let urls = tokio::task::block_in_place(|| SentinelSetup::shared().sentinel_urls());
+        move |builder: LockManagerBuilder| {
+            let urls = urls.clone();
+            async move {
+                let options = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(500));
+                builder.backend(RedisBackend::sentinel(&urls, MASTER, options).await.expect("connect"))
+            }
+        }
+    });
+}
 
 /// The bound on every command in the failover tests.
 const TIMEOUT: Duration = Duration::from_secs(1);

@@ -576,9 +576,11 @@ impl RedisAcquisition {
     async fn undo_short_grant(&mut self, acked: usize, replicas: usize, timeout: Duration) -> LockError {
         let mut invocation = RELEASE.prepare_invoke();
         invocation.key(&self.layout.lock).key(&self.layout.channel).arg(&*self.owner);
-        match self.backend.eval::<i64>(&self.req.name, "release", invocation).await {
-            Ok(_) => self.backend.inner.waiters.released(&self.layout.channel, &self.owner),
-            Err(_) => self.in_flight = true,
+        // Held until undone: dropped meanwhile (or the release failing), `Drop` undoes it.
+        self.in_flight = true;
+        if self.backend.eval::<i64>(&self.req.name, "release", invocation).await.is_ok() {
+            self.in_flight = false;
+            self.backend.inner.waiters.released(&self.layout.channel, &self.owner);
         }
         let why = format!(
             "only {acked} of the {replicas} required replica(s) acknowledged the grant within {timeout:?} \
