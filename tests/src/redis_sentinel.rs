@@ -107,17 +107,23 @@ impl SentinelSetup {
 
     /// One setup (a primary, one replica, three sentinels) shared by the tests of this binary
     /// that change nothing but keys (the conformance suite). Statics are not dropped, so each of
-    /// its processes gets a guard (`sh`) that kills it, by pid, once this test binary exits (the
+    /// its processes gets a guard (`sh`) that kills it, by pid, and removes its directory once this
+    /// test binary exits (the
     /// guard ends with the process it guards, so a reused pid is never hit).
     pub fn shared() -> &'static SentinelSetup {
         static SHARED: std::sync::OnceLock<SentinelSetup> = std::sync::OnceLock::new();
         SHARED.get_or_init(|| {
             let setup = SentinelSetup::start(1, 3);
             let me = std::process::id();
-            let pids = setup.nodes.iter().filter_map(RedisServer::pid);
-            for pid in pids.chain(setup.sentinels.iter().filter_map(|s| s.child.as_ref().map(Child::id))) {
-                let script =
-                    format!("while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null");
+            let nodes = setup.nodes.iter().map(|n| (n.pid(), n.dir()));
+            let sentinels = setup.sentinels.iter().map(|s| (s.child.as_ref().map(Child::id), s.dir.as_path()));
+            for (pid, dir) in nodes.chain(sentinels) {
+                let Some(pid) = pid else { continue };
+                let script = format!(
+                    "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+                     kill -9 {pid} 2>/dev/null; rm -rf '{}'",
+                    dir.display()
+                );
                 let guard = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).spawn();
                 drop(guard.expect("start an exit guard"));
             }

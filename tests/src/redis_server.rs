@@ -105,6 +105,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Its own temporary directory (removed when it is dropped).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
