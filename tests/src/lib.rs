@@ -10,6 +10,8 @@ pub mod pg_server;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;
 #[cfg(feature = "redis")]
+pub mod redis_sentinel;
+#[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod zk_server;
 

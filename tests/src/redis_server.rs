@@ -16,6 +16,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// Extra `redis-server` arguments, given again on every restart.
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -23,6 +25,11 @@ impl RedisServer {
     ///
     /// Panics (it is test support) when `redis-server` is not installed or does not come up.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with extra `redis-server` arguments (e.g. `--replicaof`).
+    pub fn start_with(args: &[&str]) -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lock-tests-redis-{}-{}",
@@ -33,7 +40,12 @@ impl RedisServer {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
-            let mut server = RedisServer { port, dir: dir.clone(), child: None };
+            let mut server = RedisServer {
+                port,
+                dir: dir.clone(),
+                child: None,
+                args: args.iter().map(|a| (*a).to_owned()).collect(),
+            };
             match server.spawn() {
                 Ok(()) => return server,
                 Err(e) => last_error = e,
@@ -49,6 +61,7 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", &self.dir.to_string_lossy(), "--protected-mode", "no", "--daemonize", "no"])
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -90,6 +103,11 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Its own temporary directory (removed when it is dropped).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The process id, while it runs.

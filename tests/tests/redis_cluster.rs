@@ -187,6 +187,9 @@ async fn bad_input_is_invalid_and_nothing_listening_is_a_backend_error() {
             .await
             .expect_err("zero timeout");
     assert!(err.is_invalid(), "{err}");
+    let wait = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(100));
+    let err = RedisBackend::cluster(["redis://127.0.0.1:7000"], wait).await.expect_err("WAIT on a cluster");
+    assert!(err.is_invalid() && err.to_string().contains("wait_for_replicas"), "{err}");
     let timeout = Duration::from_millis(500);
     let nobody = [format!("redis://127.0.0.1:{}", lock_tests::free_port())];
     let started = Instant::now();

@@ -103,7 +103,8 @@ impl RedisBackend {
     /// rest is discovered), with `options`. See the [cluster module docs](self).
     ///
     /// An empty list, a malformed URL (or a `redis+unix://` one: a cluster announces TCP
-    /// addresses) or options out of range are an [`is_invalid`](crate::LockError::is_invalid)
+    /// addresses), options out of range or [`wait_for_replicas`](RedisOptions::wait_for_replicas)
+    /// are an [`is_invalid`](crate::LockError::is_invalid)
     /// error; a cluster none of whose nodes answers within the command timeout is an
     /// [`is_backend`](crate::LockError::is_backend) error.
     ///
@@ -120,6 +121,11 @@ impl RedisBackend {
         let shown = given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
         if let Some(problem) = options.problem() {
             return Err(LockError::invalid(shown, problem));
+        }
+        if options.wait_for_replicas.is_some() {
+            let why = "wait_for_replicas is not available on a Redis Cluster (the cluster client routes `WAIT` \
+                       to no particular primary): leave it unset, or use one server or Sentinel";
+            return Err(LockError::invalid(shown, why));
         }
         if given.is_empty() {
             return Err(LockError::invalid(shown, "a Redis Cluster needs at least one node URL; none was given"));

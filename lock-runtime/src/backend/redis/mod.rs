@@ -137,6 +137,8 @@
 //! - With replicas, a failover can lose the last writes: a lock granted just before it may be
 //!   granted again while its first holder still believes it holds. Tokens still increase (see
 //!   above): check them downstream where that matters. See GUARANTEES.md in the repository.
+//! - To follow a Sentinel-managed primary across failovers, and to have grants wait for
+//!   replicas ([`RedisOptions::wait_for_replicas`]), see [`sentinel`].
 //!
 //! # Cost
 //!
@@ -157,6 +159,7 @@ pub mod cluster;
 mod inspect;
 mod kinds;
 mod layout;
+pub mod sentinel;
 mod topology;
 mod waiters;
 
@@ -214,6 +217,7 @@ pub struct RedisOptions {
     command_timeout: Duration,
     unsubscribe_after: Duration,
     ping_interval: Duration,
+    wait_for_replicas: Option<(usize, Duration)>,
 }
 
 impl Default for RedisOptions {
@@ -222,6 +226,7 @@ impl Default for RedisOptions {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             unsubscribe_after: DEFAULT_UNSUBSCRIBE_AFTER,
             ping_interval: DEFAULT_PING_INTERVAL,
+            wait_for_replicas: None,
         }
     }
 }
@@ -254,6 +259,32 @@ impl RedisOptions {
         self
     }
 
+    /// After each granted mutex acquisition and each renewal, wait until `replicas` replicas
+    /// acknowledged it (`WAIT`), at most `timeout`; a grant short of replicas is undone and
+    /// refused with an [`is_backend`](crate::LockError::is_backend) error. For a primary with
+    /// replicas (one server, or [Sentinel](RedisBackend::sentinel)); see the
+    /// [sentinel docs](sentinel) for what it buys and what not, and what it costs. `replicas`
+    /// at least one, `timeout` greater than zero and less than the command timeout. Not set
+    /// by default. Mutexes (and `lock_all`) only: read-write locks and semaphores do not wait.
+    /// Not for a Redis Cluster (each slot's primary has its own replicas).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_runtime::backend::redis::RedisOptions;
+    ///
+    /// let options = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(500));
+    /// assert_eq!(options.get_wait_for_replicas(), Some((1, Duration::from_millis(500))));
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.wait_for_replicas = Some((replicas, timeout));
+        self
+    }
+
+    /// The configured [`wait_for_replicas`](Self::wait_for_replicas), if any.
+    pub fn get_wait_for_replicas(&self) -> Option<(usize, Duration)> {
+        self.wait_for_replicas
+    }
+
     /// The configured command timeout.
     pub fn get_command_timeout(&self) -> Duration {
         self.command_timeout
@@ -283,6 +314,15 @@ impl RedisOptions {
         check("command timeout", self.command_timeout, false)
             .or_else(|| check("unsubscribe_after grace period", self.unsubscribe_after, true))
             .or_else(|| check("ping interval", self.ping_interval, false))
+            .or_else(|| match self.wait_for_replicas {
+                Some((0, _)) => Some("wait_for_replicas needs at least one replica".to_owned()),
+                Some((_, t)) if t.is_zero() || t >= self.command_timeout => Some(format!(
+                    "the wait_for_replicas timeout must be greater than zero and less than the command timeout \
+                     ({:?}; got {t:?})",
+                    self.command_timeout
+                )),
+                _ => None,
+            })
     }
 }
 
@@ -397,6 +437,37 @@ impl RedisBackend {
         eval(&self.inner.conn, self.inner.options.command_timeout, name, operation, invocation).await
     }
 
+    /// `script` and then `WAIT <replicas> <timeout>` in one pipeline, so both go on the same
+    /// connection and the `WAIT` covers the script's writes: the script's answer and how many
+    /// replicas acknowledged.
+    async fn eval_then_wait<T: FromRedisValue>(
+        &self,
+        name: &str,
+        operation: &'static str,
+        (script, keys, args): (&Script, &[&str], &[&str]),
+        (replicas, timeout): (usize, Duration),
+    ) -> Result<(T, usize), LockError> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(keys.len()).arg(keys).arg(args);
+        let mut pipe = redis::pipe();
+        pipe.add_command(evalsha).cmd("WAIT").arg(replicas).arg(lease_millis(timeout));
+        let mut conn = self.inner.conn.clone();
+        let map = |e: redis::RedisError| {
+            if e.is_timeout() {
+                LockError::timed_out(name, KIND, operation, self.inner.options.command_timeout)
+            } else {
+                LockError::backend(name, KIND, operation, e)
+            }
+        };
+        match pipe.query_async(&mut conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT") => {
+                script.load_async(&mut conn).await.map_err(map)?;
+                pipe.query_async(&mut conn).await.map_err(map)
+            }
+            outcome => outcome.map_err(map),
+        }
+    }
+
     fn grant(&self, req: &Acquire, layout: &KeyLayout, owner: &Arc<str>, token: i64, sent: Instant) -> Grant {
         let lock = RedisHeld {
             backend: self.clone(),
@@ -461,7 +532,20 @@ impl RedisAcquisition {
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation.key(&self.layout.lock).key(&self.layout.fence).arg(&*self.owner).arg(lease_millis(lease));
         self.in_flight = true;
-        let (status, value): (i64, i64) = self.backend.eval(&self.req.name, "acquire", invocation).await?;
+        let wait = self.backend.inner.options.wait_for_replicas;
+        let ((status, value), acked): ((i64, i64), Option<usize>) = match wait {
+            None => (self.backend.eval(&self.req.name, "acquire", invocation).await?, None),
+            Some(wait) => {
+                let lease = lease_millis(lease).to_string();
+                let script = (
+                    &*ACQUIRE,
+                    &[self.layout.lock.as_str(), self.layout.fence.as_str()][..],
+                    &[&*self.owner, &*lease][..],
+                );
+                let (reply, acked) = self.backend.eval_then_wait(&self.req.name, "acquire", script, wait).await?;
+                (reply, Some(acked))
+            }
+        };
         self.in_flight = false;
         if status == 1 {
             if value <= 0 {
@@ -469,6 +553,11 @@ impl RedisAcquisition {
                 self.in_flight = true;
                 let why = format!("the fencing counter returned {value}");
                 return Err(LockError::backend(&*self.req.name, KIND, "acquire", why));
+            }
+            if let (Some(acked), Some((replicas, timeout))) = (acked, wait) {
+                if acked < replicas {
+                    return Err(self.undo_short_grant(acked, replicas, timeout).await);
+                }
             }
             let lease_end = sent.checked_add(lease);
             match self.slot.take() {
@@ -485,6 +574,25 @@ impl RedisAcquisition {
             }
         }
         Ok(Attempt::Busy)
+    }
+
+    /// Undoes a grant that too few replicas acknowledged (owner-checked; left to `Drop` if
+    /// the release fails) and says why it failed.
+    async fn undo_short_grant(&mut self, acked: usize, replicas: usize, timeout: Duration) -> LockError {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation.key(&self.layout.lock).key(&self.layout.channel).arg(&*self.owner);
+        // Held until undone: dropped meanwhile (or the release failing), `Drop` undoes it.
+        self.in_flight = true;
+        if self.backend.eval::<i64>(&self.req.name, "release", invocation).await.is_ok() {
+            self.in_flight = false;
+            self.backend.inner.waiters.released(&self.layout.channel, &self.owner);
+        }
+        let why = format!(
+            "only {acked} of the {replicas} required replica(s) acknowledged the grant within {timeout:?} \
+             (wait_for_replicas), so it was undone: check the replicas (`INFO replication`), or lower \
+             wait_for_replicas / raise its timeout"
+        );
+        LockError::backend(&*self.req.name, KIND, "acquire", why)
     }
 
     async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
@@ -687,9 +795,24 @@ impl Renewal for RedisRenewal {
         Box::pin(async move {
             let mut invocation = EXTEND.prepare_invoke();
             invocation.key(&*self.lock).arg(&*self.owner).arg(lease_millis(lease));
-            match self.backend.eval::<i64>(&self.name, "extend", invocation).await? {
-                1 => Ok(()),
-                status => Err(LockError::lost(&*self.name, lost_reason(status))),
+            let Some((replicas, timeout)) = self.backend.inner.options.wait_for_replicas else {
+                return match self.backend.eval::<i64>(&self.name, "extend", invocation).await? {
+                    1 => Ok(()),
+                    status => Err(LockError::lost(&*self.name, lost_reason(status))),
+                };
+            };
+            let lease = lease_millis(lease).to_string();
+            let script = (&*EXTEND, &[&*self.lock][..], &[&*self.owner, &*lease][..]);
+            match self.backend.eval_then_wait::<i64>(&self.name, "extend", script, (replicas, timeout)).await? {
+                (1, acked) if acked >= replicas => Ok(()),
+                (1, acked) => {
+                    let why = format!(
+                        "only {acked} of the {replicas} required replica(s) acknowledged the renewal within \
+                         {timeout:?} (wait_for_replicas); the lock is still held on the primary"
+                    );
+                    Err(LockError::backend(&*self.name, KIND, "extend", why))
+                }
+                (status, _) => Err(LockError::lost(&*self.name, lost_reason(status))),
             }
         })
     }
@@ -812,12 +935,16 @@ mod tests {
         let edge = RedisOptions::default().command_timeout(hour).unsubscribe_after(hour).ping_interval(hour);
         assert!(edge.problem().is_none());
         assert!(RedisOptions::default().unsubscribe_after(Duration::ZERO).problem().is_none());
+        assert!(RedisOptions::default().wait_for_replicas(2, Duration::from_millis(500)).problem().is_none());
         for bad in [
             RedisOptions::default().command_timeout(Duration::ZERO),
             RedisOptions::default().command_timeout(Duration::MAX),
             RedisOptions::default().unsubscribe_after(hour + Duration::from_nanos(1)),
             RedisOptions::default().ping_interval(Duration::ZERO),
             RedisOptions::default().ping_interval(Duration::MAX),
+            RedisOptions::default().wait_for_replicas(0, Duration::from_millis(100)),
+            RedisOptions::default().wait_for_replicas(1, Duration::ZERO),
+            RedisOptions::default().wait_for_replicas(1, DEFAULT_COMMAND_TIMEOUT),
         ] {
             assert!(bad.problem().is_some(), "{bad:?}");
         }

@@ -16,6 +16,8 @@ pub(super) enum Conn {
     /// A Redis Cluster, through the `redis` crate's cluster client (routes by key, follows
     /// redirections, reconnects); scripts reach the node that runs them (see `cluster.rs`).
     Cluster(redis::cluster_async::ClusterConnection),
+    /// The primary a set of Sentinels names, followed across failovers.
+    Sentinel(super::sentinel::SentinelConn),
 }
 
 impl ConnectionLike for Conn {
@@ -23,6 +25,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(conn) => conn.req_packed_command(cmd),
             Conn::Cluster(conn) => super::cluster::command(conn, cmd),
+            Conn::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -35,6 +38,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -42,6 +46,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(conn) => conn.get_db(),
             Conn::Cluster(conn) => conn.get_db(),
+            Conn::Sentinel(conn) => conn.get_db(),
         }
     }
 }
@@ -55,6 +60,8 @@ pub(super) enum Source {
     /// A Redis Cluster: any node hears every release (classic pub/sub is broadcast), so one
     /// node, the next known one after each loss (see `cluster.rs`).
     Cluster(std::sync::Arc<super::cluster::Nodes>),
+    /// The current primary of a set of Sentinels (resolved again on every connection).
+    Sentinel(super::sentinel::SentinelConn),
 }
 
 impl Source {
@@ -63,6 +70,7 @@ impl Source {
         match self {
             Source::Single(client) => client.get_async_pubsub().await,
             Source::Cluster(nodes) => nodes.pubsub().await,
+            Source::Sentinel(conn) => conn.pubsub().await,
         }
     }
 }

@@ -1,0 +1,283 @@
+//! A real Sentinel-managed Redis setup for the Sentinel backend tests: a primary, its
+//! replicas (`redis-server --replicaof`, no persistence) and `redis-sentinel` processes, each
+//! on a free loopback port with its own temporary directory, killed by their own pid when
+//! dropped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+use crate::redis_server::RedisServer;
+
+/// The master name every sentinel monitors.
+pub const MASTER: &str = "mymaster";
+
+/// How long the harness waits for the setup to settle or a failover to complete.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// One `redis-sentinel` process.
+#[derive(Debug)]
+struct SentinelProcess {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A primary, its replicas and the sentinels monitoring them as [`MASTER`].
+#[derive(Debug)]
+pub struct SentinelSetup {
+    nodes: Vec<RedisServer>,
+    sentinels: Vec<SentinelProcess>,
+}
+
+/// One command on a fresh blocking connection, bounded by one second.
+fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;
+    cmd.query(&mut conn).map_err(|e| e.to_string())
+}
+
+/// Polls `check` (no signal exists for these server states) every 50 ms until it is true;
+/// panics with `what` after [`SETTLE`].
+fn settle(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < SETTLE, "{what} within {SETTLE:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl SentinelSetup {
+    /// Starts a primary, `replicas` replicas and `sentinels` sentinels (quorum: a majority),
+    /// and waits until the replicas are in sync and every sentinel knows the primary, its
+    /// replicas and the other sentinels (so a failover can be authorised).
+    ///
+    /// Panics (it is test support) when the processes do not come up or settle.
+    pub fn start(replicas: usize, sentinels: usize) -> Self {
+        assert!(sentinels > 0, "at least one sentinel");
+        let primary = RedisServer::start();
+        let primary_port = primary.port().to_string();
+        let mut nodes = vec![primary];
+        for _ in 0..replicas {
+            nodes.push(RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary_port]));
+        }
+        for node in &nodes[1..] {
+            settle("a replica in sync", || {
+                query::<String>(node.port(), redis::cmd("INFO").arg("replication"))
+                    .is_ok_and(|info| info.contains("master_link_status:up"))
+            });
+        }
+        let quorum = sentinels / 2 + 1;
+        let mut setup = SentinelSetup { nodes, sentinels: Vec::new() };
+        for _ in 0..sentinels {
+            setup.sentinels.push(spawn_sentinel(setup.nodes[0].port(), quorum));
+        }
+        for sentinel in &setup.sentinels {
+            settle("every sentinel knows the primary, its replicas and the other sentinels", || {
+                let master = query::<Option<(String, String)>>(
+                    sentinel.port,
+                    redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
+                );
+                let known =
+                    query::<Vec<redis::Value>>(sentinel.port, redis::cmd("SENTINEL").arg("replicas").arg(MASTER));
+                let peers =
+                    query::<Vec<redis::Value>>(sentinel.port, redis::cmd("SENTINEL").arg("sentinels").arg(MASTER));
+                master.is_ok_and(|m| m.is_some_and(|(_, port)| port == primary_port))
+                    && known.is_ok_and(|k| k.len() == replicas)
+                    && peers.is_ok_and(|p| p.len() == sentinels - 1)
+            });
+        }
+        setup
+    }
+
+    /// One setup (a primary, one replica, three sentinels) shared by the tests of this binary
+    /// that change nothing but keys (the conformance suite). Statics are not dropped, so each of
+    /// its processes gets a guard (`sh`) that kills it, by pid, and removes its directory once this
+    /// test binary exits (the
+    /// guard ends with the process it guards, so a reused pid is never hit).
+    pub fn shared() -> &'static SentinelSetup {
+        static SHARED: std::sync::OnceLock<SentinelSetup> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| {
+            let setup = SentinelSetup::start(1, 3);
+            let me = std::process::id();
+            let nodes = setup.nodes.iter().map(|n| (n.pid(), n.dir()));
+            let sentinels = setup.sentinels.iter().map(|s| (s.child.as_ref().map(Child::id), s.dir.as_path()));
+            for (pid, dir) in nodes.chain(sentinels) {
+                let Some(pid) = pid else { continue };
+                let script = format!(
+                    "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+                     kill -9 {pid} 2>/dev/null; rm -rf '{}'",
+                    dir.display()
+                );
+                let guard = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).spawn();
+                drop(guard.expect("start an exit guard"));
+            }
+            setup
+        })
+    }
+
+    /// `redis://127.0.0.1:<port>` of every sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(|s| format!("redis://127.0.0.1:{}", s.port)).collect()
+    }
+
+    /// The data node at `index` (0 is the first primary).
+    pub fn node(&self, index: usize) -> &RedisServer {
+        &self.nodes[index]
+    }
+
+    /// How many data nodes there are.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The index of the data node the first answering sentinel names primary.
+    pub fn primary_index(&self) -> usize {
+        for sentinel in &self.sentinels {
+            let answer = query::<Option<(String, String)>>(
+                sentinel.port,
+                redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
+            );
+            if let Ok(Some((_, port))) = answer {
+                if let Some(i) = self.nodes.iter().position(|n| n.port().to_string() == port) {
+                    return i;
+                }
+            }
+        }
+        panic!("no sentinel names a primary of ours");
+    }
+
+    /// The role (`master` or `slave`) the node at `index` reports, if it answers.
+    pub fn role(&self, index: usize) -> Option<String> {
+        let role = query::<Vec<redis::Value>>(self.nodes[index].port(), &redis::cmd("ROLE")).ok()?;
+        match role.first() {
+            Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Kills the data node at `index` (SIGKILL; its data is gone).
+    pub fn kill(&mut self, index: usize) {
+        self.nodes[index].kill();
+    }
+
+    /// Freezes the data node at `index` (SIGSTOP).
+    pub fn pause(&self, index: usize) {
+        self.nodes[index].pause();
+    }
+
+    /// Lets a paused data node run again (SIGCONT).
+    pub fn resume(&self, index: usize) {
+        self.nodes[index].resume();
+    }
+
+    /// Starts the data node at `index` again on its port, empty, with its first arguments
+    /// (the sentinels turn a former primary into a replica of the current one).
+    pub fn restart(&mut self, index: usize) {
+        self.nodes[index].restart();
+    }
+
+    /// Waits (bounded, polling the sentinels and the node) until every sentinel names another
+    /// primary than `old` and that node reports itself primary; its index.
+    pub fn wait_for_new_primary(&self, old: usize) -> usize {
+        let mut new = old;
+        settle("a new primary", || {
+            let named: Vec<Option<usize>> = self
+                .sentinels
+                .iter()
+                .map(|s| {
+                    let answer = query::<Option<(String, String)>>(
+                        s.port,
+                        redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
+                    );
+                    answer
+                        .ok()
+                        .flatten()
+                        .and_then(|(_, port)| self.nodes.iter().position(|n| n.port().to_string() == port))
+                })
+                .collect();
+            match named[0] {
+                Some(i)
+                    if i != old && named.iter().all(|n| *n == Some(i)) && self.role(i).as_deref() == Some("master") =>
+                {
+                    new = i;
+                    true
+                }
+                _ => false,
+            }
+        });
+        new
+    }
+
+    /// Waits (bounded, polling) until the node at `index` reports itself a replica in sync.
+    pub fn wait_for_replica(&self, index: usize) {
+        settle("the node to be a replica in sync", || {
+            query::<String>(self.nodes[index].port(), redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|info| info.contains("role:slave") && info.contains("master_link_status:up"))
+        });
+    }
+}
+
+fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut last_error = String::new();
+    for _ in 0..5 {
+        let dir = std::env::temp_dir().join(format!(
+            "lock-tests-sentinel-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir for redis-sentinel");
+        let port = free_port();
+        let conf = dir.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\nprotected-mode no\ndir {dir}\n\
+             sentinel monitor {MASTER} 127.0.0.1 {primary} {quorum}\n\
+             sentinel down-after-milliseconds {MASTER} 1000\n\
+             sentinel failover-timeout {MASTER} 5000\n\
+             sentinel parallel-syncs {MASTER} 1\n",
+            dir = dir.display()
+        );
+        std::fs::write(&conf, text).expect("write sentinel.conf");
+        let log = std::fs::File::create(dir.join("sentinel.log")).expect("sentinel log");
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("cannot run `redis-sentinel` (install it: apt-get install redis-sentinel)");
+        let mut sentinel = SentinelProcess { port, dir, child: Some(child) };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Some(status) = sentinel.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                sentinel.child = None;
+                last_error = format!(
+                    "redis-sentinel exited with {status}: {}",
+                    std::fs::read_to_string(sentinel.dir.join("sentinel.log")).unwrap_or_default()
+                );
+                break;
+            }
+            if query::<String>(port, &redis::cmd("PING")).is_ok() {
+                return sentinel;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("could not start redis-sentinel: {last_error}");
+}
