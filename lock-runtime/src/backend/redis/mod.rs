@@ -18,6 +18,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! For one lock over several independent primaries (Redlock, with strictly increasing fencing
+//! tokens across quorums), see [`RedlockBackend`] and the [`redlock`] module.
+//!
 //! # Protocol
 //!
 //! - **Acquire, extend, release and a waiter's look at the lock** are atomic Lua scripts
@@ -152,6 +155,7 @@
 mod inspect;
 mod kinds;
 mod layout;
+pub mod redlock;
 mod topology;
 mod waiters;
 
@@ -164,6 +168,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
+pub use redlock::RedlockBackend;
 use topology::{Conn, Source};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 
