@@ -118,15 +118,17 @@
 //! runtime's `lost()` and the lease remain timing-based, as for every Redis backend.
 
 mod node;
+mod queue;
 mod wake;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use node::{gather, Answer, Chains, Gathered, Node};
+use queue::Queues;
 use redis::aio::ConnectionManager;
 use redis::{Script, ScriptInvocation};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use wake::{Capture, Hub, Registration, Timings};
 
 use super::topology::{Conn, Source};
@@ -152,6 +154,7 @@ struct Inner {
     quorum: usize,
     options: RedisOptions,
     runtime: tokio::runtime::Handle,
+    queues: Queues,
 }
 
 impl std::fmt::Debug for RedlockBackend {
@@ -235,7 +238,8 @@ impl RedlockBackend {
             nodes.push(Node { url, conn: Conn::Single(conn), hub });
         }
         let quorum = nodes.len() / 2 + 1;
-        let backend = RedlockBackend { inner: Arc::new(Inner { nodes, quorum, options, runtime }) };
+        let backend =
+            RedlockBackend { inner: Arc::new(Inner { nodes, quorum, options, runtime, queues: Queues::default() }) };
         backend.probe(&shown).await?;
         Ok(backend)
     }
@@ -346,8 +350,8 @@ impl RedlockBackend {
         let (n, quorum) = (inner.nodes.len(), inner.quorum);
         let deadline = crate::clock::now() + inner.options.command_timeout;
         let rx = self.send::<i64>(chains, |_| true, invocation);
-        let got = gather(rx, n, deadline, |g| g.count(|v| *v == 1) >= quorum || g.count(|v| *v != 1) > n - quorum)
-            .await;
+        let got =
+            gather(rx, n, deadline, |g| g.count(|v| *v == 1) >= quorum || g.count(|v| *v != 1) > n - quorum).await;
         if got.count(|v| *v == 1) >= quorum {
             return Ok(());
         }
@@ -389,6 +393,10 @@ struct RedlockAcquisition {
     chains: Chains,
     /// Acquires were sent and no grant handed out: a node may hold the key for us.
     dirty: bool,
+    /// Woken by a release heard on any node, and when it becomes the head of the local queue.
+    notify: Arc<Notify>,
+    /// Its place in the local queue, once it found the lock busy.
+    queued: Option<u64>,
     waiting: Option<Registration>,
     next: Next,
     splits: u32,
@@ -408,6 +416,20 @@ impl RedlockAcquisition {
         let backend = self.backend.clone();
         let inner = &*backend.inner;
         let (n, quorum, timeout) = (inner.nodes.len(), inner.quorum, inner.options.command_timeout);
+        // Local FIFO: behind this process's waiters, without racing their head.
+        let head = match self.queued {
+            Some(id) => inner.queues.is_head(&self.keys.lock, id),
+            None if inner.queues.any(&self.keys.lock) => {
+                let (id, head) = inner.queues.join(&self.keys.lock, &self.notify);
+                self.queued = Some(id);
+                head
+            }
+            None => true,
+        };
+        if !head {
+            self.next = Next::Notified(None);
+            return Ok(Attempt::Busy);
+        }
         let captures: Option<Vec<Capture>> = match self.waiting {
             None => Some(inner.nodes.iter().map(|node| node.hub.capture(&self.keys.channel)).collect()),
             Some(_) => None,
@@ -436,6 +458,9 @@ impl RedlockAcquisition {
                 if valid {
                     self.dirty = false;
                     self.waiting = None;
+                    if let Some(id) = self.queued.take() {
+                        inner.queues.leave(&self.keys.lock, id);
+                    }
                     let held = RedlockHeld {
                         backend: backend.clone(),
                         name: self.req.name.clone(),
@@ -472,7 +497,10 @@ impl RedlockAcquisition {
         };
         if let Some(captures) = captures {
             let hubs = inner.nodes.iter().map(|node| node.hub.clone()).zip(captures);
-            self.waiting = Some(Registration::new(hubs, self.keys.channel.clone()));
+            self.waiting = Some(Registration::new(hubs, self.keys.channel.clone(), self.notify.clone()));
+        }
+        if self.queued.is_none() {
+            self.queued = Some(inner.queues.join(&self.keys.lock, &self.notify).0);
         }
         Ok(Attempt::Busy)
     }
@@ -517,20 +545,30 @@ impl RedlockAcquisition {
     }
 
     async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        let queues = &self.backend.inner.queues;
+        if let Some(id) = self.queued.filter(|id| !queues.is_head(&self.keys.lock, *id)) {
+            // Behind another acquisition of this process: until it is the head's turn.
+            loop {
+                tokio::select! {
+                    _ = self.notify.notified() => {}
+                    _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
+                }
+                if queues.is_head(&self.keys.lock, id) {
+                    return Ok(Wake::Retry);
+                }
+            }
+        }
         let wake_at = match self.next {
             Next::Split => crate::clock::now().checked_add(jitter(self.splits, &self.owner)).unwrap_or(deadline),
             Next::Notified(until) => until.unwrap_or(deadline),
         }
         .min(deadline);
-        match (&self.next, &self.waiting) {
-            (Next::Notified(_), Some(waiting)) => {
-                let notified = waiting.notify.clone();
-                tokio::select! {
-                    _ = notified.notified() => {}
-                    _ = tokio::time::sleep_until(wake_at.into()) => {}
-                }
-            }
-            _ => tokio::time::sleep_until(wake_at.into()).await,
+        match self.next {
+            Next::Notified(_) => tokio::select! {
+                _ = self.notify.notified() => {}
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
+            },
+            Next::Split => tokio::time::sleep_until(wake_at.into()).await,
         }
         Ok(if crate::clock::now() >= deadline { Wake::TimedOut } else { Wake::Retry })
     }
@@ -562,6 +600,9 @@ impl Acquisition for RedlockAcquisition {
 impl Drop for RedlockAcquisition {
     fn drop(&mut self) {
         drop(self.waiting.take());
+        if let Some(id) = self.queued.take() {
+            self.backend.inner.queues.leave(&self.keys.lock, id);
+        }
         if self.dirty {
             // Acquires whose outcome was never seen may have been granted on some nodes: undo
             // them there (owner-checked, sent after them on each node).
@@ -579,10 +620,21 @@ struct RedlockHeld {
     chains: Chains,
 }
 
+/// Wakes the head of the lock's local queue once its holder let go (or may have): however the
+/// release ends, completed, failed or dropped.
+struct WakeLocal<'a>(&'a RedlockHeld);
+
+impl Drop for WakeLocal<'_> {
+    fn drop(&mut self) {
+        self.0.backend.inner.queues.wake_head(&self.0.keys.lock);
+    }
+}
+
 impl HeldLock for RedlockHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
             let (keys, owner) = (self.keys.clone(), self.owner.clone());
+            let _wake = WakeLocal(self);
             self.backend.on_quorum(&self.name, "release", &self.chains, move || release(&keys, &owner)).await
         })
     }
@@ -595,6 +647,7 @@ impl HeldLock for RedlockHeld {
                 invocation.key(&*keys.lock).key(&*keys.channel).arg(&*owner).arg(lease_millis(remaining));
                 invocation
             };
+            let _wake = WakeLocal(self);
             self.backend.on_quorum(&self.name, "release", &self.chains, invocation).await
         })
     }
@@ -646,7 +699,8 @@ impl LockBackend for RedlockBackend {
     fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
         let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
         let layout = KeyLayout::of(&req.key);
-        let keys = Arc::new(Keys { lock: layout.lock.into(), channel: layout.channel.into(), fence: layout.fence.into() });
+        let keys =
+            Arc::new(Keys { lock: layout.lock.into(), channel: layout.channel.into(), fence: layout.fence.into() });
         Box::new(RedlockAcquisition {
             chains: Chains::new(self.inner.nodes.len()),
             backend: self.clone(),
@@ -654,6 +708,8 @@ impl LockBackend for RedlockBackend {
             keys,
             owner,
             dirty: false,
+            notify: Arc::new(Notify::new()),
+            queued: None,
             waiting: None,
             next: Next::Notified(None),
             splits: 0,

@@ -135,22 +135,20 @@ impl Hub {
 
 /// One acquisition's registrations on every node; dropped, it deregisters.
 pub(super) struct Registration {
-    pub(super) notify: Arc<Notify>,
     channel: Arc<str>,
     ids: Vec<(Hub, u64)>,
 }
 
 impl Registration {
-    /// Registers one `Notify` on `channel` at every hub (`captures` in the same order).
-    pub(super) fn new(hubs: impl Iterator<Item = (Hub, Capture)>, channel: Arc<str>) -> Self {
-        let notify = Arc::new(Notify::new());
+    /// Registers `notify` on `channel` at every hub (with the capture taken there).
+    pub(super) fn new(hubs: impl Iterator<Item = (Hub, Capture)>, channel: Arc<str>, notify: Arc<Notify>) -> Self {
         let ids = hubs
             .map(|(hub, capture)| {
                 let id = hub.register(&channel, &notify, capture);
                 (hub, id)
             })
             .collect();
-        Registration { notify, channel, ids }
+        Registration { channel, ids }
     }
 }
 

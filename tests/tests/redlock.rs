@@ -1,0 +1,320 @@
+//! Redlock ([`RedlockBackend`]) against independent `redis-server` processes this binary starts:
+//! the conformance suite on three shared servers, then faults on servers of each test's own
+//! (a minority or a majority of nodes killed, a node paused), fencing tokens across quorums
+//! with counters set far apart, cancellation and bad input.
+
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::{KeyLayout, RedisOptions, RedlockBackend};
+use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::redis_server::RedisServer;
+
+/// Three servers shared by the conformance cases (never killed by a test). A static is never
+/// dropped, so a small reaper kills each by its pid once this test process is gone.
+fn shared() -> &'static [RedisServer] {
+    static SERVERS: OnceLock<Vec<RedisServer>> = OnceLock::new();
+    SERVERS.get_or_init(|| {
+        (0..3)
+            .map(|_| {
+                let server = RedisServer::start();
+                let reaper = format!(
+                    "while kill -0 {test} 2>/dev/null && kill -0 {redis} 2>/dev/null; do sleep 0.5; done; \
+                     kill -9 {redis} 2>/dev/null",
+                    test = std::process::id(),
+                    redis = server.pid().expect("running"),
+                );
+                let _ = Command::new("sh")
+                    .args(["-c", &reaper])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn();
+                server
+            })
+            .collect()
+    })
+}
+
+lock_tests::conformance_suite!(|builder: LockManagerBuilder| {
+    let urls: Vec<String> = shared().iter().map(RedisServer::url).collect();
+    async move { builder.redlock(&urls).await.expect("connect") }
+});
+
+fn start(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+async fn manager(servers: &[RedisServer], timeout: Duration, prefix: &str) -> LockManager {
+    let backend = RedlockBackend::connect(urls(servers), RedisOptions::default().command_timeout(timeout))
+        .await
+        .expect("connect");
+    LockManager::builder().prefix(prefix).default_lease(Duration::from_secs(30)).backend(backend)
+}
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(server.url()).expect("url");
+    client.get_multiplexed_async_connection().await.expect("raw connection")
+}
+
+/// Polls each server (no push signal exists for this) until none holds `key`.
+async fn await_no_key(servers: &[&RedisServer], key: &str, what: &str) {
+    for server in servers {
+        let mut conn = raw(server).await;
+        let started = Instant::now();
+        loop {
+            let exists: u64 = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await.expect("EXISTS");
+            if exists == 0 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{what}: {key} still held on {}", server.url());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Two nodes of five killed: locks still work (a quorum of three is left), with contention
+/// across two backends (two processes, as far as the nodes can tell) and increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_of_nodes_down_changes_nothing() {
+    let mut servers = start(5);
+    let a = manager(&servers, Duration::from_secs(1), "minority:").await;
+    servers[1].kill();
+    servers[3].kill();
+    let b = manager_after_kill(&servers).await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let guard = a.lock("job").await.expect("acquire with 3 of 5");
+        assert!(guard.fencing_token() > last, "{} after {last}", guard.fencing_token());
+        last = guard.fencing_token();
+        assert!(b.try_lock("job").await.expect("try").is_none(), "another backend got a held lock");
+        guard.release().await.expect("release with 3 of 5");
+    }
+    // Contention: b waits (its wait is far shorter than the 30 s lease, so only the release
+    // notification can hand it the lock in time).
+    let held = a.lock("job").await.expect("holder");
+    let waiter = tokio::spawn(async move {
+        let g = b.lock("job").wait(Duration::from_secs(10)).await.expect("woken by the release");
+        (g.fencing_token(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await; // let it reach its wait (not needed for correctness)
+    let held_token = held.fencing_token();
+    held.release().await.expect("release");
+    let (token, guard) = waiter.await.expect("waiter");
+    assert!(token > held_token);
+    guard.release().await.expect("release");
+}
+
+/// A backend made while two of five nodes are down connects (a quorum answers).
+async fn manager_after_kill(servers: &[RedisServer]) -> LockManager {
+    manager(servers, Duration::from_secs(1), "minority:").await
+}
+
+/// Three nodes of five killed: `lock()` fails with a backend error naming the quorum, within
+/// the command timeout and some slack; once they are back, locks work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_of_nodes_down_is_a_backend_error_naming_the_quorum() {
+    let timeout = Duration::from_secs(1);
+    let mut servers = start(5);
+    let m = manager(&servers, timeout, "majority:").await;
+    m.lock("job").await.expect("all up").release().await.expect("release");
+    for i in [0, 2, 4] {
+        servers[i].kill();
+    }
+    for _ in 0..2 {
+        let started = Instant::now();
+        let err = m.lock("job").wait(Duration::from_secs(5)).await.expect_err("no quorum");
+        let took = started.elapsed();
+        assert!(err.is_backend(), "{err}");
+        assert!(err.to_string().contains("3 of 5"), "the message names the quorum: {err}");
+        assert!(took < timeout + Duration::from_secs(1), "failed after {took:?}");
+    }
+    let refused = RedlockBackend::connect(urls(&servers), RedisOptions::default().command_timeout(timeout)).await;
+    let refused = refused.expect_err("connect without a quorum");
+    assert!(refused.is_backend() && refused.to_string().contains("3 of 5"), "{refused}");
+    for i in [0, 2, 4] {
+        servers[i].restart();
+    }
+    let started = Instant::now();
+    let guard = loop {
+        match m.lock("job").await {
+            Ok(guard) => break guard,
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_secs(15), "no lock after the restart: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    guard.release().await.expect("release");
+}
+
+/// One node of three paused (SIGSTOP): acquisitions decide on the two others, without waiting
+/// for the paused one's timeout; releases work; once resumed, the paused node runs its queued
+/// acquires and releases in order, and holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_does_not_slow_acquisitions_and_is_left_clean() {
+    let timeout = Duration::from_secs(2);
+    let servers = start(3);
+    let m = manager(&servers, timeout, "paused:").await;
+    m.lock("job").await.expect("all up").release().await.expect("release");
+    servers[0].pause();
+    let mut last = 0;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let guard = m.lock("job").await.expect("acquire with 2 of 3");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "the acquisition waited for the paused node: {took:?}");
+        assert!(guard.fencing_token() > last);
+        last = guard.fencing_token();
+        guard.release().await.expect("release with 2 of 3");
+    }
+    servers[0].resume();
+    let key = KeyLayout::of("paused:job").lock;
+    await_no_key(&[&servers[0], &servers[1], &servers[2]], &key, "after the resume").await;
+}
+
+/// Tokens strictly increase across quorums even when the nodes' counters are far apart: one
+/// node's counter is set far ahead by hand, then quorums with and without that node take turns
+/// (the third node paused each time). Without the fence raise, the quorum without the advanced
+/// node would mint a token far below the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_across_quorums_with_skewed_counters() {
+    let servers = start(3);
+    let m = manager(&servers, Duration::from_secs(1), "fence:").await;
+    let layout = KeyLayout::of("fence:job");
+    let now_us =
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap();
+    let ahead = now_us + 1_000_000_000_000; // about 11.6 days of microseconds ahead
+    let mut a = raw(&servers[0]).await;
+    let () = redis::cmd("SET").arg(&layout.fence).arg(ahead).query_async(&mut a).await.expect("SET");
+
+    // {A, B} with C paused: the token comes from A's counter.
+    servers[2].pause();
+    let first = m.lock("job").await.expect("A and B");
+    let t1 = first.fencing_token();
+    assert!(t1 > ahead, "{t1} not above A's counter {ahead}");
+    first.release().await.expect("release");
+    servers[2].resume();
+
+    // {B, C} with A paused: neither minted near A's counter on its own; B was raised to it.
+    servers[0].pause();
+    let second = m.lock("job").await.expect("B and C");
+    let t2 = second.fencing_token();
+    assert!(t2 > t1, "{t2} after {t1}");
+    second.release().await.expect("release");
+    servers[0].resume();
+
+    // {A, C} with B paused.
+    servers[1].pause();
+    let third = m.lock("job").await.expect("A and C");
+    let t3 = third.fencing_token();
+    assert!(t3 > t2, "{t3} after {t2}");
+    third.release().await.expect("release");
+    servers[1].resume();
+
+    // All three, many times.
+    let mut last = t3;
+    for _ in 0..10 {
+        let g = m.lock("job").await.expect("all three");
+        assert!(g.fencing_token() > last);
+        last = g.fencing_token();
+        g.release().await.expect("release");
+    }
+}
+
+/// Polls `fut` until it is ready or has been polled `polls` times, then drops it.
+struct PollThenDrop<F> {
+    fut: Option<Pin<Box<F>>>,
+    left: usize,
+}
+
+impl<F: Future> Future for PollThenDrop<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(fut) = self.fut.as_mut() else { return Poll::Ready(None) };
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        self.left -= 1;
+        if self.left == 0 {
+            self.fut = None;
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+/// An acquisition (free lock) or a waiter (held lock) dropped after any poll leaves no key of
+/// its own on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquisition_leaves_nothing_on_any_node() {
+    let servers = start(3);
+    let m = manager(&servers, Duration::from_secs(1), "cancel:").await;
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    let key = KeyLayout::of("cancel:job").lock;
+    let mut finished = false;
+    for polls in 1..=64 {
+        let fut = m.lock("job").wait(Duration::from_secs(5)).into_future();
+        match (PollThenDrop { fut: Some(Box::pin(fut)), left: polls }).await {
+            Some(got) => {
+                got.expect("free").release().await.expect("release");
+                finished = true;
+                break;
+            }
+            None => await_no_key(&all, &key, &format!("acquisition dropped after {polls} polls")).await,
+        }
+    }
+    assert!(finished, "an uncontended acquisition was still pending after 64 polls");
+    // A waiter dropped after any poll: once the holder releases, nothing is left. The last
+    // round's waiter parks (its wait runs out with no further poll point): every point was cut.
+    for polls in 1..=32 {
+        let held = m.lock("job").await.expect("holder");
+        let fut = m.lock("job").wait(Duration::from_millis(500)).into_future();
+        let got = (PollThenDrop { fut: Some(Box::pin(fut)), left: polls }).await;
+        held.release().await.expect("release");
+        await_no_key(&all, &key, &format!("waiter dropped after {polls} polls")).await;
+        match got {
+            None => {}
+            Some(Err(e)) if e.is_contended() => return,
+            Some(other) => panic!("a waiter got a held lock: {:?}", other.map(|g| g.fencing_token())),
+        }
+    }
+    panic!("a waiter was still being polled after 32 polls without parking");
+}
+
+/// An empty list, an empty, malformed or repeated URL: `is_invalid()`, never a panic; the
+/// builder and `LockManager::redlock` take a plain array of URLs; read-write locks are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_are_invalid() {
+    let none: [&str; 0] = [];
+    let cases = [
+        LockManager::redlock(none).await.map(drop),
+        LockManager::redlock(&[""]).await.map(drop),
+        LockManager::redlock(&["redis://127.0.0.1:1", "not a url"]).await.map(drop),
+        LockManager::redlock(&["redis://127.0.0.1:7001", "redis://127.0.0.1:7001/2"]).await.map(drop),
+        LockManager::builder().redlock(&["redis://a:6379", "redis://b:6379", "redis://a:6379"]).await.map(drop),
+        RedlockBackend::connect(["redis://x:1"], RedisOptions::default().command_timeout(Duration::ZERO))
+            .await
+            .map(drop),
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let err = case.expect_err("bad input accepted");
+        assert!(err.is_invalid(), "case {i}: {err}");
+    }
+    let urls = urls(shared());
+    let m = LockManager::redlock(&[urls[0].as_str(), urls[1].as_str(), urls[2].as_str()]).await.expect("connect");
+    let refused = m.read_lock("rw").await.map(drop).expect_err("read-write locks are not offered");
+    assert!(refused.is_invalid(), "{refused}");
+}
