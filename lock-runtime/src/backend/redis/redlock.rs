@@ -31,7 +31,7 @@
 //! - **Nodes.** N independent primaries (no replication between them), N ≥ 1; 3 or 5 are what
 //!   Redlock is meant for. The quorum is `N/2 + 1` (an even N works: 2 of 2, 3 of 4). Each node
 //!   runs the single-server scripts of the [Redis backend](super) on the same keys
-//!   ([`KeyLayout`](super::KeyLayout)): `acquire.lua`, `release.lua`, `extend.lua`,
+//!   ([`KeyLayout`]): `acquire.lua`, `release.lua`, `extend.lua`,
 //!   `release_after.lua`, plus `fence.lua` (below).
 //! - **An attempt** takes the local clock (`sent`), then sends the acquire script to every
 //!   node at once, each bounded by the command timeout. It decides as soon as the outcome is
