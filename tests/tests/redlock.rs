@@ -233,6 +233,76 @@ async fn fencing_tokens_strictly_increase_across_quorums_with_skewed_counters() 
     }
 }
 
+/// Several backends (processes, as far as the nodes can tell) with several tasks each fight
+/// over one lock: split votes happen (each contender takes a minority) and are resolved by the
+/// random delay; never two holders at once, and every task gets its turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_across_backends_never_overlaps_and_makes_progress() {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let servers = start(3);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let m = manager(&servers, Duration::from_secs(1), "split:").await;
+        for _ in 0..4 {
+            let (m, inside, done) = (m.clone(), inside.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut last = 0;
+                for _ in 0..10 {
+                    let g = m.lock("hot").wait(Duration::from_secs(30)).await.expect("acquire");
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    assert!(g.fencing_token() > last);
+                    last = g.fencing_token();
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 160);
+}
+
+/// The nodes drop every pub/sub connection (`CLIENT KILL TYPE pubsub`) while a waiter of
+/// another backend waits: its subscriptions are made again, and the release still wakes it
+/// long before the holder's 30 s lease would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_pubsub_connections_are_made_again() {
+    let servers = start(3);
+    let a = manager(&servers, Duration::from_secs(1), "pubsub:").await;
+    let b = manager(&servers, Duration::from_secs(1), "pubsub:").await;
+    let held = a.lock("job").await.expect("holder");
+    let waiter =
+        tokio::spawn(async move { b.lock("job").wait(Duration::from_secs(10)).await.map(|g| g.fencing_token()) });
+    // Wait (bounded) until the waiter subscribed on every node, then cut those connections.
+    let channel = KeyLayout::of("pubsub:job").channel;
+    for server in &servers {
+        let mut conn = raw(server).await;
+        let started = Instant::now();
+        loop {
+            let (_, n): (String, u64) =
+                redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel).query_async(&mut conn).await.expect("NUMSUB");
+            if n == 1 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "the waiter never subscribed on {}", server.url());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _: redis::Value =
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.expect("KILL");
+    }
+    let held_token = held.fencing_token();
+    held.release().await.expect("release");
+    let token = waiter.await.expect("waiter").expect("woken after its subscriptions were made again");
+    assert!(token > held_token);
+}
+
 /// Polls `fut` until it is ready or has been polled `polls` times, then drops it.
 struct PollThenDrop<F> {
     fut: Option<Pin<Box<F>>>,
