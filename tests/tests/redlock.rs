@@ -303,6 +303,31 @@ async fn lost_pubsub_connections_are_made_again() {
     assert!(token > held_token);
 }
 
+/// A node restarted empty (no persistence) while a lock is held: the watchdog keeps the lock
+/// on the two others (a quorum), it is never reported lost, and the next holder's token is
+/// still above the held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_empty_keeps_the_lock_on_the_quorum() {
+    let mut servers = start(3);
+    let backend =
+        RedlockBackend::connect(urls(&servers), RedisOptions::default().command_timeout(Duration::from_secs(1)))
+            .await
+            .expect("connect");
+    let m = LockManager::builder().prefix("restart:").default_lease(Duration::from_millis(600)).backend(backend);
+    let held = m.lock("job").await.expect("holder");
+    servers[0].restart();
+    tokio::select! {
+        _ = held.lost() => panic!("lost although two of three nodes still hold it"),
+        _ = tokio::time::sleep(Duration::from_millis(1500)) => {}
+    }
+    assert!(m.try_lock("job").await.expect("try").is_none(), "held on the quorum after the restart");
+    let held_token = held.fencing_token();
+    held.release().await.expect("release on the quorum");
+    let next = m.lock("job").wait(Duration::from_secs(10)).await.expect("next holder");
+    assert!(next.fencing_token() > held_token, "{} after {held_token}", next.fencing_token());
+    next.release().await.expect("release");
+}
+
 /// Polls `fut` until it is ready or has been polled `polls` times, then drops it.
 struct PollThenDrop<F> {
     fut: Option<Pin<Box<F>>>,
