@@ -328,6 +328,49 @@ async fn a_node_restarted_empty_keeps_the_lock_on_the_quorum() {
     next.release().await.expect("release");
 }
 
+/// `EVALSHA` calls a node has served so far (`INFO commandstats`).
+async fn script_calls(server: &RedisServer) -> u64 {
+    let mut conn = raw(server).await;
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.expect("INFO");
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_evalsha:"))
+        .flat_map(|rest| rest.split(','))
+        .find_map(|kv| kv.strip_prefix("calls="))
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+/// With the nodes' clocks together (one machine), the nodes of a quorum mint the token the
+/// client proposed, so an uncontended cycle is two script calls per node (acquire, release):
+/// no fence raise. (Counters apart make the raise come back: see the skewed-counters test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_cycle_is_two_script_calls_per_node() {
+    let servers = start(3);
+    let m = manager(&servers, Duration::from_secs(1), "cost:").await;
+    m.lock("job").await.expect("warm-up").release().await.expect("release"); // scripts loaded
+    let mut before = Vec::new();
+    for s in &servers {
+        before.push(script_calls(s).await);
+    }
+    let mut last = 0;
+    for _ in 0..10 {
+        let g = m.lock("job").await.expect("acquire");
+        assert!(g.fencing_token() > last);
+        last = g.fencing_token();
+        g.release().await.expect("release");
+    }
+    // A release decides on a quorum: the last one may still be running on a node. Wait
+    // (bounded) until every node served at least the 20 calls, then check it served no more.
+    for (s, b) in servers.iter().zip(&before) {
+        let started = Instant::now();
+        while script_calls(s).await < b + 20 {
+            assert!(started.elapsed() < Duration::from_secs(5), "a node served fewer than 20 calls");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let calls = script_calls(s).await - b;
+        assert_eq!(calls, 20, "{}: {calls} script calls for 10 cycles", s.url());
+    }
+}
+
 /// Polls `fut` until it is ready or has been polled `polls` times, then drops it.
 struct PollThenDrop<F> {
     fut: Option<Pin<Box<F>>>,

@@ -56,12 +56,15 @@
 //!
 //! # Fencing tokens
 //!
-//! Each node mints `max(its counter + 1, its clock in µs)` (acquire.lua). The lock's token `T`
-//! is the largest token among the granting nodes. Before the grant is returned, every granting
+//! Each node mints `max(its counter + 1, its clock in µs, a floor)` (acquire.lua). The floor is
+//! proposed by the client: its own wall clock in µs plus one second, the same for every node of
+//! an attempt, so that nodes whose counters and clocks are below it (the usual case, with
+//! clocks kept within a second of each other) all mint the same token. The lock's token `T` is
+//! the largest token among the granting nodes. Before the grant is returned, every granting
 //! node whose token is below `T` has its counter raised to `T` by `fence.lua`, only if its key
 //! still holds our owner (a node where that fails no longer counts toward the quorum; fewer
-//! than a quorum left means not granted). So every node of our quorum `Q` has its counter at
-//! `T` or above while we hold its key.
+//! than a quorum left means not granted); when a quorum minted `T` itself, nothing is raised.
+//! So every node of our quorum `Q` has its counter at `T` or above while we hold its key.
 //!
 //! Why tokens strictly increase per name, whatever quorums and node clocks: a later holder's
 //! quorum `Q'` intersects `Q` (two majorities of the same N), and on a node of `Q ∩ Q'` it
@@ -85,11 +88,12 @@
 //!
 //! # Costs
 //!
-//! An uncontended lock/release cycle is three rounds of N concurrent script calls: the
-//! acquire, the fence raise (on the granting nodes whose token is below the maximum: with
-//! clock-based tokens, usually all but one) and the release. A busy attempt costs a round,
-//! plus the release of any minority it took. Each round waits for the quorum's fastest
-//! majority, not for the slowest node.
+//! An uncontended lock/release cycle is two rounds of N concurrent script calls, the acquire
+//! and the release, when a quorum minted the proposed floor; a third, the fence raise (on the
+//! granting nodes whose token is below the maximum), when it did not (a node's clock more than
+//! a second ahead of the client's, a counter set ahead by another client). A busy attempt
+//! costs a round, plus the release of any minority it took. Each round waits for the quorum's
+//! fastest majority, not for the slowest node.
 //!
 //! # What Redlock can and cannot promise
 //!
@@ -139,6 +143,8 @@ use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
 const KIND: &str = "redlock";
+/// How far ahead of the client's wall clock the proposed token floor is (see *Fencing tokens*).
+const FLOOR_AHEAD: Duration = Duration::from_secs(1);
 
 static FENCE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(include_str!("fence.lua")));
 
@@ -438,9 +444,10 @@ impl RedlockAcquisition {
         let sent = crate::clock::now();
         let keys = self.keys.clone();
         let owner = self.owner.clone();
+        let floor = token_floor();
         let acquire = move || {
             let mut invocation = ACQUIRE.prepare_invoke();
-            invocation.key(&*keys.lock).key(&*keys.fence).arg(&*owner).arg(lease_millis(lease));
+            invocation.key(&*keys.lock).key(&*keys.fence).arg(&*owner).arg(lease_millis(lease)).arg(floor);
             invocation
         };
         self.dirty = true;
@@ -572,6 +579,13 @@ impl RedlockAcquisition {
         }
         Ok(if crate::clock::now() >= deadline { Wake::TimedOut } else { Wake::Retry })
     }
+}
+
+/// The token floor an attempt proposes: the wall clock in µs plus [`FLOOR_AHEAD`] (at most
+/// 2^53, which Lua numbers hold exactly).
+fn token_floor() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(now.saturating_add(FLOOR_AHEAD).as_micros()).unwrap_or(u64::MAX).min(1 << 53)
 }
 
 /// A random delay after the `splits`-th split vote in a row: 5 ms at first, doubling up to
