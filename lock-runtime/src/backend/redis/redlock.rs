@@ -81,10 +81,13 @@
 //! it found held (a crashed holder frees the name by its lease end, so a lost notification
 //! never strands it), or its deadline. After a **split vote** (it was granted by some nodes
 //! but not a quorum: several contenders each took a minority), it waits a random delay
-//! instead, a few milliseconds growing to tens (5 to 60 ms), as Redlock's design asks, so the
-//! contenders stop colliding. A dropped acquisition leaves nothing: its registrations go, and
-//! acquires it may have been granted are undone by an owner-checked release on all nodes in
-//! the background.
+//! instead, as Redlock's design asks, so that the contenders stop colliding: a few
+//! milliseconds growing to tens (2.5 to 7.5 ms after the first split in a row, up to 20 to
+//! 60 ms). Acquisitions of one process waiting for the same lock queue locally, in arrival
+//! order: only the head attempts, and a release made through this backend wakes it at once.
+//! A dropped acquisition leaves nothing: it leaves the queue (the next one becomes the head),
+//! its registrations go, and acquires it may have been granted are undone by an owner-checked
+//! release on all nodes in the background.
 //!
 //! # Costs
 //!
@@ -93,7 +96,15 @@
 //! granting nodes whose token is below the maximum), when it did not (a node's clock more than
 //! a second ahead of the client's, a counter set ahead by another client). A busy attempt
 //! costs a round, plus the release of any minority it took. Each round waits for the quorum's
-//! fastest majority, not for the slowest node.
+//! fastest majority, not for the slowest node. Each command runs in a task of its own (so a
+//! paused node holds nothing up), chained after the lock's previous command on that node.
+//!
+//! Measured with the peer benchmark (`bench/`, `--redlock-ports`) on three local
+//! `redis-server`s of a busy 2-core machine, against rslock's Redlock on the same servers: one
+//! task's uncontended cycles 5,900 to 6,800 a second (rslock 4,300 to 5,600); 64 tasks on
+//! distinct names 21,000 to 25,000 (rslock 34,000 to 45,000: its acquire is a plain `SET NX`,
+//! ours a script that mints a token); 16 tasks on one name hand the lock over 1,800 to 2,700
+//! times a second with fairness 1.00 (rslock 130 to 230, fairness about 0.4).
 //!
 //! # What Redlock can and cannot promise
 //!
@@ -460,7 +471,7 @@ impl RedlockAcquisition {
         .await;
         let grants = got.count(granted);
         if grants >= quorum {
-            if let Some(token) = self.fence(&got, sent).await {
+            if let Some(token) = self.fence(&got).await {
                 let valid = crate::clock::trusted_until(sent, lease).is_some_and(|until| crate::clock::now() < until);
                 if valid {
                     self.dirty = false;
@@ -514,7 +525,7 @@ impl RedlockAcquisition {
 
     /// Raises the counters of the granting nodes below the largest token to it (fence.lua);
     /// the combined token if a quorum is then at or above it, holding our key.
-    async fn fence(&self, got: &Gathered<(i64, i64)>, sent: Instant) -> Option<u64> {
+    async fn fence(&self, got: &Gathered<(i64, i64)>) -> Option<u64> {
         let inner = &*self.backend.inner;
         let (n, quorum, timeout) = (inner.nodes.len(), inner.quorum, inner.options.command_timeout);
         let tokens: Vec<Option<i64>> = got
@@ -537,7 +548,7 @@ impl RedlockAcquisition {
             };
             let rx = self.backend.send::<i64>(&self.chains, |i| below[i], raise);
             let raising = below.iter().filter(|b| **b).count();
-            let deadline = crate::clock::now().max(sent) + timeout;
+            let deadline = crate::clock::now() + timeout;
             let done = gather(rx, n, deadline, |g| {
                 let raised = g.count(|v| *v == 1);
                 let finished = g.answers.iter().filter(|a| a.is_some()).count();
