@@ -98,7 +98,11 @@ async fn a_minority_of_nodes_down_changes_nothing() {
         let guard = a.lock("job").await.expect("acquire with 3 of 5");
         assert!(guard.fencing_token() > last, "{} after {last}", guard.fencing_token());
         last = guard.fencing_token();
-        assert!(b.try_lock("job").await.expect("try").is_none(), "another backend got a held lock");
+        // Busy, never an error: the answers of the dead nodes come first (connection refused),
+        // and the attempt must still wait for a quorum of answers before it calls it busy.
+        for _ in 0..4 {
+            assert!(b.try_lock("job").await.expect("try").is_none(), "another backend got a held lock");
+        }
         guard.release().await.expect("release with 3 of 5");
     }
     // Contention: b waits (its wait is far shorter than the 30 s lease, so only the release

@@ -31,14 +31,15 @@
 //! - **Nodes.** N independent primaries (no replication between them), N ≥ 1; 3 or 5 are what
 //!   Redlock is meant for. The quorum is `N/2 + 1` (an even N works: 2 of 2, 3 of 4). Each node
 //!   runs the single-server scripts of the [Redis backend](super) on the same keys
-//!   ([`KeyLayout`]): `acquire.lua`, `release.lua`, `extend.lua`,
-//!   `release_after.lua`, plus `fence.lua` (below).
+//!   ([`KeyLayout`]): `acquire.lua`, `release.lua`, `extend.lua`, `release_after.lua`, plus
+//!   `fence.lua` (below).
 //! - **An attempt** takes the local clock (`sent`), then sends the acquire script to every
 //!   node at once, each bounded by the command timeout. It decides as soon as the outcome is
-//!   known: a quorum granted, or a quorum can no longer grant (busy or failed nodes); it never
-//!   waits for a slow or paused node once a quorum answered. Requests still in flight keep
-//!   running in the background; every later command of the same lock on a node (a release, an
-//!   extension) is sent after them, so the owner-checked release on all nodes covers them.
+//!   known: a quorum granted; or no quorum can grant any more and either a quorum answered
+//!   (the lock is busy) or too few nodes can answer (an error). It never waits for a slow or
+//!   paused node once a quorum answered. Requests still in flight keep running in the
+//!   background; every later command of the same lock on a node (a release, an extension) is
+//!   sent after them, so the owner-checked release on all nodes covers them.
 //! - **Validity.** The lock is granted iff a quorum granted it (after the fence step) and the
 //!   time elapsed since `sent` is below the lease minus the allowed drift (1% of the lease plus
 //!   2 ms). The grant's [`granted_at`](crate::backend::Grant::granted_at) is `sent`, so the
@@ -464,9 +465,11 @@ impl RedlockAcquisition {
         self.dirty = true;
         let rx = backend.send::<(i64, i64)>(&self.chains, |_| true, acquire);
         let granted = |v: &(i64, i64)| v.0 == 1 && v.1 > 0;
+        // Decided once a quorum granted, or once no quorum can grant and it is known whether a
+        // quorum answered (the lock is busy) or not (too few nodes reachable: an error).
         let got = gather(rx, n, sent + timeout, |g| {
-            let yes = g.count(granted);
-            yes >= quorum || yes + g.pending() < quorum
+            let (yes, answered, pending) = (g.count(granted), g.answered(), g.pending());
+            yes >= quorum || (yes + pending < quorum && (answered >= quorum || answered + pending < quorum))
         })
         .await;
         let grants = got.count(granted);
