@@ -56,7 +56,13 @@ pub async fn run(urls: &[String], quick: bool, many: usize, contenders: usize) -
     let mut out = format!("Redlock on {} local redis-servers (ours vs rslock 0.10 Redlock)\n", urls.len());
     out += &format!(
         "{:<28} {:>14} {:>16} {:>14} {:>10} {:>10} {:>9}\n",
-        "", "1 task cyc/s", format!("{many} tasks cyc/s"), "hand-offs/s", "wait p50", "wait p99", "fairness"
+        "",
+        "1 task cyc/s",
+        format!("{many} tasks cyc/s"),
+        "hand-offs/s",
+        "wait p50",
+        "wait p99",
+        "fairness"
     );
     for (label, r) in [("lock-runtime (redlock)", &a), ("rslock 0.10 (Redlock)", &b)] {
         out += &format!(
