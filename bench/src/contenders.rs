@@ -109,6 +109,17 @@ impl Ours {
             .map_err(|e| format!("ours (redis): {e}"))?;
         Ok(Ours { manager, lease: Some(LEASE) })
     }
+
+    /// The Redlock backend over independent servers, with a fixed lease like the peers' TTL.
+    #[cfg(feature = "ours-redis")]
+    pub async fn redlock(urls: &[String]) -> Result<Self, String> {
+        let manager = lock_runtime::LockManager::builder()
+            .default_wait(Duration::from_secs(60))
+            .redlock(urls)
+            .await
+            .map_err(|e| format!("ours (redlock): {e}"))?;
+        Ok(Ours { manager, lease: Some(LEASE) })
+    }
 }
 
 impl Contender for Ours {
@@ -139,6 +150,11 @@ pub struct Rslock {
 impl Rslock {
     pub fn new(url: &str) -> Self {
         Rslock { manager: rslock::LockManager::new(vec![url.to_string()]) }
+    }
+
+    /// rslock's Redlock over independent servers.
+    pub fn redlock(urls: &[String]) -> Self {
+        Rslock { manager: rslock::LockManager::new(urls.to_vec()) }
     }
 }
 

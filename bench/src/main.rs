@@ -3,12 +3,18 @@
 //! ```text
 //! scripts/bench                                    # the one command: starts redis, builds, runs, charts
 //! lock-bench --port 6379 --out bench [--quick]     # what it runs (a redis-server must listen on --port)
+//! lock-bench --redlock-ports 7001,7002,7003 --redlock-only [--quick]   # Redlock alone
 //! ```
+//!
+//! With `--redlock-ports`, Redlock on those servers (ours against rslock's) runs last and is
+//! printed with its ratios (not written to RESULTS.md).
 //!
 //! Prints the table, writes `RESULTS.md` and `chart.svg` into `--out`, and appends the targets' figures
 //! of a full run to `history.tsv` there (the ranges in the table are over those runs).
 
 mod contenders;
+#[cfg(feature = "ours-redis")]
+mod redlock;
 mod report;
 mod scenario;
 mod server;
@@ -73,10 +79,21 @@ struct Args {
     quick: bool,
     /// Skip the Redis part (for looking at the in-process figures alone).
     memory_only: bool,
+    /// Independent servers for the Redlock comparison.
+    redlock_ports: Vec<u16>,
+    /// Run the Redlock comparison alone.
+    redlock_only: bool,
 }
 
 fn args() -> Result<Args, String> {
-    let mut a = Args { port: 6379, out: "bench".into(), quick: false, memory_only: false };
+    let mut a = Args {
+        port: 6379,
+        out: "bench".into(),
+        quick: false,
+        memory_only: false,
+        redlock_ports: Vec::new(),
+        redlock_only: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -84,8 +101,19 @@ fn args() -> Result<Args, String> {
             "--out" => a.out = it.next().ok_or("--out needs a directory")?.into(),
             "--quick" => a.quick = true,
             "--memory-only" => a.memory_only = true,
+            "--redlock-ports" => {
+                let list = it.next().ok_or("--redlock-ports needs ports, e.g. 7001,7002,7003")?;
+                a.redlock_ports = list
+                    .split(',')
+                    .map(|p| p.trim().parse::<u16>().map_err(|e| format!("--redlock-ports: {p:?}: {e}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--redlock-only" => a.redlock_only = true,
             other => {
-                return Err(format!("unknown argument {other:?} (use --port N --out DIR [--quick] [--memory-only])"))
+                return Err(format!(
+                    "unknown argument {other:?} (use --port N --out DIR [--quick] [--memory-only] \
+                     [--redlock-ports P1,P2,P3] [--redlock-only])"
+                ))
             }
         }
     }
@@ -107,7 +135,25 @@ fn main() {
     }
 }
 
+/// The Redlock comparison on `--redlock-ports`, printed (nothing when no ports were given).
+async fn redlock_part(args: &Args) -> Result<(), String> {
+    if args.redlock_ports.is_empty() {
+        return Ok(());
+    }
+    #[cfg(feature = "ours-redis")]
+    {
+        let urls: Vec<String> = args.redlock_ports.iter().map(|p| format!("redis://127.0.0.1:{p}/")).collect();
+        println!("{}", redlock::run(&urls, args.quick, MANY, CONTENDERS).await?);
+        Ok(())
+    }
+    #[cfg(not(feature = "ours-redis"))]
+    Err("the Redlock comparison needs the `ours-redis` feature".into())
+}
+
 async fn run(args: Args) -> Result<(), String> {
+    if args.redlock_only {
+        return redlock_part(&args).await;
+    }
     let plan = if args.quick { Plan::quick() } else { Plan::full() };
     let url = format!("redis://127.0.0.1:{}/", args.port);
     let mut probe = server::Probe::connect(&url).await?;
@@ -185,7 +231,7 @@ async fn run(args: Args) -> Result<(), String> {
     let svg = args.out.join("chart.svg");
     std::fs::write(&svg, results.svg()).map_err(|e| format!("{}: {e}", svg.display()))?;
     eprintln!("wrote {} and {}", md.display(), svg.display());
-    Ok(())
+    redlock_part(&args).await
 }
 
 /// Rounds of the Redis uncontended runs (best kept).

@@ -9,6 +9,8 @@
 -- ARGV[1]  the owner: unique to this acquisition (`<owner id>@<host>/<pid>[/<label>]`, without
 --          `#` or `+`)
 -- ARGV[2]  the lease in milliseconds
+-- ARGV[3]  optional: a floor for the token (Redlock proposes one, so that the nodes of a quorum
+--          mint the same token; see redlock.rs)
 --
 -- Returns  {1, token}  acquired: `token` is strictly greater than every token handed out
 --                      before for any key of this slot, and never below the server's clock in
@@ -39,7 +41,7 @@ if holder == false or string.sub(holder, 1, #mine) == mine then
   -- year 2255.)
   local now = redis.call('time')
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local token = math.max((tonumber(redis.call('get', KEYS[2])) or 0) + 1, clock)
+  local token = math.max((tonumber(redis.call('get', KEYS[2])) or 0) + 1, clock, tonumber(ARGV[3]) or 0)
   local minted = string.format('%d', token)
   redis.call('set', KEYS[2], minted)
   local mark = ''

@@ -21,6 +21,8 @@
 //! On a Redis Cluster, the same protocol runs through [`RedisBackend::cluster`] /
 //! [`LockManager::redis_cluster`]: see the [cluster module docs](cluster) for routing,
 //! pub/sub across nodes, failover and resharding.
+//! For one lock over several independent primaries (Redlock, with strictly increasing fencing
+//! tokens across quorums), see [`RedlockBackend`] and the [`redlock`] module.
 //!
 //! # Protocol
 //!
@@ -159,6 +161,7 @@ pub mod cluster;
 mod inspect;
 mod kinds;
 mod layout;
+pub mod redlock;
 pub mod sentinel;
 mod topology;
 mod waiters;
@@ -172,6 +175,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
+pub use redlock::RedlockBackend;
 use topology::{Conn, Source};
 use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
 

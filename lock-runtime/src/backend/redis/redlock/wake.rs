@@ -1,0 +1,335 @@
+//! Release notifications of one Redlock node: one pub/sub connection (made with a
+//! [`Source`]), the lock channels that waiting acquisitions registered on it, and their
+//! [`Notify`]s.
+//!
+//! An acquisition that found a lock busy registers one `Notify` on the lock's channel at every
+//! node; a message on the channel (the release script publishes when the value was marked
+//! waited on) or a confirmed (re)subscription wakes every registered `Notify` of the channel.
+//! The registration is dropped with the acquisition; a channel nobody waits on is unsubscribed
+//! after the `unsubscribe_after` grace. The connection is pinged every `ping_interval`; a lost
+//! connection is made again with backoff and every channel subscribed again, which wakes
+//! everyone (a release may have gone unheard meanwhile). The task stops when the backend (every
+//! [`Hub`] clone and every registration) is dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, Notify};
+
+use super::super::topology::Source;
+use crate::backend::BoxFuture;
+
+/// Channels (un)subscribed in one command at most.
+const BATCH: usize = 64;
+/// The longest pause between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The pub/sub side of one node. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Hub {
+    state: Arc<Mutex<State>>,
+    poke: mpsc::UnboundedSender<()>,
+}
+
+#[derive(Default)]
+struct State {
+    channels: HashMap<Arc<str>, Chan>,
+    next_id: u64,
+}
+
+struct Chan {
+    waiters: Vec<(u64, Arc<Notify>)>,
+    sub: Sub,
+    /// Messages and confirmations seen on this channel (see [`Hub::capture`]).
+    seen: u64,
+    /// When the last waiter left, while nobody waits.
+    idle_since: Option<Instant>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sub {
+    Wanted,
+    Sending,
+    Confirmed,
+}
+
+/// What a channel looked like before an attempt: `Some(seen)` when it was subscribed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct Capture(Option<u64>);
+
+/// Timings of the pub/sub task.
+#[derive(Clone, Copy)]
+pub(super) struct Timings {
+    pub(super) timeout: Duration,
+    pub(super) grace: Duration,
+    pub(super) ping: Duration,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Hub {
+    /// Starts the node's pub/sub task on `runtime`.
+    pub(super) fn start(runtime: &tokio::runtime::Handle, source: Source, timings: Timings) -> Self {
+        let state = Arc::new(Mutex::new(State::default()));
+        let (poke, rx) = mpsc::unbounded_channel();
+        runtime.spawn(subscriber(state.clone(), source, rx, timings));
+        Hub { state, poke }
+    }
+
+    /// Taken before an attempt: if the attempt finds the lock busy and its acquisition then
+    /// registers, a release heard in between (by another waiter's subscription) wakes it at
+    /// once instead of being missed.
+    pub(super) fn capture(&self, channel: &str) -> Capture {
+        let st = lock(&self.state);
+        Capture(st.channels.get(channel).filter(|c| c.sub == Sub::Confirmed).map(|c| c.seen))
+    }
+
+    /// Registers `notify` on `channel` (subscribing it if needed); returns the id to
+    /// [`deregister`](Hub::deregister) with. Wakes `notify` at once when the channel heard
+    /// something since `before` was captured.
+    pub(super) fn register(&self, channel: &Arc<str>, notify: &Arc<Notify>, before: Capture) -> u64 {
+        let mut st = lock(&self.state);
+        st.next_id += 1;
+        let id = st.next_id;
+        let chan = st.channels.entry(channel.clone()).or_insert_with(|| Chan {
+            waiters: Vec::new(),
+            sub: Sub::Wanted,
+            seen: 0,
+            idle_since: None,
+        });
+        chan.waiters.push((id, notify.clone()));
+        chan.idle_since = None;
+        if chan.sub == Sub::Confirmed && before != Capture(Some(chan.seen)) {
+            notify.notify_one();
+        }
+        let wanted = chan.sub == Sub::Wanted;
+        drop(st);
+        if wanted {
+            let _ = self.poke.send(());
+        }
+        id
+    }
+
+    /// Removes a registration; the channel is unsubscribed after the grace if nobody waits.
+    pub(super) fn deregister(&self, channel: &str, id: u64) {
+        let mut st = lock(&self.state);
+        if let Some(chan) = st.channels.get_mut(channel) {
+            chan.waiters.retain(|(i, _)| *i != id);
+            if chan.waiters.is_empty() {
+                chan.idle_since = Some(crate::clock::now());
+                drop(st);
+                let _ = self.poke.send(());
+            }
+        }
+    }
+
+    /// Channels subscribed, or to be, right now (for tests and metrics).
+    pub(super) fn channels(&self) -> usize {
+        lock(&self.state).channels.len()
+    }
+}
+
+/// One acquisition's registrations on every node; dropped, it deregisters.
+pub(super) struct Registration {
+    channel: Arc<str>,
+    ids: Vec<(Hub, u64)>,
+}
+
+impl Registration {
+    /// Registers `notify` on `channel` at every hub (with the capture taken there).
+    pub(super) fn new(hubs: impl Iterator<Item = (Hub, Capture)>, channel: Arc<str>, notify: Arc<Notify>) -> Self {
+        let ids = hubs
+            .map(|(hub, capture)| {
+                let id = hub.register(&channel, &notify, capture);
+                (hub, id)
+            })
+            .collect();
+        Registration { channel, ids }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        for (hub, id) in &self.ids {
+            hub.deregister(&self.channel, *id);
+        }
+    }
+}
+
+/// Wakes every waiter of `channel` and counts the event.
+fn wake(st: &mut State, channel: &str) {
+    if let Some(chan) = st.channels.get_mut(channel) {
+        chan.seen = chan.seen.wrapping_add(1);
+        for (_, notify) in &chan.waiters {
+            notify.notify_one();
+        }
+    }
+}
+
+type Op = BoxFuture<'static, (bool, Vec<Arc<str>>, bool)>;
+
+async fn run<T>(fut: &mut Option<BoxFuture<'static, T>>) -> T {
+    match fut {
+        Some(fut) => fut.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The pub/sub task of one node.
+async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::UnboundedReceiver<()>, timings: Timings) {
+    let Timings { timeout, grace, ping: ping_every } = timings;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        // Connect only while someone waits (or wants to): an idle node costs no connection.
+        while lock(&state).channels.is_empty() {
+            if poke.recv().await.is_none() {
+                return;
+            }
+        }
+        let pubsub = match tokio::time::timeout(timeout, source.pubsub()).await {
+            Ok(Ok(pubsub)) => pubsub,
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {timeout:?}"),
+                };
+                tracing::debug!(error = %why, "redlock pub/sub connection failed; retrying in {backoff:?}");
+                let until = tokio::time::Instant::now() + backoff;
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until) => break,
+                        p = poke.recv() => if p.is_none() { return },
+                    }
+                }
+                backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(20);
+        let (sink, mut stream) = pubsub.split();
+        let mut op: Option<Op> = None;
+        let mut ping: Option<BoxFuture<'static, bool>> = None;
+        let mut ping_at = tokio::time::Instant::now() + ping_every;
+        loop {
+            let mut sweep_at = None;
+            if op.is_none() {
+                let (next, at) = next_op(&state, &sink, timeout, grace);
+                op = next;
+                sweep_at = at;
+            }
+            tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => wake(&mut lock(&state), msg.get_channel_name()),
+                    None => break,
+                },
+                (subscribe, channels, ok) = run(&mut op) => {
+                    op = None;
+                    if !ok {
+                        break;
+                    }
+                    if subscribe {
+                        let mut st = lock(&state);
+                        for channel in &channels {
+                            if let Some(chan) = st.channels.get_mut(channel) {
+                                if chan.sub == Sub::Sending {
+                                    chan.sub = Sub::Confirmed;
+                                }
+                            }
+                            // A release may have come before the subscription: look again.
+                            wake(&mut st, channel);
+                        }
+                    }
+                }
+                alive = run(&mut ping) => {
+                    ping = None;
+                    if !alive {
+                        break;
+                    }
+                    ping_at = tokio::time::Instant::now() + ping_every;
+                }
+                _ = tokio::time::sleep_until(ping_at), if ping.is_none() => {
+                    ping = Some(ping_once(sink.clone(), timeout));
+                }
+                p = poke.recv() => if p.is_none() { return },
+                _ = sleep_until(sweep_at) => {}
+            }
+        }
+        tracing::debug!("redlock pub/sub connection lost; reconnecting");
+        let mut st = lock(&state);
+        st.channels.retain(|_, chan| !chan.waiters.is_empty());
+        for chan in st.channels.values_mut() {
+            chan.sub = Sub::Wanted;
+        }
+    }
+}
+
+fn ping_once(mut sink: redis::aio::PubSubSink, timeout: Duration) -> BoxFuture<'static, bool> {
+    Box::pin(async move { matches!(tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await, Ok(Ok(_))) })
+}
+
+/// The next (un)subscription to make, or when to look again for idle channels.
+fn next_op(
+    state: &Mutex<State>,
+    sink: &redis::aio::PubSubSink,
+    timeout: Duration,
+    grace: Duration,
+) -> (Option<Op>, Option<Instant>) {
+    let now = crate::clock::now();
+    let mut st = lock(state);
+    let mut subscribe = Vec::new();
+    for (channel, chan) in st.channels.iter_mut() {
+        if chan.sub == Sub::Wanted && !chan.waiters.is_empty() && subscribe.len() < BATCH {
+            chan.sub = Sub::Sending;
+            subscribe.push(channel.clone());
+        }
+    }
+    if !subscribe.is_empty() {
+        return (Some(change(sink.clone(), true, subscribe, timeout)), None);
+    }
+    let mut leave = Vec::new();
+    let mut next_due: Option<Instant> = None;
+    st.channels.retain(|channel, chan| {
+        let Some(since) = chan.idle_since.filter(|_| chan.waiters.is_empty()) else { return true };
+        let due = since.checked_add(grace).unwrap_or(since);
+        if now < due || leave.len() >= BATCH {
+            next_due = Some(next_due.map_or(due, |d| d.min(due)));
+            return true;
+        }
+        if chan.sub == Sub::Confirmed {
+            leave.push(channel.clone());
+        }
+        chan.sub != Sub::Sending // a subscription in flight is swept once confirmed
+    });
+    if leave.is_empty() {
+        return (None, next_due);
+    }
+    (Some(change(sink.clone(), false, leave, timeout)), None)
+}
+
+fn change(mut sink: redis::aio::PubSubSink, subscribe: bool, channels: Vec<Arc<str>>, timeout: Duration) -> Op {
+    Box::pin(async move {
+        let names: Vec<&str> = channels.iter().map(|c| &**c).collect();
+        let result = if subscribe {
+            tokio::time::timeout(timeout, sink.subscribe(&names)).await
+        } else {
+            tokio::time::timeout(timeout, sink.unsubscribe(&names)).await
+        };
+        let ok = matches!(result, Ok(Ok(())));
+        if !ok {
+            tracing::debug!("redlock pub/sub (un)subscribe failed or got no answer within {timeout:?}");
+        }
+        drop(names);
+        (subscribe, channels, ok)
+    })
+}
