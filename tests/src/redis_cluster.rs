@@ -140,7 +140,7 @@ impl RedisCluster {
         }
     }
 
-    /// One command on node `i`, bounded by [`NODE_TIMEOUT`].
+    /// One command on node `i`, bounded by `NODE_TIMEOUT`.
     pub fn query<T: redis::FromRedisValue>(&self, i: usize, args: &[&str]) -> Result<T, String> {
         let client = redis::Client::open(self.url(i)).map_err(|e| e.to_string())?;
         let mut conn = client.get_connection_with_timeout(NODE_TIMEOUT).map_err(|e| e.to_string())?;
