@@ -336,3 +336,87 @@ async fn concurrent_commands_share_one_resolution() {
     let opened = sentinel_connections(&sentinel).await - before - 1;
     assert!(opened <= 3, "{opened} connections to the sentinel for 16 concurrent acquisitions");
 }
+
+/// The ids of the clients of `conn`'s server that are neither `conn` itself, a replica nor a
+/// sentinel (the backend's own connections), from `CLIENT LIST`.
+async fn foreign_clients(conn: &mut redis::aio::MultiplexedConnection) -> Vec<u64> {
+    let me: u64 = redis::cmd("CLIENT").arg("ID").query_async(conn).await.expect("CLIENT ID");
+    let list: String = redis::cmd("CLIENT").arg("LIST").query_async(conn).await.expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|line| {
+            let field = |k: &str| line.split_whitespace().find_map(|f| f.strip_prefix(k));
+            let id: u64 = field("id=")?.parse().ok()?;
+            let replica = field("flags=").is_some_and(|f| f.contains('S') || f.contains('M'));
+            let sentinel = field("name=").is_some_and(|n| n.starts_with("sentinel-"));
+            (id != me && !replica && !sentinel).then_some(id)
+        })
+        .collect()
+}
+
+/// `errorstat_READONLY` of `conn`'s server: how many commands it refused as a replica.
+async fn readonly_errors(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("errorstats").query_async(conn).await.expect("INFO errorstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_READONLY:count="))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// The primary is demoted by hand while the backend's connection to it stays open: `REPLICAOF`
+/// (unlike a Sentinel failover, which ends the demoted node's clients) leaves the clients
+/// connected, and the sentinels are pointed at the new primary with `SENTINEL REMOVE` /
+/// `MONITOR`, which announces no `+switch-master`. The backend's next acquisition is refused
+/// `READONLY` by the demoted node; the backend resolves the primary again and the same
+/// acquisition is granted on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_demoted_under_open_connections_answers_readonly_and_is_left() {
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 1));
+    let m = LockManager::builder().backend(backend(&setup, RedisOptions::default().command_timeout(TIMEOUT)).await);
+    m.lock(unique("warm")).await.expect("lock").release().await.expect("release");
+    let old = setup.primary_index();
+    let new = 1 - old;
+    let mut on_old = raw(setup.node(old)).await;
+    let backend_clients = foreign_clients(&mut on_old).await;
+    assert!(!backend_clients.is_empty(), "the backend is connected to the primary");
+
+    // Swap the roles by hand, then tell the sentinel.
+    let mut on_new = raw(setup.node(new)).await;
+    let _: String = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut on_new).await.expect("REPLICAOF");
+    let _: String = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(setup.node(new).port())
+        .query_async(&mut on_old)
+        .await
+        .expect("REPLICAOF");
+    tokio::task::block_in_place(|| setup.wait_for_replica(old));
+    for url in setup.sentinel_urls() {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut sentinel = client.get_multiplexed_async_connection().await.expect("sentinel");
+        let _: String =
+            redis::cmd("SENTINEL").arg("REMOVE").arg(MASTER).query_async(&mut sentinel).await.expect("REMOVE");
+        let _: String = redis::cmd("SENTINEL")
+            .arg("MONITOR")
+            .arg(MASTER)
+            .arg("127.0.0.1")
+            .arg(setup.node(new).port())
+            .arg(1)
+            .query_async(&mut sentinel)
+            .await
+            .expect("MONITOR");
+    }
+    assert_eq!(setup.primary_index(), new);
+    assert_eq!(setup.role(old).as_deref(), Some("slave"));
+    // The backend's connections to the demoted node are still open.
+    let still = foreign_clients(&mut on_old).await;
+    assert!(
+        backend_clients.iter().all(|id| still.contains(id)),
+        "the backend's connections {backend_clients:?} to the demoted node were closed: {still:?}"
+    );
+
+    let refused = readonly_errors(&mut on_old).await;
+    let name = unique("demoted-by-hand");
+    let guard = m.lock(&name).wait(Duration::from_secs(5)).await.expect("granted on the new primary");
+    assert!(readonly_errors(&mut on_old).await > refused, "the acquisition went to the demoted node first");
+    assert!(exists(setup.node(new), &name).await, "the lock is on the new primary");
+    guard.release().await.expect("release on the new primary");
+    assert!(!exists(setup.node(new), &name).await);
+}
