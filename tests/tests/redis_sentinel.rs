@@ -2,7 +2,8 @@
 //! `redis-sentinel` processes this binary starts: the conformance suite, plain and with
 //! `wait_for_replicas` (one shared setup),
 //! failovers followed (a killed primary, a demoted one restarted, a manual failover with the
-//! old primary alive), `wait_for_replicas`, and bad input.
+//! old primary alive, a primary demoted by hand under open connections: `READONLY`),
+//! `wait_for_replicas`, and bad input.
 
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
