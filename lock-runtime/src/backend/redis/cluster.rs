@@ -77,6 +77,16 @@
 //! - **Resharding.** While a lock's slot migrates, its scripts follow `ASK`/`TRYAGAIN` as
 //!   above; a held lock keeps its holder, its remaining lease and its token (the key and the
 //!   counter move together with their slot).
+//!
+//! # Cost
+//!
+//! The same script calls as on one server, each routed to the lock's primary. Measured with
+//! `examples/examples/bench_redis_cluster.rs`, which starts one server, a 3-primary cluster and
+//! three Redlock nodes on one busy 2-core machine and compares them in one run (rounds vary by
+//! 30 to 50%): a hand-off between two backends p50 0.47 ms (one server 0.40 ms); uncontended
+//! cycles 3,000 a second for one task (0.78x one server) and 42,000 for 64 tasks on names
+//! spread over the three primaries (0.81x; 1.46x in another run); 16 tasks on one name hand it
+//! over 3,000 times a second (0.84x).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
