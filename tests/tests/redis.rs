@@ -293,6 +293,33 @@ async fn killed_and_restarted_server_is_survived() {
     waiter.await.expect("task").expect("woken by the release, not the 60 s lease");
 }
 
+/// A waiter whose attempt falls while the server is down (a restart, a failover: the holder's
+/// lease ran out meanwhile) keeps waiting, with backoff, and is granted once the server is back,
+/// within its `wait`; it does not end its call with the outage's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_attempt_meets_an_outage_keeps_waiting() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let m = LockManager::builder().backend(backend(&server, timeout).await);
+    let lease = Duration::from_millis(800);
+    let held = m.lock("outage").lease(lease).await.expect("lock");
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.lock("outage").wait(Duration::from_secs(20)).await })
+    };
+    let mut conn = raw(&server).await;
+    await_numsub(&mut conn, &KeyLayout::of("outage").channel, 1).await;
+    server.kill();
+    // The fault schedule, not a synchronisation: the server stays down past the holder's lease,
+    // when the waiter attempts.
+    tokio::time::sleep(lease + Duration::from_millis(700)).await;
+    assert!(!waiter.is_finished(), "the waiter gave up during the outage: {:?}", waiter.await);
+    server.restart();
+    let got = waiter.await.expect("task").expect("granted once the server is back");
+    got.release().await.expect("release");
+    assert!(held.release().await.expect_err("vanished with the restart").is_lost());
+}
+
 /// `CLIENT KILL TYPE pubsub` while tasks wait: they still get the lock once it is free, both
 /// when the release comes before and after the subscription is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,10 +100,12 @@
 //!   connection is pinged every [`ping_interval`](RedisOptions::ping_interval); a ping not
 //!   answered within the command timeout (a connection that died silently), or a dropped
 //!   connection (a server restart, `CLIENT KILL TYPE pubsub`), makes it reconnect, resubscribe,
-//!   and the heads look at the lock again (a failed look is retried with backoff while their
-//!   `wait` lasts, so a waiter that is not woken during a server restart looks again once the
-//!   server is back; an attempt that fails, by contrast, ends the `lock()` call with its
-//!   [`is_backend`](crate::LockError::is_backend) error).
+//!   and the heads look at the lock again. A waiter's failed look or attempt (the server
+//!   restarting, a failover under way) is retried with backoff (50 ms doubling to 1 s) while its
+//!   `wait` lasts, so a waiter rides out an outage and is granted once the server is back; if
+//!   its wait runs out first, the outage's [`is_backend`](crate::LockError::is_backend) error is
+//!   its answer. A *first* attempt that fails ends the `lock()` call at once with that error, so
+//!   a server that is down is reported without delay (and fallbacks run).
 //! - **Leases.** A holder that crashed publishes nothing, so the head also wakes when the
 //!   holder's remaining lease runs out: a lost notification never strands a waiter beyond that
 //!   lease.
@@ -512,6 +514,9 @@ struct RedisAcquisition {
     slot: Option<Slot>,
     /// An acquire script was sent and its answer not seen: it may hold the lock server-side.
     in_flight: bool,
+    /// The last attempt or look of this waiter failed (an outage: a restart, a failover): the
+    /// error, when to try again, and the backoff that led there.
+    failed: Option<(LockError, Instant, Duration)>,
 }
 
 impl RedisAcquisition {
@@ -537,18 +542,45 @@ impl RedisAcquisition {
         invocation.key(&self.layout.lock).key(&self.layout.fence).arg(&*self.owner).arg(lease_millis(lease));
         self.in_flight = true;
         let wait = self.backend.inner.options.wait_for_replicas;
-        let ((status, value), acked): ((i64, i64), Option<usize>) = match wait {
-            None => (self.backend.eval(&self.req.name, "acquire", invocation).await?, None),
-            Some(wait) => {
-                let lease = lease_millis(lease).to_string();
-                let script = (
-                    &*ACQUIRE,
-                    &[self.layout.lock.as_str(), self.layout.fence.as_str()][..],
-                    &[&*self.owner, &*lease][..],
-                );
-                let (reply, acked) = self.backend.eval_then_wait(&self.req.name, "acquire", script, wait).await?;
-                (reply, Some(acked))
+        let call = async {
+            match wait {
+                None => Ok((self.backend.eval(&self.req.name, "acquire", invocation).await?, None)),
+                Some(wait) => {
+                    let lease = lease_millis(lease).to_string();
+                    let script = (
+                        &*ACQUIRE,
+                        &[self.layout.lock.as_str(), self.layout.fence.as_str()][..],
+                        &[&*self.owner, &*lease][..],
+                    );
+                    let (reply, acked) = self.backend.eval_then_wait(&self.req.name, "acquire", script, wait).await?;
+                    Ok((reply, Some(acked)))
+                }
             }
+        };
+        // Bounded here too (a connection being made again may not answer at all), so that the
+        // outage is this backend's error, which a waiter waits out below.
+        let timeout = self.backend.inner.options.command_timeout;
+        let reply: Result<((i64, i64), Option<usize>), LockError> = tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or_else(|_| Err(LockError::timed_out(&*self.req.name, KIND, "acquire", timeout)));
+        let ((status, value), acked) = match (reply, &self.slot) {
+            (Ok(reply), _) => {
+                self.failed = None;
+                reply
+            }
+            // A waiter's attempt met an outage (a restart, a failover; the holder's lease may
+            // have run out meanwhile): it keeps waiting and tries again with backoff while its
+            // wait lasts; if the wait runs out first, this error is its answer. (A first attempt
+            // fails the call at once, so a server that is down is reported without delay.)
+            (Err(e), Some(slot)) if e.is_backend() => {
+                slot.look_failed();
+                let backoff = self.failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
+                tracing::debug!(lock = %crate::telemetry::shown_name(&self.req.name), error = %crate::telemetry::shown_error(&e), "a waiter's attempt failed; again in {backoff:?}");
+                let again = crate::clock::now().checked_add(backoff).unwrap_or(sent);
+                self.failed = Some((e, again, backoff));
+                return Ok(Attempt::Busy);
+            }
+            (Err(e), _) => return Err(e),
         };
         self.in_flight = false;
         if status == 1 {
@@ -603,19 +635,21 @@ impl RedisAcquisition {
         let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
         let deadline_sleep = tokio::time::sleep_until(deadline.into());
         tokio::pin!(deadline_sleep);
-        // A failed look at the lock (the server is restarting, say) is retried with backoff
-        // while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
-        let mut failed: Option<(LockError, Instant, Duration)> = None;
+        // A failed look at the lock or attempt (the server is restarting, say) is retried with
+        // backoff while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
         loop {
             if crate::clock::now() >= deadline {
-                return match failed {
+                return match self.failed.take() {
                     Some((e, ..)) => Err(e),
                     None => Ok(Wake::TimedOut),
                 };
             }
             let (notify, until) = match slot.step() {
-                Step::Attempt => return Ok(Wake::Retry),
-                Step::Check => match &failed {
+                Step::Attempt => match &self.failed {
+                    Some((_, again, _)) if crate::clock::now() < *again => (None, Some(*again)),
+                    _ => return Ok(Wake::Retry),
+                },
+                Step::Check => match &self.failed {
                     Some((_, again, _)) if crate::clock::now() < *again => {
                         slot.look_failed();
                         (None, Some(*again))
@@ -631,20 +665,23 @@ impl RedisAcquisition {
                         };
                         match outcome {
                             Ok(-2) => {
+                                self.failed = None;
                                 slot.free();
                                 return Ok(Wake::Retry);
                             }
                             Ok(pttl) => {
-                                failed = None;
+                                self.failed = None;
                                 slot.busy(sent, pttl);
                             }
                             Err(e) => {
                                 slot.look_failed();
-                                let backoff =
-                                    failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
+                                let backoff = self
+                                    .failed
+                                    .as_ref()
+                                    .map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
                                 tracing::debug!(lock = %crate::telemetry::shown_name(&self.req.name), error = %crate::telemetry::shown_error(&e), "look at the lock failed; again in {backoff:?}");
                                 let again = crate::clock::now().checked_add(backoff).unwrap_or(deadline);
-                                failed = Some((e, again, backoff));
+                                self.failed = Some((e, again, backoff));
                             }
                         }
                         continue;
@@ -865,7 +902,15 @@ impl LockBackend for RedisBackend {
             return kinds::begin(self, req, owner);
         }
         let layout = KeyLayout::of(&req.key);
-        Box::new(RedisAcquisition { backend: self.clone(), req, layout, owner, slot: None, in_flight: false })
+        Box::new(RedisAcquisition {
+            backend: self.clone(),
+            req,
+            layout,
+            owner,
+            slot: None,
+            in_flight: false,
+            failed: None,
+        })
     }
 
     fn operation_timeout(&self) -> Duration {
