@@ -320,6 +320,30 @@ async fn a_waiter_whose_attempt_meets_an_outage_keeps_waiting() {
     assert!(held.release().await.expect_err("vanished with the restart").is_lost());
 }
 
+/// The same for a read-write lock: a reader waiting for a writer rides out an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_attempt_meets_an_outage_keeps_waiting() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let m = LockManager::builder().backend(backend(&server, timeout).await);
+    let lease = Duration::from_millis(800);
+    let held = m.write_lock("outage-rw").lease(lease).await.expect("write lock");
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.read_lock("outage-rw").wait(Duration::from_secs(20)).await })
+    };
+    let mut conn = raw(&server).await;
+    await_numsub(&mut conn, "lock:rw:{outage-rw}:released", 1).await;
+    server.kill();
+    // The fault schedule: the server stays down past the writer's lease, when the reader attempts.
+    tokio::time::sleep(lease + Duration::from_millis(700)).await;
+    assert!(!waiter.is_finished(), "the reader gave up during the outage: {:?}", waiter.await);
+    server.restart();
+    let got = waiter.await.expect("task").expect("granted once the server is back");
+    got.release().await.expect("release");
+    assert!(held.release().await.expect_err("vanished with the restart").is_lost());
+}
+
 /// `CLIENT KILL TYPE pubsub` while tasks wait: they still get the lock once it is free, both
 /// when the release comes before and after the subscription is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

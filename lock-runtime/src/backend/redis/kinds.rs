@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use redis::Script;
 
 use super::waiters::{Before, Capture, Slot, Step};
-use super::{eval, lease_millis, lost_reason, KeyLayout, RedisBackend, KIND};
+use super::{eval, lease_millis, lost_reason, KeyLayout, RedisBackend, KIND, RECHECK_MAX, RECHECK_MIN};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockKind, Renewal, Wake};
 use crate::error::LockError;
 
@@ -103,6 +103,7 @@ pub(super) fn begin(backend: &RedisBackend, req: Acquire, owner: Arc<str>) -> Bo
         slot: None,
         in_flight: false,
         intent: false,
+        failed: None,
     })
 }
 
@@ -119,6 +120,9 @@ struct KindAcquisition {
     in_flight: bool,
     /// A writer's intent was recorded (it keeps new readers out until removed or expired).
     intent: bool,
+    /// The last attempt of this waiter failed (an outage): the error, when to try again, and
+    /// the backoff that led there (as for the mutex, see `RedisAcquisition`).
+    failed: Option<(LockError, Instant, Duration)>,
 }
 
 impl KindAcquisition {
@@ -154,7 +158,25 @@ impl KindAcquisition {
             .arg(mode)
             .arg(permits);
         self.in_flight = true;
-        let (status, value): (i64, i64) = self.backend.eval(&self.req.name, "acquire", invocation).await?;
+        let timeout = self.backend.inner.options.get_command_timeout();
+        let reply = tokio::time::timeout(timeout, self.backend.eval(&self.req.name, "acquire", invocation))
+            .await
+            .unwrap_or_else(|_| Err(LockError::timed_out(&*self.req.name, KIND, "acquire", timeout)));
+        let (status, value): (i64, i64) = match (reply, &self.slot) {
+            (Ok(reply), _) => {
+                self.failed = None;
+                reply
+            }
+            // A waiter rides out an outage while its wait lasts (see the mutex's attempt).
+            (Err(e), Some(slot)) if e.is_backend() => {
+                slot.look_failed();
+                let backoff = self.failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
+                let again = crate::clock::now().checked_add(backoff).unwrap_or(sent);
+                self.failed = Some((e, again, backoff));
+                return Ok(Attempt::Busy);
+            }
+            (Err(e), _) => return Err(e),
+        };
         self.in_flight = false;
         match status {
             1 => {
@@ -215,16 +237,31 @@ impl KindAcquisition {
         let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
         loop {
             if crate::clock::now() >= deadline {
-                return Ok(Wake::TimedOut);
+                // An outage that outlasted the wait is its answer.
+                return match self.failed.take() {
+                    Some((e, ..)) => Err(e),
+                    None => Ok(Wake::TimedOut),
+                };
             }
             let (notify, until) = match slot.step() {
-                // The look after a confirmed subscription is an attempt (it marks the state).
-                Step::Attempt | Step::Check => return Ok(Wake::Retry),
-                Step::Sleep(notify, until) => (notify, until),
+                // The look after a confirmed subscription is an attempt (it marks the state);
+                // after a failed attempt, not before its backoff has passed.
+                Step::Attempt | Step::Check => match &self.failed {
+                    Some((_, again, _)) if crate::clock::now() < *again => {
+                        slot.look_failed();
+                        (None, Some(*again))
+                    }
+                    _ => return Ok(Wake::Retry),
+                },
+                Step::Sleep(notify, until) => (Some(notify), until),
             };
             let wake_at = until.map_or(deadline, |t| t.min(deadline));
+            let notified = match &notify {
+                Some(notify) => notify.notified(),
+                None => slot.notify().notified(),
+            };
             tokio::select! {
-                _ = notify.notified() => {}
+                _ = notified => {}
                 _ = tokio::time::sleep_until(wake_at.into()) => {}
             }
         }
