@@ -342,3 +342,124 @@ async fn a_slot_migrated_under_contention_keeps_mutual_exclusion() {
     assert_eq!(exists, 0, "released on the new primary");
     println!("{total} acquisitions, {before} before the migration, {} during it", moved_at - before);
 }
+
+/// A counter of node `i`'s `INFO <section>`: field `field` of line `<line>:...` (e.g.
+/// `cmdstat_asking` / `calls`, `errorstat_TRYAGAIN` / `count`); 0 when absent.
+fn stat(cluster: &RedisCluster, i: usize, section: &str, line: &str, field: &str) -> u64 {
+    let info: String = cluster.query(i, &["INFO", section]).expect("INFO");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(line)?.strip_prefix(':').map(str::to_owned))
+        .and_then(|rest| {
+            rest.split(',').find_map(|kv| kv.strip_prefix(field)?.strip_prefix('=')?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn setslot(cluster: &RedisCluster, node: usize, slot: u16, state: &str, id: Option<&str>) {
+    let slot = slot.to_string();
+    let mut args = vec!["CLUSTER", "SETSLOT", &slot, state];
+    args.extend(id);
+    let _: String = cluster.query(node, &args).expect("CLUSTER SETSLOT");
+}
+
+/// A lock's slot left half-migrated by hand (`SETSLOT IMPORTING` on the target, `MIGRATING`
+/// on the source), with real `ASK` and `TRYAGAIN` answers:
+/// (a) nothing of the slot on the source: the source answers `ASK`, the client follows it to
+/// the target (`ASKING` counted there), and the target answers the two-key acquire script
+/// `TRYAGAIN` (Redis serves a multi-key command on an importing slot only when all its keys
+/// are there): the attempt ends within the command timeout with a backend error, and leaves
+/// no key anywhere;
+/// (b) a lock held, its fencing counter moved to the target but not the lock: a second
+/// attempt gets `TRYAGAIN` from the source, ends within the command timeout as a backend
+/// error (never a second grant); once the migration is finished, the holder still holds and
+/// releases, and the next lock's token is above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_left_mid_migration_is_redirected_and_never_grants_twice() {
+    let cluster = RedisCluster::start(3, 0);
+    let urls = cluster.urls();
+    let timeout = Duration::from_millis(1000);
+    let name = lock_tests::unique("halfway");
+    let layout = KeyLayout::of(&name);
+    let slot = slot_of(&name);
+    let (src, dst) = (cluster.primary_of(&name), (cluster.primary_of(&name) + 1) % 3);
+    let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
+    let holder = manager(&urls, timeout).await;
+    let other = manager(&urls, timeout).await;
+    let bound = timeout + Duration::from_millis(500);
+
+    // (a) An empty slot, half-migrated.
+    setslot(&cluster, dst, slot, "IMPORTING", Some(&src_id));
+    setslot(&cluster, src, slot, "MIGRATING", Some(&dst_id));
+    let asking = stat(&cluster, dst, "commandstats", "cmdstat_asking", "calls");
+    let tryagain = stat(&cluster, dst, "errorstats", "errorstat_TRYAGAIN", "count");
+    let started = Instant::now();
+    let outcome = other.try_lock(&name).await;
+    let took = started.elapsed();
+    println!("(a) a new lock on an empty half-migrated slot: {:?} after {took:?}", outcome.as_ref().map(Option::is_some));
+    assert!(took < bound, "bounded by the command timeout: {took:?}");
+    assert!(stat(&cluster, dst, "commandstats", "cmdstat_asking", "calls") > asking, "ASK followed to the target");
+    match outcome {
+        Ok(Some(guard)) => {
+            let on_target: i64 = cluster.query(dst, &["EXISTS", &layout.lock]).expect("EXISTS");
+            assert_eq!(on_target, 1, "granted on the target");
+            guard.release().await.expect("release");
+        }
+        Ok(None) => panic!("nobody holds {name}"),
+        Err(e) => {
+            assert!(e.is_backend(), "{e}");
+            assert!(
+                stat(&cluster, dst, "errorstats", "errorstat_TRYAGAIN", "count") > tryagain,
+                "the target refused the two-key script with TRYAGAIN: {e}"
+            );
+            for node in [src, dst] {
+                let n: i64 =
+                    cluster.query(node, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).expect("COUNTKEYSINSLOT");
+                assert_eq!(n, 0, "nothing granted on node {node}");
+            }
+        }
+    }
+    // The slot back to stable on the source.
+    setslot(&cluster, dst, slot, "STABLE", None);
+    setslot(&cluster, src, slot, "STABLE", None);
+
+    // (b) A lock held, then the slot half-migrated with only its counter moved.
+    let guard = holder.lock(&name).lease(Duration::from_secs(30)).await.expect("lock");
+    let first = guard.fencing_token();
+    setslot(&cluster, dst, slot, "IMPORTING", Some(&src_id));
+    setslot(&cluster, src, slot, "MIGRATING", Some(&dst_id));
+    let dst_port = cluster.port(dst).to_string();
+    let _: String = cluster
+        .query(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", &layout.fence])
+        .expect("MIGRATE the counter");
+    let tryagain = stat(&cluster, src, "errorstats", "errorstat_TRYAGAIN", "count");
+    let started = Instant::now();
+    let outcome = other.try_lock(&name).await;
+    let took = started.elapsed();
+    println!("(b) a second lock, counter moved: {:?} after {took:?}", outcome.as_ref().map(Option::is_some));
+    assert!(took < bound, "bounded by the command timeout: {took:?}");
+    match outcome {
+        Ok(Some(_)) => panic!("a second holder of {name}"),
+        Ok(None) => {}
+        Err(e) => assert!(e.is_backend(), "{e}"),
+    }
+    assert!(stat(&cluster, src, "errorstats", "errorstat_TRYAGAIN", "count") > tryagain, "TRYAGAIN answered");
+    assert!(!guard.is_lost());
+
+    // The migration finished: the rest of the slot moved, every primary told.
+    let rest: Vec<String> =
+        cluster.query(src, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]).expect("GETKEYSINSLOT");
+    assert_eq!(rest, [layout.lock.clone()], "the lock key is what is left");
+    let _: String = cluster
+        .query(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", &layout.lock])
+        .expect("MIGRATE the lock");
+    setslot(&cluster, dst, slot, "NODE", Some(&dst_id));
+    setslot(&cluster, src, slot, "NODE", Some(&dst_id));
+    setslot(&cluster, (dst + 1) % 3, slot, "NODE", Some(&dst_id));
+    assert_eq!(cluster.primary_of(&name), dst);
+    assert!(other.try_lock(&name).await.expect("try_lock").is_none(), "still held, on the target");
+    assert!(!guard.is_lost());
+    guard.release().await.expect("the holder still held it");
+    let next = other.lock(&name).wait(Duration::from_secs(2)).await.expect("the next lock");
+    assert!(next.fencing_token() > first, "tokens increase: {} after {first}", next.fencing_token());
+    next.release().await.expect("release");
+}
