@@ -463,3 +463,73 @@ async fn a_slot_left_mid_migration_is_redirected_and_never_grants_twice() {
     assert!(next.fencing_token() > first, "tokens increase: {} after {first}", next.fencing_token());
     next.release().await.expect("release");
 }
+
+/// The replica of primary `primary` (its `INFO replication` names the primary's port).
+fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
+    let port = format!("master_port:{}", cluster.port(primary));
+    (0..cluster.len())
+        .find(|&i| {
+            let info: String = cluster.query(i, &["INFO", "replication"]).unwrap_or_default();
+            info.lines().any(|l| l.trim() == "role:slave") && info.lines().any(|l| l.trim() == port)
+        })
+        .expect("the primary has a replica")
+}
+
+/// Writes `FILL_MB` MB (values of 16 MB, keys of `tag`'s slot) on primary `node`, so that the
+/// replication stream to a frozen replica overflows the kernel's socket buffers (a few MB on
+/// loopback) and what is written next waits in the primary's own memory. (Without it, the
+/// grant sits in the frozen replica's socket buffer and is read on resume: the lock is kept.)
+const FILL_MB: usize = 64;
+const FILL: &str = "redis.call('set', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1";
+
+/// A lock granted while its primary's replica was frozen behind a full replication stream:
+/// the primary killed, the replica resumed and promoted (without the lock: it never got it),
+/// the holder's guard reports `lost()`, a second manager is granted the name, with a token
+/// above the first holder's (minted from the promoted node's clock; its counter was not
+/// replicated either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_still_increase() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let urls = cluster.urls();
+    let timeout = Duration::from_millis(1000);
+    let name = lock_tests::unique("lostgrant");
+    let key = KeyLayout::of(&name).lock;
+    let victim = cluster.primary_of(&name);
+    let replica = replica_of(&cluster, victim);
+    // The stream to the frozen replica may grow past the default limits (64 MB for 60 s).
+    let _: String = cluster
+        .query(victim, &["CONFIG", "SET", "client-output-buffer-limit", "replica 0 0 0"])
+        .expect("CONFIG SET");
+    let backend =
+        RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+    let holder = LockManager::builder().default_lease(Duration::from_secs(3)).backend(backend);
+
+    cluster.pause(replica);
+    let frozen = Instant::now();
+    let size = (16 << 20).to_string();
+    for i in 0..FILL_MB / 16 {
+        let filler = format!("filler:{{{name}}}:{i}");
+        let _: i64 = cluster.query(victim, &["EVAL", FILL, "1", &filler, &size]).expect("fill");
+    }
+    let guard = holder.lock(&name).await.expect("lock");
+    let first = guard.fencing_token();
+    cluster.kill(victim);
+    cluster.resume(replica);
+    println!("replica frozen for {:?}", frozen.elapsed());
+    let killed_at = Instant::now();
+    let promoted = tokio::task::block_in_place(|| cluster.wait_for_failover(victim, Duration::from_secs(20)));
+    assert_eq!(promoted, replica, "the only replica of the killed primary took over");
+    let failed_over = killed_at.elapsed();
+    let kept: Option<String> = cluster.query(promoted, &["GET", &key]).expect("GET");
+    assert_eq!(kept, None, "the promoted replica never got the grant");
+
+    tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("the holder is told it lost the lock");
+    let second = manager(&urls, timeout).await;
+    let took = Instant::now();
+    let again = second.lock(&name).wait(Duration::from_secs(5)).await.expect("granted on the promoted primary");
+    assert!(again.fencing_token() > first, "tokens increase: {} after {first}", again.fencing_token());
+    let err = guard.release().await.expect_err("a lost lock is not released");
+    assert!(err.is_lost(), "{err}");
+    again.release().await.expect("release");
+    println!("failover took {failed_over:?}; the second lock {:?} after it", took.elapsed());
+}
