@@ -1,7 +1,8 @@
 //! The Redis backend on a real Redis Cluster (`redis-server --cluster-enabled yes` processes
 //! this binary starts): the conformance suite on a shared 3-primary cluster, locks spread over
 //! primaries, wake-ups across nodes, a primary killed under contention (failover), a slot
-//! migrated under contention, and bad input.
+//! migrated under contention, a slot left half-migrated (`ASK`, `TRYAGAIN`), a failover that loses
+//! a just-granted lock, and bad input.
 
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -349,9 +350,7 @@ fn stat(cluster: &RedisCluster, i: usize, section: &str, line: &str, field: &str
     let info: String = cluster.query(i, &["INFO", section]).expect("INFO");
     info.lines()
         .find_map(|l| l.trim().strip_prefix(line)?.strip_prefix(':').map(str::to_owned))
-        .and_then(|rest| {
-            rest.split(',').find_map(|kv| kv.strip_prefix(field)?.strip_prefix('=')?.parse().ok())
-        })
+        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(field)?.strip_prefix('=')?.parse().ok()))
         .unwrap_or(0)
 }
 
@@ -395,7 +394,10 @@ async fn a_slot_left_mid_migration_is_redirected_and_never_grants_twice() {
     let started = Instant::now();
     let outcome = other.try_lock(&name).await;
     let took = started.elapsed();
-    println!("(a) a new lock on an empty half-migrated slot: {:?} after {took:?}", outcome.as_ref().map(Option::is_some));
+    println!(
+        "(a) a new lock on an empty half-migrated slot: {:?} after {took:?}",
+        outcome.as_ref().map(Option::is_some)
+    );
     assert!(took < bound, "bounded by the command timeout: {took:?}");
     assert!(stat(&cluster, dst, "commandstats", "cmdstat_asking", "calls") > asking, "ASK followed to the target");
     match outcome {
@@ -497,9 +499,8 @@ async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_st
     let victim = cluster.primary_of(&name);
     let replica = replica_of(&cluster, victim);
     // The stream to the frozen replica may grow past the default limits (64 MB for 60 s).
-    let _: String = cluster
-        .query(victim, &["CONFIG", "SET", "client-output-buffer-limit", "replica 0 0 0"])
-        .expect("CONFIG SET");
+    let _: String =
+        cluster.query(victim, &["CONFIG", "SET", "client-output-buffer-limit", "replica 0 0 0"]).expect("CONFIG SET");
     let backend =
         RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
     let holder = LockManager::builder().default_lease(Duration::from_secs(3)).backend(backend);
