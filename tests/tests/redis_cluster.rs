@@ -477,7 +477,7 @@ fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
         .expect("the primary has a replica")
 }
 
-/// Writes `FILL_MB` MB (values of 16 MB, keys of `tag`'s slot) on primary `node`, so that the
+/// Writes `FILL_MB` MB (values of 8 MB, each well within the harness's 2 s per command, keys of `tag`'s slot) on primary `node`, so that the
 /// replication stream to a frozen replica overflows the kernel's socket buffers (a few MB on
 /// loopback) and what is written next waits in the primary's own memory. (Without it, the
 /// grant sits in the frozen replica's socket buffer and is read on resume: the lock is kept.)
@@ -507,8 +507,8 @@ async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_st
 
     cluster.pause(replica);
     let frozen = Instant::now();
-    let size = (16 << 20).to_string();
-    for i in 0..FILL_MB / 16 {
+    let size = (8 << 20).to_string();
+    for i in 0..FILL_MB / 8 {
         let filler = format!("filler:{{{name}}}:{i}");
         let _: i64 = cluster.query(victim, &["EVAL", FILL, "1", &filler, &size]).expect("fill");
     }

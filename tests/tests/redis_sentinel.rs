@@ -434,7 +434,10 @@ async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_st
     let mut setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 3));
     let old = setup.primary_index();
     let replica = 1 - old;
-    let mut primary = raw(setup.node(old)).await;
+    // Writing 16 MB values takes longer than the default response timeout on a busy machine.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    let client = redis::Client::open(setup.node(old).url()).expect("url");
+    let mut primary = client.get_multiplexed_async_connection_with_config(&config).await.expect("connect");
     let _: String = redis::cmd("CONFIG")
         .arg("SET")
         .arg("client-output-buffer-limit")
