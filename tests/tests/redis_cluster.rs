@@ -477,7 +477,8 @@ fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
         .expect("the primary has a replica")
 }
 
-/// Writes `FILL_MB` MB (values of 8 MB, each well within the harness's 2 s per command, keys of `tag`'s slot) on primary `node`, so that the
+/// Writes `FILL_MB` MB (values of 8 MB, each well within the harness's 2 s per command, keys of
+/// the lock's slot) on its primary, so that the
 /// replication stream to a frozen replica overflows the kernel's socket buffers (a few MB on
 /// loopback) and what is written next waits in the primary's own memory. (Without it, the
 /// grant sits in the frozen replica's socket buffer and is read on resume: the lock is kept.)
