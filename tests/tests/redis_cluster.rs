@@ -1,7 +1,8 @@
 //! The Redis backend on a real Redis Cluster (`redis-server --cluster-enabled yes` processes
 //! this binary starts): the conformance suite on a shared 3-primary cluster, locks spread over
 //! primaries, wake-ups across nodes, a primary killed under contention (failover), a slot
-//! migrated under contention, and bad input.
+//! migrated under contention, a slot left half-migrated (`ASK`, `TRYAGAIN`), a failover that loses
+//! a just-granted lock, and bad input.
 
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -341,4 +342,196 @@ async fn a_slot_migrated_under_contention_keeps_mutual_exclusion() {
     let exists: i64 = cluster.query(to, &["EXISTS", &key]).expect("EXISTS");
     assert_eq!(exists, 0, "released on the new primary");
     println!("{total} acquisitions, {before} before the migration, {} during it", moved_at - before);
+}
+
+/// A counter of node `i`'s `INFO <section>`: field `field` of line `<line>:...` (e.g.
+/// `cmdstat_asking` / `calls`, `errorstat_TRYAGAIN` / `count`); 0 when absent.
+fn stat(cluster: &RedisCluster, i: usize, section: &str, line: &str, field: &str) -> u64 {
+    let info: String = cluster.query(i, &["INFO", section]).expect("INFO");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(line)?.strip_prefix(':').map(str::to_owned))
+        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix(field)?.strip_prefix('=')?.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn setslot(cluster: &RedisCluster, node: usize, slot: u16, state: &str, id: Option<&str>) {
+    let slot = slot.to_string();
+    let mut args = vec!["CLUSTER", "SETSLOT", &slot, state];
+    args.extend(id);
+    let _: String = cluster.query(node, &args).expect("CLUSTER SETSLOT");
+}
+
+/// A lock's slot left half-migrated by hand (`SETSLOT IMPORTING` on the target, `MIGRATING`
+/// on the source), with real `ASK` and `TRYAGAIN` answers:
+/// (a) nothing of the slot on the source: the source answers `ASK`, the client follows it to
+/// the target (`ASKING` counted there), and the target answers the two-key acquire script
+/// `TRYAGAIN` (Redis serves a multi-key command on an importing slot only when all its keys
+/// are there): the attempt ends within the command timeout with a backend error, and leaves
+/// no key anywhere;
+/// (b) a lock held, its fencing counter moved to the target but not the lock: a second
+/// attempt gets `TRYAGAIN` from the source, ends within the command timeout as a backend
+/// error (never a second grant); once the migration is finished, the holder still holds and
+/// releases, and the next lock's token is above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_left_mid_migration_is_redirected_and_never_grants_twice() {
+    let cluster = RedisCluster::start(3, 0);
+    let urls = cluster.urls();
+    let timeout = Duration::from_millis(1000);
+    let name = lock_tests::unique("halfway");
+    let layout = KeyLayout::of(&name);
+    let slot = slot_of(&name);
+    let (src, dst) = (cluster.primary_of(&name), (cluster.primary_of(&name) + 1) % 3);
+    let (src_id, dst_id) = (cluster.node_id(src), cluster.node_id(dst));
+    let holder = manager(&urls, timeout).await;
+    let other = manager(&urls, timeout).await;
+    let bound = timeout + Duration::from_millis(500);
+
+    // (a) An empty slot, half-migrated.
+    setslot(&cluster, dst, slot, "IMPORTING", Some(&src_id));
+    setslot(&cluster, src, slot, "MIGRATING", Some(&dst_id));
+    let asking = stat(&cluster, dst, "commandstats", "cmdstat_asking", "calls");
+    let tryagain = stat(&cluster, dst, "errorstats", "errorstat_TRYAGAIN", "count");
+    let started = Instant::now();
+    let outcome = other.try_lock(&name).await;
+    let took = started.elapsed();
+    println!(
+        "(a) a new lock on an empty half-migrated slot: {:?} after {took:?}",
+        outcome.as_ref().map(Option::is_some)
+    );
+    assert!(took < bound, "bounded by the command timeout: {took:?}");
+    assert!(stat(&cluster, dst, "commandstats", "cmdstat_asking", "calls") > asking, "ASK followed to the target");
+    match outcome {
+        Ok(Some(guard)) => {
+            let on_target: i64 = cluster.query(dst, &["EXISTS", &layout.lock]).expect("EXISTS");
+            assert_eq!(on_target, 1, "granted on the target");
+            guard.release().await.expect("release");
+        }
+        Ok(None) => panic!("nobody holds {name}"),
+        Err(e) => {
+            assert!(e.is_backend(), "{e}");
+            assert!(
+                stat(&cluster, dst, "errorstats", "errorstat_TRYAGAIN", "count") > tryagain,
+                "the target refused the two-key script with TRYAGAIN: {e}"
+            );
+            for node in [src, dst] {
+                let n: i64 =
+                    cluster.query(node, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).expect("COUNTKEYSINSLOT");
+                assert_eq!(n, 0, "nothing granted on node {node}");
+            }
+        }
+    }
+    // The slot back to stable on the source.
+    setslot(&cluster, dst, slot, "STABLE", None);
+    setslot(&cluster, src, slot, "STABLE", None);
+
+    // (b) A lock held, then the slot half-migrated with only its counter moved.
+    let guard = holder.lock(&name).lease(Duration::from_secs(30)).await.expect("lock");
+    let first = guard.fencing_token();
+    setslot(&cluster, dst, slot, "IMPORTING", Some(&src_id));
+    setslot(&cluster, src, slot, "MIGRATING", Some(&dst_id));
+    let dst_port = cluster.port(dst).to_string();
+    let _: String = cluster
+        .query(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", &layout.fence])
+        .expect("MIGRATE the counter");
+    let tryagain = stat(&cluster, src, "errorstats", "errorstat_TRYAGAIN", "count");
+    let started = Instant::now();
+    let outcome = other.try_lock(&name).await;
+    let took = started.elapsed();
+    println!("(b) a second lock, counter moved: {:?} after {took:?}", outcome.as_ref().map(Option::is_some));
+    assert!(took < bound, "bounded by the command timeout: {took:?}");
+    match outcome {
+        Ok(Some(_)) => panic!("a second holder of {name}"),
+        Ok(None) => {}
+        Err(e) => assert!(e.is_backend(), "{e}"),
+    }
+    assert!(stat(&cluster, src, "errorstats", "errorstat_TRYAGAIN", "count") > tryagain, "TRYAGAIN answered");
+    assert!(!guard.is_lost());
+
+    // The migration finished: the rest of the slot moved, every primary told.
+    let rest: Vec<String> =
+        cluster.query(src, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]).expect("GETKEYSINSLOT");
+    assert_eq!(rest, [layout.lock.clone()], "the lock key is what is left");
+    let _: String = cluster
+        .query(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", &layout.lock])
+        .expect("MIGRATE the lock");
+    setslot(&cluster, dst, slot, "NODE", Some(&dst_id));
+    setslot(&cluster, src, slot, "NODE", Some(&dst_id));
+    setslot(&cluster, (dst + 1) % 3, slot, "NODE", Some(&dst_id));
+    assert_eq!(cluster.primary_of(&name), dst);
+    assert!(other.try_lock(&name).await.expect("try_lock").is_none(), "still held, on the target");
+    assert!(!guard.is_lost());
+    guard.release().await.expect("the holder still held it");
+    let next = other.lock(&name).wait(Duration::from_secs(2)).await.expect("the next lock");
+    assert!(next.fencing_token() > first, "tokens increase: {} after {first}", next.fencing_token());
+    next.release().await.expect("release");
+}
+
+/// The replica of primary `primary` (its `INFO replication` names the primary's port).
+fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
+    let port = format!("master_port:{}", cluster.port(primary));
+    (0..cluster.len())
+        .find(|&i| {
+            let info: String = cluster.query(i, &["INFO", "replication"]).unwrap_or_default();
+            info.lines().any(|l| l.trim() == "role:slave") && info.lines().any(|l| l.trim() == port)
+        })
+        .expect("the primary has a replica")
+}
+
+/// Writes `FILL_MB` MB (values of 8 MB, each well within the harness's 2 s per command, keys of
+/// the lock's slot) on its primary, so that the
+/// replication stream to a frozen replica overflows the kernel's socket buffers (a few MB on
+/// loopback) and what is written next waits in the primary's own memory. (Without it, the
+/// grant sits in the frozen replica's socket buffer and is read on resume: the lock is kept.)
+const FILL_MB: usize = 64;
+const FILL: &str = "redis.call('set', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1";
+
+/// A lock granted while its primary's replica was frozen behind a full replication stream:
+/// the primary killed, the replica resumed and promoted (without the lock: it never got it),
+/// the holder's guard reports `lost()`, a second manager is granted the name, with a token
+/// above the first holder's (minted from the promoted node's clock; its counter was not
+/// replicated either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_still_increase() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let urls = cluster.urls();
+    let timeout = Duration::from_millis(1000);
+    let name = lock_tests::unique("lostgrant");
+    let key = KeyLayout::of(&name).lock;
+    let victim = cluster.primary_of(&name);
+    let replica = replica_of(&cluster, victim);
+    // The stream to the frozen replica may grow past the default limits (64 MB for 60 s).
+    let _: String =
+        cluster.query(victim, &["CONFIG", "SET", "client-output-buffer-limit", "replica 0 0 0"]).expect("CONFIG SET");
+    let backend =
+        RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+    let holder = LockManager::builder().default_lease(Duration::from_secs(3)).backend(backend);
+
+    cluster.pause(replica);
+    let frozen = Instant::now();
+    let size = (8 << 20).to_string();
+    for i in 0..FILL_MB / 8 {
+        let filler = format!("filler:{{{name}}}:{i}");
+        let _: i64 = cluster.query(victim, &["EVAL", FILL, "1", &filler, &size]).expect("fill");
+    }
+    let guard = holder.lock(&name).await.expect("lock");
+    let first = guard.fencing_token();
+    cluster.kill(victim);
+    cluster.resume(replica);
+    println!("replica frozen for {:?}", frozen.elapsed());
+    let killed_at = Instant::now();
+    let promoted = tokio::task::block_in_place(|| cluster.wait_for_failover(victim, Duration::from_secs(20)));
+    assert_eq!(promoted, replica, "the only replica of the killed primary took over");
+    let failed_over = killed_at.elapsed();
+    let kept: Option<String> = cluster.query(promoted, &["GET", &key]).expect("GET");
+    assert_eq!(kept, None, "the promoted replica never got the grant");
+
+    tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("the holder is told it lost the lock");
+    let second = manager(&urls, timeout).await;
+    let took = Instant::now();
+    let again = second.lock(&name).wait(Duration::from_secs(5)).await.expect("granted on the promoted primary");
+    assert!(again.fencing_token() > first, "tokens increase: {} after {first}", again.fencing_token());
+    let err = guard.release().await.expect_err("a lost lock is not released");
+    assert!(err.is_lost(), "{err}");
+    again.release().await.expect("release");
+    println!("failover took {failed_over:?}; the second lock {:?} after it", took.elapsed());
 }

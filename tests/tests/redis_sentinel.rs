@@ -3,7 +3,8 @@
 //! `wait_for_replicas` (one shared setup),
 //! failovers followed (a killed primary, a demoted one restarted, a manual failover with the
 //! old primary alive, a primary demoted by hand under open connections: `READONLY`),
-//! `wait_for_replicas`, and bad input.
+//! `wait_for_replicas`, a failover that loses a just-granted lock (tokens still increase), and
+//! bad input.
 
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -420,4 +421,63 @@ async fn a_primary_demoted_under_open_connections_answers_readonly_and_is_left()
     assert!(exists(setup.node(new), &name).await, "the lock is on the new primary");
     guard.release().await.expect("release on the new primary");
     assert!(!exists(setup.node(new), &name).await);
+}
+
+/// A lock granted (without `wait_for_replicas`) while the only replica was frozen behind a
+/// full replication stream (64 MB written first: a few MB fit in the kernel's socket buffers,
+/// the rest, and the grant after it, wait in the primary's memory), the primary killed, the
+/// replica resumed and promoted without the lock: the holder's guard reports `lost()`, a
+/// second manager is granted the name, with a token above the first holder's.
+/// (`wait_for_replicas` refuses such a grant: `wait_for_replicas_covers_the_grant_or_undoes_it`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_still_increase() {
+    let mut setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 3));
+    let old = setup.primary_index();
+    let replica = 1 - old;
+    // Writing 16 MB values takes longer than the default response timeout on a busy machine.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
+    let client = redis::Client::open(setup.node(old).url()).expect("url");
+    let mut primary = client.get_multiplexed_async_connection_with_config(&config).await.expect("connect");
+    let _: String = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("client-output-buffer-limit")
+        .arg("replica 0 0 0")
+        .query_async(&mut primary)
+        .await
+        .expect("CONFIG SET");
+    let options = RedisOptions::default().command_timeout(TIMEOUT).ping_interval(Duration::from_millis(500));
+    let holder =
+        LockManager::builder().default_lease(Duration::from_secs(3)).backend(backend(&setup, options.clone()).await);
+    let name = unique("lostgrant");
+
+    setup.pause(replica);
+    let fill = "redis.call('set', KEYS[1], string.rep('x', tonumber(ARGV[1]))) return 1";
+    for i in 0..4 {
+        let _: i64 = redis::cmd("EVAL")
+            .arg(fill)
+            .arg(1)
+            .arg(format!("filler:{i}"))
+            .arg(16 << 20)
+            .query_async(&mut primary)
+            .await
+            .expect("fill");
+    }
+    let guard = holder.lock(&name).await.expect("lock");
+    let first = guard.fencing_token();
+    setup.kill(old);
+    setup.resume(replica);
+    let killed_at = Instant::now();
+    let new = tokio::task::block_in_place(|| setup.wait_for_new_primary(old));
+    assert_eq!(new, replica);
+    let failed_over = killed_at.elapsed();
+    assert!(!exists(setup.node(new), &name).await, "the promoted replica never got the grant");
+
+    tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("the holder is told it lost the lock");
+    let second = LockManager::builder().backend(backend(&setup, options).await);
+    let again = second.lock(&name).wait(Duration::from_secs(5)).await.expect("granted on the new primary");
+    assert!(again.fencing_token() > first, "tokens increase: {} after {first}", again.fencing_token());
+    let err = guard.release().await.expect_err("a lost lock is not released");
+    assert!(err.is_lost(), "{err}");
+    again.release().await.expect("release");
+    println!("failover took {failed_over:?}");
 }
