@@ -1155,3 +1155,47 @@ async fn a_release_dropped_after_its_first_poll_still_completes() {
     }
     assert!(dropped >= 20, "only {dropped} releases were pending after their first poll");
 }
+
+/// A release that lands late (its reply was lost and it is sent again, or a dropped release
+/// finishing in the background after the lock changed hands) never frees a later owner's
+/// lock: the scripts are owner-checked. Mutex and read lock, through `HeldLock` directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_never_frees_a_later_owners_lock() {
+    use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
+    let server = RedisServer::start();
+    let first = backend(&server, Duration::from_secs(2)).await;
+    let other = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    for read in [false, true] {
+        let name = format!("late-release-{read}");
+        let req = Acquire {
+            name: name.as_str().into(),
+            key: name.as_str().into(),
+            owner: OwnerId::next(),
+            holder: Holder::of_process(None),
+            lease: Lease::Fixed(Duration::from_secs(60)),
+            kind: if read { LockKind::Read } else { LockKind::Exclusive },
+        };
+        let Attempt::Acquired(mut grant) =
+            first.begin(req, lock_runtime::LostSignal::new()).attempt().await.expect("attempt")
+        else {
+            panic!("{name} is free")
+        };
+        grant.lock.release().await.expect("release");
+        let later = if read { other.write_lock(&name).await } else { other.lock(&name).await }.expect("later owner");
+        let key = if read { rw_state(&name) } else { KeyLayout::of(&name).lock };
+        let dump = |conn: &mut redis::aio::MultiplexedConnection| {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move { redis::cmd("DUMP").arg(&key).query_async::<Option<Vec<u8>>>(&mut conn).await.expect("DUMP") }
+        };
+        let before = dump(&mut conn).await.expect("the later owner's key");
+        let err = grant.lock.release().await.expect_err("the same release again");
+        assert!(err.is_lost(), "{err}");
+        let after = grant.lock.release_after(Duration::from_secs(30)).await.expect_err("a late release_after");
+        assert!(after.is_lost(), "{after}");
+        assert_eq!(dump(&mut conn).await, Some(before), "{name}: a late release touched the later owner's key");
+        assert!(!later.is_lost());
+        later.release().await.expect("the later owner still holds it");
+    }
+}
