@@ -270,7 +270,8 @@ async fn await_no_keys(server: &EtcdServer, root: &str, bound: Duration, what: &
 /// Issue: a release (or `hold_at_least` release) whose future is dropped after its first poll
 /// still deletes the key, at once (or when the remainder ends): not when the manager's lease
 /// ends, which its keep-alive postpones for as long as the manager lives. Through the
-/// backend's `HeldLock` directly (the guard's own drop releases again) and through the guard.
+/// backend's `HeldLock` directly (the release dropped, then the lock, as a guard does when its
+/// release gives up; a guard's own drop releases again) and through the guard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_dropped_after_its_first_poll_still_deletes_the_key() {
     use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
@@ -309,6 +310,7 @@ async fn a_release_dropped_after_its_first_poll_still_deletes_the_key() {
                     continue; // answered within the first poll: nothing was dropped in flight
                 }
             } // dropped here
+            drop(grant); // as the guard does once its release gave up
             dropped += 1;
             let bound = later.unwrap_or_default() + Duration::from_secs(2);
             await_no_keys(server, &root, bound, "a HeldLock release dropped after one poll").await;
