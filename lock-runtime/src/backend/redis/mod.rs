@@ -73,6 +73,11 @@
 //!   the command timeout, logged if it fails), so no lock is left held for an owner nobody
 //!   knows. An acquire that finds its own owner id in the key (an earlier answer of the same
 //!   acquisition was lost) is granted again.
+//! - **A release runs to its end.** A release (or `hold_at_least` release) whose future is
+//!   dropped before its answer (a `select!` or timeout of the caller gave up) finishes in the
+//!   background, bounded by the command timeout, and local waiters are told: the lock is not
+//!   left held until its lease ends. The scripts stay owner-checked, so a release that lands
+//!   late never touches a later owner's lock.
 //!
 //! # Waiting
 //!
@@ -128,7 +133,7 @@
 //! that vanished with the restart are then reported lost, and new locks work.
 //!
 //! The background tasks (pub/sub connection, reconnection, the cleanup of dropped
-//! acquisitions) run on the tokio runtime that created the backend, and stop when the backend
+//! acquisitions and the rest of dropped releases) run on the tokio runtime that created the backend, and stop when the backend
 //! is dropped (a cleanup already started finishes within the command timeout).
 //!
 //! # Running Redis for locks
@@ -347,7 +352,7 @@ struct Inner {
     waiters: Waiters,
     options: RedisOptions,
     url: String,
-    /// Where the cleanup of dropped acquisitions runs.
+    /// Where the cleanup of dropped acquisitions and the rest of dropped releases run.
     runtime: tokio::runtime::Handle,
 }
 
