@@ -243,3 +243,96 @@ async fn no_keys_left_after_a_run() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Polls `fut` exactly once: `Some(output)` if it was ready, `None` if it was pending.
+async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await;
+    match polled {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Polls the server (no signal exists for a background delete) until nothing is left under
+/// `root`, within `bound`.
+async fn await_no_keys(server: &EtcdServer, root: &str, bound: Duration, what: &str) {
+    let started = Instant::now();
+    loop {
+        let left = etcd_server::keys(&server.endpoint(), root).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(started.elapsed() < bound, "{what}: keys left after {:?}: {left:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue: a release (or `hold_at_least` release) whose future is dropped after its first poll
+/// still deletes the key, at once (or when the remainder ends): not when the manager's lease
+/// ends, which its keep-alive postpones for as long as the manager lives. Through the
+/// backend's `HeldLock` directly (the release dropped, then the lock, as a guard does when its
+/// release gives up; a guard's own drop releases again) and through the guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_after_its_first_poll_still_deletes_the_key() {
+    use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
+    let server = etcd_server::shared();
+    let root = unique_root("dropped-release");
+    let options = || EtcdOptions::new().root(&root).lease_ttl(Duration::from_secs(30));
+    let holder = EtcdBackend::connect_with([server.endpoint()], options()).await.expect("holder");
+    let m = LockManager::builder().backend(holder.clone());
+    let other =
+        LockManager::builder().backend(EtcdBackend::connect_with([server.endpoint()], options()).await.expect("other"));
+    let mut dropped = 0;
+    for round in 0..4 {
+        for later in [None, Some(Duration::from_millis(300))] {
+            let name = format!("held-{round}-{}", later.is_some());
+            let req = Acquire {
+                name: name.as_str().into(),
+                key: name.as_str().into(),
+                owner: OwnerId::next(),
+                holder: Holder::of_process(None),
+                lease: Lease::Renewed(Duration::from_secs(30)),
+                kind: LockKind::Exclusive,
+            };
+            let mut acquisition = holder.begin(req, lock_runtime::LostSignal::new());
+            let Attempt::Acquired(mut grant) = acquisition.attempt().await.expect("attempt") else {
+                panic!("{name} is free")
+            };
+            drop(acquisition);
+            assert!(!etcd_server::keys(&server.endpoint(), &root).await.is_empty(), "the key is there");
+            let dropped_at = Instant::now();
+            {
+                let mut release = match later {
+                    None => grant.lock.release(),
+                    Some(remaining) => grant.lock.release_after(remaining),
+                };
+                if poll_once(&mut release).await.is_some() {
+                    continue; // answered within the first poll: nothing was dropped in flight
+                }
+            } // dropped here
+            drop(grant); // as the guard does once its release gave up
+            dropped += 1;
+            let bound = later.unwrap_or_default() + Duration::from_secs(2);
+            await_no_keys(server, &root, bound, "a HeldLock release dropped after one poll").await;
+            if let Some(remaining) = later {
+                assert!(dropped_at.elapsed() >= remaining, "freed before hold_at_least ended");
+            }
+            other
+                .try_lock(&name)
+                .await
+                .expect("try")
+                .expect("free long before the lease")
+                .release()
+                .await
+                .expect("release");
+        }
+        let name = format!("guard-{round}");
+        let mut release = Box::pin(m.lock(&name).await.expect("lock").release());
+        if poll_once(&mut release).await.is_none() {
+            dropped += 1;
+        }
+        drop(release);
+        await_no_keys(server, &root, Duration::from_secs(2), "a guard's release dropped after one poll").await;
+    }
+    assert!(dropped >= 8, "only {dropped} releases were pending after their first poll");
+}

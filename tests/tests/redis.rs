@@ -1106,3 +1106,147 @@ async fn a_writer_released_early_with_hold_at_least_keeps_readers_out_until_it_e
     assert!(got_at <= granted + hold + Duration::from_millis(750), "in {:?} after the grant", got_at - granted);
     g.release().await.expect("release");
 }
+
+/// Polls `fut` exactly once: `Some(output)` if it was ready, `None` if it was pending.
+async fn poll_once<F: Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+    match std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Polls the server (no signal exists for a background release) until `key` is gone, within 2 s.
+async fn await_key_gone(conn: &mut redis::aio::MultiplexedConnection, key: &str, what: &str) {
+    let started = Instant::now();
+    loop {
+        let n: u64 = redis::cmd("EXISTS").arg(key).query_async(conn).await.expect("EXISTS");
+        if n == 0 {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "{what}: {key} still held after {:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The key of a read-write lock's state (see the kinds module docs).
+fn rw_state(name: &str) -> String {
+    format!("lock:rw:{{{name}}}")
+}
+
+/// Issue: a release whose future is dropped after its first poll (the caller's `select!` or
+/// `timeout` gave up while the release script was on its way) still completes: the key is
+/// gone within a couple of seconds, not at the end of its 60 s lease, and another manager
+/// locks the name at once. Through the guard (`LockGuard::release`) and through the
+/// backend's `HeldLock::release` directly, for a mutex and a read lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_after_its_first_poll_still_completes() {
+    use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
+    let server = RedisServer::start();
+    let lease = Duration::from_secs(60);
+    let holder = backend(&server, Duration::from_secs(2)).await;
+    let m = LockManager::builder().backend(holder.clone());
+    let other = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    m.lock("warm-up").await.expect("lock").release().await.expect("release"); // scripts loaded
+    m.read_lock("warm-up").await.expect("lock").release().await.expect("release");
+    let mut dropped = 0;
+    for round in 0..10 {
+        // Through the guard.
+        for read in [false, true] {
+            let name = format!("dropped-guard-release-{read}-{round}");
+            let (guard, key) = if read {
+                (m.read_lock(&name).lease(lease).await.expect("lock"), rw_state(&name))
+            } else {
+                (m.lock(&name).lease(lease).await.expect("lock"), KeyLayout::of(&name).lock)
+            };
+            let mut release = Box::pin(guard.release());
+            if poll_once(&mut release).await.is_some() {
+                continue; // answered within the first poll: nothing was dropped in flight
+            }
+            drop(release);
+            dropped += 1;
+            let started = Instant::now();
+            await_key_gone(&mut conn, &key, "a guard's release dropped after one poll").await;
+            let next = if read {
+                other.write_lock(&name).wait(Duration::from_secs(2)).await
+            } else {
+                other.lock(&name).wait(Duration::from_secs(2)).await
+            };
+            next.expect("the name is free long before the 60 s lease").release().await.expect("release");
+            assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+        }
+        // Through the backend's `HeldLock` directly (what every guard relies on).
+        for read in [true, false] {
+            let name = format!("dropped-held-release-{read}-{round}");
+            let req = Acquire {
+                name: name.as_str().into(),
+                key: name.as_str().into(),
+                owner: OwnerId::next(),
+                holder: Holder::of_process(None),
+                lease: Lease::Fixed(lease),
+                kind: if read { LockKind::Read } else { LockKind::Exclusive },
+            };
+            let key = if read { rw_state(&name) } else { KeyLayout::of(&name).lock };
+            let mut acquisition = holder.begin(req, lock_runtime::LostSignal::new());
+            let Attempt::Acquired(mut grant) = acquisition.attempt().await.expect("attempt") else {
+                panic!("{name} is free")
+            };
+            drop(acquisition);
+            {
+                let mut release = grant.lock.release();
+                if poll_once(&mut release).await.is_some() {
+                    continue;
+                }
+            } // dropped here
+            dropped += 1;
+            await_key_gone(&mut conn, &key, "a HeldLock release dropped after one poll").await;
+            let next = if read { other.try_write_lock(&name).await } else { other.try_lock(&name).await };
+            next.expect("try").expect("the name is free long before the 60 s lease").release().await.expect("release");
+        }
+    }
+    assert!(dropped >= 20, "only {dropped} releases were pending after their first poll");
+}
+
+/// A release that lands late (its reply was lost and it is sent again, or a dropped release
+/// finishing in the background after the lock changed hands) never frees a later owner's
+/// lock: the scripts are owner-checked. Mutex and read lock, through `HeldLock` directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_never_frees_a_later_owners_lock() {
+    use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
+    let server = RedisServer::start();
+    let first = backend(&server, Duration::from_secs(2)).await;
+    let other = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    for read in [false, true] {
+        let name = format!("late-release-{read}");
+        let req = Acquire {
+            name: name.as_str().into(),
+            key: name.as_str().into(),
+            owner: OwnerId::next(),
+            holder: Holder::of_process(None),
+            lease: Lease::Fixed(Duration::from_secs(60)),
+            kind: if read { LockKind::Read } else { LockKind::Exclusive },
+        };
+        let Attempt::Acquired(mut grant) =
+            first.begin(req, lock_runtime::LostSignal::new()).attempt().await.expect("attempt")
+        else {
+            panic!("{name} is free")
+        };
+        grant.lock.release().await.expect("release");
+        let later = if read { other.write_lock(&name).await } else { other.lock(&name).await }.expect("later owner");
+        let key = if read { rw_state(&name) } else { KeyLayout::of(&name).lock };
+        let dump = |conn: &mut redis::aio::MultiplexedConnection| {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move { redis::cmd("DUMP").arg(&key).query_async::<Option<Vec<u8>>>(&mut conn).await.expect("DUMP") }
+        };
+        let before = dump(&mut conn).await.expect("the later owner's key");
+        let err = grant.lock.release().await.expect_err("the same release again");
+        assert!(err.is_lost(), "{err}");
+        let after = grant.lock.release_after(Duration::from_secs(30)).await.expect_err("a late release_after");
+        assert!(after.is_lost(), "{after}");
+        assert_eq!(dump(&mut conn).await, Some(before), "{name}: a late release touched the later owner's key");
+        assert!(!later.is_lost());
+        later.release().await.expect("the later owner still holds it");
+    }
+}

@@ -256,6 +256,7 @@ impl EtcdAcquisition {
                 session,
                 registration,
                 expiry,
+                unconfirmed: None,
             }),
         }
     }
@@ -403,6 +404,10 @@ struct EtcdHeld {
     registration: u64,
     /// The task that ends a fixed lease.
     expiry: Option<JoinHandle<()>>,
+    /// A release was started and not yet confirmed (its delete failed, or its future was
+    /// dropped before the answer): when the key is to go, now or at the end of a
+    /// `hold_at_least`. `Drop` deletes it then, in the background.
+    unconfirmed: Option<Instant>,
 }
 
 impl EtcdHeld {
@@ -426,12 +431,18 @@ impl EtcdHeld {
     }
 
     async fn release_key(&mut self) -> Result<(), LockError> {
+        self.unconfirmed = Some(Instant::now());
         self.settle();
         if self.session.is_lost() {
+            self.unconfirmed = None; // the key went with the lease
             return Err(self.gone());
         }
         let mut client = self.shared.client.clone();
-        match delete_if(&mut client, &self.key, self.revision, self.bound()).await {
+        let deleted = delete_if(&mut client, &self.key, self.revision, self.bound()).await;
+        if deleted.is_ok() {
+            self.unconfirmed = None; // deleted, or gone already
+        }
+        match deleted {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.gone()),
             Err(e) => Err(etcd_error(&self.name, "release", e)),
@@ -440,8 +451,10 @@ impl EtcdHeld {
 
     async fn release_later(&mut self, remaining: Duration) -> Result<(), LockError> {
         let started = Instant::now();
+        self.unconfirmed = Some(started + remaining);
         self.settle();
         if self.session.is_lost() {
+            self.unconfirmed = None; // the key went with the lease
             return Err(self.gone());
         }
         let mut client = self.shared.client.clone();
@@ -452,8 +465,10 @@ impl EtcdHeld {
             .map_err(|e| etcd_error(&self.name, "release", e))?
             .succeeded();
         if !still_ours {
+            self.unconfirmed = None;
             return Err(self.gone());
         }
+        self.unconfirmed = None; // the task below deletes it when the remainder ends
         tokio::spawn(delete_at(client, self.key.clone(), self.revision, started + remaining, self.bound()));
         Ok(())
     }
@@ -474,6 +489,16 @@ impl Drop for EtcdHeld {
         // The fixed-lease task (if any) keeps running: it ends the lease of a lock whose
         // release never came.
         self.session.unregister(self.registration);
+        // A release that did not confirm its delete (it failed, or its future was dropped
+        // before the answer): the key goes in the background (if still ours: the delete
+        // checks its revision), now or when its `hold_at_least` ends, not with the
+        // manager's lease (which its keep-alive postpones for as long as the manager lives).
+        if let Some(at) = self.unconfirmed.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let client = self.shared.client.clone();
+                drop(runtime.spawn(delete_at(client, std::mem::take(&mut self.key), self.revision, at, self.bound())));
+            }
+        }
     }
 }
 

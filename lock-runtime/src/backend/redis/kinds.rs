@@ -47,14 +47,15 @@
 //! holders is refused with an [`is_invalid`](crate::LockError::is_invalid) error (never more
 //! holders than agreed). Once free, the next holder sets the number anew.
 
-use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use redis::Script;
 
 use super::waiters::{Before, Capture, Slot, Step};
-use super::{eval, lease_millis, lost_reason, KeyLayout, RedisBackend, KIND, RECHECK_MAX, RECHECK_MIN};
+use super::{
+    lease_millis, still_held, undo_dropped, KeyLayout, RedisBackend, ReleaseCall, KIND, RECHECK_MAX, RECHECK_MIN,
+};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockKind, Renewal, Wake};
 use crate::error::LockError;
 
@@ -287,38 +288,9 @@ impl Drop for KindAcquisition {
         }
         // An acquire whose answer was never seen may have been granted, and a waiting writer
         // keeps readers out: remove both (owner-checked), and wake the waiters.
-        let inner = self.backend.inner.clone();
-        let (name, owner) = (self.req.name.clone(), self.owner.clone());
         let (state, channel) = (std::mem::take(&mut self.keys.state), std::mem::take(&mut self.keys.channel));
-        let timeout = inner.options.command_timeout;
-        let cleanup = async move {
-            let mut invocation = RELEASE.prepare_invoke();
-            invocation.key(&state).key(&channel).arg(&*owner).arg(0);
-            let release = eval::<i64>(&inner.conn, timeout, &name, "release", invocation);
-            let outcome = tokio::time::timeout(timeout, release)
-                .await
-                .unwrap_or_else(|_| Err(LockError::timed_out(&*name, KIND, "release", timeout)));
-            if let Err(e) = outcome {
-                tracing::warn!(lock = %crate::telemetry::shown_name(&name), error = %crate::telemetry::shown_error(&e), "could not clean up after a dropped acquisition; its lease will");
-            }
-            inner.waiters.released(&channel, &owner);
-        };
-        // Polled once here, so the cleanup is queued on the connection now, ahead of any
-        // command sent after this drop; the rest runs in the background.
-        let runtime = &self.backend.inner.runtime;
-        let mut cleanup = Box::pin(cleanup);
-        if std::thread::panicking() {
-            drop(runtime.spawn(cleanup));
-            return;
-        }
-        let _entered = runtime.enter();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cleanup.as_mut().poll(&mut cx)));
-        match first {
-            Ok(std::task::Poll::Pending) => drop(runtime.spawn(cleanup)),
-            Ok(std::task::Poll::Ready(())) => {}
-            Err(_) => tracing::warn!("could not clean up after a dropped acquisition"),
-        }
+        let call = ReleaseCall::new(&self.backend, &RELEASE, &self.req.name, state.into(), channel.into(), &self.owner);
+        undo_dropped(call.millis(0), true);
     }
 }
 
@@ -332,35 +304,28 @@ struct KindHeld {
 }
 
 impl KindHeld {
-    async fn release_with(&self, remainder: u64) -> Result<(), LockError> {
-        let mut invocation = RELEASE.prepare_invoke();
-        invocation.key(&*self.state).key(&*self.channel).arg(&*self.owner).arg(remainder);
-        // Local waiters attempt (or look again), as remote ones do from the publication,
-        // however the release ends: completed, failed or dropped mid-flight.
-        let _released = Released(self);
-        match self.backend.eval::<i64>(&self.name, "release", invocation).await? {
-            1 => Ok(()),
-            status => Err(LockError::lost(&*self.name, lost_reason(status))),
-        }
-    }
-}
-
-/// Tells the local queue that a holder let go (or may have).
-struct Released<'a>(&'a KindHeld);
-
-impl Drop for Released<'_> {
-    fn drop(&mut self) {
-        self.0.backend.inner.waiters.released(&self.0.channel, &self.0.owner);
+    /// `kind_release.lua` with `remainder` (0: now). Local waiters attempt (or look again),
+    /// as remote ones do from the publication; dropped before its answer, it still completes.
+    fn release_with(&self, remainder: u64) -> BoxFuture<'static, Result<(), LockError>> {
+        let call = ReleaseCall::new(
+            &self.backend,
+            &RELEASE,
+            &self.name,
+            self.state.clone(),
+            self.channel.clone(),
+            &self.owner,
+        );
+        call.millis(remainder).release()
     }
 }
 
 impl HeldLock for KindHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.release_with(0))
+        self.release_with(0)
     }
 
     fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.release_with(lease_millis(remaining)))
+        self.release_with(lease_millis(remaining))
     }
 
     fn renewal(&self) -> Option<Box<dyn Renewal>> {
@@ -386,10 +351,7 @@ impl Renewal for KindRenewal {
         Box::pin(async move {
             let mut invocation = EXTEND.prepare_invoke();
             invocation.key(&*self.state).arg(&*self.owner).arg(lease_millis(lease));
-            match self.backend.eval::<i64>(&self.name, "extend", invocation).await? {
-                1 => Ok(()),
-                status => Err(LockError::lost(&*self.name, lost_reason(status))),
-            }
+            still_held(&self.name, self.backend.eval::<i64>(&self.name, "extend", invocation).await?)
         })
     }
 }

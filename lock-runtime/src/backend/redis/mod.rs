@@ -73,6 +73,11 @@
 //!   the command timeout, logged if it fails), so no lock is left held for an owner nobody
 //!   knows. An acquire that finds its own owner id in the key (an earlier answer of the same
 //!   acquisition was lost) is granted again.
+//! - **A release runs to its end.** A release (or `hold_at_least` release) whose future is
+//!   dropped before its answer (a `select!` or timeout of the caller gave up) finishes in the
+//!   background, bounded by the command timeout, and local waiters are told: the lock is not
+//!   left held until its lease ends. The scripts stay owner-checked, so a release that lands
+//!   late never touches a later owner's lock.
 //!
 //! # Waiting
 //!
@@ -130,7 +135,7 @@
 //! that vanished with the restart are then reported lost, and new locks work.
 //!
 //! The background tasks (pub/sub connection, reconnection, the cleanup of dropped
-//! acquisitions) run on the tokio runtime that created the backend, and stop when the backend
+//! acquisitions and the rest of dropped releases) run on the tokio runtime that created the backend, and stop when the backend
 //! is dropped (a cleanup already started finishes within the command timeout).
 //!
 //! # Running Redis for locks
@@ -349,7 +354,7 @@ struct Inner {
     waiters: Waiters,
     options: RedisOptions,
     url: String,
-    /// Where the cleanup of dropped acquisitions runs.
+    /// Where the cleanup of dropped acquisitions and the rest of dropped releases run.
     runtime: tokio::runtime::Handle,
 }
 
@@ -722,48 +727,194 @@ impl Drop for RedisAcquisition {
             return;
         }
         // An acquire whose answer was never seen may have taken the lock: undo it (only if it
-        // did: the release is owner-checked), and tell local waiters when it is done.
-        let inner = self.backend.inner.clone();
-        let (name, owner) = (self.req.name.clone(), self.owner.clone());
+        // did: the release is owner-checked). Local waiters are told when it was undone (or may
+        // have been), not when the lock is someone else's: that holder's release tells them.
         let (lock, channel) = (std::mem::take(&mut self.layout.lock), std::mem::take(&mut self.layout.channel));
-        let timeout = inner.options.command_timeout;
-        let cleanup = async move {
-            let mut invocation = RELEASE.prepare_invoke();
-            invocation.key(&lock).key(&channel).arg(&*owner);
-            let release = eval::<i64>(&inner.conn, timeout, &name, "release", invocation);
+        let call = ReleaseCall::new(&self.backend, &RELEASE, &self.req.name, lock.into(), channel.into(), &self.owner);
+        undo_dropped(call, false);
+    }
+}
+
+/// One owner-checked release script call (`release.lua`, `release_after.lua`,
+/// `kind_release.lua`): keys a lock's key (or a kind's state) and its release channel,
+/// arguments the owner and, where the script takes one, a number of milliseconds.
+pub(super) struct ReleaseCall {
+    backend: RedisBackend,
+    script: &'static Script,
+    name: Arc<str>,
+    key: Arc<str>,
+    channel: Arc<str>,
+    owner: Arc<str>,
+    millis: Option<u64>,
+}
+
+impl ReleaseCall {
+    pub(super) fn new(
+        backend: &RedisBackend,
+        script: &'static Script,
+        name: &Arc<str>,
+        key: Arc<str>,
+        channel: Arc<str>,
+        owner: &Arc<str>,
+    ) -> Self {
+        ReleaseCall {
+            backend: backend.clone(),
+            script,
+            name: name.clone(),
+            key,
+            channel,
+            owner: owner.clone(),
+            millis: None,
+        }
+    }
+
+    /// The script's last argument, in milliseconds.
+    pub(super) fn millis(mut self, millis: u64) -> Self {
+        self.millis = Some(millis);
+        self
+    }
+
+    /// Sends the script; its answer.
+    async fn call(&self) -> Result<i64, LockError> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(&*self.key).key(&*self.channel).arg(&*self.owner);
+        if let Some(millis) = self.millis {
+            invocation.arg(millis);
+        }
+        self.backend.eval::<i64>(&self.name, "release", invocation).await
+    }
+
+    /// Tells the local queue of the lock that its holder let go (or may have).
+    fn tell(&self) {
+        self.backend.inner.waiters.released(&self.channel, &self.owner);
+    }
+
+    /// [`call`](Self::call) bounded by the command timeout, for work nobody awaits.
+    async fn call_bounded(&self) -> Result<i64, LockError> {
+        let timeout = self.backend.inner.options.command_timeout;
+        tokio::time::timeout(timeout, self.call())
+            .await
+            .unwrap_or_else(|_| Err(LockError::timed_out(&*self.name, KIND, "release", timeout)))
+    }
+
+    /// A holder's release: `Ok` when the script found the lock still the owner's. Local
+    /// waiters are told however it ends. Dropped before its answer (the caller's `select!` or
+    /// timeout gave up), it still completes in the background: see [`Unabandoned`].
+    pub(super) fn release(self) -> BoxFuture<'static, Result<(), LockError>> {
+        let runtime = self.backend.inner.runtime.clone();
+        let timeout = self.backend.inner.options.command_timeout;
+        let name = self.name.clone();
+        let release = Box::pin(async move {
+            let _tell = Tell(&self);
+            still_held(&self.name, self.call().await?)
+        });
+        Box::pin(Unabandoned { release: Some(release), runtime, timeout, name })
+    }
+}
+
+/// Tells local waiters of a [`ReleaseCall`] when dropped: completed, failed or abandoned.
+struct Tell<'a>(&'a ReleaseCall);
+
+impl Drop for Tell<'_> {
+    fn drop(&mut self) {
+        self.0.tell();
+    }
+}
+
+/// Undoes, in the background, what a dropped acquisition may have left in Redis (an acquire
+/// whose answer it never saw, a waiting writer's intent) with an owner-checked release
+/// script, bounded by the command timeout. Local waiters are told when something was undone
+/// or may have been (the call failed), and whatever the answer when `always_tell`.
+pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
+    let runtime = call.backend.inner.runtime.clone();
+    let undo = async move {
+        let shown = crate::telemetry::shown_name(&call.name);
+        match call.call_bounded().await {
+            Ok(1) => {
+                tracing::debug!(lock = %shown, "undid what a dropped acquisition left");
+                call.tell();
+            }
+            Ok(_) if !always_tell => {}
+            Ok(_) => call.tell(),
+            Err(e) => {
+                tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left; its lease will");
+                call.tell();
+            }
+        }
+    };
+    finish_in_background(&runtime, undo, "could not undo what a dropped acquisition left; its lease will");
+}
+
+/// Runs `work` to its end though nobody awaits it any more. Polled once here, so that its
+/// command is queued on the connection now: behind the commands it follows up on, and ahead
+/// of any command sent after this call (a `try_lock` made right after a dropped acquisition or
+/// release finds the lock free). The rest runs on `runtime`. `failed` is logged when it cannot
+/// even be polled (its runtime shuts down, say).
+fn finish_in_background(
+    runtime: &tokio::runtime::Handle,
+    work: impl Future<Output = ()> + Send + 'static,
+    failed: &'static str,
+) {
+    let mut work = Box::pin(work);
+    if std::thread::panicking() {
+        drop(runtime.spawn(work)); // no polling here while unwinding
+        return;
+    }
+    let _entered = runtime.enter();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(&mut cx))) {
+        Ok(std::task::Poll::Pending) => drop(runtime.spawn(work)),
+        Ok(std::task::Poll::Ready(())) => {}
+        Err(_) => tracing::warn!("{failed}"),
+    }
+}
+
+/// A holder's release that completes even when its future is dropped before the answer: the
+/// rest runs in the background (polled once at the drop, then spawned on the backend's
+/// runtime), bounded by the command timeout; the script stays owner-checked, so a release
+/// that lands late never touches a later owner's lock.
+struct Unabandoned {
+    release: Option<BoxFuture<'static, Result<(), LockError>>>,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
+    name: Arc<str>,
+}
+
+impl Future for Unabandoned {
+    type Output = Result<(), LockError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let Some(release) = &mut self.release else { return std::task::Poll::Ready(Ok(())) };
+        let done = std::task::ready!(release.as_mut().poll(cx));
+        self.release = None;
+        std::task::Poll::Ready(done)
+    }
+}
+
+impl Drop for Unabandoned {
+    fn drop(&mut self) {
+        let Some(release) = self.release.take() else { return };
+        let (name, timeout) = (self.name.clone(), self.timeout);
+        let rest = async move {
             let outcome = tokio::time::timeout(timeout, release)
                 .await
                 .unwrap_or_else(|_| Err(LockError::timed_out(&*name, KIND, "release", timeout)));
+            let shown = crate::telemetry::shown_name(&name);
             match outcome {
-                Ok(1) => {
-                    tracing::debug!(lock = %crate::telemetry::shown_name(&name), "undid the acquire of a dropped acquisition");
-                    inner.waiters.released(&channel, &owner);
+                Ok(()) => tracing::debug!(lock = %shown, "finished a release whose future was dropped"),
+                Err(e) if e.is_lost() => {
+                    tracing::debug!(lock = %shown, error = %crate::telemetry::shown_error(&e), "a release whose future was dropped found the lock gone")
                 }
-                Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(lock = %crate::telemetry::shown_name(&name), error = %crate::telemetry::shown_error(&e), "could not undo the acquire of a dropped acquisition; its lease will free the lock");
-                    inner.waiters.released(&channel, &owner);
+                    tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not finish a release whose future was dropped; its lease will free the lock")
                 }
             }
         };
-        // Polled once here, so the release is queued on the connection now: behind the acquire
-        // it undoes, and ahead of any command sent after this drop (a `try_lock` made right
-        // after it finds the lock free). The rest runs in the background.
-        let runtime = &self.backend.inner.runtime;
-        let mut cleanup = Box::pin(cleanup);
-        if std::thread::panicking() {
-            drop(runtime.spawn(cleanup)); // no polling here while unwinding
-            return;
-        }
-        let _entered = runtime.enter();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cleanup.as_mut().poll(&mut cx)));
-        match first {
-            Ok(std::task::Poll::Pending) => drop(runtime.spawn(cleanup)),
-            Ok(std::task::Poll::Ready(())) => {}
-            // E.g. polled while its runtime shuts down: the lease will free the lock.
-            Err(_) => tracing::warn!("could not undo the acquire of a dropped acquisition"),
-        }
+        finish_in_background(
+            &self.runtime,
+            rest,
+            "could not finish a release whose future was dropped; its lease will free the lock",
+        );
     }
 }
 
@@ -776,41 +927,21 @@ struct RedisHeld {
     owner: Arc<str>,
 }
 
-/// Tells the local queue of a lock that its holder let go (or may have), however the release
-/// ends: completed, failed or dropped mid-flight.
-struct Released<'a>(&'a RedisHeld);
-
-impl Drop for Released<'_> {
-    fn drop(&mut self) {
-        self.0.backend.inner.waiters.released(&self.0.channel, &self.0.owner);
+impl RedisHeld {
+    fn call(&self, script: &'static Script) -> ReleaseCall {
+        ReleaseCall::new(&self.backend, script, &self.name, self.lock.clone(), self.channel.clone(), &self.owner)
     }
 }
 
 impl HeldLock for RedisHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(async move {
-            let _released = Released(self);
-            let mut invocation = RELEASE.prepare_invoke();
-            invocation.key(&*self.lock).key(&*self.channel).arg(&*self.owner);
-            match self.backend.eval::<i64>(&self.name, "release", invocation).await? {
-                1 => Ok(()),
-                status => Err(LockError::lost(&*self.name, lost_reason(status))),
-            }
-        })
+        self.call(&RELEASE).release()
     }
 
     fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(async move {
-            // Local waiters look again (and learn the new expiry), as remote ones do from
-            // the publication.
-            let _released = Released(self);
-            let mut invocation = RELEASE_AFTER.prepare_invoke();
-            invocation.key(&*self.lock).key(&*self.channel).arg(&*self.owner).arg(lease_millis(remaining));
-            match self.backend.eval::<i64>(&self.name, "release", invocation).await? {
-                1 => Ok(()),
-                status => Err(LockError::lost(&*self.name, lost_reason(status))),
-            }
-        })
+        // Local waiters look again (and learn the new expiry), as remote ones do from the
+        // publication.
+        self.call(&RELEASE_AFTER).millis(lease_millis(remaining)).release()
     }
 
     fn renewal(&self) -> Option<Box<dyn Renewal>> {
@@ -837,10 +968,7 @@ impl Renewal for RedisRenewal {
             let mut invocation = EXTEND.prepare_invoke();
             invocation.key(&*self.lock).arg(&*self.owner).arg(lease_millis(lease));
             let Some((replicas, timeout)) = self.backend.inner.options.wait_for_replicas else {
-                return match self.backend.eval::<i64>(&self.name, "extend", invocation).await? {
-                    1 => Ok(()),
-                    status => Err(LockError::lost(&*self.name, lost_reason(status))),
-                };
+                return still_held(&self.name, self.backend.eval::<i64>(&self.name, "extend", invocation).await?);
             };
             let lease = lease_millis(lease).to_string();
             let script = (&*EXTEND, &[&*self.lock][..], &[&*self.owner, &*lease][..]);
@@ -877,6 +1005,15 @@ fn redact(url: &str) -> String {
 
 fn lease_millis(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The answer of an owner-checked script (release, extend): `1` done; anything else means
+/// the lock was lost (see [`lost_reason`]).
+fn still_held(name: &str, status: i64) -> Result<(), LockError> {
+    match status {
+        1 => Ok(()),
+        status => Err(LockError::lost(name, lost_reason(status))),
+    }
 }
 
 fn lost_reason(status: i64) -> &'static str {
