@@ -464,6 +464,21 @@ async fn a_slot_left_mid_migration_is_redirected_and_never_grants_twice() {
     let next = other.lock(&name).wait(Duration::from_secs(2)).await.expect("the next lock");
     assert!(next.fencing_token() > first, "tokens increase: {} after {first}", next.fencing_token());
     next.release().await.expect("release");
+
+    // (c) A lock held while its slot starts migrating (nothing moved yet): its release still
+    // works, since the release script declares the lock key only (the channel, which is no
+    // key, is an argument; declared as a key it would be refused with TRYAGAIN).
+    let guard = holder.lock(&name).lease(Duration::from_secs(30)).await.expect("lock");
+    setslot(&cluster, src, slot, "IMPORTING", Some(&dst_id));
+    setslot(&cluster, dst, slot, "MIGRATING", Some(&src_id));
+    let started = Instant::now();
+    guard.release().await.expect("released while its slot migrates");
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    let left: Vec<String> =
+        cluster.query(dst, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]).expect("GETKEYSINSLOT");
+    assert!(!left.contains(&layout.lock), "the key is gone: {left:?}");
+    setslot(&cluster, src, slot, "STABLE", None);
+    setslot(&cluster, dst, slot, "STABLE", None);
 }
 
 /// The replica of primary `primary` (its `INFO replication` names the primary's port).

@@ -31,14 +31,22 @@
 //!   and its overall bound per request (redirections and retries included), are the
 //!   [command timeout](super::RedisOptions::command_timeout); connecting is bounded by it too.
 //! - **Redirections.** `MOVED` (a slot moved for good: the client follows it and refreshes its
-//!   slot map), `ASK` (a slot being migrated: it repeats the call once on the target, preceded
-//!   by `ASKING`), `TRYAGAIN` (a script whose keys are split between the two nodes of a
-//!   migrating slot) and `CLUSTERDOWN` (a failover in progress) are handled by the cluster
-//!   client: the first two at once, the last two after a short pause (10 to 250 ms), all
-//!   within the command timeout, past which the operation fails with an
-//!   [`is_backend`](crate::LockError::is_backend) error. A key is on exactly one node at any
-//!   time (`MIGRATE` moves it atomically, with its expiry), so a migration never lets two
-//!   owners in.
+//!   slot map), `ASK` (a slot being migrated, the key not on the source: it repeats the call
+//!   once on the target, preceded by `ASKING`), `TRYAGAIN` and `CLUSTERDOWN` (a failover in
+//!   progress) are handled by the cluster client: the first two at once, the last two after a
+//!   short pause (10 to 250 ms), all within the command timeout, past which the operation
+//!   fails with an [`is_backend`](crate::LockError::is_backend) error. A key is on exactly one
+//!   node at any time (`MIGRATE` moves it atomically, with its expiry), so a migration never
+//!   lets two owners in.
+//! - **Scripts during a migration.** While a slot migrates, Redis runs a script only on a node
+//!   that has every key the script declares (otherwise `TRYAGAIN`). Releases, renewals and
+//!   waiters' looks declare the lock's key only (a release channel is an argument: it is no
+//!   key), so they run wherever that key is, before or after it moved. An acquisition
+//!   declares the lock's key and the slot's fencing counter: while only one of them has moved,
+//!   or the lock is free (its key is on neither node), it cannot run until the migration ends.
+//!   A first attempt then fails with an `is_backend` error within the command timeout; a
+//!   waiter keeps waiting, trying again with backoff, and is granted once the slot is settled
+//!   (a lock slot holds few keys, so its migration takes milliseconds).
 //! - **Scripts.** A node that does not know a script (`NOSCRIPT`: a new primary after a
 //!   failover, a restarted node, a slot just moved) gets it with `EVAL` of the source, sent to
 //!   the same node as the failed `EVALSHA` (routed by the same key); `SCRIPT LOAD` is not sent

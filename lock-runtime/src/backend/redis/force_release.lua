@@ -3,10 +3,11 @@
 -- or release and reports the lock lost.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[+]`, see acquire.lua)
--- KEYS[2]  the lock's release channel, `lock:{<key>}:released` (same hash tag)
 -- ARGV[1]  the owner expected to hold it (acquire.lua's ARGV[1]), or '' for any owner
+-- ARGV[2]  the lock's release channel, `lock:{<key>}:released` (an argument, not a key: it is no key to
+--          Redis Cluster, so a slot being migrated never refuses the script for it)
 --
--- Returns  {1, owner}  released: the key was deleted and the owner published on KEYS[2]
+-- Returns  {1, owner}  released: the key was deleted and the owner published on ARGV[2]
 --                      (always: a waiter that has not marked the value yet may be subscribed)
 --          {0, ''}     the key is gone: nobody holds the lock
 --          {-1, owner} the key holds another owner than ARGV[1] (left untouched)
@@ -24,5 +25,5 @@ if ARGV[1] ~= '' and owner ~= ARGV[1] then
   return {-1, owner}
 end
 redis.call('del', KEYS[1])
-redis.call('publish', KEYS[2], owner)
+redis.call('publish', ARGV[2], owner)
 return {1, owner}

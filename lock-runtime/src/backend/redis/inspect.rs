@@ -80,7 +80,7 @@ impl RedisBackend {
     pub async fn force_release(&self, key: &str, expected_owner: Option<&str>) -> Result<ForceRelease, LockError> {
         let layout = KeyLayout::of(key);
         let mut invocation = FORCE_RELEASE.prepare_invoke();
-        invocation.key(&layout.lock).key(&layout.channel).arg(expected_owner.unwrap_or(""));
+        invocation.key(&layout.lock).arg(expected_owner.unwrap_or("")).arg(&layout.channel);
         let timeout = self.inner.options.command_timeout;
         let (status, owner): (i64, String) = eval(&self.inner.conn, timeout, key, "force release", invocation).await?;
         Ok(match status {

@@ -4,13 +4,14 @@
 -- been granted, or it left an intent).
 --
 -- KEYS[1]  the kind's state, `lock:rw:{<key>}` or `lock:sem:{<key>}` (see kind_acquire.lua)
--- KEYS[2]  the name's release channel, `<KEYS[1]>:released` (same hash tag)
 -- ARGV[1]  the owner (kind_acquire.lua's ARGV[1])
 -- ARGV[2]  0 to release now; else a remainder in milliseconds: the entry stays (and keeps
 --          its place) until then, counted by the server's clock, and is freed by its expiry
+-- ARGV[3]  the name's release channel, `<KEYS[1]>:released` (an argument, not a key: it is no key to
+--          Redis Cluster, so a slot being migrated never refuses the script for it)
 --
 -- Returns  1  released (or kept for the remainder); if the state was marked waited on, the
---             owner was published on KEYS[2]
+--             owner was published on ARGV[3]
 --          0  the owner held nothing within its lease (expired, pruned, or never granted);
 --             anything of it left is removed all the same
 if redis.replicate_commands then
@@ -65,6 +66,6 @@ else
   redis.call('del', KEYS[1])
 end
 if marked and (held or intent == 1) then
-  redis.call('publish', KEYS[2], ARGV[1])
+  redis.call('publish', ARGV[3], ARGV[1])
 end
 return ok

@@ -621,7 +621,7 @@ impl RedisAcquisition {
     /// the release fails) and says why it failed.
     async fn undo_short_grant(&mut self, acked: usize, replicas: usize, timeout: Duration) -> LockError {
         let mut invocation = RELEASE.prepare_invoke();
-        invocation.key(&self.layout.lock).key(&self.layout.channel).arg(&*self.owner);
+        invocation.key(&self.layout.lock).arg(&*self.owner).arg(&self.layout.channel);
         // Held until undone: dropped meanwhile (or the release failing), `Drop` undoes it.
         self.in_flight = true;
         if self.backend.eval::<i64>(&self.req.name, "release", invocation).await.is_ok() {
@@ -736,8 +736,8 @@ impl Drop for RedisAcquisition {
 }
 
 /// One owner-checked release script call (`release.lua`, `release_after.lua`,
-/// `kind_release.lua`): keys a lock's key (or a kind's state) and its release channel,
-/// arguments the owner and, where the script takes one, a number of milliseconds.
+/// `kind_release.lua`): key a lock's key (or a kind's state), arguments the owner, where the
+/// script takes one a number of milliseconds, and the release channel.
 pub(super) struct ReleaseCall {
     backend: RedisBackend,
     script: &'static Script,
@@ -768,7 +768,7 @@ impl ReleaseCall {
         }
     }
 
-    /// The script's last argument, in milliseconds.
+    /// The script's number of milliseconds (before the channel).
     pub(super) fn millis(mut self, millis: u64) -> Self {
         self.millis = Some(millis);
         self
@@ -777,10 +777,11 @@ impl ReleaseCall {
     /// Sends the script; its answer.
     async fn call(&self) -> Result<i64, LockError> {
         let mut invocation = self.script.prepare_invoke();
-        invocation.key(&*self.key).key(&*self.channel).arg(&*self.owner);
+        invocation.key(&*self.key).arg(&*self.owner);
         if let Some(millis) = self.millis {
             invocation.arg(millis);
         }
+        invocation.arg(&*self.channel);
         self.backend.eval::<i64>(&self.name, "release", invocation).await
     }
 

@@ -397,7 +397,7 @@ struct Keys {
 
 fn release(keys: &Keys, owner: &Arc<str>) -> ScriptInvocation<'static> {
     let mut invocation = RELEASE.prepare_invoke();
-    invocation.key(&*keys.lock).key(&*keys.channel).arg(&**owner);
+    invocation.key(&*keys.lock).arg(&**owner).arg(&*keys.channel);
     invocation
 }
 
@@ -672,7 +672,7 @@ impl HeldLock for RedlockHeld {
             let (keys, owner) = (self.keys.clone(), self.owner.clone());
             let invocation = move || {
                 let mut invocation = RELEASE_AFTER.prepare_invoke();
-                invocation.key(&*keys.lock).key(&*keys.channel).arg(&*owner).arg(lease_millis(remaining));
+                invocation.key(&*keys.lock).arg(&*owner).arg(lease_millis(remaining)).arg(&*keys.channel);
                 invocation
             };
             let _wake = WakeLocal(self);

@@ -1,11 +1,12 @@
 -- release.lua: releases a held lock, for its owner only, and announces it if someone waits.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[+]`, see acquire.lua)
--- KEYS[2]  the lock's release channel, `lock:{<key>}:released` (same hash tag)
 -- ARGV[1]  the owner the lock was granted to (acquire.lua's ARGV[1])
+-- ARGV[2]  the lock's release channel, `lock:{<key>}:released` (an argument, not a key: it is no key to
+--          Redis Cluster, so a slot being migrated never refuses the script for it)
 --
 -- Returns  1   released: the key was deleted, and if its value was marked waited on (ending
---              in `+`, see acquire.lua) the owner was published on KEYS[2]
+--              in `+`, see acquire.lua) the owner was published on ARGV[2]
 --          0   the key is gone (the lease ran out, or it was deleted)
 --          -1  the key holds another owner (left untouched)
 local holder = redis.call('get', KEYS[1])
@@ -18,6 +19,6 @@ if string.sub(holder, 1, #mine) ~= mine then
 end
 redis.call('del', KEYS[1])
 if string.sub(holder, -1) == '+' then
-  redis.call('publish', KEYS[2], ARGV[1])
+  redis.call('publish', ARGV[2], ARGV[1])
 end
 return 1
