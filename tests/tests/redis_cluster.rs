@@ -450,7 +450,7 @@ async fn a_slot_left_mid_migration_is_redirected_and_never_grants_twice() {
     // The migration finished: the rest of the slot moved, every primary told.
     let rest: Vec<String> =
         cluster.query(src, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]).expect("GETKEYSINSLOT");
-    assert_eq!(rest, [layout.lock.clone()], "the lock key is what is left");
+    assert_eq!(rest, std::slice::from_ref(&layout.lock), "the lock key is what is left");
     let _: String = cluster
         .query(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", &layout.lock])
         .expect("MIGRATE the lock");
