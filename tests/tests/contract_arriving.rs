@@ -72,3 +72,18 @@ async fn the_arriving_names_compile_and_work() -> Result<(), LockError> {
     assert_eq!(nightly().await, 0, "still held by hold_at_least above: skipped");
     Ok(())
 }
+
+/// The constructors of the Redis topologies beyond one node, as a user writes them (compiled,
+/// not run here: `redis_cluster.rs`, `redis_sentinel.rs` and `redlock.rs` run them against real
+/// servers).
+#[cfg(feature = "redis")]
+#[allow(dead_code)]
+async fn more_redis_backends() -> Result<(), LockError> {
+    let _ = LockManager::redis_cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]).await?;
+    let _ = LockManager::redis_sentinel(&["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], "mymaster").await?;
+    let _ = LockManager::redlock(&["redis://a:6379", "redis://b:6379", "redis://c:6379"]).await?;
+    let _ = LockManager::builder().prefix("app:").redis_cluster(&["redis://127.0.0.1:7000"]).await?;
+    let _ = LockManager::builder().redis_sentinel(&["redis://127.0.0.1:26379"], "mymaster").await?;
+    let _ = LockManager::builder().redlock(&["redis://a:6379", "redis://b:6379", "redis://c:6379"]).await?;
+    Ok(())
+}
