@@ -52,10 +52,8 @@ use std::time::{Duration, Instant};
 
 use redis::Script;
 
-use super::waiters::{Before, Capture, Slot, Step};
-use super::{
-    lease_millis, still_held, undo_dropped, KeyLayout, RedisBackend, ReleaseCall, KIND, RECHECK_MAX, RECHECK_MIN,
-};
+use super::waiters::{Before, Capture, Outage, Slot, Step};
+use super::{bounded, lease_millis, still_held, undo_dropped, KeyLayout, RedisBackend, ReleaseCall, KIND};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockKind, Renewal, Wake};
 use crate::error::LockError;
 
@@ -104,7 +102,7 @@ pub(super) fn begin(backend: &RedisBackend, req: Acquire, owner: Arc<str>) -> Bo
         slot: None,
         in_flight: false,
         intent: false,
-        failed: None,
+        outage: Outage::default(),
     })
 }
 
@@ -121,9 +119,8 @@ struct KindAcquisition {
     in_flight: bool,
     /// A writer's intent was recorded (it keeps new readers out until removed or expired).
     intent: bool,
-    /// The last attempt of this waiter failed (an outage): the error, when to try again, and
-    /// the backoff that led there (as for the mutex, see `RedisAcquisition`).
-    failed: Option<(LockError, Instant, Duration)>,
+    /// This waiter's attempts failing (a restart, a failover): retried with backoff.
+    outage: Outage,
 }
 
 impl KindAcquisition {
@@ -160,20 +157,16 @@ impl KindAcquisition {
             .arg(permits);
         self.in_flight = true;
         let timeout = self.backend.inner.options.get_command_timeout();
-        let reply = tokio::time::timeout(timeout, self.backend.eval(&self.req.name, "acquire", invocation))
-            .await
-            .unwrap_or_else(|_| Err(LockError::timed_out(&*self.req.name, KIND, "acquire", timeout)));
-        let (status, value): (i64, i64) = match (reply, &self.slot) {
+        let call = self.backend.eval(&self.req.name, "acquire", invocation);
+        let (status, value): (i64, i64) = match (bounded(&self.req.name, "acquire", timeout, call).await, &self.slot) {
             (Ok(reply), _) => {
-                self.failed = None;
+                self.outage.ended();
                 reply
             }
             // A waiter rides out an outage while its wait lasts (see the mutex's attempt).
             (Err(e), Some(slot)) if e.is_backend() => {
                 slot.look_failed();
-                let backoff = self.failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
-                let again = crate::clock::now().checked_add(backoff).unwrap_or(sent);
-                self.failed = Some((e, again, backoff));
+                self.outage.failed(&self.req.name, e);
                 return Ok(Attempt::Busy);
             }
             (Err(e), _) => return Err(e),
@@ -239,30 +232,26 @@ impl KindAcquisition {
         loop {
             if crate::clock::now() >= deadline {
                 // An outage that outlasted the wait is its answer.
-                return match self.failed.take() {
-                    Some((e, ..)) => Err(e),
-                    None => Ok(Wake::TimedOut),
-                };
+                return self.outage.timed_out();
             }
-            let (notify, until) = match slot.step() {
-                // The look after a confirmed subscription is an attempt (it marks the state);
-                // after a failed attempt, not before its backoff has passed.
-                Step::Attempt | Step::Check => match &self.failed {
-                    Some((_, again, _)) if crate::clock::now() < *again => {
-                        slot.look_failed();
-                        (None, Some(*again))
-                    }
-                    _ => return Ok(Wake::Retry),
-                },
-                Step::Sleep(notify, until) => (Some(notify), until),
+            let step = slot.step();
+            if let (Step::Attempt | Step::Check, Some(again)) = (&step, self.outage.backoff_until()) {
+                // After a failed attempt, not before its backoff has passed.
+                slot.look_failed();
+                tokio::select! {
+                    _ = slot.notify().notified() => {}
+                    _ = tokio::time::sleep_until(again.min(deadline).into()) => {}
+                }
+                continue;
+            }
+            let (notify, until) = match step {
+                // The look after a confirmed subscription is an attempt (it marks the state).
+                Step::Attempt | Step::Check => return Ok(Wake::Retry),
+                Step::Sleep(notify, until) => (notify, until),
             };
             let wake_at = until.map_or(deadline, |t| t.min(deadline));
-            let notified = match &notify {
-                Some(notify) => notify.notified(),
-                None => slot.notify().notified(),
-            };
             tokio::select! {
-                _ = notified => {}
+                _ = notify.notified() => {}
                 _ = tokio::time::sleep_until(wake_at.into()) => {}
             }
         }

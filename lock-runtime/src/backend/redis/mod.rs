@@ -168,6 +168,7 @@ pub mod cluster;
 mod inspect;
 mod kinds;
 mod layout;
+mod pubsub;
 pub mod redlock;
 pub mod sentinel;
 mod topology;
@@ -184,7 +185,7 @@ pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
 pub use redlock::RedlockBackend;
 use topology::{Conn, Source};
-use waiters::{Before, Capture, Slot, Step, Timings, Waiters};
+use waiters::{Before, Capture, Outage, Slot, Step, Timings, Waiters};
 
 use super::LockKind;
 use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Renewal, Wake};
@@ -192,9 +193,6 @@ use crate::error::LockError;
 use crate::manager::{LockManager, LockManagerBuilder};
 
 const KIND: &str = "redis";
-/// First and longest pause between two failed looks of a waiter at the lock.
-const RECHECK_MIN: Duration = Duration::from_millis(50);
-const RECHECK_MAX: Duration = Duration::from_secs(1);
 /// The largest accepted [`RedisOptions`] duration.
 const MAX_OPTION: Duration = Duration::from_secs(3600);
 
@@ -491,6 +489,18 @@ impl RedisBackend {
     }
 }
 
+/// `fut` bounded by `timeout`: past it, a timed-out `operation` error of lock `name`.
+async fn bounded<T>(
+    name: &str,
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or_else(|_| Err(LockError::timed_out(name, KIND, operation, timeout)))
+}
+
 /// One script call. The connection's response timeout (the command timeout) bounds it; no
 /// timer of its own (the runtime bounds every operation as well).
 async fn eval<T: FromRedisValue>(
@@ -519,9 +529,8 @@ struct RedisAcquisition {
     slot: Option<Slot>,
     /// An acquire script was sent and its answer not seen: it may hold the lock server-side.
     in_flight: bool,
-    /// The last attempt or look of this waiter failed (an outage: a restart, a failover): the
-    /// error, when to try again, and the backoff that led there.
-    failed: Option<(LockError, Instant, Duration)>,
+    /// This waiter's attempts or looks failing (a restart, a failover): retried with backoff.
+    outage: Outage,
 }
 
 impl RedisAcquisition {
@@ -565,12 +574,11 @@ impl RedisAcquisition {
         // Bounded here too (a connection being made again may not answer at all), so that the
         // outage is this backend's error, which a waiter waits out below.
         let timeout = self.backend.inner.options.command_timeout;
-        let reply: Result<((i64, i64), Option<usize>), LockError> = tokio::time::timeout(timeout, call)
-            .await
-            .unwrap_or_else(|_| Err(LockError::timed_out(&*self.req.name, KIND, "acquire", timeout)));
+        let reply: Result<((i64, i64), Option<usize>), LockError> =
+            bounded(&self.req.name, "acquire", timeout, call).await;
         let ((status, value), acked) = match (reply, &self.slot) {
             (Ok(reply), _) => {
-                self.failed = None;
+                self.outage.ended();
                 reply
             }
             // A waiter's attempt met an outage (a restart, a failover; the holder's lease may
@@ -579,10 +587,7 @@ impl RedisAcquisition {
             // fails the call at once, so a server that is down is reported without delay.)
             (Err(e), Some(slot)) if e.is_backend() => {
                 slot.look_failed();
-                let backoff = self.failed.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
-                tracing::debug!(lock = %crate::telemetry::shown_name(&self.req.name), error = %crate::telemetry::shown_error(&e), "a waiter's attempt failed; again in {backoff:?}");
-                let again = crate::clock::now().checked_add(backoff).unwrap_or(sent);
-                self.failed = Some((e, again, backoff));
+                self.outage.failed(&self.req.name, e);
                 return Ok(Attempt::Busy);
             }
             (Err(e), _) => return Err(e),
@@ -644,66 +649,52 @@ impl RedisAcquisition {
         // backoff while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
         loop {
             if crate::clock::now() >= deadline {
-                return match self.failed.take() {
-                    Some((e, ..)) => Err(e),
-                    None => Ok(Wake::TimedOut),
-                };
+                return self.outage.timed_out();
             }
-            let (notify, until) = match slot.step() {
-                Step::Attempt => match &self.failed {
-                    Some((_, again, _)) if crate::clock::now() < *again => (None, Some(*again)),
-                    _ => return Ok(Wake::Retry),
-                },
-                Step::Check => match &self.failed {
-                    Some((_, again, _)) if crate::clock::now() < *again => {
-                        slot.look_failed();
-                        (None, Some(*again))
-                    }
-                    _ => {
-                        let sent = crate::clock::now();
-                        let mut invocation = WATCH.prepare_invoke();
-                        invocation.key(&self.layout.lock);
-                        let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
-                        let outcome = tokio::select! {
-                            outcome = look => outcome,
-                            _ = &mut deadline_sleep => continue,
-                        };
-                        match outcome {
-                            Ok(-2) => {
-                                self.failed = None;
-                                slot.free();
-                                return Ok(Wake::Retry);
-                            }
-                            Ok(pttl) => {
-                                self.failed = None;
-                                slot.busy(sent, pttl);
-                            }
-                            Err(e) => {
-                                slot.look_failed();
-                                let backoff = self
-                                    .failed
-                                    .as_ref()
-                                    .map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
-                                tracing::debug!(lock = %crate::telemetry::shown_name(&self.req.name), error = %crate::telemetry::shown_error(&e), "look at the lock failed; again in {backoff:?}");
-                                let again = crate::clock::now().checked_add(backoff).unwrap_or(deadline);
-                                self.failed = Some((e, again, backoff));
-                            }
+            let step = slot.step();
+            if let (Step::Attempt | Step::Check, Some(again)) = (&step, self.outage.backoff_until()) {
+                // Not before the backoff has passed (a notification may wake it earlier).
+                slot.look_failed();
+                tokio::select! {
+                    _ = slot.notify().notified() => {}
+                    _ = tokio::time::sleep_until(again.min(deadline).into()) => {}
+                }
+                continue;
+            }
+            let (notify, until) = match step {
+                Step::Attempt => return Ok(Wake::Retry),
+                Step::Check => {
+                    let sent = crate::clock::now();
+                    let mut invocation = WATCH.prepare_invoke();
+                    invocation.key(&self.layout.lock);
+                    let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
+                    let outcome = tokio::select! {
+                        outcome = look => outcome,
+                        _ = &mut deadline_sleep => continue,
+                    };
+                    match outcome {
+                        Ok(-2) => {
+                            self.outage.ended();
+                            slot.free();
+                            return Ok(Wake::Retry);
                         }
-                        continue;
+                        Ok(pttl) => {
+                            self.outage.ended();
+                            slot.busy(sent, pttl);
+                        }
+                        Err(e) => {
+                            slot.look_failed();
+                            self.outage.failed(&self.req.name, e);
+                        }
                     }
-                },
-                Step::Sleep(notify, until) => (Some(notify), until),
+                    continue;
+                }
+                Step::Sleep(notify, until) => (notify, until),
             };
             let wake_at = until.map_or(deadline, |t| t.min(deadline));
-            match notify {
-                Some(notify) => tokio::select! {
-                    _ = notify.notified() => {}
-                    _ = tokio::time::sleep_until(wake_at.into()) => {}
-                },
-                None => tokio::select! {
-                    _ = slot.notify().notified() => {}
-                    _ = tokio::time::sleep_until(wake_at.into()) => {}
-                },
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
             }
         }
     }
@@ -792,10 +783,7 @@ impl ReleaseCall {
 
     /// [`call`](Self::call) bounded by the command timeout, for work nobody awaits.
     async fn call_bounded(&self) -> Result<i64, LockError> {
-        let timeout = self.backend.inner.options.command_timeout;
-        tokio::time::timeout(timeout, self.call())
-            .await
-            .unwrap_or_else(|_| Err(LockError::timed_out(&*self.name, KIND, "release", timeout)))
+        bounded(&self.name, "release", self.backend.inner.options.command_timeout, self.call()).await
     }
 
     /// A holder's release: `Ok` when the script found the lock still the owner's. Local
@@ -897,9 +885,7 @@ impl Drop for Unabandoned {
         let Some(release) = self.release.take() else { return };
         let (name, timeout) = (self.name.clone(), self.timeout);
         let rest = async move {
-            let outcome = tokio::time::timeout(timeout, release)
-                .await
-                .unwrap_or_else(|_| Err(LockError::timed_out(&*name, KIND, "release", timeout)));
+            let outcome = bounded(&name, "release", timeout, release).await;
             let shown = crate::telemetry::shown_name(&name);
             match outcome {
                 Ok(()) => tracing::debug!(lock = %shown, "finished a release whose future was dropped"),
@@ -1047,7 +1033,7 @@ impl LockBackend for RedisBackend {
             owner,
             slot: None,
             in_flight: false,
-            failed: None,
+            outage: Outage::default(),
         })
     }
 

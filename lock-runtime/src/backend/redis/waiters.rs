@@ -51,12 +51,16 @@ use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, Notify};
 
+use super::pubsub::{self, change, ping_once, run, sleep_until, Op};
 use super::topology::Source;
+use crate::backend::Wake;
+use crate::error::LockError;
 
+/// First and longest pause between two failed tries of a waiter at the lock.
+const RECHECK_MIN: Duration = Duration::from_millis(50);
+const RECHECK_MAX: Duration = Duration::from_secs(1);
 /// Most channels named in one `SUBSCRIBE` / `UNSUBSCRIBE`.
 const BATCH: usize = 512;
-/// Longest pause between two reconnection attempts of the pub/sub connection.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The local queues and the pub/sub task's handle.
 pub(super) struct Waiters {
@@ -481,48 +485,11 @@ pub(super) struct Timings {
     pub(super) ping: Duration,
 }
 
-/// A subscription change in flight: what it was, for which channels, and whether it worked.
-type Op = BoxFuture<'static, (bool, Vec<Arc<str>>, bool)>;
-
-async fn run_op(op: &mut Option<Op>) -> (bool, Vec<Arc<str>>, bool) {
-    match op {
-        Some(fut) => fut.await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn run_ping(ping: &mut Option<BoxFuture<'static, bool>>) -> bool {
-    match ping {
-        Some(fut) => fut.await,
-        None => std::future::pending().await,
-    }
-}
-
 /// The pub/sub task: keeps one connection, the subscriptions the queues need, and wakes heads.
 async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::UnboundedReceiver<()>, timings: Timings) {
     let Timings { timeout, grace, ping: ping_every } = timings;
-    let mut backoff = Duration::from_millis(20);
     loop {
-        let pubsub = match tokio::time::timeout(timeout, source.pubsub()).await {
-            Ok(Ok(pubsub)) => pubsub,
-            outcome => {
-                let why = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {timeout:?}"),
-                };
-                tracing::debug!(error = %why, "redis pub/sub connection failed; retrying in {backoff:?}");
-                let until = tokio::time::Instant::now() + backoff;
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(until) => break,
-                        p = poke.recv() => if p.is_none() { return },
-                    }
-                }
-                backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(20);
+        let Some(pubsub) = pubsub::connect(&source, timeout, &mut poke).await else { return };
         let (sink, mut stream) = pubsub.split();
         tracing::debug!("redis pub/sub connected");
         let mut op: Option<Op> = None;
@@ -543,7 +510,7 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
                     }
                     None => break,
                 },
-                (subscribe, channels, ok) = run_op(&mut op) => {
+                (subscribe, channels, ok) = run(&mut op) => {
                     op = None;
                     if !ok {
                         break;
@@ -552,7 +519,7 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
                         confirmed(&state, &channels);
                     }
                 }
-                alive = run_ping(&mut ping) => {
+                alive = run(&mut ping) => {
                     ping = None;
                     if !alive {
                         break;
@@ -574,30 +541,6 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
             ks.sub = Sub::Wanted;
             st.wanted.push_back(channel.clone());
         }
-    }
-}
-
-/// One `PING` on the pub/sub connection: `false` if it failed or got no answer in time.
-fn ping_once(mut sink: redis::aio::PubSubSink, timeout: Duration) -> BoxFuture<'static, bool> {
-    Box::pin(async move {
-        match tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await {
-            Ok(Ok(_)) => true,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "redis pub/sub ping failed");
-                false
-            }
-            Err(_) => {
-                tracing::debug!("redis pub/sub ping got no answer within {timeout:?}; reconnecting");
-                false
-            }
-        }
-    })
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -662,30 +605,6 @@ fn next_op(
     (Some(change(sink.clone(), false, batch, timeout)), None)
 }
 
-fn change(mut sink: redis::aio::PubSubSink, subscribe: bool, channels: Vec<Arc<str>>, timeout: Duration) -> Op {
-    Box::pin(async move {
-        let names: Vec<&str> = channels.iter().map(|c| &**c).collect();
-        let result = if subscribe {
-            tokio::time::timeout(timeout, sink.subscribe(&names)).await
-        } else {
-            tokio::time::timeout(timeout, sink.unsubscribe(&names)).await
-        };
-        let ok = match result {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "redis pub/sub (un)subscribe failed");
-                false
-            }
-            Err(_) => {
-                tracing::debug!("redis pub/sub (un)subscribe got no answer within {timeout:?}");
-                false
-            }
-        };
-        drop(names);
-        (subscribe, channels, ok)
-    })
-}
-
 /// Subscriptions confirmed: heads look at the lock again (a release may have gone unheard).
 fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
     let now = crate::clock::now();
@@ -706,6 +625,40 @@ fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
 fn on_release(state: &Mutex<State>, channel: &str, owner: &str) {
     if let Some(ks) = lock(state).keys.get_mut(channel) {
         ks.released(owner);
+    }
+}
+
+/// A waiter's run of failed attempts or looks at the lock (an outage: a restart, a failover):
+/// the last error and when to try again, with backoff from 50 ms doubling to 1 s. A wait that
+/// runs out during it answers with that error rather than a time-out.
+#[derive(Default)]
+pub(super) struct Outage(Option<(LockError, Instant, Duration)>);
+
+impl Outage {
+    /// A try failed with `e`: the next one waits for the backoff (logged against `name`).
+    pub(super) fn failed(&mut self, name: &str, e: LockError) {
+        let backoff = self.0.as_ref().map_or(RECHECK_MIN, |f| f.2.saturating_mul(2).min(RECHECK_MAX));
+        tracing::debug!(lock = %crate::telemetry::shown_name(name), error = %crate::telemetry::shown_error(&e), "a waiter's try at the lock failed; again in {backoff:?}");
+        let now = crate::clock::now();
+        self.0 = Some((e, now.checked_add(backoff).unwrap_or(now), backoff));
+    }
+
+    /// A try got an answer: the outage is over.
+    pub(super) fn ended(&mut self) {
+        self.0 = None;
+    }
+
+    /// While the backoff lasts, when it ends.
+    pub(super) fn backoff_until(&self) -> Option<Instant> {
+        self.0.as_ref().map(|f| f.1).filter(|&again| crate::clock::now() < again)
+    }
+
+    /// The answer of a wait that ran out: the outage's error, or that it timed out.
+    pub(super) fn timed_out(&mut self) -> Result<Wake, LockError> {
+        match self.0.take() {
+            Some((e, ..)) => Err(e),
+            None => Ok(Wake::TimedOut),
+        }
     }
 }
 

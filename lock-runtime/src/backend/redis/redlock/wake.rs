@@ -18,13 +18,12 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, Notify};
 
+use super::super::pubsub::{self, change, ping_once, run, sleep_until, Op};
 use super::super::topology::Source;
 use crate::backend::BoxFuture;
 
 /// Channels (un)subscribed in one command at most.
 const BATCH: usize = 64;
-/// The longest pause between two connection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The pub/sub side of one node. Cheap to clone.
 #[derive(Clone)]
@@ -170,26 +169,9 @@ fn wake(st: &mut State, channel: &str) {
     }
 }
 
-type Op = BoxFuture<'static, (bool, Vec<Arc<str>>, bool)>;
-
-async fn run<T>(fut: &mut Option<BoxFuture<'static, T>>) -> T {
-    match fut {
-        Some(fut) => fut.await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// The pub/sub task of one node.
 async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::UnboundedReceiver<()>, timings: Timings) {
     let Timings { timeout, grace, ping: ping_every } = timings;
-    let mut backoff = Duration::from_millis(20);
     loop {
         // Connect only while someone waits (or wants to): an idle node costs no connection.
         while lock(&state).channels.is_empty() {
@@ -197,26 +179,7 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
                 return;
             }
         }
-        let pubsub = match tokio::time::timeout(timeout, source.pubsub()).await {
-            Ok(Ok(pubsub)) => pubsub,
-            outcome => {
-                let why = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {timeout:?}"),
-                };
-                tracing::debug!(error = %why, "redlock pub/sub connection failed; retrying in {backoff:?}");
-                let until = tokio::time::Instant::now() + backoff;
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(until) => break,
-                        p = poke.recv() => if p.is_none() { return },
-                    }
-                }
-                backoff = backoff.saturating_mul(2).min(MAX_BACKOFF);
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(20);
+        let Some(pubsub) = pubsub::connect(&source, timeout, &mut poke).await else { return };
         let (sink, mut stream) = pubsub.split();
         let mut op: Option<Op> = None;
         let mut ping: Option<BoxFuture<'static, bool>> = None;
@@ -274,10 +237,6 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
     }
 }
 
-fn ping_once(mut sink: redis::aio::PubSubSink, timeout: Duration) -> BoxFuture<'static, bool> {
-    Box::pin(async move { matches!(tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await, Ok(Ok(_))) })
-}
-
 /// The next (un)subscription to make, or when to look again for idle channels.
 fn next_op(
     state: &Mutex<State>,
@@ -315,21 +274,4 @@ fn next_op(
         return (None, next_due);
     }
     (Some(change(sink.clone(), false, leave, timeout)), None)
-}
-
-fn change(mut sink: redis::aio::PubSubSink, subscribe: bool, channels: Vec<Arc<str>>, timeout: Duration) -> Op {
-    Box::pin(async move {
-        let names: Vec<&str> = channels.iter().map(|c| &**c).collect();
-        let result = if subscribe {
-            tokio::time::timeout(timeout, sink.subscribe(&names)).await
-        } else {
-            tokio::time::timeout(timeout, sink.unsubscribe(&names)).await
-        };
-        let ok = matches!(result, Ok(Ok(())));
-        if !ok {
-            tracing::debug!("redlock pub/sub (un)subscribe failed or got no answer within {timeout:?}");
-        }
-        drop(names);
-        (subscribe, channels, ok)
-    })
 }
