@@ -236,12 +236,8 @@ impl KindAcquisition {
             }
             let step = slot.step();
             if let (Step::Attempt | Step::Check, Some(again)) = (&step, self.outage.backoff_until()) {
-                // After a failed attempt, not before its backoff has passed.
-                slot.look_failed();
-                tokio::select! {
-                    _ = slot.notify().notified() => {}
-                    _ = tokio::time::sleep_until(again.min(deadline).into()) => {}
-                }
+                // Not before the backoff has passed (a notification may wake it earlier).
+                slot.back_off(again.min(deadline)).await;
                 continue;
             }
             let (notify, until) = match step {

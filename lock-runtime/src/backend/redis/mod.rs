@@ -654,11 +654,7 @@ impl RedisAcquisition {
             let step = slot.step();
             if let (Step::Attempt | Step::Check, Some(again)) = (&step, self.outage.backoff_until()) {
                 // Not before the backoff has passed (a notification may wake it earlier).
-                slot.look_failed();
-                tokio::select! {
-                    _ = slot.notify().notified() => {}
-                    _ = tokio::time::sleep_until(again.min(deadline).into()) => {}
-                }
+                slot.back_off(again.min(deadline)).await;
                 continue;
             }
             let (notify, until) = match step {

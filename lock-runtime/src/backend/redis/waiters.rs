@@ -387,11 +387,6 @@ impl Slot {
         step.unwrap_or(Step::Attempt)
     }
 
-    /// The notification this slot sleeps on.
-    pub(super) fn notify(&self) -> &Notify {
-        &self.notify
-    }
-
     /// An attempt is about to be sent (a release observed from now on is after it).
     pub(super) fn attempting(&self) {
         self.with(|ks, pos| {
@@ -428,6 +423,16 @@ impl Slot {
             entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
             entry.again = false;
         });
+    }
+
+    /// Waits out a failed try's backoff, until `until` or a notification, back in the queue's
+    /// waiting state.
+    pub(super) async fn back_off(&self, until: Instant) {
+        self.look_failed();
+        tokio::select! {
+            _ = self.notify.notified() => {}
+            _ = tokio::time::sleep_until(until.into()) => {}
+        }
     }
 
     /// The lock was granted to this slot's acquisition, its lease ending at `lease_end`: leaves
