@@ -304,44 +304,45 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         options.extend(quote!(.wait(#private::millis(0))));
     }
 
-    // The other kinds (`mode`, `permits`, `names`): taken into a hold, then run with the body.
-    let hold_var = Ident::new("__lock_hold", m);
+    // The kind of `mode` and `permits` (a mutex without them).
     let kind = match (opts.mode, opts.permits) {
         (Some(Mode::Read), _) => Some(quote!(#private::kinds::READ)),
         (Some(Mode::Write), _) => Some(quote!(#private::kinds::WRITE)),
         (None, Some(permits)) => Some(quote!(#private::kinds::semaphore(#permits))),
         (None, None) => None,
     };
-    let enter_kind = match (&kind, &opts.names) {
-        (Some(kind), _) => Some(quote!(#private::kinds::enter(#manager_var, #name_var, #kind, #options).await)),
-        (None, Some(_)) => Some(quote!(#private::kinds::enter_all(#manager_var, #name_var, #options).await)),
-        (None, None) => None,
-    };
-    let enter_kind = enter_kind.map(|enter| match &opts.manager {
-        Some(manager) => quote! {
+
+    // The lock goes into `run` (a `Locked` run), pinned in the locked fn's future: entered in
+    // place before the arguments move into the body, then run with it. A read lock, write lock
+    // or permit is the same run of another kind; `names`, several locks entered into it.
+    let enter = match (&opts.manager, &kind, &opts.names) {
+        (Some(manager), _, Some(_)) => quote! {
             let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
             let #manager_var = #private::kinds::manager_of(&#manager_var);
-            #enter
+            #private::enter_all(#run_var.as_mut(), #manager_var, #name_var, #options).await
         },
-        None => quote! {
+        (None, _, Some(_)) => quote! {
             let #name_var = { #(#by_ref)* #name };
             let #manager_var = #private::default_manager();
-            let #manager_var = #manager_var.as_ref();
-            #enter
+            #private::enter_all(#run_var.as_mut(), #manager_var.as_ref(), #name_var, #options).await
         },
-    });
-
-    // The lock goes into `run` (the `Run` of `LockRequest::run`), pinned in the locked fn's
-    // future: entered in place before the arguments move into the body, then run with it.
-    let enter = match &opts.manager {
-        Some(manager) => quote! {
+        (Some(manager), None, None) => quote! {
             let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
             #private::enter(#run_var.as_mut(), &#manager_var, #name_var, #options).await
         },
-        None => quote! {
+        (None, None, None) => quote! {
             let #name_var = { #(#by_ref)* #name };
             let #manager_var = #private::default_manager();
             #private::enter_default(#run_var.as_mut(), &#manager_var, #name_var, #options).await
+        },
+        (Some(manager), Some(kind), None) => quote! {
+            let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
+            #private::enter_as(#run_var.as_mut(), &#manager_var, #name_var, #kind, #options).await
+        },
+        (None, Some(kind), None) => quote! {
+            let #name_var = { #(#by_ref)* #name };
+            let #manager_var = #private::default_manager();
+            #private::enter_default_as(#run_var.as_mut(), &#manager_var, #name_var, #kind, #options).await
         },
     };
 
@@ -417,10 +418,7 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         }
     };
 
-    let start = |on_lost: TokenStream| match &enter_kind {
-        Some(_) => quote!(#hold_var.run(#on_lost, #fut).await),
-        None => quote!(#private::start(#run_var, #on_lost, #fut).await),
-    };
+    let start = |on_lost: TokenStream| quote!(#private::start(#run_var, #on_lost, #fut).await);
     // Whether a failure to take the lock has an answer other than the error (a `fallback`, or
     // `skip_if_locked`): then the default `on_lost` follows the return type.
     let alternative = (opts.fallback.is_some() || opts.skip_if_locked.is_some()).then_some(());
@@ -463,24 +461,13 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         }
     };
 
-    let tokens = match &enter_kind {
-        Some(enter_kind) => quote! {{
-            let #hold_var = match { #enter_kind } {
-                ::core::result::Result::Ok(#hold_var) => #hold_var,
-                ::core::result::Result::Err(#error) => {
-                    #on_fail
-                }
-            };
-            #run
-        }},
-        None => quote! {{
-            let mut #run_var = ::core::pin::pin!(#private::run());
-            if let ::core::result::Result::Err(#error) = { #enter } {
-                #on_fail
-            }
-            #run
-        }},
-    };
+    let tokens = quote! {{
+        let mut #run_var = ::core::pin::pin!(#private::Locked::new());
+        if let ::core::result::Result::Err(#error) = { #enter } {
+            #on_fail
+        }
+        #run
+    }};
     match syn::parse2(tokens) {
         Ok(block) => block,
         Err(e) => syn::Block {

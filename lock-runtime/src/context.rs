@@ -14,6 +14,8 @@ use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
+use crate::backend::LockKind;
+use crate::error::LockError;
 use crate::lost::LostSignal;
 
 thread_local! {
@@ -32,6 +34,8 @@ thread_local! {
 #[derive(Debug, Clone)]
 pub(crate) struct Frame {
     pub(crate) manager: u64,
+    /// What it holds: a mutex ([`LockKind::Exclusive`]), a read or write lock, or a permit.
+    pub(crate) kind: LockKind,
     pub(crate) name: Arc<str>,
     pub(crate) fencing_token: u64,
     pub(crate) lost: LostSignal,
@@ -125,23 +129,57 @@ pub(crate) struct Lookup {
     pub(crate) parent: Option<Arc<Frame>>,
 }
 
-/// Looks `name` on `manager` up in the task's context (one thread-local access; none held: no
-/// allocation).
+/// Looks `name` on `manager` up in the task's context, in the namespace of `kind` (one
+/// thread-local access; none held: no allocation).
 #[inline]
-pub(crate) fn lookup(manager: u64, name: &str) -> Lookup {
+pub(crate) fn lookup(manager: u64, name: &str, kind: LockKind) -> Lookup {
     with_innermost(|innermost| match innermost {
         None => Lookup { held: None, parent: None },
-        Some(innermost) => lookup_in(innermost, manager, name),
+        Some(innermost) => lookup_in(innermost, manager, name, kind),
     })
+}
+
+/// The namespace of a kind: read and write locks share one, semaphores and mutexes each have
+/// their own. A frame is re-entered (or refused) only by a request of its namespace.
+fn space(kind: LockKind) -> u8 {
+    match kind {
+        LockKind::Read | LockKind::Write => 1,
+        LockKind::Semaphore { .. } => 2,
+        _ => 0,
+    }
+}
+
+/// A request of `kind` made where the task holds `outer` on the same name (and namespace):
+/// re-enters, or is refused (a write inside a read; a semaphore's permits that differ from the
+/// held one's).
+#[cold]
+pub(crate) fn check_reentry(name: &str, kind: LockKind, outer: &Frame) -> Result<(), LockError> {
+    match (outer.kind, kind) {
+        (LockKind::Read, LockKind::Write) => Err(LockError::invalid(
+            name,
+            "a write lock was asked for inside a read lock of the same name in this task: upgrading a read lock \
+             would deadlock; take the write lock first (a read inside a write re-enters)",
+        )),
+        (LockKind::Semaphore { permits: held }, LockKind::Semaphore { permits }) if held != permits => {
+            Err(LockError::invalid(
+                name,
+                format!(
+                    "a permit of a semaphore of {permits} permits was asked for inside a held permit of the same \
+                     name with {held} permits in this task; every holder and waiter must give the same permits"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// [`lookup`] inside a locked call (the nested, less common case).
 #[inline(never)]
-fn lookup_in(innermost: &Frame, manager: u64, name: &str) -> Lookup {
+fn lookup_in(innermost: &Frame, manager: u64, name: &str, kind: LockKind) -> Lookup {
     let mut frame = Some(innermost);
     let mut held = None;
     while let Some(f) = frame {
-        if f.manager == manager && *f.name == *name {
+        if f.manager == manager && *f.name == *name && space(f.kind) == space(kind) {
             held = Some(f.clone());
             break;
         }
@@ -179,24 +217,4 @@ fn swap(held: &Cell<Option<ManuallyDrop<Frame>>>, frame: &mut Option<Frame>) {
     if let Some(outer) = outer {
         frame.get_or_insert(ManuallyDrop::into_inner(outer)); // `frame` is empty: nothing dropped
     }
-}
-
-/// Looks up the nearest frame (innermost first) that `accept` takes, for the lock kinds
-/// ([`crate::kinds`]), whose frames carry a kind tag in the top byte of their `manager`.
-pub(crate) fn find(accept: impl Fn(&Frame) -> bool) -> Lookup {
-    with_innermost(|innermost| match innermost {
-        None => Lookup { held: None, parent: None },
-        Some(innermost) => {
-            let mut frame = Some(innermost);
-            let mut held = None;
-            while let Some(f) = frame {
-                if accept(f) {
-                    held = Some(f.clone());
-                    break;
-                }
-                frame = f.parent.as_deref();
-            }
-            Lookup { held, parent: Some(Arc::new(innermost.clone())) }
-        }
-    })
 }

@@ -142,7 +142,7 @@ mod context;
 mod error;
 mod guard;
 pub mod http;
-mod kinds;
+mod lock_all;
 mod lost;
 mod manager;
 mod options;
@@ -160,13 +160,13 @@ pub mod __private;
 pub use context::{current, CurrentLock};
 pub use error::{BoxError, LockError};
 pub use guard::{LockGuard, ReleaseFuture};
-pub use kinds::{KindRequest, LockAllGuard, LockAllRequest, MAX_NAMES};
+pub use lock_all::{LockAllGuard, LockAllRequest, MAX_NAMES};
 pub use lost::LostSignal;
 pub use manager::{
     default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
-pub use run::Run;
+pub use run::{Enter, Locked, Run, Started};
 pub use telemetry::TelemetryNames;
 
 #[cfg(feature = "macros")]

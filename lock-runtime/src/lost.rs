@@ -129,6 +129,23 @@ impl LostSignal {
     }
 }
 
+/// The first of `signals` (each with what names it) to fire. Pending forever when there are
+/// none.
+pub(crate) async fn first_lost<T>(signals: &[(T, LostSignal)]) -> &(T, LostSignal) {
+    type Wait<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+    let mut waits: Vec<Wait<'_>> = signals.iter().map(|(_, lost)| Box::pin(lost.wait()) as Wait<'_>).collect();
+    let first = std::future::poll_fn(|cx| {
+        for (i, wait) in waits.iter_mut().enumerate() {
+            if wait.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(i);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+    &signals[first]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

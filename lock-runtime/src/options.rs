@@ -212,6 +212,69 @@ pub(crate) fn check_retry(name: &str, retry: u32) -> Result<(), LockError> {
     Ok(())
 }
 
+/// The setters of a request over its [`LockOptions`] (`wait`, `lease`, `retry`,
+/// `hold_at_least`, `options`): one text for every request type, which keeps its options in a
+/// field `options`.
+macro_rules! option_setters {
+    () => {
+        /// The longest time to wait for the lock; `Duration::ZERO` makes one attempt.
+        pub fn wait(mut self, wait: std::time::Duration) -> Self {
+            self.options = self.options.wait(wait);
+            self
+        }
+
+        /// A fixed lease: the lock expires after it unless released; no watchdog renewal.
+        pub fn lease(mut self, lease: std::time::Duration) -> Self {
+            self.options = self.options.lease(lease);
+            self
+        }
+
+        /// At most this many further attempts after the first, within `wait`.
+        pub fn retry(mut self, retry: u32) -> Self {
+            self.options = self.options.retry(retry);
+            self
+        }
+
+        /// Keeps the name taken until `hold` after the grant, even when the guard is released (or
+        /// dropped) earlier: ShedLock's `lockAtLeastFor`, for a scheduled job that runs on several
+        /// instances whose clocks differ a little. A 50 ms job started by each instance's timer at
+        /// "12:00:00" by its own clock thus runs once, not once per instance whose timer fires
+        /// after the first one finished.
+        ///
+        /// The remainder is counted from before the request was sent and handed to the store as a
+        /// duration, which counts it on its own clock (Redis sets the key's expiry to it instead of
+        /// deleting it; ZooKeeper's node is deleted when the remainder recorded in it has passed;
+        /// the in-process store keeps the entry held): the clocks of the instances need not agree.
+        /// Waiters are woken when the remainder ends. A release after `hold` is a plain release.
+        /// The remainder outlives the guard but not the holder's process on ZooKeeper (its session
+        /// ends, and its node with it) nor the in-process store. At most the fixed `lease`, if
+        /// one is given.
+        ///
+        /// ```
+        /// # use std::time::Duration;
+        /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+        /// let manager = lock_runtime::LockManager::memory();
+        /// let guard = manager.lock("nightly").hold_at_least(Duration::from_millis(200)).wait(Duration::ZERO).await?;
+        /// guard.release().await?; // the job took no time
+        /// assert!(manager.try_lock("nightly").await?.is_none()); // still taken for ~200 ms
+        /// tokio::time::sleep(Duration::from_millis(250)).await;
+        /// assert!(manager.try_lock("nightly").await?.is_some());
+        /// # Ok(()) }
+        /// ```
+        pub fn hold_at_least(mut self, hold: std::time::Duration) -> Self {
+            self.options = self.options.hold_at_least(hold);
+            self
+        }
+
+        /// Replaces all options at once.
+        pub fn options(mut self, options: $crate::LockOptions) -> Self {
+            self.options = options;
+            self
+        }
+    };
+}
+pub(crate) use option_setters;
+
 #[cfg(test)]
 mod tests {
     use super::*;

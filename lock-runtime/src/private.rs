@@ -4,20 +4,41 @@
 use std::borrow::Borrow;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::context;
+use crate::backend::LockKind;
 pub use crate::error::LockError;
 pub use crate::manager::LockManager;
+use crate::manager::LockRequest;
 pub use crate::options::LockOptions;
-use crate::run::{self, Hold, Pending, Taking};
+use crate::run;
+pub use crate::run::{Enter, Locked, Started};
 
-/// Locked fns of the other kinds (`mode`, `permits`, `names`).
-pub use crate::kinds::private as kinds;
+/// The kinds of the attribute's `mode` and `permits`.
+pub mod kinds {
+    use std::borrow::Borrow;
+
+    use crate::backend::LockKind;
+    use crate::manager::LockManager;
+
+    /// The read side of a read-write lock.
+    pub const READ: LockKind = LockKind::Read;
+    /// The write side of a read-write lock.
+    pub const WRITE: LockKind = LockKind::Write;
+
+    /// One of `permits` permits.
+    pub const fn semaphore(permits: u32) -> LockKind {
+        LockKind::Semaphore { permits }
+    }
+
+    /// The manager of `manager = ..` (a `LockManager` or a reference to one).
+    #[inline]
+    pub fn manager_of<M: Borrow<LockManager>>(manager: &M) -> Option<&LockManager> {
+        Some(manager.borrow())
+    }
+}
 
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,113 +330,36 @@ pub fn skip<R>(error: LockError, carry: Carry<R>, skipped: impl FnOnce() -> R) -
 /// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
 pub type Carry<R> = Option<fn(LockError) -> R>;
 
-pin_project_lite::pin_project! {
-    /// The run of a locked call: what [`LockRequest::run`](crate::LockRequest::run) does, for
-    /// a caller that enters the lock itself ([`enter`]) and only then gives the body
-    /// ([`start`]). Pinned in the locked fn's own future, so the held lock is written once, in
-    /// place; nothing of the request or of the acquisition stays in it.
-    #[must_use = "futures do nothing unless polled"]
-    pub struct Locked<F: Future> {
-        // `None` until started, and once the body has completed or was stopped by the loss.
-        #[pin]
-        body: Option<F>,
-        hold: Hold,
-        abort_on_lost: bool,
-        // A release being awaited (a networked backend's), with the output it holds back.
-        releasing: Option<Box<Pending<F::Output>>>,
-    }
-
-    impl<F: Future> PinnedDrop for Locked<F> {
-        fn drop(this: Pin<&mut Self>) {
-            // As `Run`'s: a body dropped before completion drops in its context; the guard is
-            // dropped after it, which releases.
-            let this = this.project();
-            let mut body = this.body;
-            if body.is_some() && this.hold.frame.is_some() {
-                context::within(&mut this.hold.frame, || body.set(None));
-            }
-        }
-    }
-}
-
-impl<F: Future> std::fmt::Debug for Locked<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Locked")
-            .field("entered", &self.hold.frame.is_some())
-            .field("releasing", &self.releasing.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F: Future> Future for Locked<F> {
-    type Output = Result<F::Output, LockError>;
-
-    #[inline(always)]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let abort = *this.abort_on_lost;
-        if let Some(pending) = this.releasing {
-            let released = std::task::ready!(Pin::new(&mut pending.release).poll(cx));
-            return Poll::Ready(match this.releasing.take() {
-                Some(pending) => run::finish(pending.output, released, abort),
-                None => Err(run::not_running()),
-            });
-        }
-        let hold = this.hold;
-        let output = std::task::ready!(run::poll_held(this.body, hold, abort, cx));
-        let at_once = match &mut hold.guard {
-            None => Some(Ok(())), // re-entered: the outermost releases
-            Some(guard) => guard.release_at_once(),
-        };
-        // After an at-once release the spent guard and the frame go with the run (nothing of
-        // the lock is left in them): one drop instead of two more here.
-        match at_once {
-            Some(Ok(())) => return Poll::Ready(output),
-            Some(released) => return Poll::Ready(run::finish(output, released, abort)),
-            None => {}
-        }
-        // A networked backend: its release is awaited.
-        hold.frame = None;
-        let Some(guard) = hold.guard.take() else { return Poll::Ready(run::finish(output, Ok(()), abort)) };
-        let mut pending = Box::new(Pending { release: guard.release(), output });
-        match Pin::new(&mut pending.release).poll(cx) {
-            Poll::Ready(released) => Poll::Ready(run::finish(pending.output, released, abort)),
-            Poll::Pending => {
-                *this.releasing = Some(pending);
-                Poll::Pending
-            }
-        }
-    }
-}
-
-/// The [`Locked`] run of a locked call: empty until [`enter`] puts the lock into it and
-/// [`start`] the body.
-#[inline]
-pub fn run<F: Future>() -> Locked<F> {
-    // Field by field (not a constant copied in): only the few words that say `None` are written.
-    Locked { body: None, hold: Hold { guard: None, frame: None, watch: None }, abort_on_lost: true, releasing: None }
-}
-
 /// Takes (or re-enters) the lock `name` on `manager` into `run`, for a locked call, before its
-/// arguments move into the body (they go to the fallback if the lock cannot be taken).
-///
-/// Acquires through [`LockManager::lock`] (the small, allocation-free future of the
-/// uncontended fast path), so a locked fn costs about what the programmatic API does.
+/// arguments move into the body (they go to the fallback if the lock cannot be taken): what
+/// [`Locked::enter`] does with `manager.lock(name)`, with the request made only when the lock
+/// must be taken.
 #[inline]
 pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
-    mut run: Pin<&'r mut Locked<F>>,
+    run: Pin<&'r mut Locked<F>>,
     manager: &'a M,
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
+    enter_as(run, manager, name, LockKind::Exclusive, options)
+}
+
+/// [`enter`] for a lock of `kind` (the attribute's `mode` and `permits`).
+#[inline(always)]
+pub fn enter_as<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
+    mut run: Pin<&'r mut Locked<F>>,
+    manager: &'a M,
+    name: N,
+    kind: LockKind,
+    options: LockOptions,
+) -> Enter<'a, 'r, F> {
     let manager = manager.borrow();
-    match run::reenter(manager.id(), name.as_name(), run.as_mut().project().hold) {
+    match run::reenter(manager.id(), name.as_name(), kind, run.as_mut().hold()) {
         Some(parent) => {
-            let request = manager.lock_named(name.into_name()).options(options);
-            let state = State::Taking(Some(ManuallyDrop::new(Taking::new(request, parent))));
-            Enter { run, state, done: false, manager: Some(manager) }
+            let request = LockRequest { manager, name: name.into_name(), kind, options };
+            Enter::taking(run, request, parent)
         }
-        None => Enter { run, state: State::Entered, done: true, manager: Some(manager) },
+        None => Enter::entered(run, manager),
     }
 }
 
@@ -427,114 +371,45 @@ pub fn enter_default<'a, 'r, N: LockName, F: Future>(
     name: N,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
-    match manager {
-        Some(manager) => enter(run, manager, name, options),
-        None => {
-            let refused = LockError::NotConfigured { name: name.as_name().to_owned() };
-            Enter { run, state: State::Refused(Some(refused)), done: false, manager: None }
-        }
-    }
+    enter_default_as(run, manager, name, LockKind::Exclusive, options)
 }
 
-/// The future of [`enter`]: `Ok(())` once the lock is in the [`Locked`] run.
-#[must_use = "futures do nothing unless polled"]
-pub struct Enter<'a, 'r, F: Future> {
+/// [`enter_as`] on the default manager (see [`default_manager`]), or the not-configured error.
+#[inline(always)]
+pub fn enter_default_as<'a, 'r, N: LockName, F: Future>(
     run: Pin<&'r mut Locked<F>>,
-    state: State<'a>,
-    /// Returned `Ok(())` (or the error of taking): the state is left as it is, to be dropped
-    /// once, with the future.
-    done: bool,
-    /// Its telemetry settings go to the fallback, if the lock cannot be taken.
-    manager: Option<&'a LockManager>,
-}
-
-enum State<'a> {
-    /// Taking the lock. Once it is taken the taking is spent (its future done, its parent frame
-    /// handed on to the lock's): it owns nothing, and is let go of without a drop; otherwise
-    /// [`Enter`]'s drop drops it.
-    Taking(Option<ManuallyDrop<Taking<'a>>>),
-    /// The call cannot take a lock (no default manager); `None` once returned.
-    Refused(Option<LockError>),
-    Entered,
-}
-
-impl<F: Future> Drop for Enter<'_, '_, F> {
-    #[inline]
-    fn drop(&mut self) {
-        if let State::Taking(slot) = &mut self.state {
-            if let Some(taking) = slot.take() {
-                drop(ManuallyDrop::into_inner(taking)); // not taken (failed, or cancelled)
-            }
-        }
+    manager: &'a Option<LockManager>,
+    name: N,
+    kind: LockKind,
+    options: LockOptions,
+) -> Enter<'a, 'r, F> {
+    match manager {
+        Some(manager) => enter_as(run, manager, name, kind, options),
+        None => Enter::refused(run, LockError::NotConfigured { name: name.as_name().to_owned() }),
     }
 }
 
-impl<F: Future> std::fmt::Debug for Enter<'_, '_, F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Enter").field("done", &self.done).finish_non_exhaustive()
-    }
+/// Takes (or re-enters) every one of `names` into `run` (the attribute's `names`).
+pub async fn enter_all<F: Future>(
+    run: Pin<&mut Locked<F>>,
+    manager: Option<&LockManager>,
+    names: Vec<Arc<str>>,
+    options: LockOptions,
+) -> Result<(), LockError> {
+    let Some(manager) = manager else {
+        let joined: Vec<&str> = names.iter().map(|n| &**n).collect();
+        return Err(LockError::NotConfigured { name: joined.join(", ") });
+    };
+    manager.lock_all(names).options(options).enter(run).await
 }
 
-impl<F: Future> Future for Enter<'_, '_, F> {
-    type Output = Result<(), LockError>;
-
-    #[inline(always)]
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(Ok(()));
-        }
-        match &mut this.state {
-            State::Taking(slot) => {
-                let Some(taking) = slot else { return Poll::Ready(Ok(())) }; // let go of: taken
-                let taken = std::task::ready!(taking.poll(cx, this.run.as_mut().project().hold));
-                this.done = true;
-                match &taken {
-                    Ok(()) => {
-                        debug_assert!(taking.is_spent());
-                        *slot = None; // spent: nothing in it to drop
-                    }
-                    Err(e) => {
-                        if let Some(manager) = this.manager {
-                            manager.telemetry().entry_failed(e);
-                        }
-                    }
-                }
-                Poll::Ready(taken)
-            }
-            State::Refused(error) => {
-                crate::telemetry::entry_refused();
-                Poll::Ready(Err(error
-                    .take()
-                    .unwrap_or_else(|| LockError::invalid("", "a locked call's entry was polled after it completed"))))
-            }
-            State::Entered => Poll::Ready(Ok(())),
-        }
-    }
-}
-
-/// Gives `body` to the `run` that [`enter`] put the lock into; await the result for the body's
-/// output (`Err`: the lost error, when the loss aborts the body).
+/// Gives `body` to the `run` that [`enter`] put the lock into: [`Locked::start`], with the
+/// locked fn's `on_lost`.
 #[inline]
-pub fn start<'r, F: Future>(mut run: Pin<&'r mut Locked<F>>, on_lost: OnLost, body: F) -> Started<'r, F> {
-    let this = run.as_mut().project();
-    *this.abort_on_lost = on_lost == OnLost::Abort;
-    let mut slot = this.body;
-    slot.set(Some(body));
-    Started(run)
-}
-
-/// The future of [`start`]: the [`Locked`] run, polled inline in the locked fn's future.
-#[must_use = "futures do nothing unless polled"]
-#[derive(Debug)]
-pub struct Started<'r, F: Future>(Pin<&'r mut Locked<F>>);
-
-impl<F: Future> Future for Started<'_, F> {
-    type Output = Result<F::Output, LockError>;
-
-    #[inline(always)]
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.as_mut().poll(cx)
+pub fn start<'r, F: Future>(run: Pin<&'r mut Locked<F>>, on_lost: OnLost, body: F) -> Started<'r, F> {
+    match on_lost {
+        OnLost::Abort => run.start(body),
+        OnLost::Ignore => run.ignore_lost().start(body),
     }
 }
 

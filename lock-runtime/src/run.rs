@@ -1,22 +1,26 @@
-//! [`LockRequest::run`]: a future run under a lock, with reentrancy and [`current()`].
+//! The run engine: a future run under held locks, with reentrancy and [`current()`].
 //!
-//! [`Run`] takes the lock (or re-enters it), runs the future in the lock's context, watches the
-//! lease and releases. `#[distributed_locked]` expands to the same steps ([`begin`],
-//! [`Taking`], [`poll_held`], [`release_held`]) in a leaner future of its own
-//! (`__private::Locked`), which has no request or acquisition to keep.
+//! [`Locked`] is the engine. It takes (or re-enters) its lock in place ([`Locked::enter`]),
+//! then runs the body it is given ([`Locked::start`]) in the lock's context, stops it when the
+//! lock is lost, and releases. [`LockRequest::run`] is the same engine in one step ([`Run`]);
+//! `#[distributed_locked]` uses the two steps, since a call's arguments go to its fallback when
+//! the lock is not taken; [`LockAllRequest::run`](crate::LockAllRequest::run) enters several
+//! locks into one engine.
 //!
 //! [`current()`]: crate::current
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use crate::backend::LockKind;
 use crate::context::{self, Frame};
 use crate::error::LockError;
 use crate::guard::{LockGuard, ReleaseFuture};
-use crate::manager::{LockFuture, LockRequest};
+use crate::manager::{LockFuture, LockManager, LockRequest};
 
 impl<'m> LockRequest<'m> {
     /// Runs `fut` while this lock is held: the future of
@@ -35,6 +39,29 @@ impl<'m> LockRequest<'m> {
     /// manager and name runs its future at once, under the outer lock (whose key and token
     /// [`current()`](crate::current) keeps giving); the outermost one releases. Other tasks
     /// wait as usual; a task spawned from inside is another task.
+    ///
+    /// **Kinds:** a read lock, write lock or permit re-enters the same way (same task, manager
+    /// and name, in its namespace): a read inside a read or a write
+    /// enters at once, as does a write inside a write and a permit inside a permit; a write
+    /// inside a read is refused at once with an [`is_invalid`](LockError::is_invalid) error
+    /// (upgrading a read lock would deadlock).
+    ///
+    /// ```
+    /// use lock_runtime::{LockError, LockManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+    /// let manager = LockManager::memory();
+    /// manager
+    ///     .read_lock("catalog")
+    ///     .run(async {
+    ///         let nested = manager.read_lock("catalog").run(async { 1 }).await?; // re-enters
+    ///         let upgrade = manager.write_lock("catalog").run(async { 2 }).await;
+    ///         assert!(upgrade.unwrap_err().is_invalid()); // never a hang
+    ///         Ok::<_, LockError>(nested)
+    ///     })
+    ///     .await??;
+    /// # Ok(()) }
+    /// ```
     ///
     /// **Loss:** if the lock is lost while `fut` runs (a fixed `lease` ran out, a renewal was
     /// refused), `fut` is dropped at its next poll and the lost error returned; with
@@ -71,204 +98,46 @@ impl<'m> LockRequest<'m> {
     /// # Ok(()) }
     /// ```
     pub fn run<F: Future>(self, fut: F) -> Run<'m, F> {
-        Run { body: Some(fut), hold: Hold::EMPTY, stage: Stage::Start(self), abort_on_lost: true }
+        let mut locked = Locked::new();
+        locked.body = Some(fut);
+        Run { locked, entry: Entry::Start(self) }
     }
 }
 
 pin_project_lite::pin_project! {
     /// The future of [`LockRequest::run`]: `Ok(output)` of the future run under the lock, or
-    /// the [`LockError`] of taking (or losing) the lock.
+    /// the [`LockError`] of taking (or losing) the lock. A [`Locked`] run entered by its first
+    /// poll.
     ///
     /// `Send` when the future and its output are.
     #[must_use = "futures do nothing unless polled"]
     pub struct Run<'m, F: Future> {
-        // `None` once the body has completed, was stopped by the loss of the lock, or was never
-        // run because the lock could not be taken.
+        // The engine, with the body given; dropped first (the body in its context, then the
+        // lock, which releases).
         #[pin]
-        body: Option<F>,
-        // The lock while the body runs, written in place when it is taken (never moved after).
-        hold: Hold,
-        stage: Stage<'m, F::Output>,
-        abort_on_lost: bool,
-    }
-
-    impl<'m, F: Future> PinnedDrop for Run<'m, F> {
-        fn drop(this: Pin<&mut Self>) {
-            // A body dropped before completion (cancellation, or unwinding from a panic) drops
-            // in its context, as it ran. The guard is dropped after it, which releases.
-            let this = this.project();
-            let mut body = this.body;
-            if body.is_some() && this.hold.frame.is_some() {
-                context::within(&mut this.hold.frame, || body.set(None));
-            }
-        }
+        locked: Locked<F>,
+        entry: Entry<'m>,
     }
 }
 
-impl<F: Future> fmt::Debug for Run<'_, F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let stage = match &self.stage {
-            Stage::Start(_) => "start",
-            Stage::Taking(_) => "taking",
-            Stage::Running if self.hold.frame.is_none() => "not entered",
-            Stage::Running if self.hold.guard.is_none() => "re-entered",
-            Stage::Running => "held",
-            Stage::Releasing(_) => "releasing",
-            Stage::Done => "done",
-        };
-        f.debug_struct("Run").field("stage", &stage).field("abort_on_lost", &self.abort_on_lost).finish()
-    }
-}
-
-/// Where a [`Run`] is. Everything here is `Unpin`: only the body is pinned.
-enum Stage<'m, T> {
+/// How far a [`Run`] is in taking its lock. `Unpin`: only the body is pinned.
+enum Entry<'m> {
     /// Not polled yet: the context is looked up on the first poll, in the polling task.
     Start(LockRequest<'m>),
     /// Taking the lock.
     Taking(Taking<'m>),
-    /// The body runs under the lock in the [`Hold`].
-    Running,
-    /// A release being awaited (a networked backend's), with the output it holds back; boxed,
-    /// so the common case stays small.
-    Releasing(Box<Pending<T>>),
-    /// Completed, or failed to take the lock.
-    Done,
+    /// Entered, or failed to: the engine has it from here.
+    Entered,
 }
 
-/// A lock being taken, for a run.
-pub(crate) struct Taking<'m> {
-    lock: LockFuture<'m>,
-    manager: u64,
-    /// The task's innermost frame, to hang the new one under.
-    parent: Option<Arc<Frame>>,
-}
-
-/// A held lock while its body runs; empty before it is entered and after it is released.
-pub(crate) struct Hold {
-    /// `None` when re-entered: the outermost run releases.
-    pub(crate) guard: Option<LockGuard>,
-    /// The lock's frame (`None`: not entered); swapped into the task's context while the body
-    /// is polled (or dropped), and holding the outer context meanwhile.
-    pub(crate) frame: Option<Frame>,
-    /// Completes with the lost error once the lock is lost; set up on the first poll of the
-    /// body when the loss aborts it and the lock can be lost.
-    pub(crate) watch: Option<Watch>,
-}
-
-impl Hold {
-    pub(crate) const EMPTY: Hold = Hold { guard: None, frame: None, watch: None };
-}
-
-/// Completes with the lost error once the lock is lost. Boxed: the watch (a timer and a
-/// notification) would otherwise make every `Run` as large as the watched one. A lock that can
-/// be lost lives on a networked backend (or has a fixed lease), where one allocation is noise.
-type Watch = Pin<Box<dyn Future<Output = LockError> + Send>>;
-
-/// A release being awaited, with the output of the body (`Err`: the lost error it was stopped
-/// with).
-pub(crate) struct Pending<T> {
-    pub(crate) release: ReleaseFuture,
-    pub(crate) output: Result<T, LockError>,
-}
-
-/// Looks the lock of `request` up in the task's context: re-entered at once into `hold` when
-/// the task holds it (`None`), else to be taken. Call it while polling, in the task that will
-/// run the body.
-#[inline(always)]
-pub(crate) fn begin<'m>(request: LockRequest<'m>, hold: &mut Hold) -> Option<Taking<'m>> {
-    let parent = reenter(request.manager.id(), &request.name, hold)?;
-    Some(Taking::new(request, parent))
-}
-
-/// [`begin`] for a caller that makes its request only once it knows the lock must be taken:
-/// `None` when the task holds it (re-entered into `hold` at once), else `Some(parent)`, the
-/// task's innermost frame, for [`Taking::new`].
-#[inline(always)]
-pub(crate) fn reenter(manager: u64, name: &str, hold: &mut Hold) -> Option<Option<Arc<Frame>>> {
-    let context::Lookup { held, parent } = context::lookup(manager, name);
-    match held {
-        Some(outer) => {
-            hold.frame = Some(Frame { parent, ..outer });
-            None
-        }
-        None => Some(parent),
-    }
-}
-
-impl<'m> Taking<'m> {
-    /// Takes the lock of `request` (see [`reenter`]).
-    #[inline(always)]
-    pub(crate) fn new(request: LockRequest<'m>, parent: Option<Arc<Frame>>) -> Self {
-        Taking { manager: request.manager.id(), lock: request.into_future(), parent }
-    }
-}
-
-impl Taking<'_> {
-    /// Whether it owns nothing any more: its lock was taken (the future is done) and its parent
-    /// frame handed on to the lock's.
-    pub(crate) fn is_spent(&self) -> bool {
-        self.parent.is_none() && self.lock.is_done()
-    }
-
-    /// Takes the lock into `hold`, with its frame under the task's innermost one. Once it has
-    /// returned `Ok(())` the taking is spent ([`is_spent`](Self::is_spent)): a locked call's
-    /// entry relies on it to let go of it without a drop.
-    #[inline(always)]
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
-        // The guard goes straight into the hold; the frame is made from it there.
-        let guard = match Pin::new(&mut self.lock).poll(cx) {
-            Poll::Ready(Ok(guard)) => hold.guard.insert(guard),
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => return Poll::Pending,
+impl<F: Future> fmt::Debug for Run<'_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stage = match &self.entry {
+            Entry::Start(_) => "start",
+            Entry::Taking(_) => "taking",
+            Entry::Entered => return self.locked.fmt(f),
         };
-        let frame = Frame {
-            manager: self.manager,
-            name: guard.name().clone(),
-            fencing_token: guard.fencing_token(),
-            lost: guard.lost_signal().clone(),
-            parent: self.parent.take(),
-        };
-        match &mut hold.frame {
-            empty @ None => {
-                empty.get_or_insert(frame); // nothing to drop
-            }
-            slot => *slot = Some(frame),
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<T> Stage<'_, T> {
-    /// Drives the stage until the lock is in `hold` (taken or re-entered): `Ok(())`, or the
-    /// error of taking it (the stage is then `Done`).
-    #[inline]
-    fn poll_enter(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
-        if let Stage::Start(_) = self {
-            if let Stage::Start(request) = std::mem::replace(self, Stage::Running) {
-                if let Some(taking) = begin(request, hold) {
-                    *self = Stage::Taking(taking);
-                }
-            }
-        }
-        match self {
-            Stage::Taking(taking) => {
-                let taken = ready!(taking.poll(cx, hold));
-                *self = if taken.is_ok() { Stage::Running } else { Stage::Done };
-                Poll::Ready(taken)
-            }
-            Stage::Running => Poll::Ready(Ok(())),
-            _ => Poll::Ready(Err(polled_after_completion())),
-        }
-    }
-
-    /// Awaits the release of a `Releasing` stage; then `Done`, with the run's output.
-    fn poll_release(&mut self, cx: &mut Context<'_>, abort_on_lost: bool) -> Poll<Result<T, LockError>> {
-        let Stage::Releasing(pending) = self else { return Poll::Ready(Err(polled_after_completion())) };
-        let released = ready!(Pin::new(&mut pending.release).poll(cx));
-        Poll::Ready(match std::mem::replace(self, Stage::Done) {
-            Stage::Releasing(pending) => finish(pending.output, released, abort_on_lost),
-            _ => Err(polled_after_completion()),
-        })
+        f.debug_struct("Run").field("stage", &stage).field("abort_on_lost", &self.locked.abort_on_lost).finish()
     }
 }
 
@@ -297,7 +166,7 @@ impl<'m, F: Future> Run<'m, F> {
     /// # Ok(()) }
     /// ```
     pub fn ignore_lost(mut self) -> Self {
-        self.abort_on_lost = false;
+        self.locked.abort_on_lost = false;
         self
     }
 }
@@ -308,33 +177,468 @@ impl<F: Future> Future for Run<'_, F> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut body = this.body;
-        let (stage, hold) = (this.stage, this.hold);
-        let abort = *this.abort_on_lost;
-        match stage {
-            Stage::Running => {}
-            Stage::Releasing(_) => return stage.poll_release(cx, abort),
-            _ => {
-                if let Err(e) = ready!(stage.poll_enter(cx, hold)) {
-                    body.set(None); // never run: the lock was not taken
-                    return Poll::Ready(Err(e));
-                }
+        let mut locked = this.locked;
+        if !matches!(this.entry, Entry::Entered) {
+            let entered = ready!(poll_entry(this.entry, cx, locked.as_mut().project().hold));
+            if let Err(e) = entered {
+                locked.project().body.set(None); // never run: the lock was not taken
+                return Poll::Ready(Err(e));
             }
         }
-        let output = ready!(poll_held(body, hold, abort, cx));
+        locked.poll(cx)
+    }
+}
 
-        // The release: at once on an in-process backend, else awaited.
-        match release_held(hold) {
-            Released::Now(released) => {
-                hold.frame = None;
-                Poll::Ready(finish(output, released, abort))
-            }
-            Released::Later(guard) => {
-                *stage = Stage::Releasing(Box::new(Pending { release: guard.release(), output }));
-                hold.frame = None;
-                stage.poll_release(cx, abort)
+/// Drives a run's entry until its lock is in `hold` (taken or re-entered), or failed.
+#[inline]
+fn poll_entry(entry: &mut Entry<'_>, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
+    if let Entry::Start(_) = entry {
+        if let Entry::Start(request) = std::mem::replace(entry, Entry::Entered) {
+            let manager = request.manager.id();
+            if let Some(parent) = reenter(manager, &request.name, request.kind, hold) {
+                *entry = Entry::Taking(Taking::new(request, parent));
             }
         }
+    }
+    match entry {
+        Entry::Taking(taking) => {
+            let taken = ready!(taking.poll(cx, hold));
+            *entry = Entry::Entered;
+            Poll::Ready(taken)
+        }
+        _ => Poll::Ready(Ok(())),
+    }
+}
+
+/// A lock being taken, for a run.
+pub(crate) struct Taking<'m> {
+    lock: LockFuture<'m>,
+    manager: u64,
+    kind: LockKind,
+    /// The task's innermost frame, to hang the new one under.
+    parent: Option<Arc<Frame>>,
+}
+
+/// The locks of a run while its body runs; empty before it is entered and after it is
+/// released.
+pub(crate) struct Hold {
+    /// `None` when re-entered: the outermost run releases.
+    pub(crate) guard: Option<LockGuard>,
+    /// The other locks of a run of several (`lock_all`), released after `guard`.
+    pub(crate) more: Vec<LockGuard>,
+    /// The innermost lock's frame (`None`: not entered); swapped into the task's context while
+    /// the body is polled (or dropped), and holding the outer context meanwhile.
+    pub(crate) frame: Option<Frame>,
+    /// Completes with the lost error once a lock is lost; set up on the first poll of the
+    /// body when the loss aborts it and a lock can be lost.
+    pub(crate) watch: Option<Watch>,
+}
+
+/// Completes with the lost error once the lock is lost. Boxed: the watch (a timer and a
+/// notification) would otherwise make every run as large as the watched one. A lock that can
+/// be lost lives on a networked backend (or has a fixed lease), where one allocation is noise.
+type Watch = Pin<Box<dyn Future<Output = LockError> + Send>>;
+
+/// The releases being awaited (a networked backend's), with the output of the body (`Err`:
+/// the lost error it was stopped with) and the first release's error.
+struct Pending<T> {
+    release: ReleaseFuture,
+    rest: Vec<LockGuard>,
+    released: Result<(), LockError>,
+    output: Result<T, LockError>,
+}
+
+/// Looks `name` up in the task's context: re-entered at once into `hold` when the task holds it
+/// (`None`), else `Some(parent)`, the task's innermost frame, for [`Taking::new`]. Call it while
+/// polling, in the task that will run the body.
+///
+/// A held lock of the name's namespace that this `kind` cannot re-enter (a write inside a read,
+/// a semaphore's other permits) is left to the taking, whose checks refuse it at once.
+#[inline(always)]
+pub(crate) fn reenter(manager: u64, name: &str, kind: LockKind, hold: &mut Hold) -> Option<Option<Arc<Frame>>> {
+    let context::Lookup { held, parent } = context::lookup(manager, name, kind);
+    match held {
+        Some(outer) if kind == LockKind::Exclusive || context::check_reentry(name, kind, &outer).is_ok() => {
+            hold.frame = Some(Frame { parent, ..outer });
+            None
+        }
+        _ => Some(parent),
+    }
+}
+
+impl<'m> Taking<'m> {
+    /// Takes the lock of `request` (see [`reenter`]).
+    #[inline(always)]
+    pub(crate) fn new(request: LockRequest<'m>, parent: Option<Arc<Frame>>) -> Self {
+        Taking { manager: request.manager.id(), kind: request.kind, lock: request.into_future(), parent }
+    }
+}
+
+impl Taking<'_> {
+    /// Whether it owns nothing any more: its lock was taken (the future is done) and its parent
+    /// frame handed on to the lock's.
+    fn is_spent(&self) -> bool {
+        self.parent.is_none() && self.lock.is_done()
+    }
+
+    /// Takes the lock into `hold`, with its frame under the task's innermost one. Once it has
+    /// returned `Ok(())` the taking is spent ([`is_spent`](Self::is_spent)): an [`Enter`]
+    /// relies on it to let go of it without a drop.
+    #[inline(always)]
+    fn poll(&mut self, cx: &mut Context<'_>, hold: &mut Hold) -> Poll<Result<(), LockError>> {
+        // The guard goes straight into the hold; the frame is made from it there.
+        let guard = match Pin::new(&mut self.lock).poll(cx) {
+            Poll::Ready(Ok(guard)) => hold.guard.insert(guard),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        };
+        let frame = frame_of(guard, self.manager, self.kind, self.parent.take());
+        match &mut hold.frame {
+            empty @ None => {
+                empty.get_or_insert(frame); // nothing to drop
+            }
+            slot => *slot = Some(frame),
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The frame of a lock taken as `kind` on `manager`, under `parent`.
+#[inline(always)]
+pub(crate) fn frame_of(guard: &LockGuard, manager: u64, kind: LockKind, parent: Option<Arc<Frame>>) -> Frame {
+    Frame {
+        manager,
+        kind,
+        name: guard.name().clone(),
+        fencing_token: guard.fencing_token(),
+        lost: guard.lost_signal().clone(),
+        parent,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The run engine, in two steps: [`enter`](Locked::enter) takes (or re-enters) a lock into
+    /// it, then [`start`](Locked::start) runs a body under that lock, as
+    /// [`LockRequest::run`] does in one. For a caller that must know whether the lock was taken
+    /// before it gives up what the body would own (`#[distributed_locked]` passes a call's
+    /// arguments to its fallback when the lock is not taken). Pin it where it is used: the lock
+    /// is written into it in place.
+    ///
+    /// Dropping it (cancellation, a panic in the body) drops the body in the lock's context,
+    /// then the guard, which releases the lock.
+    ///
+    /// ```
+    /// use std::pin::pin;
+    /// use lock_runtime::{LockError, LockManager, Locked};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+    /// let manager = LockManager::memory();
+    /// let order = String::from("order:42");
+    /// let mut locked = pin!(Locked::new());
+    /// match locked.as_mut().enter(manager.lock(&order)).await {
+    ///     // Taken: the body may own `order` now.
+    ///     Ok(()) => {
+    ///         let token = locked.start(async move { (order, lock_runtime::current().map(|l| l.fencing_token())) }).await?;
+    ///         assert!(token.1.is_some());
+    ///     }
+    ///     // Not taken: `order` is still here, for whatever comes instead.
+    ///     Err(e) => println!("{order} is busy: {e}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Locked<F: Future> {
+        // `None` until started, and once the body has completed or was stopped by the loss.
+        #[pin]
+        body: Option<F>,
+        hold: Hold,
+        abort_on_lost: bool,
+        // Releases being awaited (a networked backend's), with the output they hold back.
+        releasing: Option<Box<Pending<F::Output>>>,
+    }
+
+    impl<F: Future> PinnedDrop for Locked<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // A body dropped before completion (cancellation, or unwinding from a panic) drops
+            // in its context, as it ran. The guard is dropped after it, which releases.
+            let this = this.project();
+            let mut body = this.body;
+            if body.is_some() && this.hold.frame.is_some() {
+                context::within(&mut this.hold.frame, || body.set(None));
+            }
+        }
+    }
+}
+
+impl<F: Future> fmt::Debug for Locked<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stage = match (&self.hold.frame, &self.hold.guard, &self.releasing) {
+            (_, _, Some(_)) => "releasing",
+            (None, _, None) if self.body.is_some() => "not entered",
+            (None, _, None) => "done",
+            (Some(_), None, None) if self.hold.more.is_empty() => "re-entered",
+            (Some(_), _, None) => "held",
+        };
+        f.debug_struct("Locked").field("stage", &stage).field("abort_on_lost", &self.abort_on_lost).finish()
+    }
+}
+
+impl<F: Future> Default for Locked<F> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<F: Future> Locked<F> {
+    /// An empty run: no lock, no body.
+    #[inline]
+    pub fn new() -> Self {
+        // Field by field (not a constant copied in): only the few words that say `None` are written.
+        let hold = Hold { guard: None, more: Vec::new(), frame: None, watch: None };
+        Locked { body: None, hold, abort_on_lost: true, releasing: None }
+    }
+
+    /// Takes (or re-enters) the lock of `request` into this run; await it for `Ok(())` once
+    /// the lock is held, or the error of taking it. Reentrancy is that of
+    /// [`LockRequest::run`]: the task's own lock of the same manager and name enters at once.
+    #[inline]
+    pub fn enter<'a, 'r>(mut self: Pin<&'r mut Self>, request: LockRequest<'a>) -> Enter<'a, 'r, F> {
+        let hold = self.as_mut().project().hold;
+        match reenter(request.manager.id(), &request.name, request.kind, hold) {
+            Some(parent) => Enter::taking(self, request, parent),
+            None => Enter::entered(self, request.manager),
+        }
+    }
+
+    /// Runs `body` under the lock [`enter`](Self::enter) put into this run; await it for the
+    /// body's output, or the lost error when the lock is lost while the body runs (see
+    /// [`ignore_lost`](Self::ignore_lost)). Released when the body ends.
+    #[inline]
+    pub fn start<'r>(mut self: Pin<&'r mut Self>, body: F) -> Started<'r, F> {
+        let mut slot = self.as_mut().project().body;
+        slot.set(Some(body));
+        Started(self)
+    }
+
+    /// Lets the body run to its end when the lock is lost, as [`Run::ignore_lost`] does. Call
+    /// it before [`start`](Self::start).
+    #[inline]
+    pub fn ignore_lost(mut self: Pin<&mut Self>) -> Pin<&mut Self> {
+        *self.as_mut().project().abort_on_lost = false;
+        self
+    }
+
+    /// Where the locks of a run of several are entered ([`crate::LockAllRequest::run`]).
+    pub(crate) fn hold(self: Pin<&mut Self>) -> &mut Hold {
+        self.project().hold
+    }
+}
+
+impl<F: Future> Future for Locked<F> {
+    type Output = Result<F::Output, LockError>;
+
+    #[inline(always)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let abort = *this.abort_on_lost;
+        if let Some(pending) = this.releasing {
+            ready!(pending.poll_release(cx));
+            return Poll::Ready(match this.releasing.take() {
+                Some(pending) => finish(pending.output, pending.released, abort),
+                None => Err(not_running()),
+            });
+        }
+        let hold = this.hold;
+        let output = ready!(poll_held(this.body, hold, abort, cx));
+        if !hold.more.is_empty() {
+            return release_all(hold, output, abort, this.releasing, cx);
+        }
+        let at_once = match &mut hold.guard {
+            None => Some(Ok(())), // re-entered: the outermost releases
+            Some(guard) => guard.release_at_once(),
+        };
+        // After an at-once release the spent guard and the frame go with the run (nothing of
+        // the lock is left in them): one drop instead of two more here.
+        match at_once {
+            Some(Ok(())) => return Poll::Ready(output),
+            Some(released) => return Poll::Ready(finish(output, released, abort)),
+            None => {}
+        }
+        // A networked backend: its release is awaited.
+        hold.frame = None;
+        let Some(guard) = hold.guard.take() else { return Poll::Ready(finish(output, Ok(()), abort)) };
+        let pending = Pending { release: guard.release(), rest: Vec::new(), released: Ok(()), output };
+        await_release(Box::new(pending), abort, this.releasing, cx)
+    }
+}
+
+/// Releases every lock of a run of several after its body, the in-process ones at once.
+#[cold]
+fn release_all<T>(
+    hold: &mut Hold,
+    output: Result<T, LockError>,
+    abort: bool,
+    releasing: &mut Option<Box<Pending<T>>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, LockError>> {
+    hold.frame = None;
+    let mut released = Ok(());
+    let mut later = Vec::new();
+    for mut guard in hold.guard.take().into_iter().chain(hold.more.drain(..)) {
+        match guard.release_at_once() {
+            Some(verdict) => keep_first_error(&mut released, verdict),
+            None => later.push(guard),
+        }
+    }
+    let Some(first) = later.pop() else { return Poll::Ready(finish(output, released, abort)) };
+    let pending = Pending { release: first.release(), rest: later, released, output };
+    await_release(Box::new(pending), abort, releasing, cx)
+}
+
+/// Polls `pending` once; keeps it in `releasing` until its releases are done.
+fn await_release<T>(
+    mut pending: Box<Pending<T>>,
+    abort: bool,
+    releasing: &mut Option<Box<Pending<T>>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, LockError>> {
+    match pending.poll_release(cx) {
+        Poll::Ready(()) => Poll::Ready(finish(pending.output, pending.released, abort)),
+        Poll::Pending => {
+            *releasing = Some(pending);
+            Poll::Pending
+        }
+    }
+}
+
+impl<T> Pending<T> {
+    /// Awaits the release in flight and then each of the rest, in turn.
+    fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let verdict = ready!(Pin::new(&mut self.release).poll(cx));
+            keep_first_error(&mut self.released, verdict);
+            match self.rest.pop() {
+                Some(guard) => self.release = guard.release(),
+                None => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+fn keep_first_error(verdict: &mut Result<(), LockError>, next: Result<(), LockError>) {
+    if let (Ok(()), Err(e)) = (&verdict, next) {
+        *verdict = Err(e);
+    }
+}
+
+/// The future of [`Locked::enter`]: `Ok(())` once the lock is in the run.
+#[must_use = "futures do nothing unless polled"]
+pub struct Enter<'a, 'r, F: Future> {
+    run: Pin<&'r mut Locked<F>>,
+    state: State<'a>,
+    /// Returned `Ok(())` (or the error of taking): the state is left as it is, to be dropped
+    /// once, with the future.
+    done: bool,
+    /// Its telemetry settings go to the fallback, if the lock cannot be taken.
+    manager: Option<&'a LockManager>,
+}
+
+enum State<'a> {
+    /// Taking the lock. Once it is taken the taking is spent (its future done, its parent frame
+    /// handed on to the lock's): it owns nothing, and is let go of without a drop; otherwise
+    /// [`Enter`]'s drop drops it.
+    Taking(Option<ManuallyDrop<Taking<'a>>>),
+    /// The entry fails at once (a locked call with no manager); `None` once returned.
+    Refused(Option<LockError>),
+    Entered,
+}
+
+impl<'a, 'r, F: Future> Enter<'a, 'r, F> {
+    /// An entry that takes the lock of `request` under `parent` ([`reenter`]).
+    #[inline(always)]
+    pub(crate) fn taking(run: Pin<&'r mut Locked<F>>, request: LockRequest<'a>, parent: Option<Arc<Frame>>) -> Self {
+        let manager = Some(request.manager);
+        let state = State::Taking(Some(ManuallyDrop::new(Taking::new(request, parent))));
+        Enter { run, state, done: false, manager }
+    }
+
+    /// An entry re-entered already ([`reenter`]).
+    #[inline(always)]
+    pub(crate) fn entered(run: Pin<&'r mut Locked<F>>, manager: &'a LockManager) -> Self {
+        Enter { run, state: State::Entered, done: true, manager: Some(manager) }
+    }
+
+    /// An entry that fails with `error` when awaited.
+    #[cold]
+    pub(crate) fn refused(run: Pin<&'r mut Locked<F>>, error: LockError) -> Self {
+        Enter { run, state: State::Refused(Some(error)), done: false, manager: None }
+    }
+}
+
+impl<F: Future> Drop for Enter<'_, '_, F> {
+    #[inline]
+    fn drop(&mut self) {
+        if let State::Taking(slot) = &mut self.state {
+            if let Some(taking) = slot.take() {
+                drop(ManuallyDrop::into_inner(taking)); // not taken (failed, or cancelled)
+            }
+        }
+    }
+}
+
+impl<F: Future> fmt::Debug for Enter<'_, '_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Enter").field("done", &self.done).finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for Enter<'_, '_, F> {
+    type Output = Result<(), LockError>;
+
+    #[inline(always)]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(Ok(()));
+        }
+        match &mut this.state {
+            State::Taking(slot) => {
+                let Some(taking) = slot else { return Poll::Ready(Ok(())) }; // let go of: taken
+                let taken = ready!(taking.poll(cx, this.run.as_mut().project().hold));
+                this.done = true;
+                match &taken {
+                    Ok(()) => {
+                        debug_assert!(taking.is_spent());
+                        *slot = None; // spent: nothing in it to drop
+                    }
+                    Err(e) => {
+                        if let Some(manager) = this.manager {
+                            manager.telemetry().entry_failed(e);
+                        }
+                    }
+                }
+                Poll::Ready(taken)
+            }
+            State::Refused(error) => {
+                crate::telemetry::entry_refused();
+                Poll::Ready(Err(error.take().unwrap_or_else(polled_after_completion)))
+            }
+            State::Entered => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// The future of [`Locked::start`]: the run, polled in place.
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct Started<'r, F: Future>(Pin<&'r mut Locked<F>>);
+
+impl<F: Future> Future for Started<'_, F> {
+    type Output = Result<F::Output, LockError>;
+
+    #[inline(always)]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
     }
 }
 
@@ -342,7 +646,7 @@ impl<F: Future> Future for Run<'_, F> {
 /// when that aborts it: `Ready` with its output, or the lost error that stopped it. Once it is
 /// over the body is dropped (in its context) and the watch with it; the lock is still held.
 #[inline(always)]
-pub(crate) fn poll_held<F: Future>(
+fn poll_held<F: Future>(
     mut body: Pin<&mut Option<F>>,
     hold: &mut Hold,
     abort: bool,
@@ -352,7 +656,7 @@ pub(crate) fn poll_held<F: Future>(
         return Poll::Ready(Err(not_running()));
     }
     if abort && hold.watch.is_none() {
-        hold.watch = watch(hold.frame.as_ref());
+        hold.watch = watch(hold);
     }
     let watch = &mut hold.watch;
     // The body runs in the lock's `lock.hold` span (when a subscriber wants it).
@@ -375,35 +679,6 @@ pub(crate) fn poll_held<F: Future>(
     polled
 }
 
-/// How the lock of a completed body is released ([`release_held`]).
-pub(crate) enum Released {
-    /// At once (an in-process backend, or nothing to release when re-entered): the verdict.
-    Now(Result<(), LockError>),
-    /// By awaiting the release of this guard (a networked backend).
-    Later(LockGuard),
-}
-
-/// Releases the lock of `hold` after its body, at once if the backend can. The frame stays in
-/// `hold`.
-#[inline(always)]
-pub(crate) fn release_held(hold: &mut Hold) -> Released {
-    let Some(guard) = &mut hold.guard else { return Released::Now(Ok(())) }; // re-entered: the outermost releases
-    match guard.release_at_once() {
-        Some(Ok(())) => {
-            hold.guard = None;
-            Released::Now(Ok(()))
-        }
-        Some(Err(e)) => {
-            hold.guard = None;
-            Released::Now(Err(e))
-        }
-        None => match hold.guard.take() {
-            Some(guard) => Released::Later(guard),
-            None => Released::Now(Ok(())),
-        },
-    }
-}
-
 /// The lost error once the watched lock is lost, when its loss aborts the body.
 #[inline]
 fn watched(abort: bool, watch: &mut Option<Watch>, cx: &mut Context<'_>) -> Option<LockError> {
@@ -416,15 +691,37 @@ fn watched(abort: bool, watch: &mut Option<Watch>, cx: &mut Context<'_>) -> Opti
     }
 }
 
-/// The watch of a lock that can be lost, if it can.
+/// The watch of the locks of `hold` that can be lost, if any can: the innermost frame's, and
+/// each of a run of several's.
 #[inline]
-fn watch(frame: Option<&Frame>) -> Option<Watch> {
-    let frame = frame.filter(|f| f.lost.can_fire())?;
-    let lost = frame.lost.clone();
-    let name = frame.name.clone();
+fn watch(hold: &Hold) -> Option<Watch> {
+    if !hold.more.is_empty() {
+        return watch_all(hold);
+    }
+    let frame = hold.frame.as_ref().filter(|f| f.lost.can_fire())?;
+    let (name, lost) = (frame.name.clone(), frame.lost.clone());
     Some(Box::pin(async move {
         lost.wait().await;
         LockError::lost(&*name, lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()))
+    }))
+}
+
+/// [`watch`] of a run of several locks: the first of them to be lost.
+#[cold]
+fn watch_all(hold: &Hold) -> Option<Watch> {
+    let signals: Vec<(Arc<str>, crate::LostSignal)> = hold
+        .guard
+        .iter()
+        .chain(&hold.more)
+        .filter(|g| g.lost_signal().can_fire())
+        .map(|g| (g.name().clone(), g.lost_signal().clone()))
+        .collect();
+    if signals.is_empty() {
+        return None;
+    }
+    Some(Box::pin(async move {
+        let (name, lost) = crate::lost::first_lost(&signals).await;
+        LockError::lost(&**name, lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()))
     }))
 }
 
@@ -462,8 +759,8 @@ fn polled_after_completion() -> LockError {
     LockError::invalid("", "a lock run was polled after it completed")
 }
 
-/// A run polled after it completed, or (a locked call's) before its lock or body was given.
+/// A run polled after it completed, or before its lock or body was given.
 #[cold]
-pub(crate) fn not_running() -> LockError {
+fn not_running() -> LockError {
     LockError::invalid("", "a lock run was polled after it completed (or before it was started)")
 }

@@ -20,13 +20,12 @@ use tracing::{Level, Span};
 use crate::backend::Lease;
 use crate::error::LockError;
 use crate::lost::LostSignal;
-use crate::manager::LockManagerBuilder;
 
 /// How lock names appear in telemetry: span fields, events and metric labels.
 ///
 /// Lock names often carry identifiers (`user:{email}`, `invoice:{customer}`): choose
 /// [`Hashed`](TelemetryNames::Hashed) or [`Hidden`](TelemetryNames::Hidden) with
-/// [`LockManagerBuilder::telemetry_names`] to keep them out of logs, traces and metrics.
+/// [`LockManagerBuilder::telemetry_names`](crate::LockManagerBuilder::telemetry_names) to keep them out of logs, traces and metrics.
 ///
 /// ```
 /// use lock_runtime::TelemetryNames;
@@ -136,9 +135,9 @@ impl fmt::Display for Shown<'_> {
 /// What a manager's builder holds of its telemetry settings.
 #[derive(Clone, Default)]
 pub(crate) struct Config {
-    names: TelemetryNames,
+    pub(crate) names: TelemetryNames,
     #[cfg(feature = "metrics")]
-    name_label: Option<NameLabel>,
+    pub(crate) name_label: Option<NameLabel>,
 }
 
 #[cfg(feature = "metrics")]
@@ -164,45 +163,6 @@ impl Config {
             #[cfg(feature = "metrics")]
             metrics: metrics_support::Registry::new(kind, self.name_label),
         }
-    }
-}
-
-impl LockManagerBuilder {
-    /// How lock names appear in telemetry (spans, events and metric labels); default
-    /// [`TelemetryNames::Plain`].
-    ///
-    /// ```
-    /// use lock_runtime::{LockManager, TelemetryNames};
-    ///
-    /// // Spans and events show `user:ada@example.com` as a 12-digit hash.
-    /// let manager = LockManager::builder().telemetry_names(TelemetryNames::Hashed).memory();
-    /// # let _ = manager;
-    /// ```
-    pub fn telemetry_names(mut self, names: TelemetryNames) -> Self {
-        self.telemetry.names = names;
-        self
-    }
-
-    /// Adds a `name` label to the per-lock metrics: `label` maps a lock name to a label
-    /// value, which must come from a small set (each value is a time series of its own; names
-    /// themselves are not a label, since there may be millions). A common choice is the name's
-    /// prefix up to its first `:` (`order:42` → `order`), as below.
-    ///
-    /// At most 256 distinct values are kept per manager; further values are counted under
-    /// `other`. The value goes through [`telemetry_names`](Self::telemetry_names) like a
-    /// name: hashed when names are hashed, and the label left out when they are hidden.
-    ///
-    /// ```
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .metrics_name_label(|name| name.split_once(':').map_or(name, |(prefix, _)| prefix))
-    ///     .memory();
-    /// # let _ = manager;
-    /// ```
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics_name_label(mut self, label: impl for<'a> Fn(&'a str) -> &'a str + Send + Sync + 'static) -> Self {
-        self.telemetry.name_label = Some(Arc::new(label));
-        self
     }
 }
 

@@ -66,7 +66,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
-use lock_runtime::backend::{ForceRelease, LockInfo};
+use lock_runtime::backend::{ChangeFeed, ForceRelease, Inspect, LockInfo};
 use lock_runtime::LockError;
 use serde_json::{json, Value};
 
@@ -191,76 +191,33 @@ fn main() -> ExitCode {
     }
 }
 
-/// A connected store.
-enum Store {
-    #[cfg(feature = "redis")]
-    Redis(lock_runtime::backend::redis::RedisBackend),
+/// Connects to the store the command line names, as the inspection capability every backend
+/// that `lockctl` speaks implements: nothing below knows which store it is.
+async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
+    if let Some(url) = matches.get_one::<String>("redis") {
+        #[cfg(feature = "redis")]
+        return Ok(Box::new(lock_runtime::backend::redis::RedisBackend::connect(url).await?));
+        #[cfg(not(feature = "redis"))]
+        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
+    }
+    let hosts = matches.get_one::<String>("zookeeper").map_or("", String::as_str);
     #[cfg(feature = "zookeeper")]
-    Zookeeper(lock_runtime::backend::zookeeper::ZookeeperBackend),
-}
-
-impl Store {
-    async fn connect(matches: &ArgMatches) -> Result<Store, Failure> {
-        if let Some(url) = matches.get_one::<String>("redis") {
-            #[cfg(feature = "redis")]
-            return Ok(Store::Redis(lock_runtime::backend::redis::RedisBackend::connect(url).await?));
-            #[cfg(not(feature = "redis"))]
-            return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
+    {
+        use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
+        let mut options = ZookeeperOptions::new().operation_timeout(Duration::from_secs(5));
+        if let Some(root) = matches.get_one::<String>("zk-root") {
+            options = options.root(root.as_str());
         }
-        let hosts = matches.get_one::<String>("zookeeper").map_or("", String::as_str);
-        #[cfg(feature = "zookeeper")]
-        {
-            use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
-            let mut options = ZookeeperOptions::new().operation_timeout(Duration::from_secs(5));
-            if let Some(root) = matches.get_one::<String>("zk-root") {
-                options = options.root(root.as_str());
-            }
-            Ok(Store::Zookeeper(ZookeeperBackend::connect_with(hosts, options).await?))
-        }
-        #[cfg(not(feature = "zookeeper"))]
-        Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
+        Ok(Box::new(ZookeeperBackend::connect_with(hosts, options).await?))
     }
-
-    fn kind(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "redis")]
-            Store::Redis(_) => "redis",
-            #[cfg(feature = "zookeeper")]
-            Store::Zookeeper(_) => "zookeeper",
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        match self {
-            #[cfg(feature = "redis")]
-            Store::Redis(b) => b.list(prefix).await,
-            #[cfg(feature = "zookeeper")]
-            Store::Zookeeper(b) => b.list(prefix).await,
-        }
-    }
-
-    async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        match self {
-            #[cfg(feature = "redis")]
-            Store::Redis(b) => b.inspect(key).await,
-            #[cfg(feature = "zookeeper")]
-            Store::Zookeeper(b) => b.inspect(key).await,
-        }
-    }
-
-    async fn force_release(&self, key: &str, owner: &str) -> Result<ForceRelease, LockError> {
-        match self {
-            #[cfg(feature = "redis")]
-            Store::Redis(b) => b.force_release(key, Some(owner)).await,
-            #[cfg(feature = "zookeeper")]
-            Store::Zookeeper(b) => b.force_release(key, Some(owner)).await,
-        }
-    }
+    #[cfg(not(feature = "zookeeper"))]
+    Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
 }
 
 async fn run(matches: &ArgMatches) -> Result<(), Failure> {
     let json = matches.get_flag("json");
-    let store = Store::connect(matches).await?;
+    let store = connect(matches).await?;
+    let store = &*store;
     let mut out = std::io::stdout().lock();
     let print = |out: &mut std::io::StdoutLock<'_>, text: &str| {
         out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(|e| Failure::Error(format!("stdout: {e}")))
@@ -269,13 +226,13 @@ async fn run(matches: &ArgMatches) -> Result<(), Failure> {
         Some(("list", sub)) => {
             let prefix = sub.get_one::<String>("prefix").map_or("", String::as_str);
             let locks = store.list(prefix).await?;
-            let text = if json { format!("{}\n", list_json(&store, &locks)) } else { table(&locks) };
+            let text = if json { format!("{}\n", list_json(store, &locks)) } else { table(&locks) };
             print(&mut out, &text)
         }
         Some(("show", sub)) => {
             let name = sub.get_one::<String>("name").map_or("", String::as_str);
             let info = store.inspect(name).await?.ok_or_else(|| Failure::NotFound(format!("`{name}` is not held")))?;
-            let text = if json { format!("{}\n", lock_json(&info)) } else { details(store.kind(), &info) };
+            let text = if json { format!("{}\n", lock_json(&info)) } else { details(store.store(), &info) };
             print(&mut out, &text)
         }
         Some(("release", sub)) => {
@@ -284,7 +241,7 @@ async fn run(matches: &ArgMatches) -> Result<(), Failure> {
             if !sub.get_flag("force") {
                 confirm(&info)?;
             }
-            match store.force_release(name, &info.owner).await? {
+            match store.force_release(name, Some(&info.owner)).await? {
                 ForceRelease::Released(owner) => {
                     let text = if json {
                         format!("{}\n", json!({ "released": name, "owner": owner, "holder": holder_json(&info) }))
@@ -303,7 +260,7 @@ async fn run(matches: &ArgMatches) -> Result<(), Failure> {
             let prefix = sub.get_one::<String>("prefix").map_or("", String::as_str);
             let interval = Duration::from_millis(sub.get_one::<u64>("interval").copied().unwrap_or(250));
             let count = sub.get_one::<u64>("count").copied();
-            watch(&store, prefix, interval, count, json, |text| print(&mut out, text)).await
+            watch(store, prefix, interval, count, json, |text| print(&mut out, text)).await
         }
         _ => Err(Failure::Error("no command given (see lockctl --help)".to_owned())),
     }
@@ -330,70 +287,29 @@ fn confirm(info: &LockInfo) -> Result<(), Failure> {
     }
 }
 
-/// What wakes a live view.
-enum Wakeups {
-    #[cfg(feature = "redis")]
-    Redis(Option<lock_runtime::backend::redis::Changes>),
-    #[cfg(feature = "zookeeper")]
-    Zookeeper,
-}
-
-impl Store {
-    /// What wakes a live view of the locks under `prefix`.
-    async fn wakeups(&self, prefix: &str) -> Result<Wakeups, LockError> {
-        match self {
-            #[cfg(feature = "redis")]
-            Store::Redis(b) => Ok(Wakeups::Redis(Some(b.changes(prefix).await?))),
-            #[cfg(feature = "zookeeper")]
-            Store::Zookeeper(_) => Ok(Wakeups::Zookeeper),
-        }
+/// Waits for the next reason to look again: the store's announcement of a change, or
+/// `interval` when the store does not announce every change.
+async fn next_change(changes: &mut dyn ChangeFeed, interval: Duration) -> Result<(), LockError> {
+    if changes.complete() {
+        return changes.changed().await;
     }
-
-    /// Waits for the next reason to look again: on Redis, an announcement or `interval`
-    /// (acquisitions are announced only with keyspace notifications on); on ZooKeeper, a watch.
-    async fn next_change(&self, wakeups: &mut Wakeups, prefix: &str, interval: Duration) -> Result<(), LockError> {
-        match (self, wakeups) {
-            #[cfg(feature = "redis")]
-            (Store::Redis(_), Wakeups::Redis(changes)) => {
-                let announced = async {
-                    match changes {
-                        Some(c) => {
-                            if c.next().await.is_none() {
-                                *changes = None; // closed: look every interval from now on
-                            }
-                        }
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = announced => {}
-                    _ = tokio::time::sleep(interval) => {}
-                }
-                Ok(())
-            }
-            #[cfg(feature = "zookeeper")]
-            (Store::Zookeeper(b), _) => b.changed(prefix).await,
-            #[allow(unreachable_patterns)]
-            _ => {
-                let _ = prefix;
-                tokio::time::sleep(interval).await;
-                Ok(())
-            }
-        }
+    tokio::select! {
+        changed = changes.changed() => changed,
+        _ = tokio::time::sleep(interval) => Ok(()),
     }
 }
 
 /// Prints the locks, then again whenever they change (holder, token, waiters; not the ages);
 /// stops after `count` views.
 async fn watch(
-    store: &Store,
+    store: &dyn Inspect,
     prefix: &str,
     interval: Duration,
     count: Option<u64>,
     json: bool,
     mut print: impl FnMut(&str) -> Result<(), Failure>,
 ) -> Result<(), Failure> {
-    let mut wakeups = store.wakeups(prefix).await?;
+    let mut changes = store.changes(prefix).await?;
     let mut last: Option<Vec<Value>> = None;
     let mut shown = 0u64;
     loop {
@@ -415,7 +331,7 @@ async fn watch(
                 return Ok(());
             }
         }
-        store.next_change(&mut wakeups, prefix, interval).await?;
+        next_change(&mut *changes, interval).await?;
     }
 }
 
@@ -565,8 +481,8 @@ fn lock_json(info: &LockInfo) -> Value {
     })
 }
 
-fn list_json(store: &Store, locks: &[LockInfo]) -> Value {
-    json!({ "store": store.kind(), "locks": locks.iter().map(lock_json).collect::<Vec<_>>() })
+fn list_json(store: &dyn Inspect, locks: &[LockInfo]) -> Value {
+    json!({ "store": store.store(), "locks": locks.iter().map(lock_json).collect::<Vec<_>>() })
 }
 
 #[cfg(test)]

@@ -205,6 +205,31 @@ async fn bad_input_is_invalid_and_nothing_listening_is_a_backend_error() {
     assert!(err.is_backend(), "{err}");
 }
 
+/// Every valid name works on every kind: a name that begins with `}` gives its state key an
+/// empty hash tag (`lock:rw:{}…}`), so the key is hashed whole; its fencing counter must still be
+/// in the key's slot (it was the mutex key's, another slot: CROSSSLOT, shown as a backend error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_an_empty_hash_tag_work_on_every_kind() {
+    let cluster = redis_cluster::shared();
+    let m = manager(&cluster.urls(), Duration::from_secs(2)).await;
+    let unique = lock_tests::unique("tag");
+    for name in [format!("}}{unique}"), format!("}}{{{unique}}}"), format!("{{}}{unique}"), format!("a}}{unique}{{")] {
+        let read = m.read_lock(&name).wait(Duration::ZERO).await.unwrap_or_else(|e| panic!("read {name}: {e}"));
+        let again = m.try_read_lock(&name).await.expect("a second reader").expect("readers share");
+        assert!(m.try_write_lock(&name).await.expect("try write").is_none(), "{name}: readers exclude a writer");
+        read.release().await.expect("release");
+        again.release().await.expect("release");
+        let write = m.write_lock(&name).wait(Duration::ZERO).await.unwrap_or_else(|e| panic!("write {name}: {e}"));
+        assert!(write.fencing_token() > 0);
+        write.release().await.expect("release");
+        let permit = m.semaphore(&name, 1).wait(Duration::ZERO).await.unwrap_or_else(|e| panic!("permit {name}: {e}"));
+        assert!(m.try_semaphore(&name, 1).await.expect("try permit").is_none(), "{name}: one permit");
+        permit.release().await.expect("release");
+        let mutex = m.lock(&name).wait(Duration::ZERO).await.unwrap_or_else(|e| panic!("lock {name}: {e}"));
+        mutex.release().await.expect("release");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_granted_after_their_holders_primary_fails_over() {
     let mut cluster = RedisCluster::start(3, 1);

@@ -794,6 +794,65 @@ async fn permits_mismatch_across_two_backends_is_refused() {
     agreed_anew.release().await.expect("release");
 }
 
+/// A semaphore of 0 permits is refused at once with `is_invalid()` on every path: awaited,
+/// tried, and run (`run` skipped the check, waited out its whole `wait` on ZooKeeper and then
+/// reported contention).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_permit_semaphore_is_invalid_on_every_path() {
+    let hosts = zk_server::shared().hosts();
+    let m = LockManager::builder().backend(backend(&hosts, &unique_root("zero")).await);
+    let wait = Duration::from_secs(30);
+    let err = m.semaphore("pool", 0).wait(wait).await.expect_err("awaited");
+    assert!(err.is_invalid(), "awaited: {err}");
+    let err = m.try_semaphore("pool", 0).await.expect_err("tried");
+    assert!(err.is_invalid(), "tried: {err}");
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let err = tokio::time::timeout(
+        wait / 2,
+        m.semaphore("pool", 0).wait(wait).run(async { ran.store(true, Ordering::SeqCst) }),
+    )
+    .await
+    .expect("refused at once, not after the wait")
+    .expect_err("run");
+    assert!(err.is_invalid(), "run: {err}");
+    assert!(!ran.load(Ordering::SeqCst), "the body never runs");
+    // Inside a held permit of the same name, too: no re-entry into a different count.
+    let err = m
+        .semaphore("pool", 2)
+        .run(async { m.semaphore("pool", 0).run(async {}).await })
+        .await
+        .expect("outer permit")
+        .expect_err("inner run of 0 permits");
+    assert!(err.is_invalid(), "nested: {err}");
+}
+
+/// A task holding a permit of a semaphore of 2 asks for one of the same name with 3 permits:
+/// refused with `is_invalid()`, as the same request from another task is, never re-entered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_permit_with_other_permits_is_refused_not_reentered() {
+    let hosts = zk_server::shared().hosts();
+    let m = LockManager::builder().backend(backend(&hosts, &unique_root("reenter")).await);
+    let (outer_token, inner) = m
+        .semaphore("pool", 2)
+        .run(async {
+            let outer = lock_runtime::current().expect("inside").fencing_token();
+            let other_task = {
+                let m = m.clone();
+                tokio::spawn(async move { m.semaphore("pool", 3).wait(Duration::from_secs(5)).await.map(drop) })
+            };
+            let err = other_task.await.expect("task").expect_err("3 permits against 2 from another task");
+            assert!(err.is_invalid(), "another task: {err}");
+            let same = m.semaphore("pool", 2).run(async { lock_runtime::current().map(|l| l.fencing_token()) }).await;
+            assert_eq!(same.expect("same permits re-enter"), Some(outer));
+            (outer, m.semaphore("pool", 3).run(async { "re-entered" }).await)
+        })
+        .await
+        .expect("outer permit");
+    assert!(outer_token > 0);
+    let err = inner.expect_err("3 permits inside a permit of 2");
+    assert!(err.is_invalid() && err.to_string().contains("permits"), "{err}");
+}
+
 /// Many read, write and semaphore operations (held, contended, timed out, dropped guards and
 /// cancelled waiters) leave no znode under the lock root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

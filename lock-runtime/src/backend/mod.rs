@@ -9,12 +9,10 @@
 //! [`LockManagerBuilder::backend`](crate::LockManagerBuilder::backend) to plug in a store of
 //! your own; run the project's conformance suite against it.
 
-use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::LockError;
@@ -23,6 +21,8 @@ use crate::lost::LostSignal;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
+mod identity;
+mod inspect;
 pub mod memory;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -37,303 +37,8 @@ pub mod zookeeper;
 /// A boxed, `Send` future: what the object-safe [`LockBackend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Identifies one acquisition: unique per process *and* across processes, never shared by two
-/// callers, never the lock's name.
-///
-/// ```
-/// let a = lock_runtime::backend::OwnerId::next();
-/// let b = lock_runtime::backend::OwnerId::next();
-/// assert_ne!(a, b);
-/// assert_ne!(a.to_string(), b.to_string());
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OwnerId {
-    process: u128,
-    seq: u64,
-}
-
-impl OwnerId {
-    /// A fresh owner id: a random per-process part and a sequence number unique in the process.
-    pub fn next() -> Self {
-        OwnerId { process: process_id(), seq: next_seq() }
-    }
-
-    /// The random part shared by every owner id of this process.
-    pub fn process(&self) -> u128 {
-        self.process
-    }
-
-    /// The sequence number, unique in the process. Each thread draws its numbers from the
-    /// process-wide counter a block at a time, so they increase per thread, not across threads.
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-}
-
-impl fmt::Display for OwnerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}-{:x}", self.process, self.seq)
-    }
-}
-
-impl fmt::Debug for OwnerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-/// A sequence number never handed out before in this process. Each thread takes a block of
-/// numbers from the process-wide counter and hands them out one by one: one atomic operation
-/// per block rather than per id.
-fn next_seq() -> u64 {
-    /// Numbers taken from the process-wide counter at a time.
-    const BLOCK: u64 = 1024;
-    static SEQ: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        /// This thread's block: the next number and the end of the block.
-        static RANGE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    }
-    RANGE
-        .try_with(|range| {
-            let (mut next, mut end) = range.get();
-            if next >= end {
-                next = SEQ.fetch_add(BLOCK, Ordering::Relaxed);
-                end = next.saturating_add(BLOCK);
-            }
-            range.set((next + 1, end));
-            next
-        })
-        // The thread is shutting down: one number on its own.
-        .unwrap_or_else(|_| SEQ.fetch_add(1, Ordering::Relaxed))
-}
-
-/// 128 random bits chosen once per process (from the standard library's per-process
-/// SipHash keys, the process id and the clock), so owner ids of two processes never collide.
-fn process_id() -> u128 {
-    static ID: OnceLock<u128> = OnceLock::new();
-    *ID.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let mut parts = [0u64; 2];
-        for (i, part) in parts.iter_mut().enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(nanos);
-            h.write_u32(std::process::id());
-            h.write_usize(i);
-            *part = h.finish();
-        }
-        (u128::from(parts[0]) << 64) | u128::from(parts[1])
-    })
-}
-
-/// Which process holds a lock: its host name, process id and an optional label, stored with
-/// every lock the process takes (so that an operator, or `lockctl`, can tell who holds it).
-///
-/// Written `host/pid` or `host/pid/label`. Host and label keep ASCII letters, digits and
-/// `-`, `_`, `.`, `:`; any other character becomes `_`, and each is cut to 64 bytes, so the
-/// text never holds the separators of the stored formats (`/`, `@`, `#`, `+`, `;`, `=`) and
-/// stays short (it is sent with every acquisition). The label is set per manager with
-/// [`LockManagerBuilder::label`](crate::LockManagerBuilder::label).
-///
-/// ```
-/// use lock_runtime::backend::Holder;
-///
-/// let me = Holder::of_process(Some("billing worker"));
-/// assert_eq!(me.pid(), Some(std::process::id()));
-/// assert_eq!(me.label(), Some("billing_worker"));
-/// let parsed = Holder::parse(&me.to_string()).expect("parses");
-/// assert_eq!(parsed, me);
-/// assert_eq!(Holder::parse("db-1/42").and_then(|h| h.label().map(str::to_owned)), None);
-/// ```
-#[derive(Clone)]
-pub struct Holder(HolderText);
-
-/// A process's own holder text is interned (one per label, never freed), so that handing it to
-/// every acquisition copies a pointer: no reference count shared by all threads on the hot
-/// path. Texts read back from a store are reference-counted.
-#[derive(Clone)]
-enum HolderText {
-    Interned(&'static str),
-    Read(Arc<str>),
-}
-
-/// The longest host name or label kept in a [`Holder`], in bytes.
-const HOLDER_PART_MAX: usize = 64;
-
-impl Holder {
-    /// This process, with `label` (`None` or empty for none). The host name is read from
-    /// `/proc/sys/kernel/hostname`, else the `HOSTNAME` variable, else `unknown`.
-    pub fn of_process(label: Option<&str>) -> Holder {
-        let text = match label.map(sanitize).filter(|l| !l.is_empty()) {
-            None => format!("{}/{}", host_name(), std::process::id()),
-            Some(label) => format!("{}/{}/{label}", host_name(), std::process::id()),
-        };
-        Holder(HolderText::Interned(intern(text)))
-    }
-
-    /// Reads `host/pid[/label]` back; `None` when `text` is not in that form.
-    pub fn parse(text: &str) -> Option<Holder> {
-        let mut parts = text.splitn(3, '/');
-        let host = parts.next().filter(|h| !h.is_empty())?;
-        let pid = parts.next()?;
-        pid.parse::<u32>().ok()?;
-        let label = parts.next();
-        let clean = |s: &str| !s.is_empty() && sanitize(s) == s;
-        if !clean(host) || !label.is_none_or(clean) {
-            return None;
-        }
-        Some(Holder(HolderText::Read(text.into())))
-    }
-
-    /// The host name.
-    pub fn host(&self) -> &str {
-        self.as_str().split('/').next().unwrap_or("")
-    }
-
-    /// The process id, if the text holds a valid one.
-    pub fn pid(&self) -> Option<u32> {
-        self.as_str().split('/').nth(1)?.parse().ok()
-    }
-
-    /// The label, if the manager was given one.
-    pub fn label(&self) -> Option<&str> {
-        self.as_str().splitn(3, '/').nth(2)
-    }
-
-    /// The text, `host/pid[/label]`.
-    pub fn as_str(&self) -> &str {
-        match &self.0 {
-            HolderText::Interned(text) => text,
-            HolderText::Read(text) => text,
-        }
-    }
-}
-
-/// `text` as a `&'static str`, leaked once per distinct text (a process uses one per label).
-fn intern(text: String) -> &'static str {
-    static TEXTS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
-    let mut texts = TEXTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(known) = texts.iter().find(|t| **t == text) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(text.into_boxed_str());
-    texts.push(leaked);
-    leaked
-}
-
-impl PartialEq for Holder {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for Holder {}
-
-impl std::hash::Hash for Holder {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
-    }
-}
-
-impl fmt::Display for Holder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Debug for Holder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-/// Keeps `[A-Za-z0-9-_.:]`, turns anything else into `_`, cuts to [`HOLDER_PART_MAX`] bytes.
-fn sanitize(part: &str) -> String {
-    part.trim()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') { c } else { '_' })
-        .take(HOLDER_PART_MAX)
-        .collect()
-}
-
-/// This machine's host name (sanitised), read once.
-fn host_name() -> &'static str {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let read = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
-        let name = read.or_else(|| std::env::var("HOSTNAME").ok()).map(|h| sanitize(&h)).unwrap_or_default();
-        if name.is_empty() {
-            "unknown".to_owned()
-        } else {
-            name
-        }
-    })
-}
-
-/// What a store can tell about one held lock, for inspection tools (`lockctl`). A field the
-/// store cannot know is `None` ("unknown"), never guessed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LockInfo {
-    /// The key in the backend: the manager's prefix followed by the lock's name.
-    pub key: String,
-    /// The holding acquisition's owner id, as stored.
-    pub owner: String,
-    /// The holding process, when it stored one (older versions did not).
-    pub holder: Option<Holder>,
-    /// The fencing token the holder was granted.
-    pub fencing_token: Option<u64>,
-    /// How long ago the lock was granted (by the store's clock where it has one).
-    pub age: Option<Duration>,
-    /// `age` is an upper bound: counted from when the holder queued, which may be before it
-    /// was granted the lock (ZooKeeper, for a holder that does not record its grant).
-    pub age_at_most: bool,
-    /// The lease left before the store frees the lock by itself; `None` when unknown or when
-    /// the lock has no lease (see `session_bound`).
-    pub remaining_lease: Option<Duration>,
-    /// Held for as long as the holder's session lives (ZooKeeper without a fixed lease).
-    pub session_bound: bool,
-    /// Acquisitions queued behind the holder, when the store knows them all (ZooKeeper).
-    pub waiters: Option<u64>,
-    /// Whether some acquisition found the lock held and waits for its release (Redis's
-    /// waited-on mark), when the store records it.
-    pub waited_on: Option<bool>,
-    /// Connections subscribed to the lock's release channel (Redis: processes with a waiter
-    /// now, or within their unsubscribe grace), when the store has such a channel.
-    pub subscribers: Option<u64>,
-}
-
-impl LockInfo {
-    /// A record of a held lock where nothing but the key and the owner is known yet.
-    pub fn new(key: impl Into<String>, owner: impl Into<String>) -> Self {
-        LockInfo {
-            key: key.into(),
-            owner: owner.into(),
-            holder: None,
-            fencing_token: None,
-            age: None,
-            age_at_most: false,
-            remaining_lease: None,
-            session_bound: false,
-            waiters: None,
-            waited_on: None,
-            subscribers: None,
-        }
-    }
-}
-
-/// How a forced release ([`RedisBackend::force_release`](redis::RedisBackend::force_release),
-/// …) ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForceRelease {
-    /// The lock was freed (its waiters are woken); holds the owner it was taken from.
-    Released(String),
-    /// Nobody held it.
-    NotHeld,
-    /// Another owner than the expected one holds it now (left untouched); holds that owner.
-    OwnerChanged(String),
-}
+pub use identity::{Holder, OwnerId};
+pub use inspect::{ChangeFeed, ForceRelease, Inspect, LockInfo};
 
 /// How the lease of an acquisition is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -696,6 +401,7 @@ pub trait LockBackend: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
 
     /// A third-party held lock that implements only `release`.
     struct Plain(Arc<std::sync::atomic::AtomicBool>);

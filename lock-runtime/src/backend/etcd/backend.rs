@@ -13,7 +13,6 @@ use super::{encode, KIND};
 use crate::backend::{Acquire, Acquisition, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
-use crate::{LockManager, LockManagerBuilder};
 
 /// Counters of an [`EtcdBackend`], for metrics and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -138,41 +137,5 @@ impl LockBackend for EtcdBackend {
 
     fn operation_timeout(&self) -> Duration {
         self.shared.options.get_operation_timeout()
-    }
-}
-
-impl LockManager {
-    /// A manager on etcd at `endpoints` (`["http://host:port", …]`) with default settings;
-    /// same as `LockManager::builder().etcd(endpoints)`. See [`EtcdBackend`] for the options.
-    ///
-    /// ```no_run
-    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::etcd(&["http://127.0.0.1:2379"]).await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn etcd<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<LockManager, LockError> {
-        LockManager::builder().etcd(endpoints).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on etcd at `endpoints` with the default [`EtcdOptions`]; for other options,
-    /// pass [`EtcdBackend::connect_with`]'s backend to
-    /// [`backend`](LockManagerBuilder::backend).
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .prefix("myapp:")
-    ///     .default_lease(Duration::from_secs(30))
-    ///     .etcd(&["http://etcd1:2379", "http://etcd2:2379"])
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn etcd<E: AsRef<str>, S: AsRef<[E]>>(self, endpoints: S) -> Result<LockManager, LockError> {
-        Ok(self.backend(EtcdBackend::connect(endpoints).await?))
     }
 }

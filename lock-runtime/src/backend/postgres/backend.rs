@@ -16,7 +16,6 @@ use super::{advisory_key, pg_error, KIND, SEQUENCE};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
-use crate::{LockManager, LockManagerBuilder};
 
 /// Options of a [`PostgresBackend`].
 ///
@@ -527,42 +526,5 @@ impl Drop for PgHeld {
             monitor.abort();
         }
         drop(lock(&self.slot).take());
-    }
-}
-
-impl LockManager {
-    /// A manager on PostgreSQL at `url` (`postgres://user@host:port/db`) with default
-    /// settings; same as `LockManager::builder().postgres(url)`. See [`PostgresBackend`] for
-    /// the options.
-    ///
-    /// ```no_run
-    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::postgres("postgres://app@127.0.0.1:5432/app").await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn postgres(url: impl AsRef<str>) -> Result<LockManager, LockError> {
-        LockManager::builder().postgres(url).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on PostgreSQL at `url` with the default [`PostgresOptions`]; for other
-    /// options, pass [`PostgresBackend::connect_with`]'s backend to
-    /// [`backend`](LockManagerBuilder::backend).
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .prefix("myapp:")
-    ///     .default_lease(Duration::from_secs(30))
-    ///     .postgres("postgres://app@db:5432/app")
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn postgres(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
-        Ok(self.backend(PostgresBackend::connect(url).await?))
     }
 }

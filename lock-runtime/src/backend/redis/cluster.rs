@@ -1,5 +1,5 @@
 //! The Redis backend on a Redis Cluster: [`RedisBackend::cluster`],
-//! [`LockManager::redis_cluster`], [`LockManagerBuilder::redis_cluster`].
+//! [`LockManager::redis_cluster`](crate::LockManager::redis_cluster), [`LockManagerBuilder::redis_cluster`](crate::LockManagerBuilder::redis_cluster).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), lock_runtime::LockError> {
@@ -110,7 +110,6 @@ use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisFuture
 use super::topology::{Conn, Source};
 use super::{redact, RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
-use crate::manager::{LockManager, LockManagerBuilder};
 
 /// The shortest and longest pause of the cluster client before it repeats a request answered
 /// `TRYAGAIN` or `CLUSTERDOWN`, in milliseconds.
@@ -185,41 +184,6 @@ impl RedisBackend {
             timeout,
         };
         Ok(Self::from_parts(Conn::Cluster(conn), Source::Cluster(Arc::new(source)), options, shown, &runtime))
-    }
-}
-
-impl LockManager {
-    /// A manager on the Redis Cluster that the nodes at `urls` belong to, with default
-    /// settings; same as `LockManager::builder().redis_cluster(urls).await`. Feature `redis`.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager =
-    ///     lock_runtime::LockManager::redis_cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]).await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redis_cluster<E: AsRef<str>, S: AsRef<[E]>>(urls: S) -> Result<LockManager, LockError> {
-        LockManager::builder().redis_cluster(urls).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on the Redis Cluster that the nodes at `urls` belong to (see
-    /// [`RedisBackend::cluster`]). Feature `redis`. For other options, pass the backend of
-    /// [`RedisBackend::cluster`] to [`backend`](LockManagerBuilder::backend).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .prefix("myapp:")
-    ///     .redis_cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redis_cluster<E: AsRef<str>, S: AsRef<[E]>>(self, urls: S) -> Result<LockManager, LockError> {
-        Ok(self.backend(RedisBackend::cluster(urls, RedisOptions::default()).await?))
     }
 }
 

@@ -8,7 +8,7 @@ use redis::Value;
 
 use super::topology::Conn;
 use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, KIND};
-use crate::backend::{ForceRelease, Holder, LockInfo};
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, LockInfo};
 use crate::error::LockError;
 
 /// Keys asked for per `SCAN` call.
@@ -186,6 +186,55 @@ fn glob_escape(text: &str) -> String {
         out.push(c);
     }
     out
+}
+
+impl crate::backend::Inspect for RedisBackend {
+    fn store(&self) -> &'static str {
+        KIND
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        Box::pin(RedisBackend::list(self, prefix))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        Box::pin(RedisBackend::inspect(self, key))
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        Box::pin(RedisBackend::force_release(self, key, expected_owner))
+    }
+
+    fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        Box::pin(async move { Ok(Box::new(Some(RedisBackend::changes(self, prefix).await?)) as Box<dyn ChangeFeed>) })
+    }
+}
+
+/// Redis announces releases (and, with keyspace notifications on, every event of a lock key),
+/// never a plain take: a live view also looks again now and then. Once the subscription is
+/// closed (`None`) only that is left.
+impl ChangeFeed for Option<Changes> {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            match self {
+                Some(changes) => {
+                    if changes.next().await.is_none() {
+                        *self = None;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+            Ok(())
+        })
+    }
+
+    fn complete(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 //! Each kind has its own namespace: a read-write lock's state is the hash `lock:rw:{<key>}`,
 //! a semaphore's `lock:sem:{<key>}`, each with its release channel `<state>:released`. The
 //! hash tag is the mutex's (`lock:{<key>}`), so a name's keys, channels and its slot's fencing
-//! counter share one Redis Cluster slot, and every script touches one slot.
+//! counter share one Redis Cluster slot, and every script touches one slot. A name that begins
+//! with `}` leaves the tag empty (`lock:rw:{}…`): Redis then hashes the state whole, and the
+//! fencing counter is that slot's (the channel is a script argument, not a key).
 //!
 //! The hash holds one field per holder, `h:<owner>` → `<expiry ms>#<R|W|S>#<token>#<granted
 //! ms>`, one per waiting writer, `w:<owner>` → `<expiry ms>` (its intent), the semaphore's
@@ -52,8 +54,9 @@ use std::time::{Duration, Instant};
 
 use redis::Script;
 
+use super::layout::fence_of;
 use super::waiters::{Before, Capture, Outage, Slot, Step};
-use super::{bounded, lease_millis, still_held, undo_dropped, KeyLayout, RedisBackend, ReleaseCall, KIND};
+use super::{bounded, lease_millis, still_held, undo_dropped, RedisBackend, ReleaseCall, KIND};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockKind, Renewal, Wake};
 use crate::error::LockError;
 
@@ -78,7 +81,10 @@ impl KindKeys {
         let space = if matches!(kind, LockKind::Semaphore { .. }) { "sem" } else { "rw" };
         let state = format!("lock:{space}:{{{key}}}");
         let channel = format!("{state}:released");
-        KindKeys { state, channel, fence: KeyLayout::of(key).fence }
+        // The state's own slot: a name beginning with `}` leaves the state's hash tag empty, so
+        // the state is hashed whole, to another slot than the mutex key of the same name.
+        let fence = fence_of(&state);
+        KindKeys { state, channel, fence }
     }
 }
 
@@ -343,21 +349,28 @@ impl Renewal for KindRenewal {
 
 #[cfg(test)]
 mod tests {
-    use super::super::key_slot;
+    use super::super::{key_slot, KeyLayout};
     use super::*;
 
     #[test]
-    fn kind_keys_share_the_names_slot_and_namespaces_differ() {
-        for key in ["order:42", "myapp:x", "a{b}c", "é", "a}b"] {
+    fn kind_keys_share_a_slot_with_their_counter_and_namespaces_differ() {
+        for key in ["order:42", "myapp:x", "a{b}c", "é", "a}b", "}x", "{}x", "}{x}", "a}b{", "}"] {
             let lock = KeyLayout::of(key);
-            let slot = key_slot(lock.lock.as_bytes());
             let rw = KindKeys::of(key, LockKind::Read);
             let sem = KindKeys::of(key, LockKind::Semaphore { permits: 3 });
             assert_eq!(rw, KindKeys::of(key, LockKind::Write), "readers and writers share one state");
             assert_ne!(rw.state, sem.state);
             assert_ne!(rw.state, lock.lock);
-            for name in [&rw.state, &rw.channel, &rw.fence, &sem.state, &sem.channel, &sem.fence] {
-                assert_eq!(key_slot(name.as_bytes()), slot, "{name} of {key}");
+            // The keys of one script (state and counter) share a slot, for every name.
+            for keys in [&rw, &sem] {
+                assert_eq!(key_slot(keys.fence.as_bytes()), key_slot(keys.state.as_bytes()), "{key}");
+            }
+            // With a hash tag (any name not beginning with `}`), the channels and the mutex too.
+            if !key.starts_with('}') {
+                let slot = key_slot(lock.lock.as_bytes());
+                for name in [&rw.state, &rw.channel, &rw.fence, &sem.state, &sem.channel, &sem.fence] {
+                    assert_eq!(key_slot(name.as_bytes()), slot, "{name} of {key}");
+                }
             }
             assert_eq!(KeyLayout::key_of(&rw.state), None, "not taken for a mutex by inspection");
         }

@@ -36,7 +36,7 @@ impl KeyLayout {
     pub fn of(key: &str) -> Self {
         let lock = format!("lock:{{{key}}}");
         let channel = format!("{lock}:released");
-        let fence = format!("lock:fence:{{{}}}", slot_tag(key_slot(lock.as_bytes())));
+        let fence = fence_of(&lock);
         KeyLayout { lock, channel, fence }
     }
 
@@ -52,6 +52,13 @@ impl KeyLayout {
     pub fn key_of(lock: &str) -> Option<&str> {
         lock.strip_prefix("lock:{")?.strip_suffix('}')
     }
+}
+
+/// The fencing counter of the hash slot of the Redis key `key`, `lock:fence:{<tag>}`: every
+/// script that mints a token from it touches `key` and the counter in one slot, whatever hash
+/// tag `key` has (an empty one, `{}`, hashes the whole key).
+pub(super) fn fence_of(key: &str) -> String {
+    format!("lock:fence:{{{}}}", slot_tag(key_slot(key.as_bytes())))
 }
 
 /// The hash slot of a Redis key, as Redis Cluster computes it: CRC16 (XMODEM) of the hash tag
@@ -133,7 +140,7 @@ mod tests {
         for slot in [0u16, 1, 12182, 16383] {
             assert_eq!(key_slot(slot_tag(slot).as_bytes()), slot);
         }
-        for key in ["order:42", "myapp:x", "a{b}c", "é"] {
+        for key in ["order:42", "myapp:x", "a{b}c", "é", "}x", "{}x", "}{x}", "a}b{"] {
             let l = KeyLayout::of(key);
             let slot = key_slot(l.lock.as_bytes());
             assert_eq!(key_slot(l.channel.as_bytes()), slot, "{key}");

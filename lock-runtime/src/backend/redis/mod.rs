@@ -19,7 +19,7 @@
 //! ```
 //!
 //! On a Redis Cluster, the same protocol runs through [`RedisBackend::cluster`] /
-//! [`LockManager::redis_cluster`]: see the [cluster module docs](cluster) for routing,
+//! [`LockManager::redis_cluster`](crate::LockManager::redis_cluster): see the [cluster module docs](cluster) for routing,
 //! pub/sub across nodes, failover and resharding.
 //! For one lock over several independent primaries (Redlock, with strictly increasing fencing
 //! tokens across quorums), see [`RedlockBackend`] and the [`redlock`] module.
@@ -190,7 +190,6 @@ use waiters::{Before, Capture, Outage, Slot, Step, Timings, Waiters};
 use super::LockKind;
 use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Renewal, Wake};
 use crate::error::LockError;
-use crate::manager::{LockManager, LockManagerBuilder};
 
 const KIND: &str = "redis";
 /// The largest accepted [`RedisOptions`] duration.
@@ -338,8 +337,8 @@ impl RedisOptions {
 /// Locks in Redis. Cheap to clone: clones share the connections.
 ///
 /// Create it with [`RedisBackend::connect`] or [`RedisBackend::connect_with`] and hand it to
-/// [`LockManagerBuilder::backend`], or use [`LockManager::redis`] /
-/// [`LockManagerBuilder::redis`]. See the [module docs](self) for the protocol.
+/// [`LockManagerBuilder::backend`](crate::LockManagerBuilder::backend), or use [`LockManager::redis`](crate::LockManager::redis) /
+/// [`LockManagerBuilder::redis`](crate::LockManagerBuilder::redis). See the [module docs](self) for the protocol.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -1036,37 +1035,6 @@ impl LockBackend for RedisBackend {
     fn operation_timeout(&self) -> Duration {
         // A little over the command bound, so the backend's own (more precise) error wins.
         self.inner.options.command_timeout.saturating_add(Duration::from_millis(250))
-    }
-}
-
-impl LockManager {
-    /// A manager on the Redis server at `url`, with default settings; same as
-    /// `LockManager::builder().redis(url).await`. Feature `redis`.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::redis("redis://127.0.0.1:6379").await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redis(url: impl AsRef<str>) -> Result<LockManager, LockError> {
-        LockManager::builder().redis(url).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on the Redis server at `url` (see [`RedisBackend::connect`]). Feature `redis`.
-    /// For a custom command timeout, use [`RedisBackend::connect_with`] and
-    /// [`backend`](LockManagerBuilder::backend).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder().prefix("myapp:").redis("redis://127.0.0.1:6379").await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redis(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
-        Ok(self.backend(RedisBackend::connect(url.as_ref()).await?))
     }
 }
 

@@ -152,7 +152,6 @@ use super::{lease_millis, redact, KeyLayout, RedisOptions, ACQUIRE, EXTEND, RELE
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, LockKind};
 use crate::backend::{Renewal, Wake};
 use crate::error::LockError;
-use crate::manager::{LockManager, LockManagerBuilder};
 
 const KIND: &str = "redlock";
 /// How far ahead of the client's wall clock the proposed token floor is (see *Fencing tokens*).
@@ -747,41 +746,6 @@ impl LockBackend for RedlockBackend {
     fn operation_timeout(&self) -> Duration {
         // An attempt is two rounds (acquire, fence raise), each bounded by the command timeout.
         self.inner.options.command_timeout.saturating_mul(2).saturating_add(Duration::from_millis(250))
-    }
-}
-
-impl LockManager {
-    /// A manager on Redlock over the independent Redis primaries at `urls` (3 or 5 are meant),
-    /// with default [`RedisOptions`]; same as `LockManager::builder().redlock(urls).await`.
-    /// Feature `redis`. See [`RedlockBackend`].
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager =
-    ///     lock_runtime::LockManager::redlock(&["redis://a:6379", "redis://b:6379", "redis://c:6379"]).await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redlock<E: AsRef<str>, S: AsRef<[E]>>(urls: S) -> Result<LockManager, LockError> {
-        LockManager::builder().redlock(urls).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on Redlock over the independent Redis primaries at `urls` (see
-    /// [`RedlockBackend::connect`]). Feature `redis`.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .prefix("myapp:")
-    ///     .redlock(&["redis://a:6379", "redis://b:6379", "redis://c:6379"])
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redlock<E: AsRef<str>, S: AsRef<[E]>>(self, urls: S) -> Result<LockManager, LockError> {
-        Ok(self.backend(RedlockBackend::connect(urls, RedisOptions::default()).await?))
     }
 }
 

@@ -102,7 +102,6 @@ use redis::{
 use super::topology::{Conn, Source};
 use super::{redact, RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
-use crate::manager::{LockManager, LockManagerBuilder};
 
 /// How many subscriptions are remembered for ending them after a switch.
 const MAX_SUBSCRIBERS: usize = 64;
@@ -594,49 +593,6 @@ impl RedisBackend {
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         }
         Ok(Self::from_parts(Conn::Sentinel(conn.clone()), Source::Sentinel(conn), options, shown, &runtime))
-    }
-}
-
-impl LockManager {
-    /// A manager on the primary the sentinels at `sentinels` name `master_name`, with default
-    /// settings; same as `LockManager::builder().redis_sentinel(sentinels, master_name)`.
-    /// Feature `redis`.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let sentinels = ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"];
-    /// let manager = lock_runtime::LockManager::redis_sentinel(&sentinels, "mymaster").await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redis_sentinel<E: AsRef<str>, S: AsRef<[E]>>(
-        sentinels: S,
-        master_name: &str,
-    ) -> Result<LockManager, LockError> {
-        LockManager::builder().redis_sentinel(sentinels, master_name).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on the primary the sentinels at `sentinels` name `master_name` (see
-    /// [`RedisBackend::sentinel`]). Feature `redis`. For other options, pass
-    /// [`RedisBackend::sentinel`]'s backend to [`backend`](LockManagerBuilder::backend).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .prefix("myapp:")
-    ///     .redis_sentinel(&["redis://127.0.0.1:26379"], "mymaster")
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn redis_sentinel<E: AsRef<str>, S: AsRef<[E]>>(
-        self,
-        sentinels: S,
-        master_name: &str,
-    ) -> Result<LockManager, LockError> {
-        Ok(self.backend(RedisBackend::sentinel(sentinels, master_name, RedisOptions::default()).await?))
     }
 }
 

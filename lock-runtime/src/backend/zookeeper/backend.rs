@@ -19,7 +19,6 @@ use crate::backend::{
 };
 use crate::error::LockError;
 use crate::lost::LostSignal;
-use crate::{LockManager, LockManagerBuilder};
 
 /// Counters of a [`ZookeeperBackend`], for metrics and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -712,41 +711,5 @@ impl Hold {
                 }
             }
         }
-    }
-}
-
-impl LockManager {
-    /// A manager on ZooKeeper at `hosts` (`"host:port,host:port"`) with default settings; same
-    /// as `LockManager::builder().zookeeper(hosts)`. See [`ZookeeperBackend`] for the options.
-    ///
-    /// ```no_run
-    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::zookeeper("127.0.0.1:2181").await?;
-    /// let guard = manager.lock("order:42").await?;
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn zookeeper(hosts: impl AsRef<str>) -> Result<LockManager, LockError> {
-        LockManager::builder().zookeeper(hosts).await
-    }
-}
-
-impl LockManagerBuilder {
-    /// A manager on ZooKeeper at `hosts` with the default [`ZookeeperOptions`]; for other
-    /// options, pass [`ZookeeperBackend::connect_with`]'s backend to
-    /// [`backend`](LockManagerBuilder::backend).
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
-    /// let manager = lock_runtime::LockManager::builder()
-    ///     .prefix("myapp:")
-    ///     .default_lease(Duration::from_secs(30))
-    ///     .zookeeper("zk1:2181,zk2:2181,zk3:2181")
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn zookeeper(self, hosts: impl AsRef<str>) -> Result<LockManager, LockError> {
-        Ok(self.backend(ZookeeperBackend::connect(hosts).await?))
     }
 }

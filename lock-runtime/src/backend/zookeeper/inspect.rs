@@ -8,73 +8,13 @@ use zookeeper_client::{Client, Error as ZkError, Stat};
 use super::backend::ZookeeperBackend;
 use super::recipe::{decode, holder_of, queue, LeaseRecord};
 use super::{zk_error, KIND, NODE_PREFIX};
-use crate::backend::{ForceRelease, LockInfo};
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, LockInfo};
 use crate::error::LockError;
 
 /// Looks at a lock again when its holder's node went away between the listing and the read.
 const RETRIES: usize = 4;
 
 impl ZookeeperBackend {
-    /// The locks held now whose key (the manager prefix followed by the name) starts with
-    /// `prefix`, sorted by key.
-    pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        let client = self.client(prefix, "list").await?;
-        let root = self.options().get_root();
-        let dirs = match client.list_children(root).await {
-            Ok(dirs) => dirs,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(e) => return Err(zk_error(prefix, "list", e)),
-        };
-        let mut keys: Vec<String> = dirs.iter().filter_map(|d| decode(d)).filter(|k| k.starts_with(prefix)).collect();
-        keys.sort_unstable();
-        let mut locks = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some(info) = inspect(&client, &self.lock_path(&key), &key).await? {
-                locks.push(info);
-            }
-        }
-        Ok(locks)
-    }
-
-    /// The lock of backend key `key` (the manager prefix followed by the name), if it is held.
-    ///
-    /// Everything is known exactly but the age of a holder that may have waited: the fencing
-    /// token is the holder node's `czxid`, the waiters are the nodes queued behind it, and the
-    /// holder is the one recorded in its node's data. The age is counted from the recorded
-    /// grant of a fixed lease (the node's `mtime`), else from the node's creation, which is
-    /// the grant when the holder did not wait and earlier when it did
-    /// ([`LockInfo::age_at_most`] is then `true`). Ages compare the server's timestamps with
-    /// this machine's clock. A lock without a fixed lease is
-    /// [`session_bound`](LockInfo::session_bound).
-    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        let client = self.client(key, "inspect").await?;
-        inspect(&client, &self.lock_path(key), key).await
-    }
-
-    /// Frees the lock of backend key `key` whatever holds it, by deleting the holder's node:
-    /// the next node in the queue takes the lock, and the holder's process, which watches its
-    /// node, fires its guard's [`lost()`](crate::LockGuard::lost). With `expected_owner` (a
-    /// [`LockInfo::owner`] read before), only if that owner still holds it.
-    pub async fn force_release(&self, key: &str, expected_owner: Option<&str>) -> Result<ForceRelease, LockError> {
-        const OP: &str = "force release";
-        let client = self.client(key, OP).await?;
-        let dir = self.lock_path(key);
-        for _ in 0..RETRIES {
-            let Some((owner, path)) = holder_node(&client, &dir, key, OP).await? else {
-                return Ok(ForceRelease::NotHeld);
-            };
-            if expected_owner.is_some_and(|expected| expected != owner) {
-                return Ok(ForceRelease::OwnerChanged(owner));
-            }
-            match client.delete(&path, None).await {
-                Ok(()) => return Ok(ForceRelease::Released(owner)),
-                Err(ZkError::NoNode) => continue, // released meanwhile: look again
-                Err(e) => return Err(zk_error(key, OP, e)),
-            }
-        }
-        Err(LockError::backend(key, KIND, OP, "the lock changed hands too often to force its release"))
-    }
-
     /// Completes once the locks whose key starts with `prefix` may have changed: a lock's node
     /// container created or deleted, a node queued or removed (a lock taken, released, waited
     /// for). Sets one watch on the lock root and one on each lock's container.
@@ -176,6 +116,104 @@ fn info(key: &str, node: &str, data: &[u8], stat: &Stat, waiters: u64, now_ms: i
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl crate::backend::Inspect for ZookeeperBackend {
+    fn store(&self) -> &'static str {
+        KIND
+    }
+
+    /// The locks held now whose key (the manager prefix followed by the name) starts with
+    /// `prefix`, sorted by key.
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        Box::pin(async move {
+            let client = self.client(prefix, "list").await?;
+            let root = self.options().get_root();
+            let dirs = match client.list_children(root).await {
+                Ok(dirs) => dirs,
+                Err(ZkError::NoNode) => Vec::new(),
+                Err(e) => return Err(zk_error(prefix, "list", e)),
+            };
+            let mut keys: Vec<String> =
+                dirs.iter().filter_map(|d| decode(d)).filter(|k| k.starts_with(prefix)).collect();
+            keys.sort_unstable();
+            let mut locks = Vec::with_capacity(keys.len());
+            for key in keys {
+                if let Some(info) = inspect(&client, &self.lock_path(&key), &key).await? {
+                    locks.push(info);
+                }
+            }
+            Ok(locks)
+        })
+    }
+
+    /// The lock of backend key `key` (the manager prefix followed by the name), if it is held.
+    ///
+    /// Everything is known exactly but the age of a holder that may have waited: the fencing
+    /// token is the holder node's `czxid`, the waiters are the nodes queued behind it, and the
+    /// holder is the one recorded in its node's data. The age is counted from the recorded
+    /// grant of a fixed lease (the node's `mtime`), else from the node's creation, which is
+    /// the grant when the holder did not wait and earlier when it did
+    /// ([`LockInfo::age_at_most`] is then `true`). Ages compare the server's timestamps with
+    /// this machine's clock. A lock without a fixed lease is
+    /// [`session_bound`](LockInfo::session_bound).
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        Box::pin(async move {
+            let client = self.client(key, "inspect").await?;
+            inspect(&client, &self.lock_path(key), key).await
+        })
+    }
+
+    /// Frees the lock of backend key `key` whatever holds it, by deleting the holder's node:
+    /// the next node in the queue takes the lock, and the holder's process, which watches its
+    /// node, fires its guard's [`lost()`](crate::LockGuard::lost). With `expected_owner` (a
+    /// [`LockInfo::owner`] read before), only if that owner still holds it.
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        Box::pin(async move {
+            const OP: &str = "force release";
+            let client = self.client(key, OP).await?;
+            let dir = self.lock_path(key);
+            for _ in 0..RETRIES {
+                let Some((owner, path)) = holder_node(&client, &dir, key, OP).await? else {
+                    return Ok(ForceRelease::NotHeld);
+                };
+                if expected_owner.is_some_and(|expected| expected != owner) {
+                    return Ok(ForceRelease::OwnerChanged(owner));
+                }
+                match client.delete(&path, None).await {
+                    Ok(()) => return Ok(ForceRelease::Released(owner)),
+                    Err(ZkError::NoNode) => continue, // released meanwhile: look again
+                    Err(e) => return Err(zk_error(key, OP, e)),
+                }
+            }
+            Err(LockError::backend(key, KIND, OP, "the lock changed hands too often to force its release"))
+        })
+    }
+
+    fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        let feed = Watches { store: self.clone(), prefix: prefix.to_owned() };
+        Box::pin(std::future::ready(Ok(Box::new(feed) as Box<dyn ChangeFeed>)))
+    }
+}
+
+/// ZooKeeper's watches see every change ([`ZookeeperBackend::changed`]).
+struct Watches {
+    store: ZookeeperBackend,
+    prefix: String,
+}
+
+impl ChangeFeed for Watches {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(self.store.changed(&self.prefix))
+    }
+
+    fn complete(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

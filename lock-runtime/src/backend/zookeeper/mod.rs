@@ -76,7 +76,7 @@
 //! - The permits are part of each node's name: an acquisition whose listing shows a node ahead
 //!   of it with other permits is refused with an [`is_invalid`](LockError::is_invalid) error.
 //!
-//! `lockctl` ([`ZookeeperBackend::list`]) shows the mutexes only.
+//! `lockctl` ([`Inspect::list`](crate::backend::Inspect::list)) shows the mutexes only.
 //!
 //! # Leases and sessions
 //!
@@ -133,8 +133,8 @@
 //! the next operation connects a new session, so new attempts work again once the ensemble is
 //! reachable; while it is not, they fail at once with an [`is_backend`](LockError::is_backend)
 //! error. Each held lock also watches its own node, so a node deleted by anyone else (an
-//! operator, another tool, [`ZookeeperBackend::force_release`]) fires `lost()` too.
-//! [`ZookeeperBackend::list`] and [`ZookeeperBackend::inspect`] show the held locks: holder,
+//! operator, another tool, [`Inspect::force_release`](crate::backend::Inspect::force_release)) fires `lost()` too.
+//! [`Inspect::list`](crate::backend::Inspect::list) and [`Inspect::inspect`](crate::backend::Inspect::inspect) show the held locks: holder,
 //! token (`czxid`), age, lease and the exact number of waiters.
 //!
 //! Every option is validated when the backend connects (see [`ZookeeperOptions`]); every

@@ -1,0 +1,120 @@
+//! Inspection: what a store can tell about its locks ([`LockInfo`]), forced releases, and the
+//! [`Inspect`] capability that a backend implements beside [`LockBackend`](super::LockBackend)
+//! so that a tool (`lockctl`) can list, show, release and watch its locks through one
+//! `dyn Inspect`, whatever the store.
+
+use std::time::Duration;
+
+use super::{BoxFuture, Holder};
+use crate::error::LockError;
+
+/// What a store can tell about one held lock, for inspection tools (`lockctl`). A field the
+/// store cannot know is `None` ("unknown"), never guessed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The key in the backend: the manager's prefix followed by the lock's name.
+    pub key: String,
+    /// The holding acquisition's owner id, as stored.
+    pub owner: String,
+    /// The holding process, when it stored one (older versions did not).
+    pub holder: Option<Holder>,
+    /// The fencing token the holder was granted.
+    pub fencing_token: Option<u64>,
+    /// How long ago the lock was granted (by the store's clock where it has one).
+    pub age: Option<Duration>,
+    /// `age` is an upper bound: counted from when the holder queued, which may be before it
+    /// was granted the lock (ZooKeeper, for a holder that does not record its grant).
+    pub age_at_most: bool,
+    /// The lease left before the store frees the lock by itself; `None` when unknown or when
+    /// the lock has no lease (see `session_bound`).
+    pub remaining_lease: Option<Duration>,
+    /// Held for as long as the holder's session lives (ZooKeeper without a fixed lease).
+    pub session_bound: bool,
+    /// Acquisitions queued behind the holder, when the store knows them all (ZooKeeper).
+    pub waiters: Option<u64>,
+    /// Whether some acquisition found the lock held and waits for its release (Redis's
+    /// waited-on mark), when the store records it.
+    pub waited_on: Option<bool>,
+    /// Connections subscribed to the lock's release channel (Redis: processes with a waiter
+    /// now, or within their unsubscribe grace), when the store has such a channel.
+    pub subscribers: Option<u64>,
+}
+
+impl LockInfo {
+    /// A record of a held lock where nothing but the key and the owner is known yet.
+    pub fn new(key: impl Into<String>, owner: impl Into<String>) -> Self {
+        LockInfo {
+            key: key.into(),
+            owner: owner.into(),
+            holder: None,
+            fencing_token: None,
+            age: None,
+            age_at_most: false,
+            remaining_lease: None,
+            session_bound: false,
+            waiters: None,
+            waited_on: None,
+            subscribers: None,
+        }
+    }
+}
+
+/// How a forced release ([`RedisBackend::force_release`](super::redis::RedisBackend::force_release),
+/// …) ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForceRelease {
+    /// The lock was freed (its waiters are woken); holds the owner it was taken from.
+    Released(String),
+    /// Nobody held it.
+    NotHeld,
+    /// Another owner than the expected one holds it now (left untouched); holds that owner.
+    OwnerChanged(String),
+}
+
+/// The inspection capability: a backend whose locks can be listed, shown, released by force
+/// and watched. Implemented by the Redis (one server) and ZooKeeper backends; a tool takes a
+/// `Box<dyn Inspect>` and needs to know no more of the store.
+///
+/// ```no_run
+/// use lock_runtime::backend::Inspect;
+///
+/// async fn show_all(store: &dyn Inspect) -> Result<(), lock_runtime::LockError> {
+///     for lock in store.list("orders:").await? {
+///         println!("{} held by {:?} (token {:?})", lock.key, lock.holder, lock.fencing_token);
+///     }
+///     Ok(())
+/// }
+/// ```
+pub trait Inspect: Send + Sync + 'static {
+    /// The store's short name (`"redis"`, `"zookeeper"`, …).
+    fn store(&self) -> &'static str;
+
+    /// The held locks whose key (the manager prefix followed by the lock name) starts with
+    /// `prefix`.
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>>;
+
+    /// The lock `key`, if it is held.
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>>;
+
+    /// Releases the lock `key` whoever holds it; with `expected_owner`, only while that owner
+    /// still holds it (else [`ForceRelease::OwnerChanged`]). Its waiters are woken.
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>>;
+
+    /// What tells a live view of the locks under `prefix` to look again.
+    fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>>;
+}
+
+/// What tells a live view of the locks under a prefix to look again ([`Inspect::changes`]).
+pub trait ChangeFeed: Send {
+    /// Completes when the locks may have changed (it may also complete when nothing did).
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>>;
+
+    /// Whether every change is announced. When not (Redis announces releases, but takes only
+    /// with keyspace notifications on), a live view also looks again now and then.
+    fn complete(&self) -> bool;
+}
