@@ -251,9 +251,14 @@ fn default_name(func: &ItemFn, private: &TokenStream) -> TokenStream {
     })
 }
 
+/// `::lock_runtime`, or the `crate = ".."` given.
+fn krate(opts: &Options) -> TokenStream {
+    opts.krate.clone().map(|p| p.into_token_stream()).unwrap_or_else(|| quote!(::lock_runtime))
+}
+
 /// `::lock_runtime::__private`, or under the `crate = ".."` given.
 fn private(opts: &Options) -> TokenStream {
-    let krate = opts.krate.clone().map(|p| p.into_token_stream()).unwrap_or_else(|| quote!(::lock_runtime));
+    let krate = krate(opts);
     quote!(#krate::__private)
 }
 
@@ -305,44 +310,35 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
     }
 
     // The kind of `mode` and `permits` (a mutex without them).
+    let krate = krate(opts);
     let kind = match (opts.mode, opts.permits) {
-        (Some(Mode::Read), _) => Some(quote!(#private::kinds::READ)),
-        (Some(Mode::Write), _) => Some(quote!(#private::kinds::WRITE)),
-        (None, Some(permits)) => Some(quote!(#private::kinds::semaphore(#permits))),
-        (None, None) => None,
+        (Some(Mode::Read), _) => quote!(#krate::backend::LockKind::Read),
+        (Some(Mode::Write), _) => quote!(#krate::backend::LockKind::Write),
+        (None, Some(permits)) => quote!(#krate::backend::LockKind::Semaphore { permits: #permits }),
+        (None, None) => quote!(#krate::backend::LockKind::Exclusive),
     };
 
     // The lock goes into `run` (a `Locked` run), pinned in the locked fn's future: entered in
     // place before the arguments move into the body, then run with it. A read lock, write lock
     // or permit is the same run of another kind; `names`, several locks entered into it.
-    let enter = match (&opts.manager, &kind, &opts.names) {
+    let enter = match (&opts.manager, kind, &opts.names) {
         (Some(manager), _, Some(_)) => quote! {
             let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
-            let #manager_var = #private::kinds::manager_of(&#manager_var);
-            #private::enter_all(#run_var.as_mut(), #manager_var, #name_var, #options).await
+            #private::enter_all(#run_var.as_mut(), ::core::option::Option::Some(&#manager_var), #name_var, #options).await
         },
         (None, _, Some(_)) => quote! {
             let #name_var = { #(#by_ref)* #name };
             let #manager_var = #private::default_manager();
             #private::enter_all(#run_var.as_mut(), #manager_var.as_ref(), #name_var, #options).await
         },
-        (Some(manager), None, None) => quote! {
+        (Some(manager), kind, None) => quote! {
             let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
-            #private::enter(#run_var.as_mut(), &#manager_var, #name_var, #options).await
+            #private::enter(#run_var.as_mut(), &#manager_var, #name_var, #kind, #options).await
         },
-        (None, None, None) => quote! {
+        (None, kind, None) => quote! {
             let #name_var = { #(#by_ref)* #name };
             let #manager_var = #private::default_manager();
-            #private::enter_default(#run_var.as_mut(), &#manager_var, #name_var, #options).await
-        },
-        (Some(manager), Some(kind), None) => quote! {
-            let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
-            #private::enter_as(#run_var.as_mut(), &#manager_var, #name_var, #kind, #options).await
-        },
-        (None, Some(kind), None) => quote! {
-            let #name_var = { #(#by_ref)* #name };
-            let #manager_var = #private::default_manager();
-            #private::enter_default_as(#run_var.as_mut(), &#manager_var, #name_var, #kind, #options).await
+            #private::enter_default(#run_var.as_mut(), &#manager_var, #name_var, #kind, #options).await
         },
     };
 

@@ -145,6 +145,7 @@ pub mod http;
 mod lock_all;
 mod lost;
 mod manager;
+mod name;
 mod options;
 mod run;
 mod telemetry;

@@ -5,40 +5,17 @@ use std::borrow::Borrow;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::LockKind;
 pub use crate::error::LockError;
 pub use crate::manager::LockManager;
 use crate::manager::LockRequest;
+pub use crate::name::{default_name, fixed_name, render, Fixed, LockName, Rendered};
 pub use crate::options::LockOptions;
 use crate::run;
 pub use crate::run::{Enter, Locked, Started};
-
-/// The kinds of the attribute's `mode` and `permits`.
-pub mod kinds {
-    use std::borrow::Borrow;
-
-    use crate::backend::LockKind;
-    use crate::manager::LockManager;
-
-    /// The read side of a read-write lock.
-    pub const READ: LockKind = LockKind::Read;
-    /// The write side of a read-write lock.
-    pub const WRITE: LockKind = LockKind::Write;
-
-    /// One of `permits` permits.
-    pub const fn semaphore(permits: u32) -> LockKind {
-        LockKind::Semaphore { permits }
-    }
-
-    /// The manager of `manager = ..` (a `LockManager` or a reference to one).
-    #[inline]
-    pub fn manager_of<M: Borrow<LockManager>>(manager: &M) -> Option<&LockManager> {
-        Some(manager.borrow())
-    }
-}
 
 /// What to do with the body when the lease is lost while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,109 +42,6 @@ impl OnLost {
 /// A duration of `ms` milliseconds (the macro has already checked the literal).
 pub const fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
-}
-
-/// The default lock name: md5 hex of `"<module_path>::<fn_name>"`, computed once per fn.
-pub fn default_name(cell: &'static OnceLock<Arc<str>>, module_path: &str, fn_name: &str) -> Fixed {
-    Fixed(cell.get_or_init(|| Arc::from(format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))).clone())
-}
-
-/// A lock name without parameters: allocated once per fn, shared by its calls.
-#[inline]
-pub fn fixed_name(cell: &'static OnceLock<Arc<str>>, name: &str) -> Fixed {
-    Fixed(cell.get_or_init(|| Arc::from(name)).clone())
-}
-
-/// A lock name rendered from its template for one call (see [`render`]).
-#[derive(Debug, Clone)]
-pub struct Rendered(Arc<str>);
-
-/// Renders a name template straight into the shared name: a short name goes through a buffer
-/// on the stack rather than a `String` of its own (one allocation per call, not two).
-#[inline]
-pub fn render(args: std::fmt::Arguments<'_>) -> Rendered {
-    let mut buf = NameBuf { bytes: [0; NAME_BUF], len: 0 };
-    if std::fmt::write(&mut buf, args).is_ok() {
-        if let Ok(name) = std::str::from_utf8(&buf.bytes[..buf.len]) {
-            return Rendered(Arc::from(name));
-        }
-    }
-    Rendered(Arc::from(std::fmt::format(args))) // longer (or a `Display` that failed: as `format!`)
-}
-
-const NAME_BUF: usize = 64;
-
-/// Where [`render`] writes a short name.
-struct NameBuf {
-    bytes: [u8; NAME_BUF],
-    len: usize,
-}
-
-impl std::fmt::Write for NameBuf {
-    #[inline]
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        let slot = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
-        slot.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
-impl LockName for Rendered {
-    #[inline]
-    fn as_name(&self) -> &str {
-        &self.0
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        self.0
-    }
-}
-
-/// The lock name of a locked fn that has no parameter in it (see [`fixed_name`]).
-#[derive(Debug, Clone)]
-pub struct Fixed(Arc<str>);
-
-/// A locked call's lock name: rendered for the call (`&str`, `String`), or [`Fixed`].
-pub trait LockName {
-    /// The name.
-    fn as_name(&self) -> &str;
-    /// The name, shared.
-    fn into_name(self) -> Arc<str>;
-}
-
-impl LockName for &str {
-    #[inline]
-    fn as_name(&self) -> &str {
-        self
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        Arc::from(self)
-    }
-}
-
-impl LockName for String {
-    #[inline]
-    fn as_name(&self) -> &str {
-        self
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        Arc::from(self)
-    }
-}
-
-impl LockName for Fixed {
-    #[inline]
-    fn as_name(&self) -> &str {
-        &self.0
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        self.0
-    }
 }
 
 /// The manager set with [`set_default`](crate::set_default), if any (see [`enter_default`]).
@@ -330,23 +204,12 @@ pub fn skip<R>(error: LockError, carry: Carry<R>, skipped: impl FnOnce() -> R) -
 /// How a lost error becomes the locked fn's output; `None`: the body runs to its end.
 pub type Carry<R> = Option<fn(LockError) -> R>;
 
-/// Takes (or re-enters) the lock `name` on `manager` into `run`, for a locked call, before its
-/// arguments move into the body (they go to the fallback if the lock cannot be taken): what
-/// [`Locked::enter`] does with `manager.lock(name)`, with the request made only when the lock
-/// must be taken.
-#[inline]
-pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
-    run: Pin<&'r mut Locked<F>>,
-    manager: &'a M,
-    name: N,
-    options: LockOptions,
-) -> Enter<'a, 'r, F> {
-    enter_as(run, manager, name, LockKind::Exclusive, options)
-}
-
-/// [`enter`] for a lock of `kind` (the attribute's `mode` and `permits`).
+/// Takes (or re-enters) the lock `name` of `kind` on `manager` into `run`, for a locked call,
+/// before its arguments move into the body (they go to the fallback if the lock cannot be
+/// taken): what [`Locked::enter`] does with `manager.lock(name)`, with the request made only
+/// when the lock must be taken.
 #[inline(always)]
-pub fn enter_as<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
+pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
     mut run: Pin<&'r mut Locked<F>>,
     manager: &'a M,
     name: N,
@@ -364,19 +227,8 @@ pub fn enter_as<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
 }
 
 /// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
-#[inline]
-pub fn enter_default<'a, 'r, N: LockName, F: Future>(
-    run: Pin<&'r mut Locked<F>>,
-    manager: &'a Option<LockManager>,
-    name: N,
-    options: LockOptions,
-) -> Enter<'a, 'r, F> {
-    enter_default_as(run, manager, name, LockKind::Exclusive, options)
-}
-
-/// [`enter_as`] on the default manager (see [`default_manager`]), or the not-configured error.
 #[inline(always)]
-pub fn enter_default_as<'a, 'r, N: LockName, F: Future>(
+pub fn enter_default<'a, 'r, N: LockName, F: Future>(
     run: Pin<&'r mut Locked<F>>,
     manager: &'a Option<LockManager>,
     name: N,
@@ -384,19 +236,20 @@ pub fn enter_default_as<'a, 'r, N: LockName, F: Future>(
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
     match manager {
-        Some(manager) => enter_as(run, manager, name, kind, options),
+        Some(manager) => enter(run, manager, name, kind, options),
         None => Enter::refused(run, LockError::NotConfigured { name: name.as_name().to_owned() }),
     }
 }
 
-/// Takes (or re-enters) every one of `names` into `run` (the attribute's `names`).
-pub async fn enter_all<F: Future>(
+/// Takes (or re-enters) every one of `names` into `run` (the attribute's `names`), on the
+/// `manager = ..` given (a `LockManager` or a reference to one) or the default one.
+pub async fn enter_all<F: Future, M: Borrow<LockManager>>(
     run: Pin<&mut Locked<F>>,
-    manager: Option<&LockManager>,
+    manager: Option<&M>,
     names: Vec<Arc<str>>,
     options: LockOptions,
 ) -> Result<(), LockError> {
-    let Some(manager) = manager else {
+    let Some(manager) = manager.map(Borrow::borrow) else {
         let joined: Vec<&str> = names.iter().map(|n| &**n).collect();
         return Err(LockError::NotConfigured { name: joined.join(", ") });
     };
@@ -433,24 +286,4 @@ pub fn carried<R>(result: Result<R, LockError>, carry: Carry<R>) -> R {
 #[inline(never)]
 fn ran_to_end_failed(e: LockError) -> ! {
     panic!("a locked call that runs its body to the end failed after taking its lock: {e}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rendered_names_are_formatted_names() {
-        let long = "x".repeat(NAME_BUF + 1);
-        for (args, expected) in [
-            (render(format_args!("order:{}", 42)), "order:42".to_owned()),
-            (render(format_args!("заказ/{}", "✓")), "заказ/✓".to_owned()),
-            (render(format_args!("{}", "y".repeat(NAME_BUF))), "y".repeat(NAME_BUF)),
-            (render(format_args!("{long}:{}", 7)), format!("{long}:7")),
-            (render(format_args!("plain")), "plain".to_owned()),
-        ] {
-            assert_eq!(args.as_name(), expected);
-            assert_eq!(&*args.into_name(), expected);
-        }
-    }
 }

@@ -17,6 +17,8 @@
 
 use std::sync::OnceLock;
 
+use crate::backend::LockKind;
+
 /// The number of hash slots of Redis Cluster.
 pub(super) const SLOTS: usize = 16_384;
 
@@ -35,6 +37,24 @@ impl KeyLayout {
     /// The names used for the backend key `key` (the manager prefix followed by the lock name).
     pub fn of(key: &str) -> Self {
         let lock = format!("lock:{{{key}}}");
+        let channel = format!("{lock}:released");
+        let fence = fence_of(&lock);
+        KeyLayout { lock, channel, fence }
+    }
+
+    /// The names of a lock of `kind` for the backend key `key`: [`of`](Self::of) for a mutex;
+    /// for the other kinds, each a namespace of its own, a state (`lock:rw:{<key>}` for a
+    /// read-write lock, `lock:sem:{<key>}` for a semaphore) in `lock`, its channel
+    /// `<state>:released`, and the fencing counter of the state's own slot (a name beginning
+    /// with `}` leaves the state's hash tag empty, so the state is hashed whole, to another slot
+    /// than the mutex key of the same name).
+    pub fn of_kind(key: &str, kind: LockKind) -> Self {
+        let space = match kind {
+            LockKind::Exclusive => return Self::of(key),
+            LockKind::Semaphore { .. } => "sem",
+            _ => "rw",
+        };
+        let lock = format!("lock:{space}:{{{key}}}");
         let channel = format!("{lock}:released");
         let fence = fence_of(&lock);
         KeyLayout { lock, channel, fence }
@@ -140,11 +160,39 @@ mod tests {
         for slot in [0u16, 1, 12182, 16383] {
             assert_eq!(key_slot(slot_tag(slot).as_bytes()), slot);
         }
-        for key in ["order:42", "myapp:x", "a{b}c", "é", "}x", "{}x", "}{x}", "a}b{"] {
+        for key in ["order:42", "myapp:x", "a{b}c", "é", "}x", "{}x", "}{x}", "a}b{", "}"] {
             let l = KeyLayout::of(key);
             let slot = key_slot(l.lock.as_bytes());
-            assert_eq!(key_slot(l.channel.as_bytes()), slot, "{key}");
-            assert_eq!(key_slot(l.fence.as_bytes()), slot, "{key}");
+            assert_eq!(key_slot(l.fence.as_bytes()), slot, "{key}: the keys of one script share a slot");
+            // The channel is a script argument, not a key; it shares the slot when the name
+            // gives the lock key a hash tag (any name not beginning with `}`).
+            if !key.starts_with('}') {
+                assert_eq!(key_slot(l.channel.as_bytes()), slot, "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn kind_keys_share_a_slot_with_their_counter_and_namespaces_differ() {
+        for key in ["order:42", "myapp:x", "a{b}c", "é", "a}b", "}x", "{}x", "}{x}", "a}b{", "}"] {
+            let lock = KeyLayout::of(key);
+            let rw = KeyLayout::of_kind(key, LockKind::Read);
+            let sem = KeyLayout::of_kind(key, LockKind::Semaphore { permits: 3 });
+            assert_eq!(rw, KeyLayout::of_kind(key, LockKind::Write), "readers and writers share one state");
+            assert_ne!(rw.lock, sem.lock);
+            assert_ne!(rw.lock, lock.lock);
+            // The keys of one script (state and counter) share a slot, for every name.
+            for keys in [&rw, &sem] {
+                assert_eq!(key_slot(keys.fence.as_bytes()), key_slot(keys.lock.as_bytes()), "{key}");
+            }
+            // With a hash tag (any name not beginning with `}`), the channels and the mutex too.
+            if !key.starts_with('}') {
+                let slot = key_slot(lock.lock.as_bytes());
+                for name in [&rw.lock, &rw.channel, &rw.fence, &sem.lock, &sem.channel, &sem.fence] {
+                    assert_eq!(key_slot(name.as_bytes()), slot, "{name} of {key}");
+                }
+            }
+            assert_eq!(KeyLayout::key_of(&rw.lock), None, "not taken for a mutex by inspection");
         }
     }
 }

@@ -116,7 +116,7 @@ enum Phase {
 struct Entry {
     id: u64,
     /// A writer of a read-write lock: queued ahead of the sleeping readers (see
-    /// [`Waiters::busy_as`]).
+    /// [`Waiters::busy`]).
     writer: bool,
     phase: Phase,
     /// A release observed while busy: attempt again if the attempt found the lock held.
@@ -252,14 +252,9 @@ impl Waiters {
         Waiters { state, poke }
     }
 
-    /// Before an acquisition without a slot attempts: joins the queue if one exists.
-    pub(super) fn before_attempt(&self, channel: &str) -> Before {
-        self.before_attempt_as(channel, false)
-    }
-
-    /// [`before_attempt`](Self::before_attempt) of a writer (`writer`: queued ahead of the
-    /// sleeping readers) or of anything else.
-    pub(super) fn before_attempt_as(&self, channel: &str, writer: bool) -> Before {
+    /// Before an acquisition without a slot attempts: joins the queue if one exists (a writer
+    /// of a read-write lock, `writer`, ahead of the sleeping readers).
+    pub(super) fn before_attempt(&self, channel: &str, writer: bool) -> Before {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         let Some((key, ks)) = st.keys.get_key_value(channel) else { return Before::Attempt(Capture(None)) };
@@ -281,17 +276,12 @@ impl Waiters {
     }
 
     /// An attempt sent at `sent` (state captured by [`before_attempt`](Self::before_attempt))
-    /// found the lock held for `pttl` ms more: joins the back of the queue.
-    pub(super) fn busy(&self, channel: &str, capture: Capture, sent: Instant, pttl: i64) -> Slot {
-        self.busy_as(channel, capture, sent, pttl, false)
-    }
-
-    /// [`busy`](Self::busy) of a writer of a read-write lock (`writer`) or of anything else.
-    /// A writer's attempt that found no room recorded its intent, which keeps readers out: it
-    /// joins the queue ahead of the sleeping readers (behind other writers and behind a head
-    /// that is attempting), so that it, not a reader its own intent keeps out, attempts next
-    /// and renews that intent.
-    pub(super) fn busy_as(&self, channel: &str, capture: Capture, sent: Instant, pttl: i64, writer: bool) -> Slot {
+    /// found the lock held for `pttl` ms more: joins the back of the queue. A writer of a
+    /// read-write lock (`writer`) whose attempt found no room recorded its intent, which keeps
+    /// readers out: it joins the queue ahead of the sleeping readers (behind other writers and
+    /// behind a head that is attempting), so that it, not a reader its own intent keeps out,
+    /// attempts next and renews that intent.
+    pub(super) fn busy(&self, channel: &str, capture: Capture, sent: Instant, pttl: i64, writer: bool) -> Slot {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
         st.next_id += 1;
@@ -691,9 +681,9 @@ mod tests {
     /// A slot that made its first attempt (busy, a 30 s lease left) and looked once since the
     /// subscription was confirmed, so it sleeps.
     fn queued(w: &Waiters) -> Slot {
-        match w.before_attempt(CHANNEL) {
+        match w.before_attempt(CHANNEL, false) {
             Before::Queued(slot) => slot,
-            Before::Attempt(capture) => w.busy(CHANNEL, capture, crate::clock::now(), 30_000),
+            Before::Attempt(capture) => w.busy(CHANNEL, capture, crate::clock::now(), 30_000, false),
         }
     }
 
@@ -725,7 +715,7 @@ mod tests {
     fn a_waiting_writer_goes_ahead_of_sleeping_readers() {
         let (w, _rx) = waiters();
         let reader = settled_head(&w);
-        let writer = w.busy_as(CHANNEL, Capture::NONE, crate::clock::now(), 30_000, true);
+        let writer = w.busy(CHANNEL, Capture::NONE, crate::clock::now(), 30_000, true);
         assert!(matches!(reader.step(), Step::Sleep(_, None)), "the reader is no longer the head");
         assert!(!matches!(writer.step(), Step::Sleep(_, None)), "the writer is the head");
         drop(writer);
@@ -733,13 +723,13 @@ mod tests {
         on_release(&w.state, CHANNEL, "a");
         assert!(matches!(reader.step(), Step::Attempt));
         reader.attempting();
-        let writer = w.busy_as(CHANNEL, Capture::NONE, crate::clock::now(), 30_000, true);
+        let writer = w.busy(CHANNEL, Capture::NONE, crate::clock::now(), 30_000, true);
         assert!(matches!(writer.step(), Step::Sleep(_, None)), "behind the attempting head");
         reader.busy(crate::clock::now(), 30_000); // kept out by the writer's intent
         assert!(matches!(writer.step(), Step::Attempt), "the writer attempts (and renews its intent)");
         assert!(matches!(reader.step(), Step::Sleep(_, None)));
-        let Before::Queued(late) = w.before_attempt_as(CHANNEL, false) else { panic!("queued") };
-        let Before::Queued(second) = w.before_attempt_as(CHANNEL, true) else { panic!("queued") };
+        let Before::Queued(late) = w.before_attempt(CHANNEL, false) else { panic!("queued") };
+        let Before::Queued(second) = w.before_attempt(CHANNEL, true) else { panic!("queued") };
         let order: Vec<u64> = lock(&w.state).keys[CHANNEL].queue.iter().map(|e| e.id).collect();
         assert_eq!(order, [writer.id, second.id, reader.id, late.id], "writers first, then readers in order");
     }
@@ -762,7 +752,7 @@ mod tests {
             let (w, _rx) = waiters();
             let head = settled_head(&w);
             let next = queued(&w);
-            assert!(matches!(w.before_attempt(CHANNEL), Before::Queued(_)), "local FIFO");
+            assert!(matches!(w.before_attempt(CHANNEL, false), Before::Queued(_)), "local FIFO");
             assert!(matches!(next.step(), Step::Sleep(_, None)));
             on_release(&w.state, CHANNEL, "a");
             assert!(matches!(head.step(), Step::Attempt));
@@ -803,9 +793,9 @@ mod tests {
         on_release(&w.state, CHANNEL, "a");
         head.attempting();
         head.granted(None); // the queue is empty now, the channel still subscribed
-        let Before::Attempt(capture) = w.before_attempt(CHANNEL) else { panic!("nobody queued") };
+        let Before::Attempt(capture) = w.before_attempt(CHANNEL, false) else { panic!("nobody queued") };
         on_release(&w.state, CHANNEL, "b"); // nobody to wake: counted
-        let late = w.busy(CHANNEL, capture, crate::clock::now(), 30_000);
+        let late = w.busy(CHANNEL, capture, crate::clock::now(), 30_000, false);
         assert!(matches!(late.step(), Step::Attempt), "the release during its attempt was lost");
     }
 }

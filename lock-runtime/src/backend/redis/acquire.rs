@@ -1,0 +1,297 @@
+//! One acquisition on Redis, of any kind: a mutex (`acquire.lua`) or a read lock, write lock or
+//! permit (`kind_acquire.lua`), with one local queue, one wait loop and one cleanup when
+//! dropped. What differs by kind is the keys ([`KeyLayout::of_kind`]), the scripts and their
+//! mode arguments, and three rules: a writer's intent, a semaphore's agreed permits, and a
+//! shared grant that passes a wake-up on (see the [module docs](super)).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::held::{release_call, undo_dropped, RedisHeld};
+use super::waiters::{Before, Capture, Outage, Slot, Step};
+use super::{bounded, lease_millis, KeyLayout, RedisBackend, ACQUIRE, KIND, KIND_ACQUIRE, WATCH};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, LockKind, Wake};
+use crate::error::LockError;
+
+/// One `lock()`, `read_lock()`, `write_lock()` or `semaphore()` call on Redis: owns its place
+/// in the local queue (once it has one), any acquire in flight and (a writer) its intent.
+/// Dropped, it leaves the queue (passing on a wake-up it was given) and removes whatever it may
+/// have left in Redis with an owner-checked release script.
+pub(super) struct RedisAcquisition {
+    backend: RedisBackend,
+    req: Acquire,
+    layout: KeyLayout,
+    owner: Arc<str>,
+    slot: Option<Slot>,
+    /// An acquire script was sent and its answer not seen: it may hold the lock server-side.
+    in_flight: bool,
+    /// A writer's intent was recorded (it keeps new readers out until removed or expired).
+    intent: bool,
+    /// This waiter's attempts or looks failing (a restart, a failover): retried with backoff.
+    outage: Outage,
+}
+
+/// The mode argument of `kind_acquire.lua` and the permits of `kind`; `None` for a mutex.
+fn mode(kind: LockKind) -> Option<(&'static str, u32)> {
+    match kind {
+        LockKind::Exclusive => None,
+        LockKind::Read => Some(("R", 0)),
+        LockKind::Semaphore { permits } => Some(("S", permits)),
+        _ => Some(("W", 0)),
+    }
+}
+
+impl RedisAcquisition {
+    /// Begins an acquisition of `req`, for `owner` (`<owner id>@<holder>`).
+    pub(super) fn new(backend: &RedisBackend, req: Acquire, owner: Arc<str>) -> Self {
+        let layout = KeyLayout::of_kind(&req.key, req.kind);
+        let backend = backend.clone();
+        RedisAcquisition {
+            backend,
+            req,
+            layout,
+            owner,
+            slot: None,
+            in_flight: false,
+            intent: false,
+            outage: Outage::default(),
+        }
+    }
+
+    async fn attempt_inner(&mut self) -> Result<Attempt, LockError> {
+        if let LockKind::Semaphore { permits: 0 } = self.req.kind {
+            return Err(LockError::invalid(&*self.req.name, "a semaphore of 0 permits admits nobody; give at least 1"));
+        }
+        let mode = mode(self.req.kind);
+        let writer = self.req.kind == LockKind::Write;
+        let waiters = &self.backend.inner.waiters;
+        let capture = match &self.slot {
+            Some(slot) => {
+                slot.attempting();
+                None
+            }
+            None => match waiters.before_attempt(&self.layout.channel, writer) {
+                Before::Queued(slot) => {
+                    // Local FIFO: behind this process's waiters (a waiting writer among them
+                    // keeps a reader out), without racing their head.
+                    self.slot = Some(slot);
+                    return Ok(Attempt::Busy);
+                }
+                Before::Attempt(capture) => Some(capture),
+            },
+        };
+        let lease = self.req.lease.duration();
+        let sent = crate::clock::now();
+        let script = if mode.is_some() { &*KIND_ACQUIRE } else { &*ACQUIRE };
+        self.in_flight = true;
+        let wait = self.backend.inner.options.wait_for_replicas;
+        let call = async {
+            let (lock, fence, owner) = (self.layout.lock.as_str(), self.layout.fence.as_str(), &*self.owner);
+            match wait {
+                None => {
+                    let mut invocation = script.prepare_invoke();
+                    invocation.key(lock).key(fence).arg(owner).arg(lease_millis(lease));
+                    if let Some((mode, permits)) = mode {
+                        invocation.arg(mode).arg(permits);
+                    }
+                    Ok((self.backend.eval(&self.req.name, "acquire", invocation).await?, None))
+                }
+                Some(wait) => {
+                    let (lease, permits) = (lease_millis(lease).to_string(), mode.map(|(_, p)| p.to_string()));
+                    let mut args = vec![owner, lease.as_str()];
+                    if let (Some((mode, _)), Some(permits)) = (mode, &permits) {
+                        args.extend([mode, permits.as_str()]);
+                    }
+                    let script = (script, &[lock, fence][..], &args[..]);
+                    let (reply, acked) = self.backend.eval_then_wait(&self.req.name, "acquire", script, wait).await?;
+                    Ok((reply, Some(acked)))
+                }
+            }
+        };
+        // Bounded here too (a connection being made again may not answer at all), so that the
+        // outage is this backend's error, which a waiter waits out below.
+        let timeout = self.backend.inner.options.command_timeout;
+        let reply: Result<((i64, i64), Option<usize>), LockError> =
+            bounded(&self.req.name, "acquire", timeout, call).await;
+        let ((status, value), acked) = match (reply, &self.slot) {
+            (Ok(reply), _) => {
+                self.outage.ended();
+                reply
+            }
+            // A waiter's attempt met an outage (a restart, a failover; the holder's lease may
+            // have run out meanwhile): it keeps waiting and tries again with backoff while its
+            // wait lasts; if the wait runs out first, this error is its answer. (A first attempt
+            // fails the call at once, so a server that is down is reported without delay.)
+            (Err(e), Some(slot)) if e.is_backend() => {
+                slot.look_failed();
+                self.outage.failed(&self.req.name, e);
+                return Ok(Attempt::Busy);
+            }
+            (Err(e), _) => return Err(e),
+        };
+        self.in_flight = false;
+        match status {
+            1 => {
+                if value <= 0 {
+                    // Not ours to keep: undone when this acquisition is dropped.
+                    self.in_flight = true;
+                    let why = format!("the fencing counter returned {value}");
+                    return Err(LockError::backend(&*self.req.name, KIND, "acquire", why));
+                }
+                self.intent = false; // the grant removed it
+                if let (Some(acked), Some((replicas, timeout))) = (acked, wait) {
+                    if acked < replicas {
+                        return Err(self.undo_short_grant(acked, replicas, timeout).await);
+                    }
+                }
+                let lease_end = sent.checked_add(lease);
+                match self.slot.take() {
+                    Some(slot) => {
+                        slot.granted(lease_end);
+                        if mode.is_some() && !writer {
+                            // There may be room for the next local waiter as well.
+                            waiters.released(&self.layout.channel, &format!("{}+granted", self.owner));
+                        }
+                    }
+                    None => waiters.acquired(&self.layout.channel, lease_end),
+                }
+                Ok(Attempt::Acquired(self.grant(value, sent)))
+            }
+            -1 if mode.is_some() => Err(LockError::invalid(
+                &*self.req.name,
+                format!(
+                    "the semaphore is held with {value} permits; this call asked for {}: every holder of a \
+                     semaphore must give the same number of permits",
+                    mode.map_or(0, |(_, permits)| permits)
+                ),
+            )),
+            _ => {
+                self.intent = writer;
+                match (&self.slot, capture) {
+                    (Some(slot), _) => slot.busy(sent, value),
+                    (None, capture) => {
+                        let capture = capture.unwrap_or(Capture::NONE);
+                        self.slot = Some(waiters.busy(&self.layout.channel, capture, sent, value, writer));
+                    }
+                }
+                Ok(Attempt::Busy)
+            }
+        }
+    }
+
+    fn grant(&self, token: i64, sent: Instant) -> Grant {
+        let lock = RedisHeld {
+            backend: self.backend.clone(),
+            name: self.req.name.clone(),
+            key: self.layout.lock.as_str().into(),
+            channel: self.layout.channel.as_str().into(),
+            owner: self.owner.clone(),
+            kind: self.req.kind,
+        };
+        Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Held::new(lock) }
+    }
+
+    /// Undoes a grant that too few replicas acknowledged (owner-checked; left to `Drop` if
+    /// the release fails) and says why it failed.
+    async fn undo_short_grant(&mut self, acked: usize, replicas: usize, timeout: Duration) -> LockError {
+        // Held until undone: dropped meanwhile (or the release failing), `Drop` undoes it.
+        self.in_flight = true;
+        if self.undo().call_bounded().await.is_ok() {
+            self.in_flight = false;
+            self.backend.inner.waiters.released(&self.layout.channel, &self.owner);
+        }
+        let why = format!(
+            "only {acked} of the {replicas} required replica(s) acknowledged the grant within {timeout:?} \
+             (wait_for_replicas), so it was undone: check the replicas (`INFO replication`), or lower \
+             wait_for_replicas / raise its timeout"
+        );
+        LockError::backend(&*self.req.name, KIND, "acquire", why)
+    }
+
+    /// The owner-checked release that removes what this acquisition may hold in Redis.
+    fn undo(&self) -> super::held::ReleaseCall {
+        let (key, channel) = (self.layout.lock.as_str().into(), self.layout.channel.as_str().into());
+        release_call(&self.backend, &self.req.name, self.req.kind, key, channel, &self.owner, None)
+    }
+
+    async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
+        let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
+        let deadline_sleep = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(deadline_sleep);
+        // A failed look at the lock or attempt (the server is restarting, say) is retried with
+        // backoff while the wait lasts; if the wait runs out meanwhile, the failure is the answer.
+        loop {
+            if crate::clock::now() >= deadline {
+                return self.outage.timed_out();
+            }
+            let step = slot.step();
+            if let (Step::Attempt | Step::Check, Some(again)) = (&step, self.outage.backoff_until()) {
+                // Not before the backoff has passed (a notification may wake it earlier).
+                slot.back_off(again.min(deadline)).await;
+                continue;
+            }
+            let (notify, until) = match step {
+                // The other kinds look by attempting (their attempt marks the state).
+                Step::Attempt => return Ok(Wake::Retry),
+                Step::Check if self.req.kind != LockKind::Exclusive => return Ok(Wake::Retry),
+                Step::Check => {
+                    let sent = crate::clock::now();
+                    let mut invocation = WATCH.prepare_invoke();
+                    invocation.key(&self.layout.lock);
+                    let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
+                    let outcome = tokio::select! {
+                        outcome = look => outcome,
+                        _ = &mut deadline_sleep => continue,
+                    };
+                    match outcome {
+                        Ok(-2) => {
+                            self.outage.ended();
+                            slot.free();
+                            return Ok(Wake::Retry);
+                        }
+                        Ok(pttl) => {
+                            self.outage.ended();
+                            slot.busy(sent, pttl);
+                        }
+                        Err(e) => {
+                            slot.look_failed();
+                            self.outage.failed(&self.req.name, e);
+                        }
+                    }
+                    continue;
+                }
+                Step::Sleep(notify, until) => (notify, until),
+            };
+            let wake_at = until.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
+            }
+        }
+    }
+}
+
+impl Acquisition for RedisAcquisition {
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
+        Box::pin(self.attempt_inner())
+    }
+
+    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
+        Box::pin(self.wait_inner(deadline))
+    }
+}
+
+impl Drop for RedisAcquisition {
+    fn drop(&mut self) {
+        // Leave the queue first: a wake-up this acquisition held goes to the next waiter now.
+        drop(self.slot.take());
+        if !self.in_flight && !self.intent {
+            return;
+        }
+        // An acquire whose answer was never seen may have taken the lock, and a waiting writer
+        // keeps readers out: undo both (only if it did: the release is owner-checked). A mutex's
+        // local waiters are told when it was undone (or may have been), not when the lock is
+        // someone else's: that holder's release tells them; the other kinds' always are.
+        undo_dropped(self.undo(), self.req.kind != LockKind::Exclusive);
+    }
+}

@@ -1,0 +1,304 @@
+//! A lock held in Redis, of any kind: its release (now, after a remainder, or finished in the
+//! background when its future is dropped), its renewal, and the cleanup of what a dropped
+//! acquisition may have left.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Script;
+
+use super::{
+    bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, KIND, KIND_EXTEND, KIND_RELEASE, RELEASE,
+    RELEASE_AFTER,
+};
+use crate::backend::{BoxFuture, HeldLock, LockKind, Renewal};
+use crate::error::LockError;
+
+/// One owner-checked release script call (`release.lua`, `release_after.lua`,
+/// `kind_release.lua`): key a lock's key (or a kind's state), arguments the owner, where the
+/// script takes one a number of milliseconds, and the release channel.
+pub(super) struct ReleaseCall {
+    backend: RedisBackend,
+    script: &'static Script,
+    name: Arc<str>,
+    key: Arc<str>,
+    channel: Arc<str>,
+    owner: Arc<str>,
+    millis: Option<u64>,
+}
+
+impl ReleaseCall {
+    pub(super) fn new(
+        backend: &RedisBackend,
+        script: &'static Script,
+        name: &Arc<str>,
+        key: Arc<str>,
+        channel: Arc<str>,
+        owner: &Arc<str>,
+    ) -> Self {
+        ReleaseCall {
+            backend: backend.clone(),
+            script,
+            name: name.clone(),
+            key,
+            channel,
+            owner: owner.clone(),
+            millis: None,
+        }
+    }
+
+    /// The script's number of milliseconds (before the channel).
+    pub(super) fn millis(mut self, millis: u64) -> Self {
+        self.millis = Some(millis);
+        self
+    }
+
+    /// Sends the script; its answer.
+    async fn call(&self) -> Result<i64, LockError> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(&*self.key).arg(&*self.owner);
+        if let Some(millis) = self.millis {
+            invocation.arg(millis);
+        }
+        invocation.arg(&*self.channel);
+        self.backend.eval::<i64>(&self.name, "release", invocation).await
+    }
+
+    /// Tells the local queue of the lock that its holder let go (or may have).
+    fn tell(&self) {
+        self.backend.inner.waiters.released(&self.channel, &self.owner);
+    }
+
+    /// [`call`](Self::call) bounded by the command timeout, for work nobody awaits.
+    pub(super) async fn call_bounded(&self) -> Result<i64, LockError> {
+        bounded(&self.name, "release", self.backend.inner.options.command_timeout, self.call()).await
+    }
+
+    /// A holder's release: `Ok` when the script found the lock still the owner's. Local
+    /// waiters are told however it ends. Dropped before its answer (the caller's `select!` or
+    /// timeout gave up), it still completes in the background: see [`Unabandoned`].
+    pub(super) fn release(self) -> BoxFuture<'static, Result<(), LockError>> {
+        let runtime = self.backend.inner.runtime.clone();
+        let timeout = self.backend.inner.options.command_timeout;
+        let name = self.name.clone();
+        let release = Box::pin(async move {
+            let _tell = Tell(&self);
+            still_held(&self.name, self.call().await?)
+        });
+        Box::pin(Unabandoned { release: Some(release), runtime, timeout, name })
+    }
+}
+
+/// Tells local waiters of a [`ReleaseCall`] when dropped: completed, failed or abandoned.
+struct Tell<'a>(&'a ReleaseCall);
+
+impl Drop for Tell<'_> {
+    fn drop(&mut self) {
+        self.0.tell();
+    }
+}
+
+/// Undoes, in the background, what a dropped acquisition may have left in Redis (an acquire
+/// whose answer it never saw, a waiting writer's intent) with an owner-checked release
+/// script, bounded by the command timeout. Local waiters are told when something was undone
+/// or may have been (the call failed), and whatever the answer when `always_tell`.
+pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
+    let runtime = call.backend.inner.runtime.clone();
+    let undo = async move {
+        let shown = crate::telemetry::shown_name(&call.name);
+        match call.call_bounded().await {
+            Ok(1) => {
+                tracing::debug!(lock = %shown, "undid what a dropped acquisition left");
+                call.tell();
+            }
+            Ok(_) if !always_tell => {}
+            Ok(_) => call.tell(),
+            Err(e) => {
+                tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left; its lease will");
+                call.tell();
+            }
+        }
+    };
+    finish_in_background(&runtime, undo, "could not undo what a dropped acquisition left; its lease will");
+}
+
+/// Runs `work` to its end though nobody awaits it any more. Polled once here, so that its
+/// command is queued on the connection now: behind the commands it follows up on, and ahead
+/// of any command sent after this call (a `try_lock` made right after a dropped acquisition or
+/// release finds the lock free). The rest runs on `runtime`. `failed` is logged when it cannot
+/// even be polled (its runtime shuts down, say).
+fn finish_in_background(
+    runtime: &tokio::runtime::Handle,
+    work: impl Future<Output = ()> + Send + 'static,
+    failed: &'static str,
+) {
+    let mut work = Box::pin(work);
+    if std::thread::panicking() {
+        drop(runtime.spawn(work)); // no polling here while unwinding
+        return;
+    }
+    let _entered = runtime.enter();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(&mut cx))) {
+        Ok(std::task::Poll::Pending) => drop(runtime.spawn(work)),
+        Ok(std::task::Poll::Ready(())) => {}
+        Err(_) => tracing::warn!("{failed}"),
+    }
+}
+
+/// A holder's release that completes even when its future is dropped before the answer: the
+/// rest runs in the background (polled once at the drop, then spawned on the backend's
+/// runtime), bounded by the command timeout; the script stays owner-checked, so a release
+/// that lands late never touches a later owner's lock.
+struct Unabandoned {
+    release: Option<BoxFuture<'static, Result<(), LockError>>>,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
+    name: Arc<str>,
+}
+
+impl Future for Unabandoned {
+    type Output = Result<(), LockError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let Some(release) = &mut self.release else { return std::task::Poll::Ready(Ok(())) };
+        let done = std::task::ready!(release.as_mut().poll(cx));
+        self.release = None;
+        std::task::Poll::Ready(done)
+    }
+}
+
+impl Drop for Unabandoned {
+    fn drop(&mut self) {
+        let Some(release) = self.release.take() else { return };
+        let (name, timeout) = (self.name.clone(), self.timeout);
+        let rest = async move {
+            let outcome = bounded(&name, "release", timeout, release).await;
+            let shown = crate::telemetry::shown_name(&name);
+            match outcome {
+                Ok(()) => tracing::debug!(lock = %shown, "finished a release whose future was dropped"),
+                Err(e) if e.is_lost() => {
+                    tracing::debug!(lock = %shown, error = %crate::telemetry::shown_error(&e), "a release whose future was dropped found the lock gone")
+                }
+                Err(e) => {
+                    tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not finish a release whose future was dropped; its lease will free the lock")
+                }
+            }
+        };
+        finish_in_background(
+            &self.runtime,
+            rest,
+            "could not finish a release whose future was dropped; its lease will free the lock",
+        );
+    }
+}
+
+/// A lock held in Redis, of any kind: the mutex's key, or a read-write lock's or semaphore's
+/// state with this holder's entry in it.
+pub(super) struct RedisHeld {
+    pub(super) backend: RedisBackend,
+    pub(super) name: Arc<str>,
+    /// The lock key, or the kind's state.
+    pub(super) key: Arc<str>,
+    pub(super) channel: Arc<str>,
+    pub(super) owner: Arc<str>,
+    pub(super) kind: LockKind,
+}
+
+impl RedisHeld {
+    /// The owner-checked release of this lock, now or (`remainder`, in milliseconds) after a
+    /// remainder.
+    fn call(&self, remainder: Option<u64>) -> ReleaseCall {
+        release_call(
+            &self.backend,
+            &self.name,
+            self.kind,
+            self.key.clone(),
+            self.channel.clone(),
+            &self.owner,
+            remainder,
+        )
+    }
+}
+
+/// The owner-checked release script call of a lock of `kind`: `release.lua`, or
+/// `release_after.lua` with a remainder, for a mutex; `kind_release.lua` (remainder 0: now)
+/// for the other kinds.
+pub(super) fn release_call(
+    backend: &RedisBackend,
+    name: &Arc<str>,
+    kind: LockKind,
+    key: Arc<str>,
+    channel: Arc<str>,
+    owner: &Arc<str>,
+    remainder: Option<u64>,
+) -> ReleaseCall {
+    match (kind, remainder) {
+        (LockKind::Exclusive, None) => ReleaseCall::new(backend, &RELEASE, name, key, channel, owner),
+        (LockKind::Exclusive, Some(millis)) => {
+            ReleaseCall::new(backend, &RELEASE_AFTER, name, key, channel, owner).millis(millis)
+        }
+        (_, remainder) => {
+            ReleaseCall::new(backend, &KIND_RELEASE, name, key, channel, owner).millis(remainder.unwrap_or(0))
+        }
+    }
+}
+
+impl HeldLock for RedisHeld {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        self.call(None).release()
+    }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        // Local waiters look again (and learn the new expiry), as remote ones do from the
+        // publication.
+        self.call(Some(lease_millis(remaining))).release()
+    }
+
+    fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        Some(Box::new(RedisRenewal {
+            backend: self.backend.clone(),
+            name: self.name.clone(),
+            key: self.key.clone(),
+            owner: self.owner.clone(),
+            kind: self.kind,
+        }))
+    }
+}
+
+/// Renews a lock held in Redis (`extend.lua`; `kind_extend.lua` for a holder's entry of the
+/// other kinds), waiting for replicas when [`RedisOptions::wait_for_replicas`] says so.
+struct RedisRenewal {
+    backend: RedisBackend,
+    name: Arc<str>,
+    key: Arc<str>,
+    owner: Arc<str>,
+    kind: LockKind,
+}
+
+impl Renewal for RedisRenewal {
+    fn extend(&self, lease: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            let script = if self.kind == LockKind::Exclusive { &*EXTEND } else { &*KIND_EXTEND };
+            let mut invocation = script.prepare_invoke();
+            invocation.key(&*self.key).arg(&*self.owner).arg(lease_millis(lease));
+            let Some((replicas, timeout)) = self.backend.inner.options.wait_for_replicas else {
+                return still_held(&self.name, self.backend.eval::<i64>(&self.name, "extend", invocation).await?);
+            };
+            let lease = lease_millis(lease).to_string();
+            let script = (script, &[&*self.key][..], &[&*self.owner, &*lease][..]);
+            match self.backend.eval_then_wait::<i64>(&self.name, "extend", script, (replicas, timeout)).await? {
+                (1, acked) if acked >= replicas => Ok(()),
+                (1, acked) => {
+                    let why = format!(
+                        "only {acked} of the {replicas} required replica(s) acknowledged the renewal within \
+                         {timeout:?} (wait_for_replicas); the lock is still held on the primary"
+                    );
+                    Err(LockError::backend(&*self.name, KIND, "extend", why))
+                }
+                (status, _) => Err(LockError::lost(&*self.name, lost_reason(status))),
+            }
+        })
+    }
+}
