@@ -14,8 +14,8 @@ use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use crate::backend::LockKind;
 use crate::error::LockError;
+use crate::kind::LockKind;
 use crate::lost::LostSignal;
 
 thread_local! {

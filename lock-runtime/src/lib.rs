@@ -133,6 +133,8 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backend;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+mod background;
 mod bounded;
 mod clock;
 #[cfg(feature = "conformance")]
@@ -142,7 +144,7 @@ mod context;
 mod error;
 mod guard;
 pub mod http;
-mod lock_all;
+mod kind;
 mod lost;
 mod manager;
 mod name;
@@ -161,10 +163,10 @@ pub mod __private;
 pub use context::{current, CurrentLock};
 pub use error::{BoxError, LockError};
 pub use guard::{LockGuard, ReleaseFuture};
-pub use lock_all::{LockAllGuard, LockAllRequest, MAX_NAMES};
 pub use lost::LostSignal;
 pub use manager::{
-    default_manager, set_default, LockFuture, LockManager, LockManagerBuilder, LockRequest, DEFAULT_LEASE, DEFAULT_WAIT,
+    default_manager, set_default, LockAllGuard, LockAllRequest, LockFuture, LockManager, LockManagerBuilder,
+    LockRequest, DEFAULT_LEASE, DEFAULT_WAIT, MAX_NAMES,
 };
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
 pub use run::{Enter, Locked, Run, Started};

@@ -212,6 +212,25 @@ pub(crate) fn check_retry(name: &str, retry: u32) -> Result<(), LockError> {
     Ok(())
 }
 
+/// How the lease of an acquisition is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lease {
+    /// A fixed lease: the lock expires after it unless released; never renewed.
+    Fixed(Duration),
+    /// Kept alive by the runtime's watchdog while the guard lives; the backend should make the
+    /// lock expire after this long if renewals stop (the holder crashed).
+    Renewed(Duration),
+}
+
+impl Lease {
+    /// The lease duration, either way.
+    pub fn duration(&self) -> Duration {
+        match *self {
+            Lease::Fixed(d) | Lease::Renewed(d) => d,
+        }
+    }
+}
+
 /// The setters of a request over its [`LockOptions`] (`wait`, `lease`, `retry`,
 /// `hold_at_least`, `options`): one text for every request type, which keeps its options in a
 /// field `options`.

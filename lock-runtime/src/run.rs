@@ -4,23 +4,22 @@
 //! then runs the body it is given ([`Locked::start`]) in the lock's context, stops it when the
 //! lock is lost, and releases. [`LockRequest::run`] is the same engine in one step ([`Run`]);
 //! `#[distributed_locked]` uses the two steps, since a call's arguments go to its fallback when
-//! the lock is not taken; [`LockAllRequest::run`](crate::LockAllRequest::run) enters several
-//! locks into one engine.
+//! the lock is not taken; [`LockAllRequest::run`] enters several locks into one engine.
 //!
-//! [`current()`]: crate::current
+//! [`current()`]: crate::context::current
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::mem::ManuallyDrop;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use crate::backend::LockKind;
-use crate::context::{self, Frame};
+use crate::context::{check_reentry, lookup, within, Frame, Lookup};
 use crate::error::LockError;
 use crate::guard::{LockGuard, ReleaseFuture};
-use crate::manager::{LockFuture, LockManager, LockRequest};
+use crate::manager::{acquire_all, LockAllRequest, LockFuture, LockManager, LockRequest};
 
 impl<'m> LockRequest<'m> {
     /// Runs `fut` while this lock is held: the future of
@@ -30,14 +29,14 @@ impl<'m> LockRequest<'m> {
     ///
     /// 1. takes the lock as awaiting the request would (`wait`, `lease`, `retry`); if it cannot
     ///    be taken, `fut` is dropped without being polled and the error is returned;
-    /// 2. polls `fut` with [`current()`](crate::current) giving the lock's key and fencing
+    /// 2. polls `fut` with [`current()`](crate::context::current) giving the lock's key and fencing
     ///    token;
     /// 3. releases the lock when `fut` completes and returns `Ok(output)`. A release that finds
     ///    the lock lost returns the [`is_lost`](LockError::is_lost) error instead.
     ///
     /// **Reentrancy:** inside a `run` (or a locked fn) of the same task, a `run` with the same
     /// manager and name runs its future at once, under the outer lock (whose key and token
-    /// [`current()`](crate::current) keeps giving); the outermost one releases. Other tasks
+    /// [`current()`](crate::context::current) keeps giving); the outermost one releases. Other tasks
     /// wait as usual; a task spawned from inside is another task.
     ///
     /// **Kinds:** a read lock, write lock or permit re-enters the same way (same task, manager
@@ -256,9 +255,9 @@ struct Pending<T> {
 /// a semaphore's other permits) is left to the taking, whose checks refuse it at once.
 #[inline(always)]
 pub(crate) fn reenter(manager: u64, name: &str, kind: LockKind, hold: &mut Hold) -> Option<Option<Arc<Frame>>> {
-    let context::Lookup { held, parent } = context::lookup(manager, name, kind);
+    let Lookup { held, parent } = lookup(manager, name, kind);
     match held {
-        Some(outer) if kind == LockKind::Exclusive || context::check_reentry(name, kind, &outer).is_ok() => {
+        Some(outer) if kind == LockKind::Exclusive || check_reentry(name, kind, &outer).is_ok() => {
             hold.frame = Some(Frame { parent, ..outer });
             None
         }
@@ -364,7 +363,7 @@ pin_project_lite::pin_project! {
             let this = this.project();
             let mut body = this.body;
             if body.is_some() && this.hold.frame.is_some() {
-                context::within(&mut this.hold.frame, || body.set(None));
+                within(&mut this.hold.frame, || body.set(None));
             }
         }
     }
@@ -642,6 +641,76 @@ impl<F: Future> Future for Started<'_, F> {
     }
 }
 
+impl LockAllRequest<'_> {
+    /// Runs `fut` while every lock is held, as [`LockRequest::run`](crate::LockRequest::run)
+    /// does for one: inside, [`current()`](crate::context::current) gives the last name (in the global
+    /// order), and a nested `lock(..).run(..)` (or locked fn) of any of the names re-enters.
+    /// Names the task already holds are re-entered rather than taken. Released on every exit;
+    /// the loss of any one stops `fut` with the lost error.
+    ///
+    /// ```
+    /// use lock_runtime::{LockError, LockManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+    /// let manager = LockManager::memory();
+    /// let moved = manager
+    ///     .lock_all(["acct:1", "acct:2"])
+    ///     .run(async {
+    ///         // Re-enters: the task holds acct:1 already.
+    ///         manager.lock("acct:1").run(async { 100 }).await
+    ///     })
+    ///     .await??;
+    /// assert_eq!(moved, 100);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<F: Future>(self, fut: F) -> Result<F::Output, LockError> {
+        let mut locked = pin!(Locked::new());
+        self.enter(locked.as_mut()).await?;
+        locked.start(fut).await
+    }
+
+    /// Re-enters the names the task holds and takes the others into `locked`, one frame per
+    /// name chained in the global order.
+    pub(crate) async fn enter<F: Future>(self, mut locked: Pin<&mut Locked<F>>) -> Result<(), LockError> {
+        let LockAllRequest { manager, names, options } = self;
+        let id = manager.id();
+        let mut outer: Vec<Option<Frame>> = Vec::with_capacity(names.len());
+        let mut parent = None;
+        for (i, name) in names.iter().enumerate() {
+            let lookup = lookup(id, name, LockKind::Exclusive);
+            if i == 0 {
+                parent = lookup.parent;
+            }
+            outer.push(lookup.held);
+        }
+        let to_take: Vec<Arc<str>> =
+            names.iter().zip(&outer).filter(|(_, held)| held.is_none()).map(|(n, _)| n.clone()).collect();
+        let guards = if to_take.is_empty() && !names.is_empty() {
+            Vec::new()
+        } else {
+            acquire_all(manager, to_take, options).await?
+        };
+        let mut frame: Option<Frame> = None;
+        let mut taken = guards.iter();
+        for held in outer {
+            let parent = match frame.take() {
+                Some(f) => Some(Arc::new(f)),
+                None => parent.take(),
+            };
+            frame = match held {
+                Some(outer) => Some(Frame { parent, ..outer }),
+                None => taken.next().map(|g| frame_of(g, id, LockKind::Exclusive, parent)),
+            };
+        }
+        // Every taken lock is one of `more`: each is watched and released, whichever is the
+        // innermost frame (a name the task held already may be).
+        let hold = locked.as_mut().hold();
+        hold.frame = frame;
+        hold.more = guards;
+        Ok(())
+    }
+}
+
 /// Polls the body of an entered lock in the lock's context, raced against the loss of the lock
 /// when that aborts it: `Ready` with its output, or the lost error that stopped it. Once it is
 /// over the body is dropped (in its context) and the watch with it; the lock is still held.
@@ -661,7 +730,7 @@ fn poll_held<F: Future>(
     let watch = &mut hold.watch;
     // The body runs in the lock's `lock.hold` span (when a subscriber wants it).
     let _in_hold = hold.guard.as_ref().and_then(LockGuard::hold_span).map(tracing::Span::enter);
-    let polled = context::within(&mut hold.frame, || {
+    let polled = within(&mut hold.frame, || {
         let Some(fut) = body.as_mut().as_pin_mut() else { return Poll::Ready(Err(not_running())) };
         let over = match fut.poll(cx) {
             Poll::Ready(out) => Ok(out),
@@ -709,7 +778,7 @@ fn watch(hold: &Hold) -> Option<Watch> {
 /// [`watch`] of a run of several locks: the first of them to be lost.
 #[cold]
 fn watch_all(hold: &Hold) -> Option<Watch> {
-    let signals: Vec<(Arc<str>, crate::LostSignal)> = hold
+    let signals: Vec<(Arc<str>, crate::lost::LostSignal)> = hold
         .guard
         .iter()
         .chain(&hold.more)

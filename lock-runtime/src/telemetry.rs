@@ -17,9 +17,9 @@ use tokio::task::AbortHandle;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
-use crate::backend::Lease;
 use crate::error::LockError;
 use crate::lost::LostSignal;
+use crate::options::Lease;
 
 /// How lock names appear in telemetry: span fields, events and metric labels.
 ///

@@ -649,7 +649,7 @@ impl LockBackend for MemoryBackend {
         true
     }
 
-    fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, _lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
         if req.kind != LockKind::Exclusive {
             return Box::new(kinds::KindAcquisition::new(self.clone(), req));
         }

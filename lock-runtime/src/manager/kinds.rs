@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::lock_all::{LockAllGuard, LockAllRequest};
 use super::LockManager;
 use super::LockRequest;
 use crate::backend::LockKind;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::lock_all::{LockAllGuard, LockAllRequest};
 use crate::options::LockOptions;
 
 impl LockManager {

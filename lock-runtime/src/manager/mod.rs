@@ -17,9 +17,12 @@ mod acquire;
 mod builder;
 mod connect;
 mod kinds;
+mod lock_all;
 mod request;
 
 pub use builder::LockManagerBuilder;
+pub(crate) use lock_all::acquire_all;
+pub use lock_all::{LockAllGuard, LockAllRequest, MAX_NAMES};
 pub use request::{LockFuture, LockRequest};
 
 /// The default `wait`: how long a call waits for a held lock when it gives no `wait`.

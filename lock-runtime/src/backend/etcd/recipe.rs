@@ -278,12 +278,11 @@ impl Drop for EtcdAcquisition {
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Putting { key, task, .. } => {
                 let client = self.shared.client.clone();
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(async move {
-                        let failed = !matches!(task.await, Ok(Ok(_)));
-                        cleanup(client, key, bound, failed);
-                    });
-                }
+                let undo = async move {
+                    let failed = !matches!(task.await, Ok(Ok(_)));
+                    cleanup(client, key, bound, failed);
+                };
+                crate::background::finish(undo, "could not remove the key of a dropped acquisition; the lease will");
             }
             State::Queued { key, .. } => cleanup(self.shared.client.clone(), key, bound, false),
             State::Idle | State::Granted => {}
@@ -356,8 +355,7 @@ fn two_gets(resp: &TxnResponse) -> (Option<i64>, Option<i64>) {
 /// Deletes `key` in a spawned task (retried a few times); when `again`, once more after the
 /// operation timeout (for a put whose answer was lost and that may still be applied).
 fn cleanup(mut client: Client, key: String, bound: Duration, again: bool) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
-    handle.spawn(async move {
+    let delete = async move {
         for round in 0..if again { 2 } else { 1 } {
             if round > 0 {
                 tokio::time::sleep(bound).await;
@@ -369,7 +367,8 @@ fn cleanup(mut client: Client, key: String, bound: Duration, again: bool) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-    });
+    };
+    crate::background::finish(delete, "could not remove the key of a dropped acquisition; the lease will");
 }
 
 /// Deletes `key` if it still has create revision `revision`: `Ok(true)` when it did.
@@ -494,10 +493,9 @@ impl Drop for EtcdHeld {
         // checks its revision), now or when its `hold_at_least` ends, not with the
         // manager's lease (which its keep-alive postpones for as long as the manager lives).
         if let Some(at) = self.unconfirmed.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let client = self.shared.client.clone();
-                drop(runtime.spawn(delete_at(client, std::mem::take(&mut self.key), self.revision, at, self.bound())));
-            }
+            let client = self.shared.client.clone();
+            let delete = delete_at(client, std::mem::take(&mut self.key), self.revision, at, self.bound());
+            crate::background::finish(delete, "could not finish a release whose answer never came; the lease will");
         }
     }
 }

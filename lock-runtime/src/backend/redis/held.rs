@@ -2,7 +2,6 @@
 //! background when its future is dropped), its renewal, and the cleanup of what a dropped
 //! acquisition may have left.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use super::{
     RELEASE_AFTER,
 };
 use crate::backend::{BoxFuture, HeldLock, LockKind, Renewal};
+use crate::background::{finish_in_background, Unabandoned};
 use crate::error::LockError;
 
 /// One owner-checked release script call (`release.lua`, `release_after.lua`,
@@ -86,7 +86,7 @@ impl ReleaseCall {
             let _tell = Tell(&self);
             still_held(&self.name, self.call().await?)
         });
-        Box::pin(Unabandoned { release: Some(release), runtime, timeout, name })
+        Box::pin(Unabandoned::new(release, runtime, (timeout, KIND), name))
     }
 }
 
@@ -121,77 +121,6 @@ pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
         }
     };
     finish_in_background(&runtime, undo, "could not undo what a dropped acquisition left; its lease will");
-}
-
-/// Runs `work` to its end though nobody awaits it any more. Polled once here, so that its
-/// command is queued on the connection now: behind the commands it follows up on, and ahead
-/// of any command sent after this call (a `try_lock` made right after a dropped acquisition or
-/// release finds the lock free). The rest runs on `runtime`. `failed` is logged when it cannot
-/// even be polled (its runtime shuts down, say).
-fn finish_in_background(
-    runtime: &tokio::runtime::Handle,
-    work: impl Future<Output = ()> + Send + 'static,
-    failed: &'static str,
-) {
-    let mut work = Box::pin(work);
-    if std::thread::panicking() {
-        drop(runtime.spawn(work)); // no polling here while unwinding
-        return;
-    }
-    let _entered = runtime.enter();
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(&mut cx))) {
-        Ok(std::task::Poll::Pending) => drop(runtime.spawn(work)),
-        Ok(std::task::Poll::Ready(())) => {}
-        Err(_) => tracing::warn!("{failed}"),
-    }
-}
-
-/// A holder's release that completes even when its future is dropped before the answer: the
-/// rest runs in the background (polled once at the drop, then spawned on the backend's
-/// runtime), bounded by the command timeout; the script stays owner-checked, so a release
-/// that lands late never touches a later owner's lock.
-struct Unabandoned {
-    release: Option<BoxFuture<'static, Result<(), LockError>>>,
-    runtime: tokio::runtime::Handle,
-    timeout: Duration,
-    name: Arc<str>,
-}
-
-impl Future for Unabandoned {
-    type Output = Result<(), LockError>;
-
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        let Some(release) = &mut self.release else { return std::task::Poll::Ready(Ok(())) };
-        let done = std::task::ready!(release.as_mut().poll(cx));
-        self.release = None;
-        std::task::Poll::Ready(done)
-    }
-}
-
-impl Drop for Unabandoned {
-    fn drop(&mut self) {
-        let Some(release) = self.release.take() else { return };
-        let (name, timeout) = (self.name.clone(), self.timeout);
-        let rest = async move {
-            let outcome = bounded(&name, "release", timeout, release).await;
-            let shown = crate::telemetry::shown_name(&name);
-            match outcome {
-                Ok(()) => tracing::debug!(lock = %shown, "finished a release whose future was dropped"),
-                Err(e) if e.is_lost() => {
-                    tracing::debug!(lock = %shown, error = %crate::telemetry::shown_error(&e), "a release whose future was dropped found the lock gone")
-                }
-                Err(e) => {
-                    tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not finish a release whose future was dropped; its lease will free the lock")
-                }
-            }
-        };
-        finish_in_background(
-            &self.runtime,
-            rest,
-            "could not finish a release whose future was dropped; its lease will free the lock",
-        );
-    }
 }
 
 /// A lock held in Redis, of any kind: the mutex's key, or a read-write lock's or semaphore's

@@ -20,9 +20,10 @@ use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
+use pubsub::Timings;
 pub use redlock::RedlockBackend;
 use topology::{Conn, Source};
-use waiters::{Timings, Waiters};
+use waiters::Waiters;
 
 use super::LockKind;
 use super::{Acquire, Acquisition, LockBackend};
@@ -392,7 +393,7 @@ impl LockBackend for RedisBackend {
         matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
     }
 
-    fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, _lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
         let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
         Box::new(acquire::RedisAcquisition::new(self, req, owner))
     }

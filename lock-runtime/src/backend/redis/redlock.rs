@@ -140,12 +140,13 @@ mod wake;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::pubsub::Timings;
 use node::{gather, Answer, Chains, Gathered, Node};
 use queue::Queues;
 use redis::aio::ConnectionManager;
 use redis::{Script, ScriptInvocation};
 use tokio::sync::{mpsc, Notify};
-use wake::{Capture, Hub, Registration, Timings};
+use wake::{Capture, Hub, Registration};
 
 use super::topology::{Conn, Source};
 use super::{lease_millis, redact, KeyLayout, RedisOptions, ACQUIRE, EXTEND, RELEASE, RELEASE_AFTER};
@@ -723,7 +724,7 @@ impl LockBackend for RedlockBackend {
         kind == LockKind::Exclusive
     }
 
-    fn begin(&self, req: Acquire, _lost: crate::LostSignal) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, _lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
         let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
         let layout = KeyLayout::of(&req.key);
         let keys =

@@ -47,11 +47,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
-use futures_util::StreamExt;
 use tokio::sync::{mpsc, Notify};
 
-use super::pubsub::{self, change, ping_once, run, sleep_until, Op};
+use super::pubsub::{self, Change, Subscriptions, Timings};
 use super::topology::Source;
 use crate::backend::Wake;
 use crate::error::LockError;
@@ -248,7 +246,7 @@ impl Waiters {
     pub(super) fn start(runtime: &tokio::runtime::Handle, source: Source, timings: Timings) -> Self {
         let state = Arc::new(Mutex::new(State::default()));
         let (poke, rx) = mpsc::unbounded_channel();
-        runtime.spawn(subscriber(state.clone(), source, rx, timings));
+        runtime.spawn(pubsub::serve(Queues(state.clone()), source, rx, timings));
         Waiters { state, poke }
     }
 
@@ -469,67 +467,25 @@ impl Drop for Slot {
     }
 }
 
-/// The pub/sub task's timings.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Timings {
-    /// Bound on connecting, (un)subscribing and each ping's answer.
-    pub(super) timeout: Duration,
-    /// How long an emptied queue's channel stays subscribed.
-    pub(super) grace: Duration,
-    /// How often the connection is pinged.
-    pub(super) ping: Duration,
-}
+/// The one-server waiters' bookkeeping, served by [`pubsub::serve`]: a message is a release,
+/// a confirmation makes the heads look at the lock again.
+struct Queues(Arc<Mutex<State>>);
 
-/// The pub/sub task: keeps one connection, the subscriptions the queues need, and wakes heads.
-async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::UnboundedReceiver<()>, timings: Timings) {
-    let Timings { timeout, grace, ping: ping_every } = timings;
-    loop {
-        let Some(pubsub) = pubsub::connect(&source, timeout, &mut poke).await else { return };
-        let (sink, mut stream) = pubsub.split();
-        tracing::debug!("redis pub/sub connected");
-        let mut op: Option<Op> = None;
-        let mut ping: Option<BoxFuture<'static, bool>> = None;
-        let mut ping_at = tokio::time::Instant::now() + ping_every;
-        loop {
-            let mut sweep_at = None;
-            if op.is_none() {
-                let (next, at) = next_op(&state, &sink, timeout, grace);
-                op = next;
-                sweep_at = at;
-            }
-            tokio::select! {
-                msg = stream.next() => match msg {
-                    Some(msg) => {
-                        let owner: String = msg.get_payload().unwrap_or_default();
-                        on_release(&state, msg.get_channel_name(), &owner);
-                    }
-                    None => break,
-                },
-                (subscribe, channels, ok) = run(&mut op) => {
-                    op = None;
-                    if !ok {
-                        break;
-                    }
-                    if subscribe {
-                        confirmed(&state, &channels);
-                    }
-                }
-                alive = run(&mut ping) => {
-                    ping = None;
-                    if !alive {
-                        break;
-                    }
-                    ping_at = tokio::time::Instant::now() + ping_every;
-                }
-                _ = tokio::time::sleep_until(ping_at), if ping.is_none() => {
-                    ping = Some(ping_once(sink.clone(), timeout));
-                }
-                p = poke.recv() => if p.is_none() { return },
-                _ = sleep_until(sweep_at) => {}
-            }
-        }
-        tracing::debug!("redis pub/sub connection lost; reconnecting");
-        let mut guard = lock(&state);
+impl Subscriptions for Queues {
+    fn next_change(&self, grace: Duration) -> (Option<Change>, Option<Instant>) {
+        next_change(&self.0, grace)
+    }
+
+    fn message(&self, channel: &str, owner: &str) {
+        on_release(&self.0, channel, owner);
+    }
+
+    fn confirmed(&self, channels: &[Arc<str>]) {
+        confirmed(&self.0, channels);
+    }
+
+    fn lost(&self) {
+        let mut guard = lock(&self.0);
         let st = &mut *guard;
         st.wanted.clear();
         for (channel, ks) in st.keys.iter_mut() {
@@ -540,12 +496,7 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
 }
 
 /// The next subscription change to make, or when to look again for idle channels.
-fn next_op(
-    state: &Mutex<State>,
-    sink: &redis::aio::PubSubSink,
-    timeout: Duration,
-    grace: Duration,
-) -> (Option<Op>, Option<Instant>) {
+fn next_change(state: &Mutex<State>, grace: Duration) -> (Option<Change>, Option<Instant>) {
     let now = crate::clock::now();
     let mut guard = lock(state);
     let st = &mut *guard;
@@ -560,7 +511,7 @@ fn next_op(
         }
     }
     if !batch.is_empty() {
-        return (Some(change(sink.clone(), true, batch, timeout)), None);
+        return (Some((true, batch)), None);
     }
     while batch.len() < BATCH {
         let Some((channel, since)) = st.idle.front().cloned() else { break };
@@ -597,7 +548,7 @@ fn next_op(
     if batch.is_empty() {
         return (None, None);
     }
-    (Some(change(sink.clone(), false, batch, timeout)), None)
+    (Some((false, batch)), None)
 }
 
 /// Subscriptions confirmed: heads look at the lock again (a release may have gone unheard).

@@ -2,11 +2,14 @@
 //! call, owning its one sequential node, and one [`HeldLock`] per granted lock.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use zookeeper_client::{Client, Error as ZkError, EventType};
+use zookeeper_client::{Client, Error as ZkError, EventType, WatchedEvent};
 
 use super::kinds::{self, Verdict};
 use super::options::ZookeeperOptions;
@@ -330,11 +333,7 @@ impl ZkAcquisition {
         let (session, node, created) = self.node("acquire").await?;
         let checked_at = crate::clock::now();
         let (index, nodes) = self.lineup(&session, &node, "acquire").await?;
-        let busy = match self.req.kind {
-            LockKind::Exclusive => index > 0,
-            _ => kinds::verdict(&self.req, index, &nodes)? != Verdict::Granted,
-        };
-        if busy {
+        if kinds::verdict(&self.req, index, &nodes)? != Verdict::Granted {
             return Ok(Attempt::Busy); // our node keeps our place; dropping us deletes it
         }
         // Granted in the attempt that created the node: the lease runs from before the create.
@@ -342,82 +341,128 @@ impl ZkAcquisition {
         Ok(Attempt::Acquired(self.take(session, node, granted_at, created.is_none(), "acquire").await?))
     }
 
+    /// Lists, judges ([`kinds::verdict`]: a mutex's or writer's node waits for its predecessor,
+    /// a reader's for the nearest writer ahead, a permit's for the holders or the waiter ahead),
+    /// watches the nodes in its way, and lists again when one changes.
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
         const OP: &str = "wait for";
-        if self.req.kind != LockKind::Exclusive {
-            return self.wait_kind(deadline).await;
-        }
         let (session, node, mut created) = self.node(OP).await?;
         let client = session.client.clone();
-        loop {
+        let kind = self.req.kind;
+        'list: loop {
             let checked_at = crate::clock::now();
             let (index, nodes) = self.lineup(&session, &node, OP).await?;
             let created = created.take();
-            if index == 0 {
-                let granted_at = created.unwrap_or(checked_at);
-                let grant = self.take(session.clone(), node.clone(), granted_at, created.is_none(), OP).await?;
-                return Ok(Wake::Acquired(grant));
-            }
-            let lowest_seen = crate::clock::now();
-            let predecessor = format!("{}/{}", self.dir, nodes[index - 1].1);
-            // Watch the predecessor; when it is the holder, also read its fixed lease, to free
-            // the lock if the holder's process cannot (see `stale_at`).
-            let (stale, watcher) = if index == 1 {
-                match client.get_and_watch_data(&predecessor).await {
-                    Ok((data, stat, watcher)) => {
-                        let at = LeaseRecord::parse(&data).and_then(|r| stale_at(r, &stat, &node, lowest_seen));
-                        (at.map(|at| (at, stat.version)), watcher)
-                    }
-                    Err(ZkError::NoNode) => continue, // gone since the listing
-                    Err(e) => return Err(self.fail(OP)(e)),
+            let (targets, behind) = match kinds::verdict(&self.req, index, &nodes)? {
+                Verdict::Granted => {
+                    let granted_at = created.unwrap_or(checked_at);
+                    let grant = self.take(session.clone(), node.clone(), granted_at, created.is_none(), OP).await?;
+                    return Ok(Wake::Acquired(grant));
                 }
-            } else {
-                match client.check_and_watch_stat(&predecessor).await.map_err(self.fail(OP))? {
-                    (Some(_), watcher) => (None, watcher),
-                    (None, _) => continue, // gone since the listing: look again
-                }
+                Verdict::Blocked(targets) => (targets, false),
+                Verdict::Behind(target) => (vec![target], true),
             };
+            let listed_at = crate::clock::now();
+            let mut watches: Vec<Watch> = Vec::with_capacity(targets.len());
+            // The earliest a blocking holder's fixed lease is over (see `stale_at`): its node,
+            // the version read, and when.
+            let mut stale: Option<(Instant, String, i32)> = None;
+            for target in targets {
+                let Some((_, name)) = nodes.get(target) else { continue 'list };
+                let path = format!("{}/{name}", self.dir);
+                let holds = kinds::holds(kind, target, &nodes);
+                if !holds && !behind {
+                    // A waiter in the way: only its deletion matters.
+                    match client.check_and_watch_stat(&path).await.map_err(self.fail(OP))? {
+                        (Some(_), watcher) => watches.push(Box::pin(watcher.changed())),
+                        (None, _) => continue 'list, // gone since the listing: look again
+                    }
+                    continue;
+                }
+                let (data, stat, watcher) = match client.get_and_watch_data(&path).await {
+                    Ok(read) => read,
+                    Err(ZkError::NoNode) => continue 'list, // gone since the listing: look again
+                    Err(e) => return Err(self.fail(OP)(e)),
+                };
+                if behind && stat.version > 0 {
+                    // Granted since the listing (it recorded its grant): nodes ahead of ours
+                    // went, look again.
+                    continue 'list;
+                }
+                if holds {
+                    let at = LeaseRecord::parse(&data).and_then(|r| stale_at(r, &stat, &node, listed_at));
+                    if let Some(at) = at.filter(|at| stale.as_ref().is_none_or(|(first, _, _)| at < first)) {
+                        stale = Some((at, path, stat.version));
+                    }
+                }
+                watches.push(Box::pin(watcher.changed()));
+            }
+            let stale_when = stale.as_ref().map(|(at, _, _)| *at).filter(|at| *at < deadline);
             let stale_timer = async {
-                match stale {
-                    Some((at, _)) => tokio::time::sleep_until(at.into()).await,
+                match stale_when {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
                     None => std::future::pending().await,
                 }
             };
-            let _waiting = Waiting::new(&self.shared.waiting);
+            let waiting = Waiting::new(&self.shared.waiting);
             tokio::select! {
                 biased;
-                event = watcher.changed() => {
-                    if event.event_type == EventType::NodeDeleted {
-                        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
-                        if index == 1 {
-                            // The only node ahead of ours is gone, and later nodes get higher
-                            // sequence numbers: ours is the lowest now, no need to list again.
-                            drop(_waiting);
-                            let granted_at = crate::clock::now();
-                            let grant = self.take(session.clone(), node.clone(), granted_at, true, OP).await?;
-                            return Ok(Wake::Acquired(grant));
+                event = first(watches) => {
+                    if event.event_type == EventType::Session {
+                        if event.session_state.is_terminated() {
+                            let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
+                            return Err(gone(&self.req.name, OP, why));
                         }
+                        continue;
                     }
-                    if event.event_type == EventType::Session && event.session_state.is_terminated() {
-                        let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
-                        return Err(gone(&self.req.name, OP, why));
+                    let deleted = event.event_type == EventType::NodeDeleted;
+                    // A mutex waiter is woken by its predecessor's deletion (the holder's data
+                    // changing as it records its grant is only a reason to look again); the
+                    // other kinds by any change of a node in their way.
+                    if deleted || kind != LockKind::Exclusive {
+                        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if deleted && index == 1 && matches!(kind, LockKind::Exclusive | LockKind::Write) {
+                        // The only node ahead of ours is gone, and later nodes get higher
+                        // sequence numbers: ours is the lowest now, no need to list again.
+                        drop(waiting);
+                        let granted_at = crate::clock::now();
+                        let grant = self.take(session.clone(), node.clone(), granted_at, true, OP).await?;
+                        return Ok(Wake::Acquired(grant));
                     }
                 }
                 _ = session.lost() => return Err(session_gone(&self.req.name, OP)),
-                _ = stale_timer, if stale.is_some_and(|(at, _)| at < deadline) => {
-                    let version = stale.map(|(_, v)| v);
-                    tracing::warn!(node = %predecessor, "the holder's fixed lease is over but its node remains: deleting it");
-                    // Conditional on the version read: a holder that recorded its grant since
-                    // is judged again from its record.
-                    match client.delete(&predecessor, version).await {
-                        Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
-                        Err(e) => return Err(self.fail(OP)(e)),
+                _ = stale_timer => {
+                    if let Some((_, path, version)) = &stale {
+                        tracing::warn!(node = %path, "a holder's fixed lease is over but its node remains: deleting it");
+                        // Conditional on the version read: a holder that recorded its grant
+                        // since is judged again from its record.
+                        match client.delete(path, Some(*version)).await {
+                            Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
+                            Err(e) => return Err(self.fail(OP)(e)),
+                        }
                     }
                 }
                 _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
             }
         }
     }
+}
+
+/// A watch's event, boxed so that several can be awaited at once.
+type Watch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
+
+/// The first of `watches` to fire.
+async fn first(mut watches: Vec<Watch>) -> WatchedEvent {
+    std::future::poll_fn(move |cx| {
+        for watch in watches.iter_mut() {
+            if let Poll::Ready(event) = watch.as_mut().poll(cx) {
+                return Poll::Ready(event);
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Records a waited holder's grant in its node (conditional on the node's first version, so it

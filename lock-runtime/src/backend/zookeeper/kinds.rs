@@ -41,19 +41,8 @@
 //! disagree and coexist, the later one's listing (made after its own create) always shows the
 //! earlier one, before the later one can be granted: so a mismatch is never admitted.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::task::Poll;
-use std::time::Instant;
-
-use zookeeper_client::{Error as ZkError, EventType, WatchedEvent};
-
-use super::backend::ZkAcquisition;
-use super::recipe::{mutex_tag, stale_at, suffix_sequence, LeaseRecord};
-use super::session::Waiting;
-use super::{gone, session_gone};
-use crate::backend::{Acquire, LockKind, Wake};
+use super::recipe::{mutex_tag, suffix_sequence};
+use crate::backend::{Acquire, LockKind};
 use crate::error::LockError;
 
 /// The suffix of a kind's container name (after the encoded key): none for the mutex.
@@ -159,110 +148,11 @@ pub(super) fn verdict(req: &Acquire, index: usize, nodes: &[(i64, String)]) -> R
 pub(super) fn holds(kind: LockKind, index: usize, nodes: &[(i64, String)]) -> bool {
     let role_at = |i: usize| nodes.get(i).and_then(|(_, n)| role(n)).map(|(r, _)| r);
     match (kind, role_at(index)) {
+        (LockKind::Exclusive, _) => index == 0,
         (LockKind::Semaphore { permits }, _) => index < usize::try_from(permits).unwrap_or(usize::MAX),
         (_, Some(Role::Write)) => index == 0,
         (_, Some(Role::Read)) => !(0..index).any(|i| role_at(i) == Some(Role::Write)),
         _ => false,
-    }
-}
-
-/// A watch's event, boxed so that several can be awaited at once.
-type Watch = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;
-
-/// The first of `watches` to fire.
-async fn first(mut watches: Vec<Watch>) -> WatchedEvent {
-    std::future::poll_fn(move |cx| {
-        for watch in watches.iter_mut() {
-            if let Poll::Ready(event) = watch.as_mut().poll(cx) {
-                return Poll::Ready(event);
-            }
-        }
-        Poll::Pending
-    })
-    .await
-}
-
-impl ZkAcquisition {
-    /// [`wait`](crate::backend::Acquisition::wait) of a read-write lock or a semaphore: lists,
-    /// judges ([`verdict`]), watches the blocking nodes, and lists again when one changes.
-    pub(super) async fn wait_kind(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        const OP: &str = "wait for";
-        let (session, node, mut created) = self.node(OP).await?;
-        let client = session.client.clone();
-        'list: loop {
-            let checked_at = crate::clock::now();
-            let (index, nodes) = self.lineup(&session, &node, OP).await?;
-            let created = created.take();
-            let (targets, behind) = match verdict(&self.req, index, &nodes)? {
-                Verdict::Granted => {
-                    let granted_at = created.unwrap_or(checked_at);
-                    let grant = self.take(session.clone(), node.clone(), granted_at, created.is_none(), OP).await?;
-                    return Ok(Wake::Acquired(grant));
-                }
-                Verdict::Blocked(targets) => (targets, false),
-                Verdict::Behind(target) => (vec![target], true),
-            };
-            let listed_at = crate::clock::now();
-            let mut watches: Vec<Watch> = Vec::with_capacity(targets.len());
-            // The earliest a blocking holder's fixed lease is over (see `stale_at`): its node,
-            // the version read, and when.
-            let mut stale: Option<(Instant, String, i32)> = None;
-            for target in targets {
-                let Some((_, name)) = nodes.get(target) else { continue 'list };
-                let path = format!("{}/{name}", self.dir);
-                let (data, stat, watcher) = match client.get_and_watch_data(&path).await {
-                    Ok(read) => read,
-                    Err(ZkError::NoNode) => continue 'list, // gone since the listing: look again
-                    Err(e) => return Err(self.fail(OP)(e)),
-                };
-                if behind && stat.version > 0 {
-                    // Granted since the listing (it recorded its grant): nodes ahead of ours
-                    // went, look again.
-                    continue 'list;
-                }
-                if holds(self.req.kind, target, &nodes) {
-                    let at = LeaseRecord::parse(&data).and_then(|r| stale_at(r, &stat, &node, listed_at));
-                    if let Some(at) = at.filter(|at| stale.as_ref().is_none_or(|(first, _, _)| at < first)) {
-                        stale = Some((at, path, stat.version));
-                    }
-                }
-                watches.push(Box::pin(watcher.changed()));
-            }
-            let stale_when = stale.as_ref().map(|(at, _, _)| *at).filter(|at| *at < deadline);
-            let stale_timer = async {
-                match stale_when {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let _waiting = Waiting::new(&self.shared.waiting);
-            tokio::select! {
-                biased;
-                event = first(watches) => {
-                    if event.event_type == EventType::Session {
-                        if event.session_state.is_terminated() {
-                            let why = format!("the ZooKeeper session ended ({}) while waiting", event.session_state);
-                            return Err(gone(&self.req.name, OP, why));
-                        }
-                    } else {
-                        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                _ = session.lost() => return Err(session_gone(&self.req.name, OP)),
-                _ = stale_timer => {
-                    if let Some((_, path, version)) = &stale {
-                        tracing::warn!(node = %path, "a holder's fixed lease is over but its node remains: deleting it");
-                        // Conditional on the version read: a holder that recorded its grant
-                        // since is judged again from its record.
-                        match client.delete(path, Some(*version)).await {
-                            Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
-                            Err(e) => return Err(self.fail(OP)(e)),
-                        }
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
-            }
-        }
     }
 }
 

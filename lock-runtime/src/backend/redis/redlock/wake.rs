@@ -15,12 +15,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use tokio::sync::{mpsc, Notify};
 
-use super::super::pubsub::{self, change, ping_once, run, sleep_until, Op};
+use super::super::pubsub::{self, Change, Subscriptions, Timings};
 use super::super::topology::Source;
-use crate::backend::BoxFuture;
 
 /// Channels (un)subscribed in one command at most.
 const BATCH: usize = 64;
@@ -58,14 +56,6 @@ enum Sub {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct Capture(Option<u64>);
 
-/// Timings of the pub/sub task.
-#[derive(Clone, Copy)]
-pub(super) struct Timings {
-    pub(super) timeout: Duration,
-    pub(super) grace: Duration,
-    pub(super) ping: Duration,
-}
-
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -75,7 +65,7 @@ impl Hub {
     pub(super) fn start(runtime: &tokio::runtime::Handle, source: Source, timings: Timings) -> Self {
         let state = Arc::new(Mutex::new(State::default()));
         let (poke, rx) = mpsc::unbounded_channel();
-        runtime.spawn(subscriber(state.clone(), source, rx, timings));
+        runtime.spawn(pubsub::serve(Channels(state.clone()), source, rx, timings));
         Hub { state, poke }
     }
 
@@ -169,67 +159,38 @@ fn wake(st: &mut State, channel: &str) {
     }
 }
 
-/// The pub/sub task of one node.
-async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::UnboundedReceiver<()>, timings: Timings) {
-    let Timings { timeout, grace, ping: ping_every } = timings;
-    loop {
-        // Connect only while someone waits (or wants to): an idle node costs no connection.
-        while lock(&state).channels.is_empty() {
-            if poke.recv().await.is_none() {
-                return;
+/// One node's bookkeeping, served by [`pubsub::serve`]: a message or a confirmed
+/// subscription wakes every registered waiter of the channel.
+struct Channels(Arc<Mutex<State>>);
+
+impl Subscriptions for Channels {
+    fn idle(&self) -> bool {
+        lock(&self.0).channels.is_empty()
+    }
+
+    fn next_change(&self, grace: Duration) -> (Option<Change>, Option<Instant>) {
+        next_change(&self.0, grace)
+    }
+
+    fn message(&self, channel: &str, _owner: &str) {
+        wake(&mut lock(&self.0), channel);
+    }
+
+    fn confirmed(&self, channels: &[Arc<str>]) {
+        let mut st = lock(&self.0);
+        for channel in channels {
+            if let Some(chan) = st.channels.get_mut(channel) {
+                if chan.sub == Sub::Sending {
+                    chan.sub = Sub::Confirmed;
+                }
             }
+            // A release may have come before the subscription: look again.
+            wake(&mut st, channel);
         }
-        let Some(pubsub) = pubsub::connect(&source, timeout, &mut poke).await else { return };
-        let (sink, mut stream) = pubsub.split();
-        let mut op: Option<Op> = None;
-        let mut ping: Option<BoxFuture<'static, bool>> = None;
-        let mut ping_at = tokio::time::Instant::now() + ping_every;
-        loop {
-            let mut sweep_at = None;
-            if op.is_none() {
-                let (next, at) = next_op(&state, &sink, timeout, grace);
-                op = next;
-                sweep_at = at;
-            }
-            tokio::select! {
-                msg = stream.next() => match msg {
-                    Some(msg) => wake(&mut lock(&state), msg.get_channel_name()),
-                    None => break,
-                },
-                (subscribe, channels, ok) = run(&mut op) => {
-                    op = None;
-                    if !ok {
-                        break;
-                    }
-                    if subscribe {
-                        let mut st = lock(&state);
-                        for channel in &channels {
-                            if let Some(chan) = st.channels.get_mut(channel) {
-                                if chan.sub == Sub::Sending {
-                                    chan.sub = Sub::Confirmed;
-                                }
-                            }
-                            // A release may have come before the subscription: look again.
-                            wake(&mut st, channel);
-                        }
-                    }
-                }
-                alive = run(&mut ping) => {
-                    ping = None;
-                    if !alive {
-                        break;
-                    }
-                    ping_at = tokio::time::Instant::now() + ping_every;
-                }
-                _ = tokio::time::sleep_until(ping_at), if ping.is_none() => {
-                    ping = Some(ping_once(sink.clone(), timeout));
-                }
-                p = poke.recv() => if p.is_none() { return },
-                _ = sleep_until(sweep_at) => {}
-            }
-        }
-        tracing::debug!("redlock pub/sub connection lost; reconnecting");
-        let mut st = lock(&state);
+    }
+
+    fn lost(&self) {
+        let mut st = lock(&self.0);
         st.channels.retain(|_, chan| !chan.waiters.is_empty());
         for chan in st.channels.values_mut() {
             chan.sub = Sub::Wanted;
@@ -238,12 +199,7 @@ async fn subscriber(state: Arc<Mutex<State>>, source: Source, mut poke: mpsc::Un
 }
 
 /// The next (un)subscription to make, or when to look again for idle channels.
-fn next_op(
-    state: &Mutex<State>,
-    sink: &redis::aio::PubSubSink,
-    timeout: Duration,
-    grace: Duration,
-) -> (Option<Op>, Option<Instant>) {
+fn next_change(state: &Mutex<State>, grace: Duration) -> (Option<Change>, Option<Instant>) {
     let now = crate::clock::now();
     let mut st = lock(state);
     let mut subscribe = Vec::new();
@@ -254,7 +210,7 @@ fn next_op(
         }
     }
     if !subscribe.is_empty() {
-        return (Some(change(sink.clone(), true, subscribe, timeout)), None);
+        return (Some((true, subscribe)), None);
     }
     let mut leave = Vec::new();
     let mut next_due: Option<Instant> = None;
@@ -273,5 +229,5 @@ fn next_op(
     if leave.is_empty() {
         return (None, next_due);
     }
-    (Some(change(sink.clone(), false, leave, timeout)), None)
+    (Some((false, leave)), None)
 }

@@ -1,18 +1,16 @@
 //! Multi-name locks ([`LockManager::lock_all`]): every name or none, taken one by one in one
-//! global order (so two callers never deadlock), as exclusive locks, on every backend.
+//! global order (so two callers never deadlock), as exclusive locks, on every backend. Run a
+//! future under them with [`LockAllRequest::run`] (the run engine).
 
-use std::future::{Future, IntoFuture};
-use std::pin::{pin, Pin};
+use std::future::IntoFuture;
 use std::sync::Arc;
 
-use crate::backend::{BoxFuture, LockKind};
-use crate::context::{self, Frame};
+use super::LockManager;
+use crate::backend::BoxFuture;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;
-use crate::manager::LockManager;
 use crate::options::{self, LockOptions};
-use crate::run::{self, Locked};
 
 /// The most names one [`lock_all`](LockManager::lock_all) takes.
 pub const MAX_NAMES: usize = 1024;
@@ -36,74 +34,6 @@ impl<'m> LockAllRequest<'m> {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.names.iter().map(|n| &**n)
     }
-
-    /// Runs `fut` while every lock is held, as [`LockRequest::run`](crate::LockRequest::run)
-    /// does for one: inside, [`current()`](crate::current) gives the last name (in the global
-    /// order), and a nested `lock(..).run(..)` (or locked fn) of any of the names re-enters.
-    /// Names the task already holds are re-entered rather than taken. Released on every exit;
-    /// the loss of any one stops `fut` with the lost error.
-    ///
-    /// ```
-    /// use lock_runtime::{LockError, LockManager};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
-    /// let manager = LockManager::memory();
-    /// let moved = manager
-    ///     .lock_all(["acct:1", "acct:2"])
-    ///     .run(async {
-    ///         // Re-enters: the task holds acct:1 already.
-    ///         manager.lock("acct:1").run(async { 100 }).await
-    ///     })
-    ///     .await??;
-    /// assert_eq!(moved, 100);
-    /// # Ok(()) }
-    /// ```
-    pub async fn run<F: Future>(self, fut: F) -> Result<F::Output, LockError> {
-        let mut locked = pin!(Locked::new());
-        self.enter(locked.as_mut()).await?;
-        locked.start(fut).await
-    }
-
-    /// Re-enters the names the task holds and takes the others into `locked`, one frame per
-    /// name chained in the global order.
-    pub(crate) async fn enter<F: Future>(self, mut locked: Pin<&mut Locked<F>>) -> Result<(), LockError> {
-        let LockAllRequest { manager, names, options } = self;
-        let id = manager.id();
-        let mut outer: Vec<Option<Frame>> = Vec::with_capacity(names.len());
-        let mut parent = None;
-        for (i, name) in names.iter().enumerate() {
-            let lookup = context::lookup(id, name, LockKind::Exclusive);
-            if i == 0 {
-                parent = lookup.parent;
-            }
-            outer.push(lookup.held);
-        }
-        let to_take: Vec<Arc<str>> =
-            names.iter().zip(&outer).filter(|(_, held)| held.is_none()).map(|(n, _)| n.clone()).collect();
-        let guards = if to_take.is_empty() && !names.is_empty() {
-            Vec::new()
-        } else {
-            acquire_all(manager, to_take, options).await?
-        };
-        let mut frame: Option<Frame> = None;
-        let mut taken = guards.iter();
-        for held in outer {
-            let parent = match frame.take() {
-                Some(f) => Some(Arc::new(f)),
-                None => parent.take(),
-            };
-            frame = match held {
-                Some(outer) => Some(Frame { parent, ..outer }),
-                None => taken.next().map(|g| run::frame_of(g, id, LockKind::Exclusive, parent)),
-            };
-        }
-        // Every taken lock is one of `more`: each is watched and released, whichever is the
-        // innermost frame (a name the task held already may be).
-        let hold = locked.as_mut().hold();
-        hold.frame = frame;
-        hold.more = guards;
-        Ok(())
-    }
 }
 
 impl<'m> IntoFuture for LockAllRequest<'m> {
@@ -119,7 +49,7 @@ impl<'m> IntoFuture for LockAllRequest<'m> {
 }
 
 /// Takes every one of `names` (sorted, each once) within the request's `wait`, or none.
-async fn acquire_all(
+pub(crate) async fn acquire_all(
     manager: &LockManager,
     names: Vec<Arc<str>>,
     options: LockOptions,
