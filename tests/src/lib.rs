@@ -13,6 +13,7 @@ pub mod redis_cluster;
 pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+pub mod server_process;
 pub mod zk_server;
 
 /// A loopback port nobody listens on right now (for the servers the tests start).
@@ -23,4 +24,10 @@ pub fn free_port() -> u16 {
 /// A name no other test (or earlier run against the same server) uses.
 pub fn unique(label: &str) -> String {
     format!("{label}:{}", lock_runtime::backend::OwnerId::next())
+}
+
+/// Polls `fut` exactly once, with this task's waker: `Ready` with its output, or `Pending`.
+/// For tests that drop a future after a given number of polls.
+pub async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
 }

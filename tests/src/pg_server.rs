@@ -19,12 +19,13 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use crate::free_port;
+use crate::server_process::ServerProcess;
 
 /// The newest `/usr/lib/postgresql/<version>/bin` holding `initdb`.
 pub fn bin_dir() -> PathBuf {
@@ -132,8 +133,7 @@ fn available_kib(path: &Path) -> Option<u64> {
 #[derive(Debug)]
 pub struct PgServer {
     port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
+    process: ServerProcess,
 }
 
 impl PgServer {
@@ -150,56 +150,34 @@ impl PgServer {
         give_to_user(&dir);
         let mut last = String::new();
         for _ in 0..5 {
-            let mut server = PgServer { port: free_port(), dir: dir.clone(), child: None };
-            match server.spawn() {
-                Ok(()) => return server,
+            let port = free_port();
+            let spawn = move |dir: &Path| {
+                let mut postgres = command(&bin_dir().join("postgres"));
+                postgres
+                    .arg("-D")
+                    .arg(dir.join("data"))
+                    .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c"])
+                    .arg(format!("unix_socket_directories={}", dir.display()))
+                    .args(["-c", "fsync=off", "-c", "max_connections=100", "-c", "shared_buffers=16MB"])
+                    .args(["-c", "autovacuum=off"]);
+                postgres
+            };
+            let ready = move || ready(port);
+            let mut process = ServerProcess::new("postgres", dir.clone(), spawn, ready, Duration::from_secs(15));
+            match process.try_start() {
+                Ok(()) => return PgServer { port, process },
                 Err(e) => {
                     last = e;
-                    server.dir = PathBuf::new(); // keep the directory for the next try
+                    process.keep_dir(); // for the next try
                 }
             }
         }
         panic!("could not start postgres: {last}");
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
-        let log = std::fs::File::create(self.dir.join("postgres.log")).map_err(|e| e.to_string())?;
-        give_to_user(&self.dir.join("postgres.log"));
-        let child = command(&bin_dir().join("postgres"))
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c"])
-            .arg(format!("unix_socket_directories={}", self.dir.display()))
-            .args(["-c", "fsync=off", "-c", "max_connections=100", "-c", "shared_buffers=16MB", "-c", "autovacuum=off"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot run postgres: {e}"))?;
-        self.child = Some(child);
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(15) {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                self.child = None;
-                let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
-                return Err(format!("postgres exited with {status}: {log}"));
-            }
-            if self.ready() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.stop("-KILL");
-        Err("postgres did not accept connections within 15 s".into())
-    }
-
     /// Whether the server accepts connections right now (`pg_isready`).
     pub fn ready(&self) -> bool {
-        Command::new(bin_dir().join("pg_isready"))
-            .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-t", "1"])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
+        ready(self.port)
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
@@ -212,30 +190,13 @@ impl PgServer {
         self.port
     }
 
-    /// Stops the server with `signal` (`-INT`: fast shutdown, `-QUIT`: immediate, `-KILL`)
-    /// sent to its own pid, and waits for it.
-    fn stop(&mut self, signal: &str) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(10) {
-                if child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
     /// A fast shutdown (every session is terminated), then the server again on the same port
     /// with the same data.
     pub fn restart(&mut self) {
-        self.stop("-INT");
+        self.process.stop("-INT");
         let started = Instant::now();
         loop {
-            match self.spawn() {
+            match self.process.try_start() {
                 Ok(()) => return,
                 Err(e) if started.elapsed() > Duration::from_secs(15) => panic!("restart failed: {e}"),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -244,11 +205,19 @@ impl PgServer {
     }
 }
 
+/// Whether a server on `port` accepts connections right now (`pg_isready`).
+fn ready(port: u16) -> bool {
+    Command::new(bin_dir().join("pg_isready"))
+        .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "-t", "1"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
 impl Drop for PgServer {
     fn drop(&mut self) {
-        self.stop("-QUIT"); // immediate shutdown
-        if !self.dir.as_os_str().is_empty() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        // An immediate shutdown: the postmaster takes its backends down with it (a SIGKILL
+        // would leave them running).
+        self.process.stop("-QUIT");
     }
 }

@@ -7,14 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{key_slot, KeyLayout};
 
 use crate::free_port;
+use crate::server_process::ServerProcess;
 
 /// How long a node may take to answer one command of the harness.
 const NODE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -25,14 +24,12 @@ const MIGRATE_BATCH: usize = 100;
 #[derive(Debug)]
 struct Node {
     port: u16,
-    bus: u16,
-    child: Option<Child>,
+    process: ServerProcess,
 }
 
 /// A Redis Cluster this test owns.
 #[derive(Debug)]
 pub struct RedisCluster {
-    dir: PathBuf,
     nodes: Vec<Node>,
 }
 
@@ -52,13 +49,6 @@ impl RedisCluster {
     /// does not form within 30 s.
     pub fn start(primaries: usize, replicas_per_primary: usize) -> Self {
         assert!(primaries >= 1, "a cluster needs a primary");
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "lock-tests-redis-cluster-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir for the cluster");
         let total = primaries * (1 + replicas_per_primary);
         let mut taken = HashSet::new();
         let mut port = || loop {
@@ -67,11 +57,8 @@ impl RedisCluster {
                 return p;
             }
         };
-        let nodes = (0..total).map(|_| Node { port: port(), bus: port(), child: None }).collect();
-        let mut cluster = RedisCluster { dir, nodes };
-        for i in 0..total {
-            cluster.spawn(i);
-        }
+        let nodes = (0..total).map(|_| node(port(), port())).collect();
+        let cluster = RedisCluster { nodes };
         let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
@@ -89,55 +76,6 @@ impl RedisCluster {
         );
         cluster.wait_healthy(Duration::from_secs(30));
         cluster
-    }
-
-    fn spawn(&mut self, i: usize) {
-        let dir = self.dir.clone();
-        let node = &mut self.nodes[i];
-        let port = node.port.to_string();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(format!("redis-{port}.log")))
-            .expect("log file");
-        let child = Command::new("redis-server")
-            .args(["--port", &port, "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
-            .args(["--cluster-port", &node.bus.to_string()])
-            .args(["--cluster-config-file", &dir.join(format!("nodes-{port}.conf")).to_string_lossy()])
-            .args(["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"])
-            // Replicas sync at once (the default waits 5 s for more replicas to share a transfer).
-            .args(["--repl-diskless-sync-delay", "0"])
-            .args(["--protected-mode", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("run `redis-server` (install it: apt-get install redis-server)");
-        // If the test process ends without dropping the cluster (a static, a crash), a reaper
-        // kills the node by its pid: it lives while both processes do.
-        let reaper = format!(
-            "while kill -0 {test} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-             kill -9 {pid} 2>/dev/null; kill -0 {test} 2>/dev/null || rm -rf '{dir}'",
-            test = std::process::id(),
-            pid = child.id(),
-            dir = dir.display(),
-        );
-        let _ = Command::new("sh")
-            .args(["-c", &reaper])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        node.child = Some(child);
-        let started = Instant::now();
-        while self.query::<String>(i, &["PING"]).is_err() {
-            if let Some(status) = self.nodes[i].child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                let log = std::fs::read_to_string(self.dir.join(format!("redis-{port}.log"))).unwrap_or_default();
-                panic!("redis-server {port} exited with {status}: {log}");
-            }
-            assert!(started.elapsed() < Duration::from_secs(10), "redis-server {port} did not answer PING");
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 
     /// One command on node `i`, bounded by `NODE_TIMEOUT`.
@@ -180,7 +118,7 @@ impl RedisCluster {
 
     /// Whether node `i` runs (not killed; maybe paused).
     pub fn running(&self, i: usize) -> bool {
-        self.nodes[i].child.is_some()
+        self.nodes[i].process.running()
     }
 
     fn index_of(&self, port: u16) -> usize {
@@ -189,33 +127,23 @@ impl RedisCluster {
 
     /// Kills node `i` with SIGKILL (its data is gone: no persistence).
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.nodes[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.nodes[i].process.kill();
     }
 
     /// Starts node `i` again on its ports with its cluster configuration (it rejoins; a
     /// primary that was failed over comes back as a replica), with an empty dataset.
     pub fn restart(&mut self, i: usize) {
-        self.kill(i);
-        self.spawn(i);
+        self.nodes[i].process.restart();
     }
 
     /// Freezes node `i` (SIGSTOP): connections stay open, nothing is answered.
     pub fn pause(&self, i: usize) {
-        self.signal(i, "-STOP");
+        self.nodes[i].process.pause();
     }
 
     /// Lets a paused node run again (SIGCONT).
     pub fn resume(&self, i: usize) {
-        self.signal(i, "-CONT");
-    }
-
-    fn signal(&self, i: usize, signal: &str) {
-        let pid = self.nodes[i].child.as_ref().expect("node running").id();
-        let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
+        self.nodes[i].process.resume();
     }
 
     /// The node index of the primary serving `slot`, as the first running node that answers
@@ -386,13 +314,26 @@ pub fn slot_of(key: &str) -> u16 {
     key_slot(KeyLayout::of(key).lock.as_bytes())
 }
 
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
-        for i in 0..self.nodes.len() {
-            self.kill(i); // SIGKILL, which also ends a paused node
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Starts a cluster-mode node on `port` (cluster bus on `bus`), in a directory of its own
+/// with its cluster configuration, and waits until it answers `PING`.
+fn node(port: u16, bus: u16) -> Node {
+    let spawn = move |dir: &std::path::Path| {
+        let mut redis = Command::new("redis-server");
+        redis
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
+            .args(["--cluster-port", &bus.to_string()])
+            .args(["--cluster-config-file", &dir.join("nodes.conf").to_string_lossy()])
+            .args(["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"])
+            // Replicas sync at once (the default waits 5 s for more replicas to share a transfer).
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args(["--protected-mode", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()]);
+        redis
+    };
+    let dir = ServerProcess::temp_dir("redis-cluster-node");
+    let ready = move || crate::redis_server::ping(port);
+    let mut process = ServerProcess::new("redis-server (cluster)", dir, spawn, ready, Duration::from_secs(10));
+    process.start();
+    Node { port, process }
 }
 
 /// One 3-primary cluster (no replicas) shared by the tests of a binary that neither kill,

@@ -5,36 +5,25 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::free_port;
 use crate::redis_server::RedisServer;
+use crate::server_process::ServerProcess;
 
 /// The master name every sentinel monitors.
 pub const MASTER: &str = "mymaster";
 
 /// How long the harness waits for the setup to settle or a failover to complete.
-const SETTLE: Duration = Duration::from_secs(30);
+const SETTLE: Duration = Duration::from_secs(60);
 
 /// One `redis-sentinel` process.
 #[derive(Debug)]
 struct SentinelProcess {
     port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Drop for SentinelProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Held for its drop, which kills the sentinel.
+    _process: ServerProcess,
 }
 
 /// A primary, its replicas and the sentinels monitoring them as [`MASTER`].
@@ -106,29 +95,12 @@ impl SentinelSetup {
     }
 
     /// One setup (a primary, one replica, three sentinels) shared by the tests of this binary
-    /// that change nothing but keys (the conformance suite). Statics are not dropped, so each of
-    /// its processes gets a guard (`sh`) that kills it, by pid, and removes its directory once this
-    /// test binary exits (the
-    /// guard ends with the process it guards, so a reused pid is never hit).
+    /// that change nothing but keys (the conformance suite). Statics are not dropped: each of
+    /// its processes is killed by its reaper (see [`ServerProcess`]) once this test binary
+    /// exits.
     pub fn shared() -> &'static SentinelSetup {
         static SHARED: std::sync::OnceLock<SentinelSetup> = std::sync::OnceLock::new();
-        SHARED.get_or_init(|| {
-            let setup = SentinelSetup::start(1, 3);
-            let me = std::process::id();
-            let nodes = setup.nodes.iter().map(|n| (n.pid(), n.dir()));
-            let sentinels = setup.sentinels.iter().map(|s| (s.child.as_ref().map(Child::id), s.dir.as_path()));
-            for (pid, dir) in nodes.chain(sentinels) {
-                let Some(pid) = pid else { continue };
-                let script = format!(
-                    "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; \
-                     kill -9 {pid} 2>/dev/null; rm -rf '{}'",
-                    dir.display()
-                );
-                let guard = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).spawn();
-                drop(guard.expect("start an exit guard"));
-            }
-            setup
-        })
+        SHARED.get_or_init(|| SentinelSetup::start(1, 3))
     }
 
     /// `redis://127.0.0.1:<port>` of every sentinel.
@@ -234,15 +206,9 @@ impl SentinelSetup {
 }
 
 fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
-    static N: AtomicU64 = AtomicU64::new(0);
     let mut last_error = String::new();
     for _ in 0..5 {
-        let dir = std::env::temp_dir().join(format!(
-            "lock-tests-sentinel-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir for redis-sentinel");
+        let dir = ServerProcess::temp_dir("sentinel");
         let port = free_port();
         let conf = dir.join("sentinel.conf");
         let text = format!(
@@ -254,29 +220,16 @@ fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
             dir = dir.display()
         );
         std::fs::write(&conf, text).expect("write sentinel.conf");
-        let log = std::fs::File::create(dir.join("sentinel.log")).expect("sentinel log");
-        let child = Command::new("redis-sentinel")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("cannot run `redis-sentinel` (install it: apt-get install redis-sentinel)");
-        let mut sentinel = SentinelProcess { port, dir, child: Some(child) };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Some(status) = sentinel.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                sentinel.child = None;
-                last_error = format!(
-                    "redis-sentinel exited with {status}: {}",
-                    std::fs::read_to_string(sentinel.dir.join("sentinel.log")).unwrap_or_default()
-                );
-                break;
-            }
-            if query::<String>(port, &redis::cmd("PING")).is_ok() {
-                return sentinel;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let spawn = move |_: &std::path::Path| {
+            let mut sentinel = Command::new("redis-sentinel");
+            sentinel.arg(&conf);
+            sentinel
+        };
+        let ready = move || query::<String>(port, &redis::cmd("PING")).is_ok();
+        let mut process = ServerProcess::new("redis-sentinel", dir, spawn, ready, Duration::from_secs(10));
+        match process.try_start() {
+            Ok(()) => return SentinelProcess { port, _process: process },
+            Err(e) => last_error = e,
         }
     }
     panic!("could not start redis-sentinel: {last_error}");

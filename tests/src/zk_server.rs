@@ -12,10 +12,11 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::server_process::ServerProcess;
 
 /// The ZooKeeper jar the Debian package installs (its manifest names its dependencies).
 pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -29,8 +30,7 @@ pub const CONTAINER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub struct ZkServer {
     port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
+    process: ServerProcess,
 }
 
 impl ZkServer {
@@ -41,13 +41,7 @@ impl ZkServer {
             std::path::Path::new(ZOOKEEPER_JAR).exists(),
             "{ZOOKEEPER_JAR} is missing: install the `zookeeper` package (scripts/test does)"
         );
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "lock-tests-zk-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = ServerProcess::temp_dir("zk");
         std::fs::create_dir_all(dir.join("data")).expect("create the ZooKeeper data directory");
         let port = free_port();
         let config = format!(
@@ -64,9 +58,28 @@ impl ZkServer {
             data = dir.join("data").display(),
         );
         std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
-        let mut server = ZkServer { port, dir, child: None };
-        server.spawn();
-        server
+        let spawn = |dir: &std::path::Path| {
+            let mut java = Command::new("java");
+            java.args([
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-Xshare:auto",
+                "-Dzookeeper.admin.enableServer=false",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                &format!("-Dznode.container.checkIntervalMs={}", CONTAINER_CHECK_INTERVAL.as_millis()),
+                "-Dznode.container.maxPerMinute=1000000",
+                "-cp",
+                &format!("{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}"),
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+            ])
+            .arg(dir.join("zoo.cfg"));
+            java
+        };
+        let ready = move || serving(port);
+        let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(60));
+        process.start();
+        ZkServer { port, process }
     }
 
     /// `127.0.0.1:<port>`: the host list to give the client.
@@ -81,106 +94,41 @@ impl ZkServer {
 
     /// Kills the server at once (SIGKILL, as a crash) and waits for the process to end.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// Starts the server again on the same port with the same data (after [`kill`](Self::kill)).
     pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::File::create(self.dir.join("server.log")).expect("create the server log");
-        let child = Command::new("java")
-            .args([
-                "-Xmx256m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-Xshare:auto",
-                "-Dzookeeper.admin.enableServer=false",
-                "-Dzookeeper.jmx.log4j.disable=true",
-                &format!("-Dznode.container.checkIntervalMs={}", CONTAINER_CHECK_INTERVAL.as_millis()),
-                "-Dznode.container.maxPerMinute=1000000",
-                "-cp",
-                &format!("{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}"),
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-            ])
-            .arg(self.dir.join("zoo.cfg"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start `java` (install a JRE, e.g. the `zookeeper` package's dependencies)");
-        // If this test process ends without dropping the server (a static, a crash), a small
-        // reaper kills the JVM by its pid: it lives while both processes do.
-        let reaper = format!(
-            "while kill -0 {test} 2>/dev/null && kill -0 {java} 2>/dev/null; do sleep 0.5; done; \
-             kill -9 {java} 2>/dev/null; kill -0 {test} 2>/dev/null || rm -rf '{dir}'",
-            test = std::process::id(),
-            java = child.id(),
-            dir = self.dir.display(),
-        );
-        let _ = Command::new("sh")
-            .args(["-c", &reaper])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&mut self) {
-        let started = Instant::now();
-        loop {
-            if self.serving() {
-                return;
-            }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-                    panic!("ZooKeeper exited with {status} before it was ready:\n{log}");
-                }
-            }
-            assert!(started.elapsed() < Duration::from_secs(60), "ZooKeeper did not start serving within 60 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.process.restart();
     }
 
     /// Whether the server serves clients: its `srvr` four-letter word reports a mode (`ruok`
     /// answers `imok` as soon as the process listens, before sessions can be opened).
     pub fn serving(&self) -> bool {
-        self.four_letter_word("srvr").is_some_and(|answer| answer.contains("Mode: "))
+        serving(self.port)
     }
 
     /// How many client connections the server has open, the asking one included (its `mntr`
     /// four-letter word's `zk_num_alive_connections`); `None` if it does not answer.
     pub fn connections(&self) -> Option<u64> {
-        let answer = self.four_letter_word("mntr")?;
+        let answer = four_letter_word(self.port, "mntr")?;
         let line = answer.lines().find_map(|line| line.strip_prefix("zk_num_alive_connections"))?;
         line.trim().parse().ok()
     }
-
-    fn four_letter_word(&self, word: &str) -> Option<String> {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        stream.write_all(word.as_bytes()).ok()?;
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer);
-        Some(answer)
-    }
 }
 
-impl Drop for ZkServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn serving(port: u16) -> bool {
+    four_letter_word(port, "srvr").is_some_and(|answer| answer.contains("Mode: "))
+}
+
+fn four_letter_word(port: u16, word: &str) -> Option<String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    stream.write_all(word.as_bytes()).ok()?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    Some(answer)
 }
 
 use crate::free_port;

@@ -244,15 +244,6 @@ async fn no_keys_left_after_a_run() {
     }
 }
 
-/// Polls `fut` exactly once: `Some(output)` if it was ready, `None` if it was pending.
-async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
-    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await;
-    match polled {
-        std::task::Poll::Ready(output) => Some(output),
-        std::task::Poll::Pending => None,
-    }
-}
-
 /// Polls the server (no signal exists for a background delete) until nothing is left under
 /// `root`, within `bound`.
 async fn await_no_keys(server: &EtcdServer, root: &str, bound: Duration, what: &str) {
@@ -306,7 +297,7 @@ async fn a_release_dropped_after_its_first_poll_still_deletes_the_key() {
                     None => grant.lock.release(),
                     Some(remaining) => grant.lock.release_after(remaining),
                 };
-                if poll_once(&mut release).await.is_some() {
+                if lock_tests::poll_once(&mut release).await.is_ready() {
                     continue; // answered within the first poll: nothing was dropped in flight
                 }
             } // dropped here
@@ -328,7 +319,7 @@ async fn a_release_dropped_after_its_first_poll_still_deletes_the_key() {
         }
         let name = format!("guard-{round}");
         let mut release = Box::pin(m.lock(&name).await.expect("lock").release());
-        if poll_once(&mut release).await.is_none() {
+        if lock_tests::poll_once(&mut release).await.is_pending() {
             dropped += 1;
         }
         drop(release);

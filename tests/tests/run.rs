@@ -3,7 +3,6 @@
 //! fixed lease (abort by default, `ignore_lost`), and `Send`.
 #![deny(warnings, clippy::all)]
 
-use std::future::Future;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockManager, Run};
@@ -153,18 +152,13 @@ async fn released_on_cancellation_after_the_first_poll() {
         std::future::pending::<()>().await;
     }));
     // One poll: the body runs up to its pending await.
-    assert!(futures_poll_once(run.as_mut()).await.is_pending());
+    assert!(lock_tests::poll_once(&mut run.as_mut()).await.is_pending());
     entered_rx.await.expect("the body ran");
     assert!(!is_free(&m, "run:cancel").await, "held while the body is pending");
     drop(run);
     assert_eq!(seen_rx.await.expect("dropped").as_deref(), Some("run:cancel"), "dropped in its context");
     assert!(is_free(&m, "run:cancel").await, "released when the run was dropped");
     assert!(lock_runtime::current().is_none());
-}
-
-/// Polls `fut` once.
-async fn futures_poll_once<F: Future + Unpin>(mut fut: F) -> std::task::Poll<F::Output> {
-    std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut fut).poll(cx))).await
 }
 
 #[tokio::test]

@@ -1,0 +1,232 @@
+//! Waiting on Redis against a real `redis-server`: one wake-up per release (locally and per
+//! process), lease expiry, the pub/sub connection (killed, silently dead), and a manager that
+//! leaves no task, connection, key or subscription behind.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod redis_support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
+use lock_runtime::LockManager;
+use lock_tests::redis_server::RedisServer;
+use redis_support::*;
+
+/// `CLIENT KILL TYPE pubsub` while tasks wait: they still get the lock once it is free, both
+/// when the release comes before and after the subscription is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_pubsub_connection_still_wakes_waiters() {
+    let server = RedisServer::start();
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    for (round, wait_for_resubscribe) in [(0, false), (1, true)] {
+        let name = format!("pubsub-{round}");
+        let channel = KeyLayout::of(&name).channel;
+        // A fixed 60 s lease: only a release notification (or a re-check) can wake the waiters in time.
+        let held = m.lock(&name).lease(Duration::from_secs(60)).await.expect("lock");
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let (m, name) = (m.clone(), name.clone());
+                tokio::spawn(async move {
+                    let g = m.lock(&name).wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                    g.release().await
+                })
+            })
+            .collect();
+        await_numsub(&mut conn, &channel, 1).await;
+        let killed: u64 =
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.expect("KILL");
+        assert!(killed >= 1, "no pub/sub client killed");
+        if wait_for_resubscribe {
+            await_numsub(&mut conn, &channel, 1).await;
+        }
+        let started = Instant::now();
+        held.release().await.expect("release");
+        for w in waiters {
+            w.await.expect("task").expect("waiter acquired and released");
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "round {round} took {:?}", started.elapsed());
+    }
+}
+
+/// A release wakes one waiter per process, not all of them: eight local waiters handed the
+/// lock one after the other cost one acquire-script call each after their first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_local_waiter() {
+    let server = RedisServer::start();
+    const WAITERS: u64 = 8;
+    let (evalsha, pttl) = hand_through(&server, 1, WAITERS).await;
+    // 1 + 8 first attempts (fewer: a task that finds others queued joins them without one),
+    // one look at the lock once the channel is subscribed, 8 successful attempts, 9 releases;
+    // a herd would add up to 28 more.
+    let expected = 1 + WAITERS + 1 + WAITERS + (WAITERS + 1);
+    assert!(evalsha <= expected + 2, "evalsha calls: {evalsha} (expected {expected})");
+    // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
+    // re-check per waiter once the channel subscription is confirmed.
+    assert!(pttl <= 2 * WAITERS, "pttl calls: {pttl}");
+}
+
+/// With waiters in two processes, each release costs at most one attempt per process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_per_process() {
+    let server = RedisServer::start();
+    const PER: u64 = 4;
+    let (evalsha, _) = hand_through(&server, 2, PER).await;
+    // 1 + 8 first attempts, a look at the lock per process once its channel is subscribed,
+    // and 9 releases, then per release at most one attempt from each of the two processes
+    // (9 x 2); a herd would cost up to 8 attempts per release.
+    let bound = 1 + 2 * PER + 2 + (2 * PER + 1) + (2 * PER + 1) * 2;
+    assert!(evalsha <= bound + 2, "evalsha calls: {evalsha} (at most {bound})");
+}
+
+/// A holder whose lease runs out (it publishes nothing) wakes one local waiter, not the whole
+/// queue; the rest follow one release at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_wakes_one_local_waiter() {
+    let server = RedisServer::start();
+    let other = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    let before = command_calls(&mut conn).await;
+    let evalsha = |calls: &HashMap<String, u64>| {
+        calls.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0)
+    };
+    let expiring = other.lock("expiry").lease(Duration::from_millis(700)).await.expect("lock");
+    const WAITERS: u64 = 8;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let g = m.lock("expiry").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await?;
+                g.release().await
+            })
+        })
+        .collect();
+    for w in waiters {
+        w.await.expect("task").expect("waiter");
+    }
+    let after = command_calls(&mut conn).await;
+    let loads = after.get("script|load").copied().unwrap_or(0) - before.get("script|load").copied().unwrap_or(0);
+    let calls = evalsha(&after) - loads; // a first call answered NOSCRIPT is made again
+                                         // 1 + 8 first attempts, one look at the lock once the channel is subscribed, 8 successful
+                                         // attempts, 8 releases (+2 for a wake-up a hair early); a cascade at the expiry would add
+                                         // up to 7 more.
+    let expected = 1 + WAITERS + 1 + WAITERS + WAITERS;
+    assert!(calls <= expected + 2, "evalsha calls: {calls} (expected {expected})");
+    assert!(expiring.release().await.expect_err("expired").is_lost());
+}
+
+/// A backend keeps one command and one pub/sub connection, and dropping the last manager
+/// (and guard) using it closes both: its background tasks stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_manager_stops_its_tasks_and_connections() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    let guard = m.lock("owned").await.expect("lock");
+    // Ours, the backend's command connection, and its pub/sub connection (typed `normal`
+    // while it has no subscription).
+    await_clients(&mut conn, "normal", 3).await;
+    drop(m);
+    guard.release().await.expect("release");
+    await_clients(&mut conn, "pubsub", 0).await;
+    await_clients(&mut conn, "normal", 1).await;
+}
+
+/// 10,000 distinct names locked and released (some contended): no lock key is left, only the
+/// bounded per-slot fencing counters, and no channel stays subscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_names_leave_no_keys_and_no_subscriptions() {
+    let server = RedisServer::start();
+    let backend = backend(&server, Duration::from_secs(2)).await;
+    let m = LockManager::builder().prefix("tenk:").backend(backend.clone());
+    const NAMES: usize = 10_000;
+    const TASKS: usize = 16;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                for i in (t..NAMES).step_by(TASKS) {
+                    let name = format!("n{i}");
+                    let guard = m.lock(&name).await.expect("lock");
+                    if i % 100 == 0 {
+                        // Contended: a waiter subscribes to this name's channel.
+                        let m2 = m.clone();
+                        let waiter = tokio::spawn(async move { m2.lock(name).wait(Duration::from_secs(20)).await });
+                        tokio::task::yield_now().await;
+                        guard.release().await.expect("release");
+                        waiter.await.expect("task").expect("waiter").release().await.expect("release");
+                    } else {
+                        guard.release().await.expect("release");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut conn = raw(&server).await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("KEYS");
+    let strays: Vec<&String> = keys.iter().filter(|k| !k.starts_with("lock:fence:{")).collect();
+    assert!(strays.is_empty(), "keys left behind: {:?}", &strays[..strays.len().min(10)]);
+    assert!(keys.len() <= 16_384, "{} counters", keys.len());
+    // Unsubscribed once the grace period passes.
+    let started = Instant::now();
+    loop {
+        let channels: Vec<String> =
+            redis::cmd("PUBSUB").arg("CHANNELS").arg("*").query_async(&mut conn).await.expect("PUBSUB");
+        if channels.is_empty() && backend.subscribed_channels() == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "still subscribed: {channels:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(numsub(&mut conn, &KeyLayout::of("tenk:n0").channel).await, 0);
+}
+
+/// Issue #6: a pub/sub connection that dies silently (no FIN, no RST: a partition) is noticed
+/// by its ping, replaced and resubscribed, so a waiter is woken by the release that went
+/// unheard, long before the holder's 30 s lease would have freed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_pubsub_connection_is_noticed_and_replaced() {
+    use lock_tests::redis_server::tcp_proxy::TcpProxy;
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port()).await;
+    let holder = LockManager::builder().backend(backend(&server, Duration::from_secs(2)).await);
+    let store = RedisBackend::connect_with(
+        &proxy.redis_url(),
+        RedisOptions::default().command_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .expect("connect through the proxy");
+    let m = LockManager::builder().backend(store);
+    let name = "partitioned";
+    let held = holder.lock(name).lease(Duration::from_secs(30)).await.expect("holder");
+    let mut conn = raw(&server).await;
+    let pttl = |calls: &HashMap<String, u64>| calls.get("pttl").copied().unwrap_or(0);
+    let before = pttl(&command_calls(&mut conn).await);
+    let waiter = tokio::spawn(async move {
+        let got = m.lock(name).wait(Duration::from_secs(25)).await;
+        (Instant::now(), got)
+    });
+    await_numsub(&mut conn, &KeyLayout::of(name).channel, 1).await;
+    // The waiter's look at the lock once its subscription is confirmed (the second `PTTL`
+    // after that of its first attempt) says the confirmation came through: it waits.
+    let started = Instant::now();
+    while pttl(&command_calls(&mut conn).await) < before + 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the waiter never looked again");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(proxy.silence_subscribers(), 1, "one pub/sub connection");
+    let released = Instant::now();
+    held.release().await.expect("release"); // its message goes nowhere
+    let (acquired, got) = waiter.await.expect("task");
+    let guard = got.expect("the waiter was never woken");
+    let took = acquired.duration_since(released);
+    // The default ping interval (5 s) plus the command timeout, and a resubscription.
+    assert!(took < Duration::from_secs(10), "woken {took:?} after the release");
+    guard.release().await.expect("release");
+}
