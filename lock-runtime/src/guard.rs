@@ -138,7 +138,7 @@ impl LockGuard {
 
     /// Releases at once when the backend can (an in-process one): `Some(verdict)`, as
     /// [`release`](LockGuard::release) would give. `None`: the backend's release must be awaited.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_at_once(&mut self) -> Option<Result<(), LockError>> {
         let Some(state) = &mut self.state else { return Some(Ok(())) };
         state.holding.stop_watchdog();

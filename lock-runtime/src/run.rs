@@ -15,11 +15,14 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use crate::backend::LockKind;
+use std::time::Duration;
+
+use crate::backend::{BoxFuture, Held, HeldLock, LockKind};
 use crate::context::{check_reentry, lookup, within, Frame, Lookup};
 use crate::error::LockError;
 use crate::guard::{LockGuard, ReleaseFuture};
 use crate::manager::{acquire_all, LockAllRequest, LockFuture, LockManager, LockRequest};
+use crate::telemetry::Holding;
 
 impl<'m> LockRequest<'m> {
     /// Runs `fut` while this lock is held: the future of
@@ -221,10 +224,9 @@ pub(crate) struct Taking<'m> {
 /// The locks of a run while its body runs; empty before it is entered and after it is
 /// released.
 pub(crate) struct Hold {
-    /// `None` when re-entered: the outermost run releases.
+    /// `None` when re-entered: the outermost run releases. A run of several locks holds them
+    /// as one ([`several`]).
     pub(crate) guard: Option<LockGuard>,
-    /// The other locks of a run of several (`lock_all`), released after `guard`.
-    pub(crate) more: Vec<LockGuard>,
     /// The innermost lock's frame (`None`: not entered); swapped into the task's context while
     /// the body is polled (or dropped), and holding the outer context meanwhile.
     pub(crate) frame: Option<Frame>,
@@ -238,12 +240,10 @@ pub(crate) struct Hold {
 /// be lost lives on a networked backend (or has a fixed lease), where one allocation is noise.
 type Watch = Pin<Box<dyn Future<Output = LockError> + Send>>;
 
-/// The releases being awaited (a networked backend's), with the output of the body (`Err`:
-/// the lost error it was stopped with) and the first release's error.
+/// A release being awaited (a networked backend's, or those of a run of several locks), with
+/// the output of the body (`Err`: the lost error it was stopped with).
 struct Pending<T> {
     release: ReleaseFuture,
-    rest: Vec<LockGuard>,
-    released: Result<(), LockError>,
     output: Result<T, LockError>,
 }
 
@@ -375,7 +375,7 @@ impl<F: Future> fmt::Debug for Locked<F> {
             (_, _, Some(_)) => "releasing",
             (None, _, None) if self.body.is_some() => "not entered",
             (None, _, None) => "done",
-            (Some(_), None, None) if self.hold.more.is_empty() => "re-entered",
+            (Some(_), None, None) => "re-entered",
             (Some(_), _, None) => "held",
         };
         f.debug_struct("Locked").field("stage", &stage).field("abort_on_lost", &self.abort_on_lost).finish()
@@ -393,7 +393,7 @@ impl<F: Future> Locked<F> {
     #[inline]
     pub fn new() -> Self {
         // Field by field (not a constant copied in): only the few words that say `None` are written.
-        let hold = Hold { guard: None, more: Vec::new(), frame: None, watch: None };
+        let hold = Hold { guard: None, frame: None, watch: None };
         Locked { body: None, hold, abort_on_lost: true, releasing: None }
     }
 
@@ -441,17 +441,14 @@ impl<F: Future> Future for Locked<F> {
         let this = self.project();
         let abort = *this.abort_on_lost;
         if let Some(pending) = this.releasing {
-            ready!(pending.poll_release(cx));
+            let released = ready!(Pin::new(&mut pending.release).poll(cx));
             return Poll::Ready(match this.releasing.take() {
-                Some(pending) => finish(pending.output, pending.released, abort),
+                Some(pending) => finish(pending.output, released, abort),
                 None => Err(not_running()),
             });
         }
         let hold = this.hold;
         let output = ready!(poll_held(this.body, hold, abort, cx));
-        if !hold.more.is_empty() {
-            return release_all(hold, output, abort, this.releasing, cx);
-        }
         let at_once = match &mut hold.guard {
             None => Some(Ok(())), // re-entered: the outermost releases
             Some(guard) => guard.release_at_once(),
@@ -466,67 +463,23 @@ impl<F: Future> Future for Locked<F> {
         // A networked backend: its release is awaited.
         hold.frame = None;
         let Some(guard) = hold.guard.take() else { return Poll::Ready(finish(output, Ok(()), abort)) };
-        let pending = Pending { release: guard.release(), rest: Vec::new(), released: Ok(()), output };
-        await_release(Box::new(pending), abort, this.releasing, cx)
+        await_release(Box::new(Pending { release: guard.release(), output }), abort, this.releasing, cx)
     }
 }
 
-/// Releases every lock of a run of several after its body, the in-process ones at once.
-#[cold]
-fn release_all<T>(
-    hold: &mut Hold,
-    output: Result<T, LockError>,
-    abort: bool,
-    releasing: &mut Option<Box<Pending<T>>>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<T, LockError>> {
-    hold.frame = None;
-    let mut released = Ok(());
-    let mut later = Vec::new();
-    for mut guard in hold.guard.take().into_iter().chain(hold.more.drain(..)) {
-        match guard.release_at_once() {
-            Some(verdict) => keep_first_error(&mut released, verdict),
-            None => later.push(guard),
-        }
-    }
-    let Some(first) = later.pop() else { return Poll::Ready(finish(output, released, abort)) };
-    let pending = Pending { release: first.release(), rest: later, released, output };
-    await_release(Box::new(pending), abort, releasing, cx)
-}
-
-/// Polls `pending` once; keeps it in `releasing` until its releases are done.
+/// Polls `pending` once; keeps it in `releasing` until its release is done.
 fn await_release<T>(
     mut pending: Box<Pending<T>>,
     abort: bool,
     releasing: &mut Option<Box<Pending<T>>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<T, LockError>> {
-    match pending.poll_release(cx) {
-        Poll::Ready(()) => Poll::Ready(finish(pending.output, pending.released, abort)),
+    match Pin::new(&mut pending.release).poll(cx) {
+        Poll::Ready(released) => Poll::Ready(finish(pending.output, released, abort)),
         Poll::Pending => {
             *releasing = Some(pending);
             Poll::Pending
         }
-    }
-}
-
-impl<T> Pending<T> {
-    /// Awaits the release in flight and then each of the rest, in turn.
-    fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            let verdict = ready!(Pin::new(&mut self.release).poll(cx));
-            keep_first_error(&mut self.released, verdict);
-            match self.rest.pop() {
-                Some(guard) => self.release = guard.release(),
-                None => return Poll::Ready(()),
-            }
-        }
-    }
-}
-
-fn keep_first_error(verdict: &mut Result<(), LockError>, next: Result<(), LockError>) {
-    if let (Ok(()), Err(e)) = (&verdict, next) {
-        *verdict = Err(e);
     }
 }
 
@@ -685,7 +638,7 @@ impl LockAllRequest<'_> {
         }
         let to_take: Vec<Arc<str>> =
             names.iter().zip(&outer).filter(|(_, held)| held.is_none()).map(|(n, _)| n.clone()).collect();
-        let guards = if to_take.is_empty() && !names.is_empty() {
+        let mut guards = if to_take.is_empty() && !names.is_empty() {
             Vec::new()
         } else {
             acquire_all(manager, to_take, options).await?
@@ -702,13 +655,70 @@ impl LockAllRequest<'_> {
                 None => taken.next().map(|g| frame_of(g, id, LockKind::Exclusive, parent)),
             };
         }
-        // Every taken lock is one of `more`: each is watched and released, whichever is the
-        // innermost frame (a name the task held already may be).
+        // Every taken lock is watched and released, whichever is the innermost frame (a name the
+        // task held already may be): the watch is set up now, the locks held as one.
         let hold = locked.as_mut().hold();
         hold.frame = frame;
-        hold.more = guards;
+        if !guards.is_empty() {
+            hold.watch = watch_all(&guards);
+            let bound = manager.bound_and_kind();
+            hold.guard = Some(if guards.len() == 1 { guards.remove(0) } else { several(guards, bound) });
+        }
         Ok(())
     }
+}
+
+/// The locks of a `lock_all` run, held as one guard ([`several`]).
+struct Several {
+    guards: Vec<LockGuard>,
+    /// The first error of the releases made so far.
+    verdict: Result<(), LockError>,
+}
+
+impl Several {
+    fn keep(&mut self, released: Result<(), LockError>) {
+        if let (Ok(()), Err(e)) = (&self.verdict, released) {
+            self.verdict = Err(e);
+        }
+    }
+}
+
+impl HeldLock for Several {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            for guard in std::mem::take(&mut self.guards) {
+                let released = guard.release().await;
+                self.keep(released);
+            }
+            std::mem::replace(&mut self.verdict, Ok(()))
+        })
+    }
+
+    fn release_now(&mut self) -> Option<Result<(), LockError>> {
+        let mut later = Vec::new();
+        for mut guard in std::mem::take(&mut self.guards) {
+            match guard.release_at_once() {
+                Some(released) => self.keep(released),
+                None => later.push(guard),
+            }
+        }
+        if later.is_empty() {
+            return Some(std::mem::replace(&mut self.verdict, Ok(())));
+        }
+        self.guards = later; // released in turn by `release`
+        None
+    }
+}
+
+/// One guard standing for several (the locks of a `lock_all` run), released as one: the
+/// in-process ones at once, the others in turn; its verdict is the first error. Each keeps
+/// its own lease, watchdog, telemetry and `hold_at_least`; `bound` bounds one release.
+fn several(guards: Vec<LockGuard>, (bound, kind): (Duration, &'static str)) -> LockGuard {
+    let name = guards.last().map_or_else(|| Arc::from(""), |g| g.name().clone());
+    let fencing_token = guards.iter().map(LockGuard::fencing_token).max().unwrap_or(0);
+    let bound = bound.saturating_mul(u32::try_from(guards.len()).unwrap_or(u32::MAX).max(1));
+    let lock = Held::new(Several { guards, verdict: Ok(()) });
+    LockGuard::new(name, fencing_token, lock, (bound, kind), crate::lost::LostSignal::never(), Holding::none())
 }
 
 /// Polls the body of an entered lock in the lock's context, raced against the loss of the lock
@@ -760,28 +770,29 @@ fn watched(abort: bool, watch: &mut Option<Watch>, cx: &mut Context<'_>) -> Opti
     }
 }
 
-/// The watch of the locks of `hold` that can be lost, if any can: the innermost frame's, and
-/// each of a run of several's.
-#[inline]
+/// The watch of the lock of `hold`, if it can be lost (a run of several locks has its watch
+/// set up when entered: [`watch_all`]).
+#[inline(always)]
 fn watch(hold: &Hold) -> Option<Watch> {
-    if !hold.more.is_empty() {
-        return watch_all(hold);
-    }
     let frame = hold.frame.as_ref().filter(|f| f.lost.can_fire())?;
-    let (name, lost) = (frame.name.clone(), frame.lost.clone());
-    Some(Box::pin(async move {
-        lost.wait().await;
-        LockError::lost(&*name, lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()))
-    }))
+    Some(watch_one(frame))
 }
 
-/// [`watch`] of a run of several locks: the first of them to be lost.
+/// [`watch`] of one lock that can be lost.
+#[inline(never)]
+fn watch_one(frame: &Frame) -> Watch {
+    let (name, lost) = (frame.name.clone(), frame.lost.clone());
+    Box::pin(async move {
+        lost.wait().await;
+        LockError::lost(&*name, lost.reason().unwrap_or_else(|| "its lease ran out".to_owned()))
+    })
+}
+
+/// The watch of a run of several locks: the first of `guards` to be lost.
 #[cold]
-fn watch_all(hold: &Hold) -> Option<Watch> {
-    let signals: Vec<(Arc<str>, crate::lost::LostSignal)> = hold
-        .guard
+fn watch_all(guards: &[LockGuard]) -> Option<Watch> {
+    let signals: Vec<(Arc<str>, crate::lost::LostSignal)> = guards
         .iter()
-        .chain(&hold.more)
         .filter(|g| g.lost_signal().can_fire())
         .map(|g| (g.name().clone(), g.lost_signal().clone()))
         .collect();

@@ -528,6 +528,16 @@ fn report_lost(traced: &Traced, reason: &str) {
 }
 
 impl Holding {
+    /// A holding with nothing to show or report (one that stands for others, which report
+    /// themselves).
+    pub(crate) fn none() -> Holding {
+        Holding {
+            traced: None,
+            #[cfg(feature = "metrics")]
+            metrics: None,
+        }
+    }
+
     /// The `lock.hold` span, if a subscriber wants it.
     #[inline(always)]
     pub(crate) fn span(&self) -> Option<&Span> {

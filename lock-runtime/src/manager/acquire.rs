@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::LockManager;
-use crate::backend::{Acquire, Attempt, Grant, Lease, LockKind, OwnerId, Wake};
+use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Lease, LockKind, OwnerId, Wake};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lost::LostSignal;
@@ -202,6 +202,35 @@ impl LockManager {
         };
         acquiring.waited_since(started);
         Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold))
+    }
+
+    /// The acquisition of a kind beside the mutex (a read lock, a write lock, a permit): the
+    /// policy of the mutex's, boxed as one future, out of the mutex's fast path.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn acquire_kind(
+        &self,
+        name: Arc<str>,
+        kind: LockKind,
+        options: LockOptions,
+    ) -> BoxFuture<'_, Result<LockGuard, LockError>> {
+        Box::pin(async move {
+            // Polled first in the caller's context: its span is the parent of `lock.acquire`.
+            let mut acquiring = self.inner.telemetry.acquiring(&name);
+            let plan = match self.plan(name, kind, options, &acquiring) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    acquiring.failed(&e);
+                    return Err(e);
+                }
+            };
+            match self.attempt_now(plan, acquiring) {
+                FastPath::Done(done) => done,
+                FastPath::Slow { plan, busy, acquiring } => {
+                    self.acquire_slow(plan, crate::clock::now(), busy, acquiring).await
+                }
+            }
+        })
     }
 
     /// The checks of a kind beside the mutex, on every path that takes one (awaited, tried,

@@ -178,6 +178,11 @@ impl LockManager {
         self.inner.id
     }
 
+    /// The backend's operation timeout and short name, read once.
+    pub(crate) fn bound_and_kind(&self) -> (Duration, &'static str) {
+        (self.inner.bound, self.inner.kind)
+    }
+
     pub(crate) fn telemetry(&self) -> &telemetry::Telemetry {
         &self.inner.telemetry
     }

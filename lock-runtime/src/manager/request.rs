@@ -92,39 +92,44 @@ impl Future for LockFuture<'_> {
                 return Poll::Ready(Err(polled_after_completion())); // not reached: matched above
             };
             let LockRequest { manager, name, kind, options } = request;
-            // In the caller's context: its span is the parent of `lock.acquire` and `lock.hold`.
-            let mut acquiring = manager.inner.telemetry.acquiring(&name);
-            let plan = match manager.plan(name, kind, options, &acquiring) {
-                Ok(plan) => plan,
-                Err(e) => {
-                    acquiring.failed(&e);
-                    return Poll::Ready(Err(e));
-                }
-            };
-            let (plan, busy, acquiring) = if let (Some(memory), LockKind::Exclusive) = (&manager.inner.memory, kind) {
-                // The built-in in-process store's mutex: the guard is built right here, the plan
-                // moved only once granted.
-                match memory.try_acquire_granted(&plan.req) {
-                    Some(granted) => {
-                        coop.made_progress();
-                        let (lease, hold) = (plan.req.lease, plan.hold);
-                        let (name, grant) = memory.grant_taking(granted, plan.req);
-                        return Poll::Ready(Ok(manager.guard(name, lease, grant, None, acquiring, hold)));
-                    }
-                    None => (plan, true, acquiring),
-                }
+            if kind != LockKind::Exclusive {
+                // The other kinds: one boxed acquisition (the mutex's fast path stays as it was).
+                self.state = LockFutureState::Running(manager.acquire_kind(name, kind, options));
             } else {
-                match manager.attempt_now(plan, acquiring) {
-                    FastPath::Done(Ok(guard)) => {
-                        coop.made_progress();
-                        return Poll::Ready(Ok(guard));
+                // In the caller's context: its span is the parent of `lock.acquire` and `lock.hold`.
+                let mut acquiring = manager.inner.telemetry.acquiring(&name);
+                let plan = match manager.plan(name, LockKind::Exclusive, options, &acquiring) {
+                    Ok(plan) => plan,
+                    Err(e) => {
+                        acquiring.failed(&e);
+                        return Poll::Ready(Err(e));
                     }
-                    FastPath::Done(Err(e)) => return Poll::Ready(Err(e)),
-                    FastPath::Slow { plan, busy, acquiring } => (plan, busy, acquiring),
-                }
-            };
-            let started = crate::clock::now();
-            self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy, acquiring)));
+                };
+                let (plan, busy, acquiring) = if let Some(memory) = &manager.inner.memory {
+                    // The built-in in-process store: the guard is built right here, the plan
+                    // moved only once granted.
+                    match memory.try_acquire_granted(&plan.req) {
+                        Some(granted) => {
+                            coop.made_progress();
+                            let (lease, hold) = (plan.req.lease, plan.hold);
+                            let (name, grant) = memory.grant_taking(granted, plan.req);
+                            return Poll::Ready(Ok(manager.guard(name, lease, grant, None, acquiring, hold)));
+                        }
+                        None => (plan, true, acquiring),
+                    }
+                } else {
+                    match manager.attempt_now(plan, acquiring) {
+                        FastPath::Done(Ok(guard)) => {
+                            coop.made_progress();
+                            return Poll::Ready(Ok(guard));
+                        }
+                        FastPath::Done(Err(e)) => return Poll::Ready(Err(e)),
+                        FastPath::Slow { plan, busy, acquiring } => (plan, busy, acquiring),
+                    }
+                };
+                let started = crate::clock::now();
+                self.state = LockFutureState::Running(Box::pin(manager.acquire_slow(plan, started, busy, acquiring)));
+            }
         }
         match &mut self.state {
             LockFutureState::Running(fut) => {
