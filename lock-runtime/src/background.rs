@@ -3,11 +3,14 @@
 #![cfg_attr(not(all(feature = "redis", feature = "etcd")), allow(dead_code))]
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::BoxFuture;
 use crate::error::LockError;
+
+/// A release being finished: its verdict.
+type Release = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
 
 /// [`finish_in_background`] on the current runtime; outside one, `failed` is logged.
 pub(crate) fn finish(work: impl Future<Output = ()> + Send + 'static, failed: &'static str) {
@@ -46,7 +49,7 @@ pub(crate) fn finish_in_background(
 /// runtime), bounded by `timeout`. The release must stay owner-checked (a revision, an owner
 /// id), so that one that lands late never touches a later owner's lock.
 pub(crate) struct Unabandoned {
-    release: Option<BoxFuture<'static, Result<(), LockError>>>,
+    release: Option<Release>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
     name: Arc<str>,
@@ -96,7 +99,7 @@ impl Unabandoned {
     /// `release` of lock `name` on backend `kind`, finished on `runtime` (bounded by
     /// `timeout`) if dropped before its answer.
     pub(crate) fn new(
-        release: BoxFuture<'static, Result<(), LockError>>,
+        release: Release,
         runtime: tokio::runtime::Handle,
         (timeout, kind): (Duration, &'static str),
         name: Arc<str>,

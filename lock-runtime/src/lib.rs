@@ -55,8 +55,9 @@
 //!
 //! - [`LockManager`]: takes locks on one backend; [`set_default`] makes one process-wide.
 //! - [`LockGuard`]: a held lock, with its fencing token and a [`lost`](LockGuard::lost) signal.
-//! - [`LockRequest::run`]: runs a future under a lock, with reentrancy and [`current()`]
-//!   (what the attribute expands to).
+//! - [`LockRequest::run`]: runs a future under a lock, with reentrancy and [`current()`]; the
+//!   same engine in two steps, [`Locked`] (take the lock, then give the body), is what the
+//!   attribute expands to.
 //! - Lock kinds: [`LockManager::read_lock`] / [`write_lock`](LockManager::write_lock)
 //!   (read-write locks), [`LockManager::semaphore`] (permits), both on memory, Redis and
 //!   ZooKeeper (a backend that does not offer them refuses them with an
@@ -65,7 +66,8 @@
 //!   `names` options.
 //! - [`LockError`]: the one error type, classified by `is_*` methods.
 //! - [`current()`]: the innermost lock of the running locked call.
-//! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends.
+//! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends, and the
+//!   [`Inspect`](backend::Inspect) capability that inspection tools (`lockctl`) use.
 //!
 //! # Features
 //!

@@ -38,7 +38,11 @@ async fn readers_and_writers_are_served_fifo() {
     let order = order.lock().expect("order").clone();
     // W1 alone; then R2 and R3 together; then W4 alone.
     assert_eq!(&order[..2], &[(1, "in"), (1, "out")], "{order:?}");
-    assert_eq!(&order[2..4], &[(2, "in"), (3, "in")], "consecutive readers together: {order:?}");
+    // Granted by one hand-off, R2 and R3 run at once: which of the two is scheduled first (and
+    // so records its entry first) is the runtime's choice, not the lock's.
+    let mut together = order[2..4].to_vec();
+    together.sort();
+    assert_eq!(together, [(2, "in"), (3, "in")], "consecutive readers together: {order:?}");
     assert_eq!(&order[6..], &[(4, "in"), (4, "out")], "{order:?}");
     assert!(store.is_empty(), "entries removed when free");
 }
