@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::task::AbortHandle;
+
 use crate::backend::Held;
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -31,8 +33,10 @@ pub struct LockGuard {
 /// What a guard needs until its lock is released.
 struct State {
     lock: Held,
-    /// The watchdog, the `lock.hold` span and the metrics of the holding: they end with the
-    /// state, when the lock is released (or its release given up).
+    /// The lease watchdog of a lock it renews: stopped when the lock is released (or its
+    /// release given up).
+    watchdog: Option<AbortHandle>,
+    /// The `lock.hold` span and the metrics of the holding: they end with the state.
     holding: Holding,
     /// The backend's operation timeout, bounding a release.
     bound: Duration,
@@ -61,7 +65,17 @@ impl LockGuard {
         lost: LostSignal,
         holding: Holding,
     ) -> Self {
-        LockGuard { state: Some(State { lock, holding, bound, kind, hold_until: None }), name, fencing_token, lost }
+        let state = State { lock, watchdog: None, holding, bound, kind, hold_until: None };
+        LockGuard { state: Some(state), name, fencing_token, lost }
+    }
+
+    /// Keeps the lease watchdog renewing this lock, to stop it on release.
+    pub(crate) fn renewed_by(mut self, watchdog: AbortHandle) -> Self {
+        match &mut self.state {
+            Some(state) => state.watchdog = Some(watchdog),
+            None => watchdog.abort(),
+        }
+        self
     }
 
     /// Drops a `hold_at_least`: the next release frees the name at once (a partial
@@ -141,7 +155,7 @@ impl LockGuard {
     #[inline(always)]
     pub(crate) fn release_at_once(&mut self) -> Option<Result<(), LockError>> {
         let Some(state) = &mut self.state else { return Some(Ok(())) };
-        state.holding.stop_watchdog();
+        state.stop_watchdog();
         let released = match state.remaining() {
             None => state.lock.release_now()?,
             Some(remaining) => state.lock.release_after_now(remaining)?,
@@ -225,6 +239,14 @@ impl std::future::Future for ReleaseFuture {
 }
 
 impl State {
+    /// Stops the watchdog, if any.
+    #[inline]
+    fn stop_watchdog(&self) {
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.abort();
+        }
+    }
+
     /// What is left of `hold_at_least`, if anything.
     #[inline]
     fn remaining(&self) -> Option<Duration> {
@@ -262,7 +284,7 @@ impl LockGuard {
     #[inline(never)]
     fn release_on_drop(&mut self) {
         let Some(mut state) = self.state.take() else { return };
-        state.holding.stop_watchdog();
+        state.stop_watchdog();
         let at_once = match state.remaining() {
             None => state.lock.release_now(),
             Some(remaining) => state.lock.release_after_now(remaining),

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::task::AbortHandle;
 use tracing::field::Empty;
 use tracing::{Level, Span};
 
@@ -382,7 +381,6 @@ impl Acquiring {
         let span = self.end_span(telemetry, name, fencing_token);
         let (name, kind, names, lost) = (name.clone(), telemetry.kind, telemetry.names, lost.clone());
         Box::new(Traced {
-            watchdog: None,
             span,
             name,
             kind,
@@ -483,9 +481,6 @@ impl Drop for HeldMetrics {
 /// The span of a held lock and what reports its loss: once per lock, by whoever notices it
 /// first (the watchdog, or the end of the holding).
 struct Traced {
-    /// The lease watchdog of a lock that it renews (kept here, in the box that every lock that
-    /// can be lost has: a guard stays small).
-    watchdog: Option<AbortHandle>,
     span: Span,
     name: Arc<str>,
     kind: &'static str,
@@ -544,24 +539,6 @@ impl Holding {
         self.traced.as_ref().map(|t| &t.span).filter(|span| !span.is_disabled())
     }
 
-    /// Keeps the lock's watchdog, to stop it on release. (A renewed lock can be lost, so it has
-    /// the box to keep it in; were it missing, the watchdog is stopped: the lease then runs out
-    /// and `lost()` fires, rather than a renewal going on unseen.)
-    pub(crate) fn keep_watchdog(&mut self, watchdog: AbortHandle) {
-        match &mut self.traced {
-            Some(traced) => traced.watchdog = Some(watchdog),
-            None => watchdog.abort(),
-        }
-    }
-
-    /// Stops the watchdog, if any.
-    #[inline]
-    pub(crate) fn stop_watchdog(&self) {
-        if let Some(watchdog) = self.traced.as_ref().and_then(|t| t.watchdog.as_ref()) {
-            watchdog.abort();
-        }
-    }
-
     /// How names are shown in this lock's events.
     pub(crate) fn names(&self) -> TelemetryNames {
         self.traced.as_ref().map_or_else(strictest, |t| t.names)
@@ -571,7 +548,6 @@ impl Holding {
     pub(crate) fn renewals(&self) -> Renewals {
         Renewals {
             traced: self.traced.as_ref().map(|t| Traced {
-                watchdog: None,
                 span: t.span.clone(),
                 name: t.name.clone(),
                 kind: t.kind,

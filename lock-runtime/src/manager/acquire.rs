@@ -122,12 +122,16 @@ impl LockManager {
         let lost = lost.unwrap_or_default();
         let granted_at = granted_at.unwrap_or_else(crate::clock::now);
         lost.set_deadline(crate::clock::trusted_until(granted_at, lease.duration()));
-        let mut holding = acquiring.granted(&inner.telemetry, &name, fencing_token, &lost, Some(granted_at));
-        if let Some(renewal) = renewal {
+        let holding = acquiring.granted(&inner.telemetry, &name, fencing_token, &lost, Some(granted_at));
+        let watchdog = renewal.map(|renewal| {
             let renewed = watchdog::Renewed { renewal, bound: inner.bound, telemetry: holding.renewals() };
-            holding.keep_watchdog(watchdog::spawn(renewed, lease.duration(), lost.clone()));
+            watchdog::spawn(renewed, lease.duration(), lost.clone())
+        });
+        let guard = LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, holding);
+        match watchdog {
+            Some(watchdog) => guard.renewed_by(watchdog),
+            None => guard,
         }
-        LockGuard::new(name, fencing_token, lock, (inner.bound, inner.kind), lost, holding)
     }
 
     /// Attempts until granted, the deadline (`wait` from `started`) passes, or the retry budget
