@@ -20,44 +20,26 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use examples::bench::report;
 use lock_runtime::backend::redis::RedisBackend;
 use lock_runtime::LockManager;
+use lock_tests::redis_server::RedisServer;
 
 const HANDOFFS: usize = 1000;
 const PROCESSES: usize = 4;
 const TASKS: usize = 8;
 const ROUNDS: usize = 50;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> (String, Option<Server>) {
+/// The server: `REDIS_URL`'s, or one of its own (the test harness's, killed at the end).
+fn server() -> (String, Option<RedisServer>) {
     if let Ok(url) = std::env::var("REDIS_URL") {
         return (url, None);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (apt-get install redis-server)");
-    let server = Server(child);
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (format!("redis://127.0.0.1:{port}"), Some(server))
+    let server = RedisServer::start();
+    (server.url(), Some(server))
 }
 
 async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
@@ -69,10 +51,6 @@ async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> BTreeMap
             Some((name.to_owned(), calls))
         })
         .collect()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Hand-off latency from `holder`'s release to `waiter`'s acquisition.
@@ -99,19 +77,9 @@ async fn handoff(holder: &LockManager, waiter: &LockManager, name: &str) -> Vec<
     samples
 }
 
-fn report(label: &str, samples: &[Duration]) {
-    println!(
-        "{label}: n={} p50={:?} p99={:?} max={:?}",
-        samples.len(),
-        percentile(samples, 0.50),
-        percentile(samples, 0.99),
-        samples[samples.len() - 1]
-    );
-}
-
 #[tokio::main]
 async fn main() {
-    let (url, _server) = start_server();
+    let (url, _server) = server();
     let client = redis::Client::open(url.as_str()).expect("url");
     let mut conn = client.get_multiplexed_async_connection().await.expect("connection");
     println!("redis-server at {url}");
@@ -119,8 +87,8 @@ async fn main() {
     // Hand-off latency.
     let a = LockManager::builder().backend(RedisBackend::connect(&url).await.expect("connect"));
     let b = LockManager::builder().backend(RedisBackend::connect(&url).await.expect("connect"));
-    report("hand-off, waiter in another backend (process)", &handoff(&a, &b, "bench:handoff:x").await);
-    report("hand-off, waiter in the same backend", &handoff(&a, &a, "bench:handoff:same").await);
+    report("hand-off, waiter in another backend (process)", &mut handoff(&a, &b, "bench:handoff:x").await);
+    report("hand-off, waiter in the same backend", &mut handoff(&a, &a, "bench:handoff:same").await);
 
     // Commands per acquisition under contention.
     for processes in [1, PROCESSES] {

@@ -19,172 +19,28 @@
 //! BENCH_SECS=5 cargo run --release -p examples --features redis --example bench_redis_cluster
 //! ```
 //!
-//! Every server listens on a free loopback port, in a temporary directory of this run, without
-//! persistence; each is killed by its pid when the run ends, panics included (and, should the
-//! bench itself be killed, by a small watcher that outlives it only until it sees it gone).
+//! Every server listens on a free loopback port, in a temporary directory of its own, without
+//! persistence (the test harness's `RedisServer` and `RedisCluster`); each is killed by its pid
+//! when the run ends, panics included (and, should the bench itself be killed, by its reaper).
 //! `BENCH_SECS` (default 1) is the length of each timed window; the default run takes about
 //! 30 s. Needs `redis-server` and `redis-cli` (`apt-get install redis-server`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use examples::bench;
-use lock_runtime::backend::redis::{key_slot, KeyLayout};
 use lock_runtime::LockManager;
+use lock_tests::redis_cluster::RedisCluster;
+use lock_tests::redis_server::RedisServer;
 
 /// Measured hand-offs per deployment (after `WARMUP` unmeasured ones).
 const HANDOFFS: usize = 300;
 const WARMUP: usize = 20;
 /// Rounds of each timed measurement, interleaved across deployments; the median is kept.
 const ROUNDS: usize = 3;
-/// How long a server may take to start or a cluster to form.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A `redis-server` of this run, killed by its pid when dropped.
-struct Server {
-    port: u16,
-    child: Child,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-/// The temporary directory of this run, removed when dropped (after the servers: declared
-/// before them).
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Free loopback ports, none handed out twice in this run.
-#[derive(Default)]
-struct Ports(HashSet<u16>);
-
-impl Ports {
-    fn next(&mut self) -> u16 {
-        loop {
-            let port = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port();
-            if self.0.insert(port) {
-                return port;
-            }
-        }
-    }
-}
-
-/// One command on the server at `port`, each step bounded.
-fn query<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> Result<T, String> {
-    let timeout = Duration::from_secs(2);
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
-    let mut conn = client.get_connection_with_timeout(timeout).map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    conn.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    let mut cmd = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        cmd.arg(*arg);
-    }
-    cmd.query(&mut conn).map_err(|e| e.to_string())
-}
-
-/// Starts `redis-server` on `port` with `extra` arguments, logging to `<dir>/redis-<port>.log`,
-/// and waits (bounded) until it answers `PING`.
-fn start_server(dir: &Path, port: u16, extra: &[&str]) -> Server {
-    let log = std::fs::File::create(dir.join(format!("redis-{port}.log"))).expect("log file");
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--protected-mode", "no"])
-        .args(["--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("run `redis-server` (apt-get install redis-server)");
-    // Should this process die without dropping the server (SIGKILL, abort), a watcher kills
-    // the server by its pid once this process is gone.
-    let watcher = format!(
-        "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; kill -9 {pid} 2>/dev/null",
-        me = std::process::id(),
-        pid = child.id()
-    );
-    let _ = Command::new("sh")
-        .args(["-c", &watcher])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let mut server = Server { port, child };
-    let started = Instant::now();
-    while query::<String>(port, &["PING"]).is_err() {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            let log = std::fs::read_to_string(dir.join(format!("redis-{port}.log"))).unwrap_or_default();
-            panic!("redis-server {port} exited with {status}: {log}");
-        }
-        assert!(started.elapsed() < START_TIMEOUT, "redis-server {port} did not answer PING");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    server
-}
-
-/// Starts a Redis Cluster of `n` primaries without replicas and waits (bounded) until every
-/// node reports `cluster_state:ok` and sees all `n` nodes connected.
-fn start_cluster(dir: &Path, ports: &mut Ports, n: usize) -> Vec<Server> {
-    let nodes: Vec<Server> = (0..n)
-        .map(|_| {
-            let (port, bus) = (ports.next(), ports.next());
-            let config = dir.join(format!("nodes-{port}.conf"));
-            let extra = ["--cluster-enabled", "yes", "--cluster-config-file", &config.to_string_lossy()];
-            let bus = bus.to_string();
-            start_server(dir, port, &[&extra[..], &["--cluster-port", &bus, "--cluster-node-timeout", "1000"]].concat())
-        })
-        .collect();
-    let addresses: Vec<String> = nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-    let out = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addresses)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run `redis-cli --cluster create` (apt-get install redis-tools)");
-    assert!(
-        out.status.success(),
-        "redis-cli --cluster create failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let formed = |port: u16| {
-        let ok = query::<String>(port, &["CLUSTER", "INFO"])
-            .is_ok_and(|i| i.lines().any(|l| l.trim() == "cluster_state:ok"));
-        let connected = query::<String>(port, &["CLUSTER", "NODES"])
-            .map(|t| t.lines().filter(|l| l.split_whitespace().nth(7) == Some("connected")).count())
-            .unwrap_or(0);
-        ok && connected == n
-    };
-    let started = Instant::now();
-    while !nodes.iter().all(|s| formed(s.port)) {
-        assert!(started.elapsed() < START_TIMEOUT, "the cluster did not reach cluster_state:ok");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    nodes
-}
-
 /// The figures of one deployment.
 #[derive(Default)]
 struct Figures {
@@ -194,16 +50,6 @@ struct Figures {
     uncontended: [Vec<f64>; 2],
     /// Hand-offs per second of each round.
     handoffs_per_s: Vec<f64>,
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 /// `tasks` tasks lock and release names of their own (`<label>:<task>`) for `window`:
@@ -261,16 +107,11 @@ async fn contention(m: &LockManager, name: &str, tasks: usize, window: Duration)
 async fn main() {
     let secs: f64 = std::env::var("BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
     let window = Duration::from_secs_f64(secs);
-    let tmp = TempDir(std::env::temp_dir().join(format!("bench-redis-cluster-{}", std::process::id())));
-    std::fs::create_dir_all(&tmp.0).expect("temp dir");
-    let dir = tmp.0.clone();
-    let mut ports = Ports::default();
-
-    let single = start_server(&dir, ports.next(), &[]);
-    let cluster = start_cluster(&dir, &mut ports, 3);
-    let redlock: Vec<Server> = (0..3).map(|_| start_server(&dir, ports.next(), &[])).collect();
-    let cluster_urls: Vec<String> = cluster.iter().map(Server::url).collect();
-    let redlock_urls: Vec<String> = redlock.iter().map(Server::url).collect();
+    let single = RedisServer::start();
+    let cluster = RedisCluster::start(3, 0);
+    let redlock: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let cluster_urls: Vec<String> = cluster.urls();
+    let redlock_urls: Vec<String> = redlock.iter().map(RedisServer::url).collect();
     println!("one server: {}", single.url());
     println!("cluster (3 primaries): {}", cluster_urls.join(" "));
     println!("redlock (3 servers): {}", redlock_urls.join(" "));
@@ -289,21 +130,8 @@ async fn main() {
 
     // Where the 64 names of the uncontended run fall in the cluster.
     let mut per_node = vec![0usize; cluster.len()];
-    let owners: String = query(cluster[0].port, &["CLUSTER", "NODES"]).expect("CLUSTER NODES");
     for t in 0..64 {
-        let slot = key_slot(KeyLayout::of(&format!("bench:uncontended:64:{t}")).lock.as_bytes());
-        for line in owners.lines() {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let owns = fields.iter().skip(8).any(|r| match r.split_once('-') {
-                Some((a, b)) => (a.parse::<u16>().unwrap_or(1)..=b.parse().unwrap_or(0)).contains(&slot),
-                None => r.parse() == Ok(slot),
-            });
-            if owns {
-                let port: u16 =
-                    fields[1].split(['@', ',']).next().and_then(|a| a.rsplit_once(':')).unwrap().1.parse().unwrap();
-                per_node[cluster.iter().position(|s| s.port == port).unwrap()] += 1;
-            }
-        }
+        per_node[cluster.primary_of(&format!("bench:uncontended:64:{t}"))] += 1;
     }
     println!("the 64 names of the uncontended run per cluster primary: {per_node:?}");
 
@@ -316,8 +144,8 @@ async fn main() {
                 .await
                 .expect("hand-offs");
         bench::report(&format!("{label}: hand-off to another manager"), &mut samples);
-        figures[k].handoff_p50 = percentile(&samples, 0.50);
-        figures[k].handoff_p99 = percentile(&samples, 0.99);
+        figures[k].handoff_p50 = bench::percentile(&samples, 0.50);
+        figures[k].handoff_p99 = bench::percentile(&samples, 0.99);
     }
 
     // (b) and (c), rounds interleaved across deployments so that load elsewhere on the machine
@@ -361,9 +189,9 @@ async fn main() {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     row("hand-off p50", [0, 1, 2].map(|k| us(figures[k].handoff_p50)), " us");
     row("hand-off p99", [0, 1, 2].map(|k| us(figures[k].handoff_p99)), " us");
-    row("uncontended, 1 task (cycles/s)", [0, 1, 2].map(|k| median(&figures[k].uncontended[0])), "");
-    row("uncontended, 64 tasks (cycles/s)", [0, 1, 2].map(|k| median(&figures[k].uncontended[1])), "");
-    row("16 tasks, one name (hand-offs/s)", [0, 1, 2].map(|k| median(&figures[k].handoffs_per_s)), "");
+    row("uncontended, 1 task (cycles/s)", [0, 1, 2].map(|k| bench::median(&figures[k].uncontended[0])), "");
+    row("uncontended, 64 tasks (cycles/s)", [0, 1, 2].map(|k| bench::median(&figures[k].uncontended[1])), "");
+    row("16 tasks, one name (hand-offs/s)", [0, 1, 2].map(|k| bench::median(&figures[k].handoffs_per_s)), "");
 
     drop(managers);
     drop((single, cluster, redlock));

@@ -11,49 +11,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use examples::bench::{report, uncontended};
 use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
 use lock_runtime::LockManager;
+use lock_tests::redis_server::RedisServer;
 
 const ROUNDS: usize = 3000;
 const WARMUP: usize = 200;
 /// Alternating runs per mode (the best is reported), so that a burst of other work on the
 /// machine does not decide the ratio.
 const RUNS: usize = 3;
-
-/// A server and its own directory (a replica writes the dataset it receives there).
-struct Server(Child, std::path::PathBuf);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn start_server(args: &[&str]) -> (u16, Server) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let dir = std::env::temp_dir().join(format!("bench-redis-wait-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--dir", &dir.to_string_lossy()])
-        .args(args)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (apt-get install redis-server)");
-    let server = Server(child, dir);
-    let started = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (port, server)
-}
 
 async fn run(manager: &LockManager, name: &str) -> (f64, Vec<Duration>) {
     uncontended(manager, name, WARMUP).await.expect("warm-up");
@@ -64,8 +33,9 @@ async fn run(manager: &LockManager, name: &str) -> (f64, Vec<Duration>) {
 
 #[tokio::main]
 async fn main() {
-    let (primary, _primary) = start_server(&[]);
-    let (_, _replica) = start_server(&["--replicaof", "127.0.0.1", &primary.to_string()]);
+    let primary_server = RedisServer::start();
+    let primary = primary_server.port();
+    let _replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.to_string()]);
     let url = format!("redis://127.0.0.1:{primary}");
     let client = redis::Client::open(url.as_str()).expect("url");
     let mut conn = client.get_multiplexed_async_connection().await.expect("connection");

@@ -1,6 +1,7 @@
 //! The measurements the networked backends' benchmarks share (`bench_zookeeper`,
-//! `bench_postgres`, `bench_etcd`): hand-off latency between two managers, uncontended
-//! acquire + release, and a percentile report.
+//! `bench_postgres`, `bench_etcd`, `bench_redis*`): hand-off latency between two managers,
+//! uncontended acquire + release, and a percentile report. Their servers come from the test
+//! harness (`lock_tests`: one `ServerProcess` under every fixture).
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,18 @@ pub async fn uncontended(manager: &LockManager, name: &str, rounds: usize) -> Re
     Ok(samples)
 }
 
+/// The `q` quantile (0 to 1) of `sorted` (not empty), nearest rank.
+pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The median of `values` (not empty).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Prints `n`, p50, p99 and max of `samples` (sorted in place).
 pub fn report(what: &str, samples: &mut [Duration]) {
     if samples.is_empty() {
@@ -67,12 +80,11 @@ pub fn report(what: &str, samples: &mut [Duration]) {
         return;
     }
     samples.sort_unstable();
-    let pick = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     println!(
         "{what}: n={} p50={:?} p99={:?} max={:?}",
         samples.len(),
-        pick(0.50),
-        pick(0.99),
+        percentile(samples, 0.50),
+        percentile(samples, 0.99),
         samples[samples.len() - 1]
     );
 }
