@@ -12,7 +12,7 @@ mod topology;
 mod waiters;
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -194,6 +194,9 @@ struct Inner {
     url: String,
     /// Where the cleanup of dropped acquisitions and the rest of dropped releases run.
     runtime: tokio::runtime::Handle,
+    /// The scripts loaded (`SCRIPT LOAD`) before their first pipeline with `WAIT`, by hash: a
+    /// `NOSCRIPT` answer inside that pipeline would make the call wait for the replicas twice.
+    loaded: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -257,7 +260,10 @@ impl RedisBackend {
         let timings =
             Timings { timeout: options.command_timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
         let waiters = Waiters::start(runtime, source.clone(), timings);
-        RedisBackend { inner: Arc::new(Inner { conn, source, waiters, options, url, runtime: runtime.clone() }) }
+        let runtime = runtime.clone();
+        RedisBackend {
+            inner: Arc::new(Inner { conn, source, waiters, options, url, runtime, loaded: Default::default() }),
+        }
     }
 
     /// The options this backend was created with.
@@ -308,6 +314,12 @@ impl RedisBackend {
                 LockError::backend(name, KIND, operation, e)
             }
         };
+        let loaded = |hash: &str| self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner).contains(hash);
+        if !loaded(script.get_hash()) {
+            // Once per script and backend; a server that lost it later answers NOSCRIPT below.
+            script.load_async(&mut conn).await.map_err(map)?;
+            self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner).insert(script.get_hash().to_owned());
+        }
         match pipe.query_async(&mut conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT") => {
                 script.load_async(&mut conn).await.map_err(map)?;
