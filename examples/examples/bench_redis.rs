@@ -19,14 +19,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use examples::bench::report;
 use lock_runtime::backend::redis::RedisBackend;
 use lock_runtime::LockManager;
-use lock_tests::redis_server::RedisServer;
+use lock_tests::redis_server::{command_calls, RedisServer};
 
 const HANDOFFS: usize = 1000;
 const PROCESSES: usize = 4;
@@ -40,17 +39,6 @@ fn server() -> (String, Option<RedisServer>) {
     }
     let server = RedisServer::start();
     (server.url(), Some(server))
-}
-
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("INFO");
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
 }
 
 /// Hand-off latency from `holder`'s release to `waiter`'s acquisition.

@@ -106,6 +106,19 @@ impl RedisServer {
     }
 }
 
+/// `calls` per command from the server's `INFO commandstats` (what a test or benchmark counts
+/// the commands of an operation with).
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> std::collections::BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
 /// Whether a server on `port` answers `PING`.
 pub(crate) fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };

@@ -47,6 +47,17 @@ async fn readers_and_writers_are_served_fifo() {
     assert!(store.is_empty(), "entries removed when free");
 }
 
+/// `hold_at_least` on `lock_all` keeps every name taken after an early release.
+#[tokio::test]
+async fn lock_all_holds_every_name_at_least_as_long_as_asked() {
+    let m = LockManager::memory();
+    let all = m.lock_all(["held:1", "held:2"]).hold_at_least(Duration::from_secs(30)).await.expect("both");
+    all.release().await.expect("release");
+    for name in ["held:1", "held:2"] {
+        assert!(m.try_lock(name).await.expect("try").is_none(), "{name} is still taken");
+    }
+}
+
 /// Read-write locks and semaphores leave no entry behind: released, timed out, or cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kinds_leave_nothing_behind() {

@@ -6,7 +6,7 @@
 
 mod redis_support;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
@@ -90,7 +90,7 @@ async fn lease_expiry_wakes_one_local_waiter() {
     let m = LockManager::builder().backend(backend(&server, Duration::from_secs(1)).await);
     let mut conn = raw(&server).await;
     let before = command_calls(&mut conn).await;
-    let evalsha = |calls: &HashMap<String, u64>| {
+    let evalsha = |calls: &BTreeMap<String, u64>| {
         calls.get("evalsha").copied().unwrap_or(0) - before.get("evalsha").copied().unwrap_or(0)
     };
     let expiring = other.lock("expiry").lease(Duration::from_millis(700)).await.expect("lock");
@@ -206,7 +206,7 @@ async fn a_silently_dead_pubsub_connection_is_noticed_and_replaced() {
     let name = "partitioned";
     let held = holder.lock(name).lease(Duration::from_secs(30)).await.expect("holder");
     let mut conn = raw(&server).await;
-    let pttl = |calls: &HashMap<String, u64>| calls.get("pttl").copied().unwrap_or(0);
+    let pttl = |calls: &BTreeMap<String, u64>| calls.get("pttl").copied().unwrap_or(0);
     let before = pttl(&command_calls(&mut conn).await);
     let waiter = tokio::spawn(async move {
         let got = m.lock(name).wait(Duration::from_secs(25)).await;

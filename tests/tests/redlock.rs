@@ -8,7 +8,6 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -18,29 +17,10 @@ use lock_runtime::{LockManager, LockManagerBuilder};
 use lock_tests::redis_server::RedisServer;
 
 /// Three servers shared by the conformance cases (never killed by a test). A static is never
-/// dropped, so a small reaper kills each by its pid once this test process is gone.
+/// dropped: each server's own reaper kills it once this test process is gone.
 fn shared() -> &'static [RedisServer] {
     static SERVERS: OnceLock<Vec<RedisServer>> = OnceLock::new();
-    SERVERS.get_or_init(|| {
-        (0..3)
-            .map(|_| {
-                let server = RedisServer::start();
-                let reaper = format!(
-                    "while kill -0 {test} 2>/dev/null && kill -0 {redis} 2>/dev/null; do sleep 0.5; done; \
-                     kill -9 {redis} 2>/dev/null",
-                    test = std::process::id(),
-                    redis = server.pid().expect("running"),
-                );
-                let _ = Command::new("sh")
-                    .args(["-c", &reaper])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn();
-                server
-            })
-            .collect()
-    })
+    SERVERS.get_or_init(|| (0..3).map(|_| RedisServer::start()).collect())
 }
 
 lock_tests::conformance_suite!(|builder: LockManagerBuilder| {

@@ -139,8 +139,8 @@ pub(super) fn unsupported(name: &str, backend: &'static str, kind: LockKind) -> 
     LockError::invalid(
         name,
         format!(
-            "the {backend} backend does not support a {kind} (it offers exclusive locks; read-write locks and \
-             semaphores are offered by the memory backend today); use `lock` or `lock_all`, or a backend that offers it"
+            "the {backend} backend does not support a {kind} (it offers exclusive locks); use `lock` or `lock_all`, \
+             or a backend that offers it (memory, Redis on one server, Cluster or Sentinel, ZooKeeper)"
         ),
     )
 }

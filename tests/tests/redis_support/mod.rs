@@ -3,11 +3,11 @@
 //! server states that have no signal.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
 use lock_runtime::LockManager;
+pub(crate) use lock_tests::redis_server::command_calls;
 use lock_tests::redis_server::RedisServer;
 
 pub(crate) async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -17,18 +17,6 @@ pub(crate) async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnecti
 
 pub(crate) async fn backend(server: &RedisServer, timeout: Duration) -> RedisBackend {
     RedisBackend::connect_with(&server.url(), RedisOptions::default().command_timeout(timeout)).await.expect("connect")
-}
-
-/// `calls` per command from `INFO commandstats`.
-pub(crate) async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("INFO");
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
 }
 
 pub(crate) async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> u64 {
