@@ -18,10 +18,13 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use tokio::sync::{oneshot, Notify};
 
 use super::LockKind;
-use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, OwnerId, Wake};
+use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, OwnerId};
 use crate::error::LockError;
 
+mod acquisition;
 mod kinds;
+
+use acquisition::{reap_at, MemoryAcquisition, Table};
 
 const SHARDS: usize = 64;
 
@@ -370,13 +373,8 @@ impl MemoryBackend {
                 head.holder_changed.notify_one(); // its holder's lease end moved
             }
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, key) = (self.clone(), key.clone());
-            runtime.spawn(async move {
-                tokio::time::sleep_until(until.into()).await;
-                store.reap(&key, hash, crate::clock::now());
-            });
-        }
+        let (store, key) = (self.clone(), key.clone());
+        reap_at(until, move || store.reap(&key, hash, crate::clock::now()));
         Ok(())
     }
 
@@ -417,96 +415,45 @@ fn shrink_now(shard: &mut HashTable<Entry>, hasher: &DefaultHashBuilder) {
     shard.shrink_to(shard.len() * 2, |e| hasher.hash_one(e.key.as_str()));
 }
 
-/// One `lock()` call on the in-process store: owns its place in the queue while it waits.
-/// Dropped while queued, it leaves the queue at once; if the lock was handed to it in the
-/// meantime, it passes the lock on.
-struct MemoryAcquisition {
-    store: MemoryBackend,
-    req: Acquire,
-    hash: u64,
-    /// The holder's lease end seen by the last look (`None`: no expiry).
-    expiry: Option<Instant>,
-    /// Our place in the queue: the hand-off arrives here.
-    queued: Option<oneshot::Receiver<Handed>>,
-    /// Poked when the holder we wait behind changes (shared with our entry in the queue).
-    holder_changed: Arc<Notify>,
-}
+/// The mutexes' table, as an acquisition waits on it.
+struct Mutexes;
 
-impl MemoryAcquisition {
-    fn grant(&self, handed: Handed) -> Grant {
-        self.store.grant(&self.req, self.hash, handed)
+impl Table for Mutexes {
+    fn attempt(store: &MemoryBackend, req: &Acquire, hash: u64) -> Result<Result<Handed, Option<Instant>>, LockError> {
+        Ok(store.attempt(req, hash))
     }
 
-    /// Joins the queue behind the holder. `false` when the lock is free again (nobody to
-    /// queue behind: attempt again).
-    fn enqueue(&mut self) -> bool {
-        let (tx, rx) = oneshot::channel();
-        let mut shard = self.store.shard_of(self.hash);
-        let Some(entry) = shard.entries.find_mut(self.hash, |e| e.key.is(&self.req.key)) else { return false };
-        let Some(holder) = &entry.holder else { return false };
-        self.expiry = holder.expires_at;
-        let holder_changed = self.holder_changed.clone();
-        entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, grant: tx, holder_changed });
-        self.queued = Some(rx);
-        true
+    fn enqueue(
+        store: &MemoryBackend,
+        req: &Acquire,
+        hash: u64,
+        grant: oneshot::Sender<Handed>,
+        holder_changed: Arc<Notify>,
+    ) -> Result<Option<Option<Instant>>, LockError> {
+        let mut shard = store.shard_of(hash);
+        let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(&req.key)) else { return Ok(None) };
+        let Some(holder) = &entry.holder else { return Ok(None) };
+        let expiry = holder.expires_at;
+        entry.waiters.push_back(Waiter { owner: req.owner, lease: req.lease, grant, holder_changed });
+        Ok(Some(expiry))
     }
 
-    /// The lease end of the lock's current holder (`None`: none, or held without expiry).
-    fn holder_expiry(&self) -> Option<Instant> {
-        let shard = self.store.shard_of(self.hash);
-        shard
-            .entries
-            .find(self.hash, |e| e.key.is(&self.req.key))
-            .and_then(|e| e.holder.as_ref())
-            .and_then(|h| h.expires_at)
+    fn expiry(store: &MemoryBackend, req: &Acquire, hash: u64) -> Option<Instant> {
+        let shard = store.shard_of(hash);
+        let entry = shard.entries.find(hash, |e| e.key.is(&req.key));
+        entry.and_then(|e| e.holder.as_ref()).and_then(|h| h.expires_at)
     }
 
-    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        if self.queued.is_none() && !self.enqueue() {
-            return Ok(Wake::Retry); // released since the attempt
-        }
-        loop {
-            let wake_at = self.expiry.map_or(deadline, |e| e.min(deadline));
-            let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
-            let holder_changed = &self.holder_changed;
-            tokio::select! {
-                biased;
-                granted = queued => {
-                    self.queued = None;
-                    return Ok(match granted {
-                        Ok(handed) => Wake::Acquired(self.grant(handed)),
-                        Err(_) => Wake::Retry,
-                    });
-                }
-                _ = holder_changed.notified() => self.expiry = self.holder_expiry(),
-                _ = tokio::time::sleep_until(wake_at.into()) => {
-                    let now = crate::clock::now();
-                    if self.expiry.is_some_and(|e| now >= e) {
-                        // The holder's lease ran out: take it away and hand it on (perhaps to us).
-                        self.expiry = self.store.reap(&self.req.key, self.hash, now);
-                    }
-                    if let Some(Ok(handed)) = self.queued.as_mut().map(|q| q.try_recv()) {
-                        self.queued = None;
-                        return Ok(Wake::Acquired(self.grant(handed)));
-                    }
-                    if now >= deadline {
-                        return Ok(Wake::TimedOut); // still queued: leaves the queue when dropped
-                    }
-                }
-            }
-        }
+    fn reap(store: &MemoryBackend, req: &Acquire, hash: u64, now: Instant) -> Option<Instant> {
+        store.reap(&req.key, hash, now)
     }
-}
 
-impl Drop for MemoryAcquisition {
-    fn drop(&mut self) {
-        let Some(mut grant) = self.queued.take() else { return };
+    fn leave(store: &MemoryBackend, req: &Acquire, hash: u64, mut grant: oneshot::Receiver<Handed>) {
         let now = crate::clock::now();
-        let key = &*self.req.key;
-        let owner = self.req.owner;
-        let mut shard = self.store.shard_of(self.hash);
+        let owner = req.owner;
+        let mut shard = store.shard_of(hash);
         let Shard { entries, tokens } = &mut *shard;
-        let Ok(mut slot) = entries.find_entry(self.hash, |e| e.key.is(key)) else { return };
+        let Ok(mut slot) = entries.find_entry(hash, |e| e.key.is(&req.key)) else { return };
         let entry = slot.get_mut();
         let was_head = entry.waiters.front().is_some_and(|w| w.owner == owner);
         entry.waiters.retain(|w| w.owner != owner);
@@ -515,7 +462,6 @@ impl Drop for MemoryAcquisition {
                 head.holder_changed.notify_one(); // the new head watches the holder's lease
             }
         }
-        // Hand-offs happen under the shard lock, so a grant sent to us is visible now.
         grant.close();
         let remove = if let Ok(handed) = grant.try_recv() {
             if entry.holder.as_ref().is_some_and(|h| h.owner == owner && h.token == handed.token) {
@@ -529,25 +475,12 @@ impl Drop for MemoryAcquisition {
         };
         if remove {
             slot.remove();
-            shrink(entries, &self.store.inner.hasher);
+            shrink(entries, &store.inner.hasher);
         }
     }
-}
 
-impl Acquisition for MemoryAcquisition {
-    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
-        let attempt = match self.store.attempt(&self.req, self.hash) {
-            Ok(handed) => Attempt::Acquired(self.grant(handed)),
-            Err(expiry) => {
-                self.expiry = expiry;
-                Attempt::Busy
-            }
-        };
-        Box::pin(std::future::ready(Ok(attempt)))
-    }
-
-    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
-        Box::pin(self.wait_until(deadline))
+    fn grant(store: &MemoryBackend, req: &Acquire, hash: u64, handed: Handed) -> Grant {
+        store.grant_taking(Granted { hash, handed }, req.clone()).1
     }
 }
 
@@ -632,11 +565,6 @@ impl MemoryBackend {
         };
         (name, Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::memory(lock) })
     }
-
-    /// The grant of a request that is kept (an acquisition's, or another caller's).
-    fn grant(&self, req: &Acquire, hash: u64, handed: Handed) -> Grant {
-        self.grant_taking(Granted { hash, handed }, req.clone()).1
-    }
 }
 
 impl LockBackend for MemoryBackend {
@@ -650,17 +578,18 @@ impl LockBackend for MemoryBackend {
     }
 
     fn begin(&self, req: Acquire, _lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
-        if req.kind != LockKind::Exclusive {
-            return Box::new(kinds::KindAcquisition::new(self.clone(), req));
-        }
         let hash = self.inner.hasher.hash_one(&*req.key);
-        let holder_changed = Arc::default();
-        Box::new(MemoryAcquisition { store: self.clone(), req, hash, expiry: None, queued: None, holder_changed })
+        if req.kind == LockKind::Exclusive {
+            Box::new(MemoryAcquisition::<Mutexes>::new(self.clone(), req, hash))
+        } else {
+            Box::new(MemoryAcquisition::<kinds::Kinds>::new(self.clone(), req, hash))
+        }
     }
 
     fn try_acquire_now(&self, req: &Acquire) -> Option<Result<Attempt, LockError>> {
         if req.kind != LockKind::Exclusive {
-            return Some(kinds::try_acquire_now(self, req));
+            let hash = self.inner.hasher.hash_one(&*req.key);
+            return Some(kinds::try_acquire_now(self, req, hash));
         }
         // A manager built on this store calls `try_acquire_granted` instead (no key clone).
         Some(Ok(match self.try_acquire_granted(req) {

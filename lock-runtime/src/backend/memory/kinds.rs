@@ -11,15 +11,14 @@
 //! removed at once and passes on anything it was handed.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hashbrown::DefaultHashBuilder;
 use tokio::sync::{oneshot, Notify};
 
+use super::acquisition::{reap_at, Table};
 use super::{lock, Handed, MemoryBackend};
-use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockKind, OwnerId, Wake};
+use crate::backend::{Acquire, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockKind, OwnerId};
 use crate::error::LockError;
 
 const SHARDS: usize = 16;
@@ -27,12 +26,11 @@ const SHARDS: usize = 16;
 /// The kinds' store of one [`MemoryBackend`].
 pub(super) struct Kinds {
     shards: Box<[Mutex<Shard>]>,
-    hasher: DefaultHashBuilder,
 }
 
 impl Default for Kinds {
     fn default() -> Self {
-        Kinds { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(), hasher: Default::default() }
+        Kinds { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect() }
     }
 }
 
@@ -264,13 +262,8 @@ impl Kinds {
                 head.head_changed.notify_one(); // a holder's lease end moved
             }
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, key) = (store.clone(), key.clone());
-            runtime.spawn(async move {
-                tokio::time::sleep_until(until.into()).await;
-                store.inner.kinds.reap(space, &key, hash, crate::clock::now());
-            });
-        }
+        let (store, key) = (store.clone(), key.clone());
+        reap_at(until, move || store.inner.kinds.reap(space, &key, hash, crate::clock::now()));
         Ok(())
     }
 
@@ -289,106 +282,48 @@ impl Kinds {
         }
         expiry
     }
-
-    /// The earliest lease end among the holders of `key`.
-    fn expiry(&self, space: Space, key: &str, hash: u64) -> Option<Instant> {
-        let mut shard = self.shard(hash);
-        shard.map(space).get(key).and_then(Entry::earliest_expiry)
-    }
 }
 
-/// One acquisition of a kind: owns its place in the queue while it waits.
-pub(super) struct KindAcquisition {
-    store: MemoryBackend,
-    req: Acquire,
-    hash: u64,
-    expiry: Option<Instant>,
-    queued: Option<oneshot::Receiver<Handed>>,
-    head_changed: Arc<Notify>,
-}
-
-impl KindAcquisition {
-    pub(super) fn new(store: MemoryBackend, req: Acquire) -> Self {
-        let hash = store.inner.kinds.hasher.hash_one(&*req.key);
-        KindAcquisition { store, req, hash, expiry: None, queued: None, head_changed: Arc::default() }
+impl Table for Kinds {
+    fn attempt(store: &MemoryBackend, req: &Acquire, hash: u64) -> Result<Result<Handed, Option<Instant>>, LockError> {
+        store.inner.kinds.attempt(req, hash)
     }
 
-    fn kinds(&self) -> &Kinds {
-        &self.store.inner.kinds
-    }
-
-    fn grant(&self, handed: Handed) -> Grant {
-        grant(&self.store, &self.req, self.hash, handed)
-    }
-
-    /// Joins the queue. `Ok(false)` when there is nothing to queue behind (attempt again).
-    fn enqueue(&mut self) -> Result<bool, LockError> {
-        let (space, want, permits) = split(self.req.kind);
-        let (tx, rx) = oneshot::channel();
-        let store = self.store.clone();
-        let mut shard = store.inner.kinds.shard(self.hash);
-        let Some(entry) = shard.map(space).get_mut(&*self.req.key) else { return Ok(false) };
-        entry.check_permits(&self.req.name, permits)?;
+    fn enqueue(
+        store: &MemoryBackend,
+        req: &Acquire,
+        hash: u64,
+        grant: oneshot::Sender<Handed>,
+        head_changed: Arc<Notify>,
+    ) -> Result<Option<Option<Instant>>, LockError> {
+        let (space, want, permits) = split(req.kind);
+        let mut shard = store.inner.kinds.shard(hash);
+        let Some(entry) = shard.map(space).get_mut(&*req.key) else { return Ok(None) };
+        entry.check_permits(&req.name, permits)?;
         if entry.waiters.is_empty() && entry.can_grant(want) {
-            return Ok(false);
+            return Ok(None);
         }
-        self.expiry = entry.earliest_expiry();
-        let head_changed = self.head_changed.clone();
-        entry.waiters.push_back(Waiter { owner: self.req.owner, lease: self.req.lease, want, grant: tx, head_changed });
-        self.queued = Some(rx);
-        Ok(true)
+        let expiry = entry.earliest_expiry();
+        entry.waiters.push_back(Waiter { owner: req.owner, lease: req.lease, want, grant, head_changed });
+        Ok(Some(expiry))
     }
 
-    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        if self.queued.is_none() && !self.enqueue()? {
-            return Ok(Wake::Retry);
-        }
-        let (space, _, _) = split(self.req.kind);
-        loop {
-            let wake_at = self.expiry.map_or(deadline, |e| e.min(deadline));
-            let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
-            let head_changed = &self.head_changed;
-            tokio::select! {
-                biased;
-                granted = queued => {
-                    self.queued = None;
-                    return Ok(match granted {
-                        Ok(handed) => Wake::Acquired(self.grant(handed)),
-                        Err(_) => Wake::Retry,
-                    });
-                }
-                _ = head_changed.notified() => {
-                    self.expiry = self.store.inner.kinds.expiry(space, &self.req.key, self.hash);
-                }
-                _ = tokio::time::sleep_until(wake_at.into()) => {
-                    let now = crate::clock::now();
-                    self.expiry = self.store.inner.kinds.reap(space, &self.req.key, self.hash, now);
-                    if let Some(Ok(handed)) = self.queued.as_mut().map(|q| q.try_recv()) {
-                        self.queued = None;
-                        return Ok(Wake::Acquired(self.grant(handed)));
-                    }
-                    if now >= deadline {
-                        return Ok(Wake::TimedOut); // still queued: leaves the queue when dropped
-                    }
-                }
-            }
-        }
+    fn expiry(store: &MemoryBackend, req: &Acquire, hash: u64) -> Option<Instant> {
+        let mut shard = store.inner.kinds.shard(hash);
+        shard.map(split(req.kind).0).get(&*req.key).and_then(Entry::earliest_expiry)
     }
-}
 
-impl Drop for KindAcquisition {
-    fn drop(&mut self) {
-        let Some(mut grant) = self.queued.take() else { return };
-        let (space, _, _) = split(self.req.kind);
+    fn reap(store: &MemoryBackend, req: &Acquire, hash: u64, now: Instant) -> Option<Instant> {
+        store.inner.kinds.reap(split(req.kind).0, &req.key, hash, now)
+    }
+
+    fn leave(store: &MemoryBackend, req: &Acquire, hash: u64, mut grant: oneshot::Receiver<Handed>) {
         let now = crate::clock::now();
-        let owner = self.req.owner;
-        let key = self.req.key.clone();
-        let mut shard = self.kinds().shard(self.hash);
+        let mut shard = store.inner.kinds.shard(hash);
         let Shard { rw, sem, next_token } = &mut *shard;
-        let map = if space == Space::Rw { rw } else { sem };
-        let Some(entry) = map.get_mut(&*key) else { return };
-        entry.waiters.retain(|w| w.owner != owner);
-        // Hand-offs happen under the shard lock, so a grant sent to us is visible now.
+        let map = if split(req.kind).0 == Space::Rw { rw } else { sem };
+        let Some(entry) = map.get_mut(&*req.key) else { return };
+        entry.waiters.retain(|w| w.owner != req.owner);
         grant.close();
         if let Ok(handed) = grant.try_recv() {
             entry.holders.retain(|h| h.token != handed.token);
@@ -396,49 +331,29 @@ impl Drop for KindAcquisition {
         // A writer that left the head may let readers in; a permit handed to us goes on.
         entry.hand_off(next_token, now);
         if entry.is_free() {
-            map.remove(&*key);
+            map.remove(&*req.key);
         }
     }
-}
 
-impl Acquisition for KindAcquisition {
-    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
-        let attempt = match self.kinds().attempt(&self.req, self.hash) {
-            Ok(Ok(handed)) => Ok(Attempt::Acquired(self.grant(handed))),
-            Ok(Err(expiry)) => {
-                self.expiry = expiry;
-                Ok(Attempt::Busy)
-            }
-            Err(e) => Err(e),
+    fn grant(store: &MemoryBackend, req: &Acquire, hash: u64, handed: Handed) -> Grant {
+        let lock = KindHeld {
+            store: store.clone(),
+            space: split(req.kind).0,
+            name: req.name.clone(),
+            key: req.key.clone(),
+            hash,
+            token: handed.token,
         };
-        Box::pin(std::future::ready(attempt))
-    }
-
-    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
-        Box::pin(self.wait_until(deadline))
+        Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::new(lock) }
     }
 }
 
 /// [`LockBackend::try_acquire_now`](crate::backend::LockBackend::try_acquire_now) of a kind.
-pub(super) fn try_acquire_now(store: &MemoryBackend, req: &Acquire) -> Result<Attempt, LockError> {
-    let hash = store.inner.kinds.hasher.hash_one(&*req.key);
+pub(super) fn try_acquire_now(store: &MemoryBackend, req: &Acquire, hash: u64) -> Result<Attempt, LockError> {
     Ok(match store.inner.kinds.attempt(req, hash)? {
-        Ok(handed) => Attempt::Acquired(grant(store, req, hash, handed)),
+        Ok(handed) => Attempt::Acquired(Kinds::grant(store, req, hash, handed)),
         Err(_) => Attempt::Busy,
     })
-}
-
-fn grant(store: &MemoryBackend, req: &Acquire, hash: u64, handed: Handed) -> Grant {
-    let (space, _, _) = split(req.kind);
-    let lock = KindHeld {
-        store: store.clone(),
-        space,
-        name: req.name.clone(),
-        key: req.key.clone(),
-        hash,
-        token: handed.token,
-    };
-    Grant { fencing_token: handed.token, granted_at: handed.granted_at, lock: Held::new(lock) }
 }
 
 /// A reader's, writer's or permit's holding in the in-process store.
