@@ -69,6 +69,20 @@ pub enum LockError {
         /// What is wrong and what is accepted.
         reason: String,
     },
+    /// A write was refused by a fence ([`crate::fence`]): a newer holder of the lock had already
+    /// written to the resource with a higher fencing token, so this holder's lock is gone.
+    #[error(
+        "write to `{name}` fenced: token {token} is stale, a newer holder already wrote with token {highest}; \
+         this holder lost its lock: stop, and do not retry with the same token"
+    )]
+    Fenced {
+        /// The resource the write was for (the name given to the fence).
+        name: String,
+        /// The token the refused write carried.
+        token: u64,
+        /// The highest token the fence had recorded for the resource.
+        highest: u64,
+    },
     /// The attribute found no manager.
     #[error(
         "lock `{name}`: no lock manager is configured; call `lock_runtime::set_default(manager)` at \
@@ -101,6 +115,17 @@ impl LockError {
         matches!(self, LockError::Invalid { .. })
     }
 
+    /// A fence refused a write because a newer holder's token was seen ([`crate::fence`]).
+    ///
+    /// ```
+    /// let err = lock_runtime::LockError::Fenced { name: "orders:42".into(), token: 7, highest: 9 };
+    /// assert!(err.is_fenced());
+    /// assert!(err.to_string().contains("token 7 is stale"));
+    /// ```
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, LockError::Fenced { .. })
+    }
+
     /// The attribute found no manager (`set_default` never called and no `manager = ..`).
     pub fn is_not_configured(&self) -> bool {
         matches!(self, LockError::NotConfigured { .. })
@@ -113,6 +138,7 @@ impl LockError {
             | LockError::Lost { name, .. }
             | LockError::Backend { name, .. }
             | LockError::Invalid { name, .. }
+            | LockError::Fenced { name, .. }
             | LockError::NotConfigured { name } => name,
         }
     }

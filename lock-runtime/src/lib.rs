@@ -144,6 +144,7 @@ mod clock;
 pub mod conformance;
 mod context;
 mod error;
+pub mod fence;
 mod guard;
 pub mod http;
 mod kind;

@@ -33,9 +33,23 @@ impl Response {
 /// Sends one request with an optional JSON body and reads the whole answer. Panics (it is test
 /// support) when the server does not answer a well-formed HTTP/1.1 response within [`BOUND`].
 pub async fn request(addr: SocketAddr, method: &str, path: &str, json: Option<&str>) -> Response {
+    request_with(addr, method, path, &[], json).await
+}
+
+/// [`request`] with more headers (`(name, value)`).
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    json: Option<&str>,
+) -> Response {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.expect("connect");
         let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
         if let Some(body) = json {
             request.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
         }

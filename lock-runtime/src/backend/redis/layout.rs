@@ -81,6 +81,12 @@ pub(super) fn fence_of(key: &str) -> String {
     format!("lock:fence:{{{}}}", slot_tag(key_slot(key.as_bytes())))
 }
 
+/// A short string of the hash slot of the Redis key `key`, to give a key of one's own that
+/// slot: `{<tag>}` as its hash tag.
+pub(crate) fn slot_tag_of(key: &str) -> &'static str {
+    slot_tag(key_slot(key.as_bytes()))
+}
+
 /// The hash slot of a Redis key, as Redis Cluster computes it: CRC16 (XMODEM) of the hash tag
 /// (the part between the first `{` and the next `}`, when not empty), else of the whole key.
 pub fn key_slot(key: &[u8]) -> u16 {

@@ -4,7 +4,7 @@ mod acquire;
 pub mod cluster;
 mod held;
 mod inspect;
-mod layout;
+pub(crate) mod layout;
 mod pubsub;
 pub mod redlock;
 pub mod sentinel;

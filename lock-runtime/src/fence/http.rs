@@ -1,0 +1,204 @@
+//! The HTTP form of the fence: the `Fencing-Token` header, the stores a service checks it
+//! against, and the extractor that refuses a stale one (`axum`, `actix` features).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::backend::BoxFuture;
+use crate::error::LockError;
+
+/// A fencing token for a resource, as sent in the `Fencing-Token` header:
+/// `Fencing-Token: <resource> <token>`, the resource percent-encoded where it holds a space,
+/// a `%` or anything outside visible ASCII (so any lock name fits a header), then one space and
+/// the token in decimal.
+///
+/// ```
+/// use lock_runtime::fence::FencingToken;
+/// let t = FencingToken { resource: "café order:42".into(), token: 9 };
+/// assert_eq!(t.header_value(), "caf%C3%A9%20order:42 9");
+/// assert_eq!(FencingToken::parse(&t.header_value()).unwrap(), t);
+/// assert!(FencingToken::parse("no-token-here").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FencingToken {
+    /// The resource (by convention the lock's name).
+    pub resource: String,
+    /// The lock's fencing token.
+    pub token: u64,
+}
+
+impl FencingToken {
+    /// The header's name (lower case, as HTTP/2 sends it).
+    pub const HEADER: &'static str = "fencing-token";
+
+    /// The token of the innermost lock the running locked call holds, for its name
+    /// ([`current()`](crate::current)); `None` outside a locked call.
+    pub fn current() -> Option<FencingToken> {
+        crate::current().map(|lock| FencingToken { resource: lock.key().to_owned(), token: lock.fencing_token() })
+    }
+
+    /// The header's value.
+    pub fn header_value(&self) -> String {
+        let mut out = String::with_capacity(self.resource.len() + 21);
+        for &b in self.resource.as_bytes() {
+            if b.is_ascii_graphic() && b != b'%' {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out.push_str(&format!(" {}", self.token));
+        out
+    }
+
+    /// Parses a header value; a clear [`is_invalid`](LockError::is_invalid) error otherwise.
+    pub fn parse(value: &str) -> Result<FencingToken, LockError> {
+        let bad =
+            |why: &str| LockError::invalid(value, format!("not a `Fencing-Token: <resource> <token>` value: {why}"));
+        let (resource, token) = value.trim().rsplit_once(' ').ok_or_else(|| bad("no space before the token"))?;
+        let token = token.parse().map_err(|_| bad("the token is not a whole number"))?;
+        let mut bytes = Vec::with_capacity(resource.len());
+        let mut rest = resource.as_bytes();
+        while let Some((&b, tail)) = rest.split_first() {
+            if b == b'%' {
+                let hex = tail.get(..2).and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or_else(|| bad("a bad %-escape"))?;
+                bytes.push(byte);
+                rest = &tail[2..];
+            } else {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+        let resource = String::from_utf8(bytes).map_err(|_| bad("the resource is not UTF-8"))?;
+        if resource.is_empty() {
+            return Err(bad("the resource is empty"));
+        }
+        Ok(FencingToken { resource, token })
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.header_value())
+    }
+}
+
+/// Where a service records the highest token seen per resource, to refuse lower ones.
+///
+/// Implemented by [`MemoryFences`] (one process), `fence::redis::RedisFences` and
+/// `fence::postgres::PostgresFences` (shared by every replica of a service).
+pub trait FenceStore: Send + Sync + 'static {
+    /// Records `token` for `resource` unless a higher one was recorded; then
+    /// [`LockError::Fenced`]. The same token again is admitted.
+    fn admit<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<(), LockError>>;
+}
+
+/// An in-process [`FenceStore`]: a map of the highest token per resource (forgotten on
+/// restart; one entry per resource ever seen).
+///
+/// ```
+/// use lock_runtime::fence::{FenceStore, MemoryFences};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fences = MemoryFences::default();
+/// assert!(fences.admit("orders:42", 7).await.is_ok());
+/// assert!(fences.admit("orders:42", 7).await.is_ok()); // the same holder again
+/// assert!(fences.admit("orders:42", 6).await.unwrap_err().is_fenced());
+/// assert!(fences.admit("orders:43", 1).await.is_ok()); // resources are independent
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryFences {
+    highest: Mutex<HashMap<String, u64>>,
+}
+
+impl FenceStore for MemoryFences {
+    fn admit<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<(), LockError>> {
+        let mut map = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
+        let outcome = match map.get_mut(resource) {
+            Some(highest) if *highest > token => {
+                Err(LockError::Fenced { name: resource.to_owned(), token, highest: *highest })
+            }
+            Some(highest) => {
+                *highest = token;
+                Ok(())
+            }
+            None => {
+                map.insert(resource.to_owned(), token);
+                Ok(())
+            }
+        };
+        Box::pin(std::future::ready(outcome))
+    }
+}
+
+/// A shared [`FenceStore`], as a service keeps it for the [`Fenced`] extractor: in Axum's
+/// request extensions (`.layer(axum::Extension(fences))`), in Actix-web's app data
+/// (`.app_data(fences)`).
+#[derive(Clone)]
+pub struct Fences(Arc<dyn FenceStore>);
+
+impl Fences {
+    /// Shares `store`.
+    pub fn new(store: impl FenceStore) -> Self {
+        Fences(Arc::new(store))
+    }
+
+    /// Admits `token` (see [`FenceStore::admit`]).
+    pub async fn admit(&self, token: &FencingToken) -> Result<(), LockError> {
+        self.0.admit(&token.resource, token.token).await
+    }
+}
+
+impl fmt::Debug for Fences {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fences")
+    }
+}
+
+/// An extractor (Axum and Actix-web): the request's `Fencing-Token`, admitted by the service's
+/// [`Fences`]. A request without the header, or with a malformed one, is answered
+/// `400 Bad Request`; a stale token `409 Conflict`; both with a problem body
+/// (`application/problem+json`, see [`crate::http`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fenced(pub FencingToken);
+
+/// Why a [`Fenced`] extractor refused a request: its HTTP answer.
+#[derive(Debug)]
+pub struct FenceRejection(pub crate::http::HttpAnswer);
+
+impl fmt::Display for FenceRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.detail)
+    }
+}
+
+impl Fenced {
+    /// Reads and admits the header value `header` (`None`: no header) against `fences`.
+    pub async fn admit(header: Option<&[u8]>, fences: Option<&Fences>) -> Result<Fenced, FenceRejection> {
+        let Some(fences) = fences else {
+            let error = LockError::invalid("", "a `Fenced` extractor found no `Fences` in the app's state");
+            tracing::error!(%error, "misconfigured fence");
+            return Err(FenceRejection(error.http_answer()));
+        };
+        let Some(value) = header else { return Err(bad_request("the request has no `Fencing-Token` header")) };
+        let value = std::str::from_utf8(value).map_err(|_| bad_request("the `Fencing-Token` header is not UTF-8"))?;
+        let token = FencingToken::parse(value).map_err(|e| bad_request(&e.to_string()))?;
+        match fences.admit(&token).await {
+            Ok(()) => Ok(Fenced(token)),
+            Err(e) => Err(FenceRejection(e.http_answer())),
+        }
+    }
+}
+
+fn bad_request(detail: &str) -> FenceRejection {
+    FenceRejection(crate::http::HttpAnswer {
+        status: 400,
+        retry_after: None,
+        problem_type: "https://docs.rs/lock-runtime/latest/lock_runtime/fence/struct.FencingToken.html",
+        title: "Bad fencing token",
+        detail: detail.to_owned(),
+        lock: String::new(),
+    })
+}

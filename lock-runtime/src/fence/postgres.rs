@@ -1,0 +1,97 @@
+//! The PostgreSQL fence (feature `postgres`): a table of the highest token written per
+//! resource, and the SQL function `lock_runtime_fence(resource text, token bigint)` that a
+//! writer calls in its own transaction before writing.
+//!
+//! ```no_run
+//! # async fn settle(db: &mut tokio_postgres::Client, manager: &lock_runtime::LockManager) -> Result<(), Box<dyn std::error::Error>> {
+//! use lock_runtime::fence::postgres::{check, INSTALL_SQL};
+//!
+//! db.batch_execute(INSTALL_SQL).await?; // once, in a migration
+//!
+//! let guard = manager.lock("orders:42").await?;
+//! let tx = db.transaction().await?;
+//! check(&tx, "orders:42", guard.fencing_token()).await?; // a stale holder fails here
+//! tx.execute("UPDATE orders SET state = 'paid' WHERE id = 42", &[]).await?;
+//! tx.commit().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Any client can call the function (`SELECT lock_runtime_fence('orders:42', $1)` from sqlx,
+//! diesel or psql); a refusal is SQLSTATE [`SQLSTATE`] (`LR409`), whose message says "fenced"
+//! and names both tokens, and it fails the transaction, so nothing of the stale write is kept.
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::GenericClient;
+
+use super::FenceStore;
+use crate::backend::BoxFuture;
+use crate::error::LockError;
+
+/// The SQL that installs the fence: the table `lock_runtime_fences` and the function
+/// `lock_runtime_fence(resource text, token bigint) RETURNS bigint`. Idempotent: run it in
+/// every migration run or at startup; running it twice is harmless.
+///
+/// ```
+/// assert!(lock_runtime::fence::postgres::INSTALL_SQL.contains("CREATE TABLE IF NOT EXISTS lock_runtime_fences"));
+/// ```
+pub const INSTALL_SQL: &str = include_str!("install.sql");
+
+/// The SQLSTATE of a write refused by the fence.
+pub const SQLSTATE: &str = "LR409";
+
+/// Checks and records `token` for `resource` in the transaction of `client`
+/// (`SELECT lock_runtime_fence($1, $2)`). The fence row stays locked until that transaction
+/// ends, so call it first in the transaction that writes `resource`, then write, then commit.
+///
+/// Errors: [`is_fenced`](LockError::is_fenced) when a newer holder already wrote with a higher
+/// token (the transaction is then aborted: roll it back); [`is_invalid`](LockError::is_invalid)
+/// for a token above `i64::MAX` (PostgreSQL's `bigint`); [`is_backend`](LockError::is_backend)
+/// for anything else (e.g. [`INSTALL_SQL`] was never run).
+pub async fn check(client: &impl GenericClient, resource: &str, token: u64) -> Result<(), LockError> {
+    let Ok(signed) = i64::try_from(token) else {
+        return Err(LockError::invalid(resource, format!("fencing token {token} is above PostgreSQL's bigint")));
+    };
+    match client.query_one("SELECT lock_runtime_fence($1, $2)", &[&resource, &signed]).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            Err(refusal(resource, token, &e).unwrap_or_else(|| LockError::backend(resource, "postgres", "fence", e)))
+        }
+    }
+}
+
+/// The [`LockError::Fenced`] of an error raised by `lock_runtime_fence`, if it is one.
+pub fn refusal(resource: &str, token: u64, error: &tokio_postgres::Error) -> Option<LockError> {
+    let db = error.as_db_error()?;
+    if *db.code() != SqlState::from_code(SQLSTATE) {
+        return None;
+    }
+    let highest = db.detail().and_then(|d| d.strip_prefix("highest=")).and_then(|n| n.parse().ok()).unwrap_or(0);
+    Some(LockError::Fenced { name: resource.to_owned(), token, highest })
+}
+
+/// A [`FenceStore`] on PostgreSQL for the HTTP form ([`Fenced`](crate::fence::Fenced)): each
+/// admission is `SELECT lock_runtime_fence(resource, token)` in its own transaction, on the
+/// table of [`INSTALL_SQL`] (which must have been run), shared by every replica of a service.
+pub struct PostgresFences {
+    client: tokio_postgres::Client,
+}
+
+impl PostgresFences {
+    /// A store on `client` (its connection task running, as `tokio_postgres::connect` leaves it).
+    pub fn new(client: tokio_postgres::Client) -> Self {
+        PostgresFences { client }
+    }
+}
+
+impl std::fmt::Debug for PostgresFences {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PostgresFences")
+    }
+}
+
+impl FenceStore for PostgresFences {
+    fn admit<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(check(&self.client, resource, token))
+    }
+}

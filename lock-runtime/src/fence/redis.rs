@@ -1,0 +1,154 @@
+//! The Redis fence (feature `redis`): fenced writes to Redis used as the data store, on any
+//! connection of the `redis` crate (`redis::aio::ConnectionLike`: a multiplexed connection, a
+//! connection manager, a cluster connection).
+//!
+//! ```no_run
+//! # async fn settle(manager: &lock_runtime::LockManager, conn: &mut redis::aio::MultiplexedConnection) -> Result<(), lock_runtime::LockError> {
+//! let guard = manager.lock("orders:42").await?;
+//! lock_runtime::fence::redis::set(conn, "orders:42:state", "paid", guard.fencing_token()).await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Each write is one script: it writes only when the writer's token is at least the highest
+//! recorded for the key, and records it beside the value, in the key's fence key
+//! ([`fence_key`]) of the same hash slot, expiring with the value. A refusal is an error for
+//! which [`LockError::is_fenced`] is true.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Script, ToRedisArgs};
+
+use super::FenceStore;
+use crate::backend::redis::layout::slot_tag_of;
+use crate::backend::BoxFuture;
+use crate::error::LockError;
+
+static SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("set.lua")));
+static RECORD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("record.lua")));
+
+/// Writes `value` at `key` (a plain `SET`, which clears any TTL) only if `token` is at least
+/// the highest token recorded for `key`, and records `token`. A repeated write with the same
+/// token succeeds.
+///
+/// Errors: [`is_fenced`](LockError::is_fenced) when a newer holder already wrote `key` with a
+/// higher token (nothing is written); [`is_backend`](LockError::is_backend) when Redis fails.
+pub async fn set<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    value: impl ToRedisArgs,
+    token: u64,
+) -> Result<(), LockError> {
+    fenced(conn, &SET, Some(key), &fence_key(key), token, |script| {
+        script.arg(value).arg(padded(token)).arg(0);
+    })
+    .await
+}
+
+/// [`set`] with a TTL (`SET .. PX`): the value and its recorded token expire together.
+pub async fn set_expiring<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    value: impl ToRedisArgs,
+    token: u64,
+    ttl: Duration,
+) -> Result<(), LockError> {
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return Err(LockError::invalid(key, format!("TTL {ttl:?} is below Redis' 1 ms")));
+    }
+    fenced(conn, &SET, Some(key), &fence_key(key), token, |script| {
+        script.arg(value).arg(padded(token)).arg(ms);
+    })
+    .await
+}
+
+/// Deletes `key` only if `token` is at least the highest token recorded for it. The recorded
+/// token stays (expiring when it would have with the value, if it had a TTL), so a stale holder
+/// cannot write the value back.
+pub async fn del<C: ConnectionLike>(conn: &mut C, key: &str, token: u64) -> Result<(), LockError> {
+    fenced(conn, &RECORD, Some(key), &fence_key(key), token, |script| {
+        script.arg(padded(token));
+    })
+    .await
+}
+
+/// A [`FenceStore`] on Redis for the HTTP form ([`Fenced`](crate::fence::Fenced)): the highest
+/// token per resource in its [`fence_key`] (kept for good: one small key per resource),
+/// shared by every replica of a service. Built on any cloneable connection (a
+/// `redis::aio::ConnectionManager`, a `MultiplexedConnection`, a cluster connection).
+#[derive(Debug, Clone)]
+pub struct RedisFences<C> {
+    conn: C,
+}
+
+impl<C> RedisFences<C> {
+    /// A store on `conn`.
+    pub fn new(conn: C) -> Self {
+        RedisFences { conn }
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> FenceStore for RedisFences<C> {
+    fn admit<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<(), LockError>> {
+        let mut conn = self.conn.clone();
+        Box::pin(async move {
+            let fence = fence_key(resource);
+            fenced(&mut conn, &RECORD, None, &fence, token, |script| {
+                script.arg(padded(token));
+            })
+            .await
+            .map_err(|e| match e {
+                LockError::Fenced { token, highest, .. } => {
+                    LockError::Fenced { name: resource.to_owned(), token, highest }
+                }
+                e => e,
+            })
+        })
+    }
+}
+
+/// The key in which the highest token written to `key` is kept: `lock:fenced:{<tag>}:<key>`,
+/// `<tag>` a short string of `key`'s hash slot, so that both live on one Cluster node.
+///
+/// ```
+/// use lock_runtime::fence::redis::fence_key;
+/// assert!(fence_key("orders:42").starts_with("lock:fenced:{"));
+/// assert!(fence_key("orders:42").ends_with("}:orders:42"));
+/// ```
+pub fn fence_key(key: &str) -> String {
+    format!("lock:fenced:{{{}}}:{key}", slot_tag_of(key))
+}
+
+/// A token as the scripts compare it: 20 digits, so string order is number order.
+fn padded(token: u64) -> String {
+    format!("{token:020}")
+}
+
+/// Runs a fence script on `key` (if any) and `fence`, for a writer of `token`.
+async fn fenced<C: ConnectionLike>(
+    conn: &mut C,
+    script: &Script,
+    key: Option<&str>,
+    fence: &str,
+    token: u64,
+    args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
+) -> Result<(), LockError> {
+    let mut invocation = script.prepare_invoke();
+    if let Some(key) = key {
+        invocation.key(key);
+    }
+    invocation.key(fence);
+    args(&mut invocation);
+    let key = key.unwrap_or(fence);
+    let refused: Option<String> =
+        invocation.invoke_async(conn).await.map_err(|e| LockError::backend(key, "redis", "fence", e))?;
+    match refused {
+        None => Ok(()),
+        Some(highest) => {
+            Err(LockError::Fenced { name: key.to_owned(), token, highest: highest.parse().unwrap_or(u64::MAX) })
+        }
+    }
+}
