@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use lock_runtime::fence::postgres::{check, INSTALL_SQL, SQLSTATE};
+use lock_runtime::fence::postgres::{check, PostgresFences, INSTALL_SQL, SQLSTATE};
+use lock_runtime::fence::FenceStore;
 use lock_runtime::LockManager;
 use lock_tests::pg_server::PgServer;
 use tokio_postgres::{Client, NoTls};
@@ -143,4 +144,15 @@ async fn concurrent_writers_serialise_and_the_highest_token_wins() {
         }
     }
     assert!(outcomes.iter().any(|(_, o)| o.is_ok()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_fence_store_admits_by_resource() {
+    let (server, _setup) = installed().await;
+    let fences = PostgresFences::new(connect(&server).await);
+    fences.admit("orders:42", 7).await.expect("first");
+    fences.admit("orders:42", 7).await.expect("the same token again");
+    let err = fences.admit("orders:42", 6).await.expect_err("stale");
+    assert!(matches!(err, lock_runtime::LockError::Fenced { token: 6, highest: 7, .. }), "{err}");
+    fences.admit("orders:43", 1).await.expect("independent");
 }

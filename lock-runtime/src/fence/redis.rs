@@ -152,3 +152,17 @@ async fn fenced<C: ConnectionLike>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::key_slot;
+
+    #[test]
+    fn a_fence_key_shares_its_keys_slot() {
+        for key in ["orders:42", "a{b}c", "{}x", "}x", "}{x}", "a}b{", "é", ""] {
+            assert_eq!(key_slot(fence_key(key).as_bytes()), key_slot(key.as_bytes()), "{key}");
+        }
+        assert!(padded(7) < padded(10) && padded(u64::MAX - 1) < padded(u64::MAX));
+    }
+}
