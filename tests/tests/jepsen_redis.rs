@@ -11,7 +11,7 @@
 //! at that same instant; a timer or a process a few ms late lets the next grant come before
 //! `lost()` is observed (an `unexplained` overlap; the fenced witness still refuses the stale
 //! holder's write).
-#![cfg(feature = "redis")]
+#![cfg(all(feature = "redis", feature = "postgres"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};

@@ -1,10 +1,11 @@
 //! The fault suite against ZooKeeper: worker processes lock, read-modify-write a counter in the
-//! fenced witness store (a Redis server, hence the `redis` feature too) and release, while the
+//! fenced witness store (PostgreSQL behind the shipped fence; the workers are built with the
+//! `redis` and `postgres` features) and release, while the
 //! nemesis kills and pauses holders, restarts the server (same data directory), partitions
 //! and delays workers, and expires a worker's session by cutting it off past its timeout
 //! (`lock_tests::jepsen::nemesis`). The checker then reads the histories; no lock znode may be
 //! left. `JEPSEN_SEED=<n>` replays a run, `JEPSEN_SECS=<n>` makes it longer.
-#![cfg(all(feature = "redis", feature = "zookeeper"))]
+#![cfg(all(feature = "redis", feature = "zookeeper", feature = "postgres"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};

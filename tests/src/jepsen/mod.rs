@@ -4,7 +4,7 @@
 pub mod checker;
 pub mod guarantees;
 pub mod history;
-#[cfg(feature = "redis")]
+#[cfg(all(feature = "redis", feature = "postgres"))]
 pub mod nemesis;
-#[cfg(feature = "redis")]
+#[cfg(feature = "postgres")]
 pub mod witness;

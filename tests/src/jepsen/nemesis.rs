@@ -1,4 +1,5 @@
-//! The fault suite's harness: starts the lock server and the witness server, one
+//! The fault suite's harness: starts the lock server and the witness server (PostgreSQL, with
+//! the shipped fence installed: [`super::witness`]), one
 //! [`TcpProxy`] and one `jepsen_worker` process per worker (so one worker can be cut off
 //! alone), collects the workers' history lines, and drives a seeded schedule of faults, each
 //! logged as `fault <kind> <target> start|end` by the actor `nemesis`.
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::history::{Event, Record};
+use crate::pg_server::PgServer;
 use crate::redis_server::tcp_proxy::TcpProxy;
 use crate::redis_server::RedisServer;
 use crate::zk_server::ZkServer;
@@ -369,7 +371,7 @@ pub struct Nemesis {
     seed: u64,
     rng: Mutex<Rng>,
     server: Arc<Mutex<LockServer>>,
-    witness: RedisServer,
+    witness: PgServer,
     names: Vec<String>,
     root: String,
     shared: Arc<Shared>,
@@ -406,7 +408,7 @@ pub struct Run {
     /// The ZooKeeper lock root of the run.
     pub root: String,
     server: Arc<Mutex<LockServer>>,
-    witness: RedisServer,
+    witness: PgServer,
 }
 
 impl Run {
@@ -476,7 +478,9 @@ impl Nemesis {
         })
         .await
         .expect("start the lock server");
-        let witness = tokio::task::spawn_blocking(RedisServer::start).await.expect("start the witness server");
+        let witness = tokio::task::spawn_blocking(PgServer::start).await.expect("start the witness server");
+        let installing = super::witness::Witness::connect(&witness.url()).await.expect("connect to the witness");
+        installing.install().await.expect("install the witness's fence");
         let run = format!("jepsen-{seed}-{}", std::process::id());
         let names = (0..config.names).map(|i| format!("{run}:{i}")).collect();
         let workers_log = std::env::temp_dir().join(format!("{run}-{}-workers.log", backend.name()));

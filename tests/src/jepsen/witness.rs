@@ -1,28 +1,28 @@
-//! The fenced witness store: a second `redis-server` (never faulted) holding one counter per lock
-//! name, which refuses any read or write whose fencing token is below the highest it has seen for
-//! that name, and logs every accepted write. The workers read-modify-write through it under their
-//! lock's token; the checker reads the logs afterwards (no accepted write may be lost).
+//! The fenced witness store: a PostgreSQL server (never faulted) holding one counter per lock
+//! name behind lock-runtime's shipped fence (`lock_runtime::fence::postgres`), which refuses any
+//! read or write whose fencing token is below the highest it has seen for that name, and logs
+//! every accepted write. The workers read-modify-write through it under their lock's token; the
+//! checker reads the logs afterwards (no accepted write may be lost), so every fault run also
+//! exercises the fence users get.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Script};
+use lock_runtime::fence::postgres::{refusal, INSTALL_SQL};
+use tokio_postgres::{Client, NoTls};
 
 use super::history::{ReadOutcome, WriteOutcome};
 
 /// How long one call may take before it counts as an error.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-static OPERATION: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("witness.lua")));
-
-/// A connection to the witness store (multiplexed: clones share it).
+/// A connection to the witness store (clones share it; calls are pipelined on it).
 #[derive(Clone)]
 pub struct Witness {
-    conn: MultiplexedConnection,
+    client: Arc<Client>,
 }
 
 impl fmt::Debug for Witness {
@@ -31,11 +31,7 @@ impl fmt::Debug for Witness {
     }
 }
 
-fn keys(name: &str) -> [String; 3] {
-    [format!("witness:{{{name}}}:max"), format!("witness:{{{name}}}:value"), format!("witness:{{{name}}}:log")]
-}
-
-async fn bounded<T>(what: &str, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, String> {
+async fn bounded<T>(what: &str, call: impl Future<Output = Result<T, tokio_postgres::Error>>) -> Result<T, String> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(format!("witness {what}: {e}")),
@@ -43,31 +39,39 @@ async fn bounded<T>(what: &str, call: impl Future<Output = redis::RedisResult<T>
     }
 }
 
+/// A token as the fence's `bigint`; `None` above `i64::MAX` (then an error, as a write the
+/// witness could not judge).
+fn signed(token: u64) -> Option<i64> {
+    i64::try_from(token).ok()
+}
+
 impl Witness {
-    /// Connects to the witness server at `url` (`redis://127.0.0.1:<port>`).
+    /// Connects to the witness server at `url` (`postgres://…`).
     pub async fn connect(url: &str) -> Result<Witness, String> {
-        let client = Client::open(url).map_err(|e| format!("witness url {url:?}: {e}"))?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT));
-        let conn = bounded("connect", client.get_multiplexed_async_connection_with_config(&config)).await?;
-        Ok(Witness { conn })
+        let (client, connection) = bounded("connect", tokio_postgres::connect(url, NoTls)).await?;
+        tokio::spawn(connection);
+        Ok(Witness { client: Arc::new(client) })
     }
 
-    async fn call(&self, op: &str, name: &str, token: u64, value: u64) -> Result<(String, String), String> {
-        let mut conn = self.conn.clone();
-        let [max, val, log] = keys(name);
-        let mut invocation = OPERATION.key(max);
-        invocation.key(val).key(log).arg(op).arg(token.to_string()).arg(value.to_string());
-        bounded(op, invocation.invoke_async::<(String, String)>(&mut conn)).await
+    /// Installs the fence and the witness's schema (idempotent): once, before the workers start.
+    pub async fn install(&self) -> Result<(), String> {
+        bounded("install", self.client.batch_execute(INSTALL_SQL)).await?;
+        bounded("install", self.client.batch_execute(include_str!("witness.sql"))).await
     }
 
     /// Reads `name`'s value under `token`: refused when a higher token was seen; otherwise the
     /// token becomes the highest seen. A name never written reads 0.
     pub async fn read(&self, name: &str, token: u64) -> ReadOutcome {
-        match self.call("read", name, token, 0).await {
-            Ok((kind, value)) if kind == "value" => value.parse().map_or(ReadOutcome::Error, ReadOutcome::Value),
-            Ok((kind, _)) if kind == "refused" => ReadOutcome::Refused,
+        let Some(t) = signed(token) else { return ReadOutcome::Error };
+        match tokio::time::timeout(CALL_TIMEOUT, self.client.query_one("SELECT witness_read($1, $2)", &[&name, &t]))
+            .await
+        {
+            Ok(Ok(row)) => row
+                .try_get::<_, i64>(0)
+                .ok()
+                .and_then(|v| u64::try_from(v).ok())
+                .map_or(ReadOutcome::Error, ReadOutcome::Value),
+            Ok(Err(e)) if refusal(name, token, &e).is_some() => ReadOutcome::Refused,
             _ => ReadOutcome::Error,
         }
     }
@@ -75,38 +79,42 @@ impl Witness {
     /// Writes `value` to `name` under `token`: refused when a higher token was seen; otherwise the
     /// token becomes the highest seen and `(token, value)` is appended to the name's log.
     pub async fn write(&self, name: &str, token: u64, value: u64) -> WriteOutcome {
-        match self.call("write", name, token, value).await {
-            Ok((kind, _)) if kind == "accepted" => WriteOutcome::Accepted,
-            Ok((kind, _)) if kind == "refused" => WriteOutcome::Refused,
+        let (Some(t), Some(v)) = (signed(token), signed(value)) else { return WriteOutcome::Error };
+        match tokio::time::timeout(
+            CALL_TIMEOUT,
+            self.client.execute("SELECT witness_write($1, $2, $3)", &[&name, &t, &v]),
+        )
+        .await
+        {
+            Ok(Ok(_)) => WriteOutcome::Accepted,
+            Ok(Err(e)) if refusal(name, token, &e).is_some() => WriteOutcome::Refused,
             _ => WriteOutcome::Error,
         }
     }
 
     /// Accepted writes of `name`, in the order the witness stored them: (token, value).
     pub async fn log(&self, name: &str) -> Result<Vec<(u64, u64)>, String> {
-        let mut conn = self.conn.clone();
-        let [_, _, log] = keys(name);
-        let entries: Vec<String> =
-            bounded("log", redis::cmd("LRANGE").arg(&log).arg(0).arg(-1).query_async(&mut conn)).await?;
-        entries
-            .iter()
-            .map(|entry| {
-                let parsed = entry.split_once(':').and_then(|(t, v)| Some((t.parse().ok()?, v.parse().ok()?)));
-                parsed.ok_or_else(|| format!("witness log of {name}: malformed entry {entry:?}"))
+        let rows = bounded(
+            "log",
+            self.client.query("SELECT token, value FROM witness_log WHERE name = $1 ORDER BY seq", &[&name]),
+        )
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let (token, value): (i64, i64) = (row.get(0), row.get(1));
+                Ok((u64::try_from(token).map_err(|e| e.to_string())?, u64::try_from(value).map_err(|e| e.to_string())?))
             })
             .collect()
     }
 
     /// Every name's log (what the checker takes): all names the witness saw a write for.
     pub async fn all_logs(&self) -> Result<BTreeMap<String, Vec<(u64, u64)>>, String> {
-        let mut conn = self.conn.clone();
-        // The witness server is the test's own: KEYS over its few keys is fine.
-        let keys: Vec<String> =
-            bounded("keys", redis::cmd("KEYS").arg("witness:{*}:log").query_async(&mut conn)).await?;
+        let rows = bounded("names", self.client.query("SELECT DISTINCT name FROM witness_log", &[])).await?;
         let mut logs = BTreeMap::new();
-        for key in keys {
-            let Some(name) = key.strip_prefix("witness:{").and_then(|k| k.strip_suffix("}:log")) else { continue };
-            logs.insert(name.to_string(), self.log(name).await?);
+        for row in rows {
+            let name: String = row.get(0);
+            let log = self.log(&name).await?;
+            logs.insert(name, log);
         }
         Ok(logs)
     }
@@ -117,12 +125,14 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use crate::redis_server::RedisServer;
+    use crate::pg_server::PgServer;
 
     #[tokio::test]
     async fn the_witness_refuses_lower_tokens_and_logs_accepted_writes() {
-        let server = RedisServer::start();
+        let server = PgServer::start();
         let witness = Witness::connect(&server.url()).await.unwrap();
+        witness.install().await.unwrap();
+        witness.install().await.expect("idempotent");
         assert_eq!(witness.read("n", 5).await, ReadOutcome::Value(0));
         assert_eq!(witness.write("n", 5, 1).await, WriteOutcome::Accepted);
         // Equal tokens pass (the holder's own read-modify-write); lower ones do not.
@@ -133,13 +143,15 @@ mod tests {
         assert_eq!(witness.read("n", 7).await, ReadOutcome::Value(1));
         assert_eq!(witness.write("n", 6, 2).await, WriteOutcome::Refused);
         assert_eq!(witness.write("n", 7, 2).await, WriteOutcome::Accepted);
-        // Tokens compare as numbers, also beyond 2^53 and across digit counts.
+        // Tokens compare as numbers across digit counts, up to the fence's bigint.
         assert_eq!(witness.write("n", 10, 3).await, WriteOutcome::Accepted);
         assert_eq!(witness.write("n", 9, 4).await, WriteOutcome::Refused);
-        assert_eq!(witness.write("n", u64::MAX - 1, 4).await, WriteOutcome::Accepted);
-        assert_eq!(witness.write("n", u64::MAX - 2, 5).await, WriteOutcome::Refused);
-        assert_eq!(witness.read("n", u64::MAX).await, ReadOutcome::Value(4));
-        assert_eq!(witness.log("n").await.unwrap(), vec![(5, 1), (7, 2), (10, 3), (u64::MAX - 1, 4)]);
+        let top = i64::MAX as u64;
+        assert_eq!(witness.write("n", top - 1, 4).await, WriteOutcome::Accepted);
+        assert_eq!(witness.write("n", top - 2, 5).await, WriteOutcome::Refused);
+        assert_eq!(witness.read("n", top).await, ReadOutcome::Value(4));
+        assert_eq!(witness.write("n", top + 1, 5).await, WriteOutcome::Error, "beyond bigint: not judged");
+        assert_eq!(witness.log("n").await.unwrap(), vec![(5, 1), (7, 2), (10, 3), (top - 1, 4)]);
         // Names are independent; a clone shares the connection.
         let clone = witness.clone();
         assert_eq!(clone.write("m", 1, 1).await, WriteOutcome::Accepted);
@@ -152,13 +164,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_dead_witness_is_an_error_not_a_hang() {
-        let mut server = RedisServer::start();
-        let witness = Witness::connect(&server.url()).await.unwrap();
-        server.kill();
+        let mut server = Some(PgServer::start());
+        let url = server.as_ref().map(PgServer::url).unwrap_or_default();
+        let witness = Witness::connect(&url).await.unwrap();
+        witness.install().await.unwrap();
+        drop(server.take()); // stops the server
         assert_eq!(witness.read("n", 1).await, ReadOutcome::Error);
         assert_eq!(witness.write("n", 1, 1).await, WriteOutcome::Error);
         assert!(witness.log("n").await.is_err());
         assert!(witness.all_logs().await.is_err());
-        assert!(Witness::connect(&server.url()).await.is_err());
+        assert!(Witness::connect(&url).await.is_err());
     }
 }
