@@ -26,7 +26,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (addr, locks) = orders::from_env("127.0.0.1:3001").await?;
     let backend = locks.backend_kind();
     // The payment provider and the warehouse take a moment, so concurrent requests overlap.
-    let state = AppState::new(locks, Arc::new(Simulated { latency: Duration::from_millis(500) }));
+    let shop = orders::shop_from_env(Arc::new(Simulated { latency: Duration::from_millis(500) })).await?;
+    let state = AppState::with_shop(locks, shop);
     let listener = std::net::TcpListener::bind(&addr)?;
     println!("actix-web orders service on http://{} (locks: {backend})", listener.local_addr()?);
     examples::orders_actix::server(listener, state)?.await?;

@@ -8,6 +8,10 @@
 //! REDIS_URL=redis://127.0.0.1:6379 ORDERS_ADDR=127.0.0.1:3000 cargo run -p examples --features axum,redis --example axum_orders
 //! REDIS_URL=redis://127.0.0.1:6379 ORDERS_ADDR=127.0.0.1:3002 cargo run -p examples --features axum,redis --example axum_orders
 //!
+//! # payments recorded in PostgreSQL through the fence (examples::ledger): a request that lost its
+//! # order's lock cannot record a payment after a newer holder did (409 Conflict, a problem body)
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run -p examples --features axum,postgres --example axum_orders
+//!
 //! # with the locks' metrics at GET /metrics (Prometheus text format)
 //! cargo run -p examples --features axum,metrics --example axum_orders
 //! curl -s localhost:3000/metrics
@@ -33,7 +37,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (addr, locks) = orders::from_env("127.0.0.1:3000").await?;
     let backend = locks.backend_kind();
     // The payment provider and the warehouse take a moment, so concurrent requests overlap.
-    let state = AppState::new(locks, Arc::new(Simulated { latency: Duration::from_millis(500) }));
+    let shop = orders::shop_from_env(Arc::new(Simulated { latency: Duration::from_millis(500) })).await?;
+    let state = AppState::with_shop(locks, shop);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("axum orders service on http://{} (locks: {backend})", listener.local_addr()?);
     examples::orders_axum::serve(listener, state).await?;

@@ -100,11 +100,14 @@ impl Upstream for Simulated {
 /// The articles a new [`Shop`] has in stock.
 pub const STOCK: [(&str, u32); 2] = [("tea-42", 100), ("mug-7", 20)];
 
-/// Orders and stock, in memory (a real service has a database here).
+/// Orders and stock, in memory; with a [`Ledger`](crate::ledger::Ledger) (feature `postgres`)
+/// every payment is also recorded in PostgreSQL through the fence.
 pub struct Shop {
     paid: Mutex<HashMap<u64, Receipt>>,
     stock: Mutex<HashMap<String, u32>>,
     upstream: Arc<dyn Upstream>,
+    #[cfg(feature = "postgres")]
+    ledger: Option<crate::ledger::Ledger>,
 }
 
 /// Not enough stock for a reservation.
@@ -120,21 +123,44 @@ impl Shop {
     /// A shop with [`STOCK`], calling `upstream`.
     pub fn new(upstream: Arc<dyn Upstream>) -> Self {
         let stock = STOCK.iter().map(|(sku, n)| ((*sku).to_owned(), *n)).collect();
-        Shop { paid: Mutex::default(), stock: Mutex::new(stock), upstream }
+        Shop {
+            paid: Mutex::default(),
+            stock: Mutex::new(stock),
+            upstream,
+            #[cfg(feature = "postgres")]
+            ledger: None,
+        }
+    }
+
+    /// This shop recording its payments in `ledger`.
+    #[cfg(feature = "postgres")]
+    pub fn with_ledger(self, ledger: crate::ledger::Ledger) -> Self {
+        Shop { ledger: Some(ledger), ..self }
     }
 
     /// Pays an order once: a second payment of a paid order returns the first receipt.
     ///
     /// Call it under the order's lock: the check and the charge are not atomic, which is the
-    /// point of the lock (two concurrent requests would otherwise both charge).
-    pub async fn pay(&self, order_id: u64, amount_cents: u64, fencing_token: u64) -> Receipt {
+    /// point of the lock (two concurrent requests would otherwise both charge). With a ledger,
+    /// the payment is recorded through the fence of `order:<id>`: a holder whose token is
+    /// stale fails with a fenced [`LockError`](lock_runtime::LockError).
+    pub async fn pay(
+        &self,
+        order_id: u64,
+        amount_cents: u64,
+        fencing_token: u64,
+    ) -> Result<Receipt, lock_runtime::LockError> {
         if let Some(receipt) = self.paid.lock().unwrap_or_else(PoisonError::into_inner).get(&order_id) {
-            return Receipt { already_paid: true, ..receipt.clone() };
+            return Ok(Receipt { already_paid: true, ..receipt.clone() });
         }
         let payment_id = self.upstream.charge(order_id, amount_cents).await;
         let receipt = Receipt { order_id, payment_id, amount_cents, fencing_token, already_paid: false };
+        #[cfg(feature = "postgres")]
+        if let Some(ledger) = &self.ledger {
+            ledger.record(&receipt).await?;
+        }
         self.paid.lock().unwrap_or_else(PoisonError::into_inner).insert(order_id, receipt.clone());
-        receipt
+        Ok(receipt)
     }
 
     /// Sets `quantity` of `sku` aside. Call it under the article's lock (check, then act).
@@ -164,6 +190,11 @@ impl AppState {
     pub fn new(locks: LockManager, upstream: Arc<dyn Upstream>) -> Self {
         AppState { locks, shop: Arc::new(Shop::new(upstream)) }
     }
+
+    /// A state on `locks` with `shop`.
+    pub fn with_shop(locks: LockManager, shop: Shop) -> Self {
+        AppState { locks, shop: Arc::new(shop) }
+    }
 }
 
 /// The fencing token of the running locked call (0 outside one).
@@ -188,6 +219,21 @@ pub async fn from_env(default_addr: &str) -> Result<(String, LockManager), Box<d
         Err(_) => builder.memory(),
     };
     Ok((addr, locks))
+}
+
+/// The shop of the example binaries: with a PostgreSQL ledger when `DATABASE_URL` is set.
+pub async fn shop_from_env(upstream: Arc<dyn Upstream>) -> Result<Shop, Box<dyn std::error::Error>> {
+    let shop = Shop::new(upstream);
+    match std::env::var("DATABASE_URL") {
+        #[cfg(feature = "postgres")]
+        Ok(url) => Ok(shop.with_ledger(crate::ledger::Ledger::connect(&url).await?)),
+        #[cfg(not(feature = "postgres"))]
+        Ok(url) => {
+            Err(format!("DATABASE_URL={url} is set, but this build has no PostgreSQL: add `--features postgres`")
+                .into())
+        }
+        Err(_) => Ok(shop),
+    }
 }
 
 #[cfg(feature = "redis")]

@@ -89,7 +89,7 @@ pub async fn pay(
     id: web::Path<u64>,
     web::Json(req): web::Json<PayRequest>,
 ) -> Result<web::Json<Receipt>, ApiError> {
-    Ok(web::Json(state.shop.pay(*id, req.amount_cents, fencing_token()).await))
+    Ok(web::Json(state.shop.pay(*id, req.amount_cents, fencing_token()).await?))
 }
 
 /// The fallback of [`pay`]: called with the same extractors when `order:{id}` cannot be taken

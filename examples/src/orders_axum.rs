@@ -103,7 +103,7 @@ pub async fn pay(
     Path(id): Path<u64>,
     Json(req): Json<PayRequest>,
 ) -> Result<Json<Receipt>, ApiError> {
-    Ok(Json(state.shop.pay(id, req.amount_cents, fencing_token()).await))
+    Ok(Json(state.shop.pay(id, req.amount_cents, fencing_token()).await?))
 }
 
 /// The fallback of [`pay`]: called with the same extractors when `order:{id}` cannot be taken.

@@ -66,6 +66,8 @@
 //!   `names` options.
 //! - [`LockError`]: the one error type, classified by `is_*` methods.
 //! - [`current()`]: the innermost lock of the running locked call.
+//! - [`fence`]: fencing enforced downstream: the store refuses a stale holder's write
+//!   (PostgreSQL, Redis, HTTP services), a refusal being [`is_fenced`](LockError::is_fenced).
 //! - [`backend`]: the [`LockBackend`](backend::LockBackend) trait and the backends, and the
 //!   [`Inspect`](backend::Inspect) capability that inspection tools (`lockctl`) use.
 //!

@@ -69,3 +69,40 @@ async fn redis_outage_answers_503_with_retry_after() {
     let app = start(state).await;
     web_support::backend_outage_answers_503(app.addr, &mut gate, &mut redis).await;
 }
+
+/// The `axum_orders` example with `DATABASE_URL`: payments are recorded in PostgreSQL through
+/// the fence of the order's lock; a request whose token is below one a newer holder already
+/// recorded is refused with `409` and a problem body, and nothing of it is recorded.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_are_written_through_the_postgres_fence() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use examples::ledger::Ledger;
+    use examples::orders::{Receipt, Shop, Simulated};
+
+    let pg = lock_tests::pg_server::PgServer::start();
+    let ledger = Ledger::connect(&pg.url()).await.expect("ledger");
+    let shop = Shop::new(Arc::new(Simulated { latency: Duration::ZERO })).with_ledger(ledger);
+    let app = start(AppState::with_shop(memory_locks(), shop)).await;
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+
+    let paid = web_support::pay(app.addr, 5).await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    let receipt: Receipt = serde_json::from_str(&paid.body).expect("a receipt");
+    let row = db.query_one("SELECT fencing_token FROM payments WHERE order_id = 5", &[]).await.expect("recorded");
+    assert_eq!(row.get::<_, i64>(0), receipt.fencing_token as i64);
+
+    // A newer holder of `order:6` (another instance) has already written with a higher token.
+    db.query_one("SELECT lock_runtime_fence('order:6', 1000000)", &[]).await.expect("the newer holder");
+    let stale = web_support::pay(app.addr, 6).await;
+    assert_eq!(stale.status, 409, "{stale:?}");
+    assert_eq!(stale.header("content-type"), Some("application/problem+json"));
+    let problem: serde_json::Value = serde_json::from_str(&stale.body).expect("a problem");
+    assert!(problem["type"].as_str().is_some_and(|t| t.ends_with("#fenced")), "{problem}");
+    assert_eq!(problem["lock"], "order:6");
+    let rows = db.query("SELECT 1 FROM payments WHERE order_id = 6", &[]).await.expect("query");
+    assert!(rows.is_empty(), "nothing of the refused payment is recorded");
+}
