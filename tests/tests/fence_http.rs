@@ -103,12 +103,16 @@ async fn actix_refuses_a_stale_token_with_a_problem() {
 #[distributed_locked(name = "orders:{id}", manager = LockManager::memory())]
 async fn outgoing(id: u32) -> Result<(FencingToken, u64), LockError> {
     let lock = lock_runtime::current().expect("inside a locked call");
-    Ok((FencingToken::current().expect("the caller's header"), lock.fencing_token()))
+    let (name, value) = FencingToken::current_header().expect("the caller's header");
+    assert_eq!(name, FencingToken::HEADER);
+    assert_eq!(FencingToken::parse(&value).ok(), FencingToken::current());
+    Ok((FencingToken::current().expect("the caller's token"), lock.fencing_token()))
 }
 
 #[tokio::test]
 async fn the_callers_header_comes_from_the_lock_it_holds() {
     assert_eq!(FencingToken::current(), None, "outside a locked call");
+    assert_eq!(FencingToken::current_header(), None);
     let (token, held) = outgoing(42).await.expect("locked call");
     assert_eq!(token, FencingToken { resource: "orders:42".into(), token: held });
     assert_eq!(token.header_value(), format!("orders:42 {held}"));

@@ -38,6 +38,27 @@ impl FencingToken {
         crate::current().map(|lock| FencingToken { resource: lock.key().to_owned(), token: lock.fencing_token() })
     }
 
+    /// The header to add to an outgoing request from inside a locked call, for any HTTP client
+    /// (`request.header(name, value)` in reqwest, hyper, awc): the innermost lock's
+    /// [`current`](Self::current) token; `None` outside a locked call.
+    ///
+    /// ```
+    /// use lock_runtime::{distributed_locked, fence::FencingToken, LockError, LockManager};
+    ///
+    /// #[distributed_locked(name = "orders:{id}", manager = LockManager::memory())]
+    /// async fn call_downstream(id: u32) -> Result<(&'static str, String), LockError> {
+    ///     Ok(FencingToken::current_header().expect("inside a locked call"))
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+    /// let (name, value) = call_downstream(42).await?;
+    /// assert_eq!(name, "fencing-token");
+    /// assert!(value.starts_with("orders:42 "));
+    /// # Ok(()) }
+    /// ```
+    pub fn current_header() -> Option<(&'static str, String)> {
+        Self::current().map(|token| (Self::HEADER, token.header_value()))
+    }
+
     /// The header's value.
     pub fn header_value(&self) -> String {
         let mut out = String::with_capacity(self.resource.len() + 21);
