@@ -223,3 +223,63 @@ fn bad_request(detail: &str) -> FenceRejection {
         lock: String::new(),
     })
 }
+
+#[cfg(feature = "axum")]
+mod axum {
+    use axum_core::extract::FromRequestParts;
+    use axum_core::response::{IntoResponse, Response};
+    use http::request::Parts;
+
+    use super::{FenceRejection, Fenced, Fences, FencingToken};
+
+    /// `400` or `409` with a problem body: see [`Fenced`].
+    impl IntoResponse for FenceRejection {
+        fn into_response(self) -> Response {
+            crate::http::axum::respond(self.0)
+        }
+    }
+
+    /// The request's `Fencing-Token`, admitted by the [`Fences`] in the request's extensions
+    /// (`.layer(axum::Extension(fences))`).
+    impl<S: Send + Sync> FromRequestParts<S> for Fenced {
+        type Rejection = FenceRejection;
+
+        async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+            let header = parts.headers.get(FencingToken::HEADER).map(|v| v.as_bytes());
+            Fenced::admit(header, parts.extensions.get::<Fences>()).await
+        }
+    }
+}
+
+#[cfg(feature = "actix")]
+mod actix {
+    use actix_web::dev::Payload;
+    use actix_web::http::StatusCode;
+    use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError};
+
+    use super::{FenceRejection, Fenced, Fences, FencingToken};
+
+    /// `400` or `409` with a problem body: see [`Fenced`].
+    impl ResponseError for FenceRejection {
+        fn status_code(&self) -> StatusCode {
+            crate::http::actix::status(&self.0)
+        }
+
+        fn error_response(&self) -> HttpResponse {
+            crate::http::actix::respond(self.0.clone())
+        }
+    }
+
+    /// The request's `Fencing-Token`, admitted by the [`Fences`] in the app data
+    /// (`.app_data(fences)`).
+    impl FromRequest for Fenced {
+        type Error = FenceRejection;
+        type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Fenced, FenceRejection>>>>;
+
+        fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
+            let header = req.headers().get(FencingToken::HEADER).map(|v| v.as_bytes().to_vec());
+            let fences = req.app_data::<Fences>().cloned();
+            Box::pin(async move { Fenced::admit(header.as_deref(), fences.as_ref()).await })
+        }
+    }
+}

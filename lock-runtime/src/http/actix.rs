@@ -1,11 +1,9 @@
 //! `LockError` as an Actix-web error response (feature `actix`).
 
-use actix_web::dev::Payload;
 use actix_web::http::{header, StatusCode};
-use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{HttpResponse, ResponseError};
 
 use crate::error::LockError;
-use crate::fence::{FenceRejection, Fenced, Fences, FencingToken};
 use crate::http::HttpAnswer;
 
 /// Answers by the error's class: see [`crate::http`].
@@ -20,35 +18,13 @@ impl ResponseError for LockError {
     }
 }
 
-/// `400` or `409` with a problem body: see [`Fenced`].
-impl ResponseError for FenceRejection {
-    fn status_code(&self) -> StatusCode {
-        status(&self.0)
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        respond(self.0.clone())
-    }
-}
-
-/// The request's `Fencing-Token`, admitted by the [`Fences`] in the app data
-/// (`.app_data(fences)`).
-impl FromRequest for Fenced {
-    type Error = FenceRejection;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Fenced, FenceRejection>>>>;
-
-    fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
-        let header = req.headers().get(FencingToken::HEADER).map(|v| v.as_bytes().to_vec());
-        let fences = req.app_data::<Fences>().cloned();
-        Box::pin(async move { Fenced::admit(header.as_deref(), fences.as_ref()).await })
-    }
-}
-
-fn status(answer: &HttpAnswer) -> StatusCode {
+/// The status of `answer`.
+pub(crate) fn status(answer: &HttpAnswer) -> StatusCode {
     StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn respond(answer: HttpAnswer) -> HttpResponse {
+/// The response of `answer`: its status, `Retry-After` and problem body.
+pub(crate) fn respond(answer: HttpAnswer) -> HttpResponse {
     let mut response = HttpResponse::build(status(&answer));
     response.content_type(crate::http::PROBLEM_JSON);
     if let Some(seconds) = answer.retry_after {

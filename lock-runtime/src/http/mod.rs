@@ -35,9 +35,9 @@
 use crate::error::LockError;
 
 #[cfg(feature = "actix")]
-mod actix;
+pub(crate) mod actix;
 #[cfg(feature = "axum")]
-mod axum;
+pub(crate) mod axum;
 
 /// How a [`LockError`] is answered over HTTP (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Eq)]
