@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::fence::redis::{del, fence_key, set, set_expiring, RedisFences};
+use lock_runtime::fence::redis::{del, fence_key, hset, set, set_expiring, RedisFences};
 use lock_runtime::fence::FenceStore;
 use lock_runtime::LockManager;
 use lock_tests::redis_server::RedisServer;
@@ -107,4 +107,25 @@ async fn the_redis_fence_store_admits_by_resource() {
         "{err}"
     );
     fences.admit("orders:43", 1).await.expect("independent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_field_is_written_under_the_keys_fence() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    hset(&mut conn, "order:9", "state", "paid", 7).await.expect("hset");
+    hset(&mut conn, "order:9", "by", "worker-a", 7).await.expect("another field, the same token");
+    let err = hset(&mut conn, "order:9", "state", "cancelled", 6).await.expect_err("stale");
+    assert!(matches!(err, lock_runtime::LockError::Fenced { token: 6, highest: 7, .. }), "{err}");
+    let state: String = conn.hget("order:9", "state").await.expect("hget");
+    assert_eq!(state, "paid");
+    // One record for the whole key: a fenced delete with a newer token, then the stale field write.
+    del(&mut conn, "order:9", 8).await.expect("delete");
+    assert!(hset(&mut conn, "order:9", "state", "x", 7).await.expect_err("refused").is_fenced());
+    // The record takes the hash's TTL.
+    hset(&mut conn, "ttl:1", "f", "v", 1).await.expect("hset");
+    let _: () = conn.pexpire("ttl:1", 100_000).await.expect("pexpire");
+    hset(&mut conn, "ttl:1", "g", "w", 2).await.expect("hset");
+    let fence_ttl: i64 = conn.pttl(fence_key("ttl:1")).await.expect("pttl");
+    assert!(fence_ttl > 90_000, "{fence_ttl}");
 }

@@ -65,6 +65,22 @@ pub async fn set_expiring<C: ConnectionLike>(
     .await
 }
 
+/// Sets `field` of the hash at `key` to `value` (`HSET`) only if `token` is at least the
+/// highest token recorded for `key` (one record for the whole hash, shared with [`set`] and
+/// [`del`] of the same key, expiring with the hash when it has a TTL), and records `token`.
+pub async fn hset<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    field: impl ToRedisArgs,
+    value: impl ToRedisArgs,
+    token: u64,
+) -> Result<(), LockError> {
+    fenced(conn, &SET, Some(key), &fence_key(key), token, |script| {
+        script.arg(value).arg(padded(token)).arg(0).arg(field);
+    })
+    .await
+}
+
 /// Deletes `key` only if `token` is at least the highest token recorded for it. The recorded
 /// token stays (expiring when it would have with the value, if it had a TTL), so a stale holder
 /// cannot write the value back.
