@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::backend::BoxFuture;
 use crate::error::LockError;
@@ -166,9 +167,25 @@ impl Fences {
         Fences(Arc::new(store))
     }
 
-    /// Admits `token` (see [`FenceStore::admit`]).
+    /// The longest one admission may take before it fails with an
+    /// [`is_backend`](LockError::is_backend) error (answered `503` with `Retry-After`).
+    pub const BOUND: Duration = Duration::from_secs(5);
+
+    /// Admits `token` (see [`FenceStore::admit`]), within [`BOUND`](Self::BOUND).
+    ///
+    /// ```
+    /// use lock_runtime::fence::{Fences, FencingToken, MemoryFences};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let fences = Fences::new(MemoryFences::default());
+    /// let token = FencingToken { resource: "orders:42".into(), token: 7 };
+    /// assert!(fences.admit(&token).await.is_ok());
+    /// # }
+    /// ```
     pub async fn admit(&self, token: &FencingToken) -> Result<(), LockError> {
-        self.0.admit(&token.resource, token.token).await
+        match tokio::time::timeout(Self::BOUND, self.0.admit(&token.resource, token.token)).await {
+            Ok(admitted) => admitted,
+            Err(_) => Err(LockError::timed_out(&*token.resource, "fence", "admit a fencing token", Self::BOUND)),
+        }
     }
 }
 
@@ -222,6 +239,28 @@ fn bad_request(detail: &str) -> FenceRejection {
         detail: detail.to_owned(),
         lock: String::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that never answers.
+    struct Hung;
+
+    impl FenceStore for Hung {
+        fn admit<'a>(&'a self, _resource: &'a str, _token: u64) -> BoxFuture<'a, Result<(), LockError>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_admission_is_bounded() {
+        let token = FencingToken { resource: "orders:42".into(), token: 7 };
+        let err = Fences::new(Hung).admit(&token).await.expect_err("bounded");
+        assert!(err.is_backend(), "{err}");
+        assert_eq!(err.http_answer().status, 503);
+    }
 }
 
 #[cfg(feature = "axum")]
