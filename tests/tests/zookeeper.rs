@@ -661,3 +661,22 @@ fn types_are_send_and_sync() {
     check::<ZookeeperBackend>();
     check::<ZookeeperOptions>();
 }
+
+/// Regression (`lockctl watch` on ZooKeeper missed a lock taken between its look and its
+/// wait): a change feed sees a change made after it was opened but before it is awaited, and
+/// after each change, the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_feed_sees_a_change_made_before_it_is_awaited() {
+    use lock_runtime::backend::Inspect;
+
+    let hosts = zk_server::shared().hosts();
+    let store = backend(&hosts, &unique_root("feed")).await;
+    let manager = LockManager::builder().backend(store.clone());
+    let mut feed = store.changes("feed:").await.expect("a feed");
+    // The change comes before `changed()` is called, as between a look and the wait after it.
+    let guard = manager.lock("feed:1").await.expect("lock");
+    let bound = Duration::from_secs(10);
+    tokio::time::timeout(bound, feed.changed()).await.expect("the earlier change is seen").expect("feed");
+    guard.release().await.expect("release");
+    tokio::time::timeout(bound, feed.changed()).await.expect("the next change is seen").expect("feed");
+}

@@ -110,6 +110,10 @@ pub trait Inspect: Send + Sync + 'static {
 }
 
 /// What tells a live view of the locks under a prefix to look again ([`Inspect::changes`]).
+///
+/// A feed reports every change made since it was opened, or since its last
+/// [`changed`](ChangeFeed::changed) completed, even one made before `changed` is called
+/// again: a view looks, then waits, and a change between the two must not be missed.
 pub trait ChangeFeed: Send {
     /// Completes when the locks may have changed (it may also complete when nothing did).
     fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>>;

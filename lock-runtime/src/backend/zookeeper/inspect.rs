@@ -17,8 +17,16 @@ const RETRIES: usize = 4;
 impl ZookeeperBackend {
     /// Completes once the locks whose key starts with `prefix` may have changed: a lock's node
     /// container created or deleted, a node queued or removed (a lock taken, released, waited
-    /// for). Sets one watch on the lock root and one on each lock's container.
+    /// for). Sets one watch on the lock root and one on each lock's container, when called: a
+    /// change made before the call is not seen (a [`changes`](crate::backend::Inspect::changes)
+    /// feed is armed ahead of time instead).
     pub async fn changed(&self, prefix: &str) -> Result<(), LockError> {
+        self.arm(prefix).await?.fired().await;
+        Ok(())
+    }
+
+    /// Sets the watches of [`changed`](Self::changed) and returns them, to be awaited later.
+    async fn arm(&self, prefix: &str) -> Result<Armed, LockError> {
         const OP: &str = "watch";
         let client = self.client(prefix, OP).await?;
         let root = self.options().get_root();
@@ -34,15 +42,11 @@ impl ZookeeperBackend {
         for dir in dirs.iter().filter(|d| decode(d).is_some_and(|k| k.starts_with(prefix))) {
             match client.list_and_watch_children(&format!("{root}/{dir}")).await {
                 Ok((_, watcher)) => drop(watches.spawn(async move { drop(watcher.changed().await) })),
-                Err(ZkError::NoNode) => return Ok(()), // gone since the listing: a change
+                Err(ZkError::NoNode) => return Ok(Armed(None)), // gone since the listing: a change
                 Err(e) => return Err(zk_error(prefix, OP, e)),
             }
         }
-        if watches.is_empty() {
-            std::future::pending::<()>().await;
-        }
-        let _ = watches.join_next().await;
-        Ok(())
+        Ok(Armed(Some(watches)))
     }
 
     async fn client(&self, name: &str, operation: &'static str) -> Result<Client, LockError> {
@@ -195,20 +199,51 @@ impl crate::backend::Inspect for ZookeeperBackend {
     }
 
     fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
-        let feed = Watches { store: self.clone(), prefix: prefix.to_owned() };
-        Box::pin(std::future::ready(Ok(Box::new(feed) as Box<dyn ChangeFeed>)))
+        Box::pin(async move {
+            let armed = self.arm(prefix).await?;
+            let feed = Watches { store: self.clone(), prefix: prefix.to_owned(), armed: Some(armed) };
+            Ok(Box::new(feed) as Box<dyn ChangeFeed>)
+        })
     }
 }
 
-/// ZooKeeper's watches see every change ([`ZookeeperBackend::changed`]).
+/// Watches set on a lock root and its containers: [`fired`](Armed::fired) once any of them
+/// is (at once when a change was already seen while setting them).
+struct Armed(Option<tokio::task::JoinSet<()>>);
+
+impl Armed {
+    async fn fired(self) {
+        match self.0 {
+            Some(mut watches) if !watches.is_empty() => drop(watches.join_next().await),
+            Some(_) => std::future::pending().await,
+            None => {}
+        }
+    }
+}
+
+/// ZooKeeper's watches see every change. They are always armed ahead of the next look: when
+/// the feed is opened, and again as soon as they have fired, before [`changed`] returns, so a
+/// change made between a look and the wait after it fires them too.
+///
+/// [`changed`]: ChangeFeed::changed
 struct Watches {
     store: ZookeeperBackend,
     prefix: String,
+    /// `None` only when arming again failed (it is tried again at the next call).
+    armed: Option<Armed>,
 }
 
 impl ChangeFeed for Watches {
     fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.store.changed(&self.prefix))
+        Box::pin(async move {
+            let armed = match self.armed.take() {
+                Some(armed) => armed,
+                None => self.store.arm(&self.prefix).await?,
+            };
+            armed.fired().await;
+            self.armed = Some(self.store.arm(&self.prefix).await?);
+            Ok(())
+        })
     }
 
     fn complete(&self) -> bool {
