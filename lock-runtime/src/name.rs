@@ -1,35 +1,50 @@
 //! Lock names of locked calls: a template rendered per call ([`render`]), or a name without
-//! parameters shared by every call of its fn ([`fixed_name`], [`default_name`]); both are
-//! [`LockName`]s, taken without a copy when the lock must be taken.
+//! parameters shared by every call of its fn ([`fixed_name`], [`default_name`]); both are a
+//! [`LockName`], taken without a copy when the lock must be taken.
 
 use std::sync::{Arc, OnceLock};
 
 /// The default lock name: md5 hex of `"<module_path>::<fn_name>"`, computed once per fn.
-pub fn default_name(cell: &'static OnceLock<Arc<str>>, module_path: &str, fn_name: &str) -> Fixed {
-    Fixed(cell.get_or_init(|| Arc::from(format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))).clone())
+pub fn default_name(cell: &'static OnceLock<Arc<str>>, module_path: &str, fn_name: &str) -> LockName {
+    LockName(cell.get_or_init(|| Arc::from(format!("{:x}", md5::compute(format!("{module_path}::{fn_name}"))))).clone())
 }
 
 /// A lock name without parameters: allocated once per fn, shared by its calls.
 #[inline]
-pub fn fixed_name(cell: &'static OnceLock<Arc<str>>, name: &str) -> Fixed {
-    Fixed(cell.get_or_init(|| Arc::from(name)).clone())
+pub fn fixed_name(cell: &'static OnceLock<Arc<str>>, name: &str) -> LockName {
+    LockName(cell.get_or_init(|| Arc::from(name)).clone())
 }
 
-/// A lock name rendered from its template for one call (see [`render`]).
+/// A locked call's lock name: rendered for the call ([`render`]), or shared by every call of
+/// its fn ([`fixed_name`], [`default_name`]).
 #[derive(Debug, Clone)]
-pub struct Rendered(Arc<str>);
+pub struct LockName(Arc<str>);
+
+impl LockName {
+    /// The name.
+    #[inline]
+    pub fn as_name(&self) -> &str {
+        &self.0
+    }
+
+    /// The name, shared.
+    #[inline]
+    pub fn into_name(self) -> Arc<str> {
+        self.0
+    }
+}
 
 /// Renders a name template straight into the shared name: a short name goes through a buffer
 /// on the stack rather than a `String` of its own (one allocation per call, not two).
 #[inline]
-pub fn render(args: std::fmt::Arguments<'_>) -> Rendered {
+pub fn render(args: std::fmt::Arguments<'_>) -> LockName {
     let mut buf = NameBuf { bytes: [0; NAME_BUF], len: 0 };
     if std::fmt::write(&mut buf, args).is_ok() {
         if let Ok(name) = std::str::from_utf8(&buf.bytes[..buf.len]) {
-            return Rendered(Arc::from(name));
+            return LockName(Arc::from(name));
         }
     }
-    Rendered(Arc::from(std::fmt::format(args))) // longer (or a `Display` that failed: as `format!`)
+    LockName(Arc::from(std::fmt::format(args))) // longer (or a `Display` that failed: as `format!`)
 }
 
 const NAME_BUF: usize = 64;
@@ -48,62 +63,6 @@ impl std::fmt::Write for NameBuf {
         slot.copy_from_slice(s.as_bytes());
         self.len = end;
         Ok(())
-    }
-}
-
-impl LockName for Rendered {
-    #[inline]
-    fn as_name(&self) -> &str {
-        &self.0
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        self.0
-    }
-}
-
-/// The lock name of a locked fn that has no parameter in it (see [`fixed_name`]).
-#[derive(Debug, Clone)]
-pub struct Fixed(Arc<str>);
-
-/// A locked call's lock name: rendered for the call (`&str`, `String`), or [`Fixed`].
-pub trait LockName {
-    /// The name.
-    fn as_name(&self) -> &str;
-    /// The name, shared.
-    fn into_name(self) -> Arc<str>;
-}
-
-impl LockName for &str {
-    #[inline]
-    fn as_name(&self) -> &str {
-        self
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        Arc::from(self)
-    }
-}
-
-impl LockName for String {
-    #[inline]
-    fn as_name(&self) -> &str {
-        self
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        Arc::from(self)
-    }
-}
-
-impl LockName for Fixed {
-    #[inline]
-    fn as_name(&self) -> &str {
-        &self.0
-    }
-    #[inline]
-    fn into_name(self) -> Arc<str> {
-        self.0
     }
 }
 

@@ -12,7 +12,7 @@ use crate::backend::LockKind;
 pub use crate::error::LockError;
 pub use crate::manager::LockManager;
 use crate::manager::LockRequest;
-pub use crate::name::{default_name, fixed_name, render, Fixed, LockName, Rendered};
+pub use crate::name::{default_name, fixed_name, render, LockName};
 pub use crate::options::LockOptions;
 use crate::run;
 pub use crate::run::{Enter, Locked, Started};
@@ -209,10 +209,10 @@ pub type Carry<R> = Option<fn(LockError) -> R>;
 /// taken): what [`Locked::enter`] does with `manager.lock(name)`, with the request made only
 /// when the lock must be taken.
 #[inline(always)]
-pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
+pub fn enter<'a, 'r, M: Borrow<LockManager>, F: Future>(
     mut run: Pin<&'r mut Locked<F>>,
     manager: &'a M,
-    name: N,
+    name: LockName,
     kind: LockKind,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {
@@ -228,10 +228,10 @@ pub fn enter<'a, 'r, M: Borrow<LockManager>, N: LockName, F: Future>(
 
 /// [`enter`] on the default manager (see [`default_manager`]), or the not-configured error.
 #[inline(always)]
-pub fn enter_default<'a, 'r, N: LockName, F: Future>(
+pub fn enter_default<'a, 'r, F: Future>(
     run: Pin<&'r mut Locked<F>>,
     manager: &'a Option<LockManager>,
-    name: N,
+    name: LockName,
     kind: LockKind,
     options: LockOptions,
 ) -> Enter<'a, 'r, F> {

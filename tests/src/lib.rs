@@ -26,6 +26,22 @@ pub fn unique(label: &str) -> String {
     format!("{label}:{}", lock_runtime::backend::OwnerId::next())
 }
 
+/// Retries `lock` of `name` until the backend answers again (after an outage it caused),
+/// within 15 s; panics otherwise.
+pub async fn lock_after_outage(m: &lock_runtime::LockManager, name: &str) -> lock_runtime::LockGuard {
+    use std::time::{Duration, Instant};
+    let started = Instant::now();
+    loop {
+        match m.lock(name).wait(Duration::from_secs(2)).await {
+            Ok(guard) => return guard,
+            Err(e) if e.is_backend() && started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no recovery after {:?}: {e}", started.elapsed()),
+        }
+    }
+}
+
 /// Polls `fut` exactly once, with this task's waker: `Ready` with its output, or `Pending`.
 /// For tests that drop a future after a given number of polls.
 pub async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {

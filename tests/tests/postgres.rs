@@ -43,20 +43,6 @@ async fn holder_pid(client: &tokio_postgres::Client, key: &str) -> i32 {
     }
 }
 
-/// Retries `lock` until the backend answers again (after an outage), within 15 s.
-async fn lock_after_outage(m: &LockManager, name: &str) -> lock_runtime::LockGuard {
-    let started = Instant::now();
-    loop {
-        match m.lock(name).wait(Duration::from_secs(2)).await {
-            Ok(guard) => return guard,
-            Err(e) if e.is_backend() && started.elapsed() < Duration::from_secs(15) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("no recovery after {:?}: {e}", started.elapsed()),
-        }
-    }
-}
-
 #[tokio::test]
 async fn malformed_url_is_invalid() {
     for url in ["", "nonsense", "http://127.0.0.1:5432", "postgres://127.0.0.1:notaport/db", "postgres://u@[::1/db"] {
@@ -120,7 +106,7 @@ async fn server_restart_fires_lost_and_the_manager_recovers() {
     tokio::time::timeout(Duration::from_secs(15), before.lost()).await.expect("lost() fired");
     assert!(before.release().await.expect_err("restarted").is_lost());
     let _server = restarted.await.expect("restart");
-    let after = lock_after_outage(&m, "restarted").await;
+    let after = lock_tests::lock_after_outage(&m, "restarted").await;
     assert!(after.fencing_token() > token, "tokens survive the restart");
     after.release().await.expect("release");
 }

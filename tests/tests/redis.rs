@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
 use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::lock_after_outage;
 use lock_tests::redis_server::{free_port, RedisServer};
 use redis_support::*;
 

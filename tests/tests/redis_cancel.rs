@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend};
 use lock_runtime::LockManager;
+use lock_tests::lock_after_outage;
 use lock_tests::redis_server::RedisServer;
 use redis_support::*;
 

@@ -182,15 +182,7 @@ async fn a_thousand_names_leave_no_znodes() {
         drop(g); // released in the background
     }
     // Released in the background (dropped guards): wait for the root to empty out, bounded.
-    let started = Instant::now();
-    loop {
-        let left = zk_server::children(&hosts, &root).await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    emptied(&hosts, &root).await;
 }
 
 /// Any valid lock name, `/` and `..` included, is one znode under the root.
@@ -611,15 +603,7 @@ async fn cancelled_after_any_poll_leaves_nothing_behind() {
             next.release().await.expect("release");
         }
     }
-    let started = Instant::now();
-    loop {
-        let left = zk_server::children(&hosts, &root).await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    emptied(&hosts, &root).await;
 }
 
 /// A waiter whose node became the lowest (it was woken) but which is dropped before it took

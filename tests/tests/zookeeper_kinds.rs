@@ -211,15 +211,7 @@ async fn kind_operations_leave_no_znodes() {
         let w = m.write_lock(&name).wait(Duration::from_secs(10)).await.expect("writer");
         w.release().await.expect("release");
     }
-    let started = Instant::now();
-    loop {
-        let left = zk_server::children(&hosts, &root).await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    emptied(&hosts, &root).await;
 }
 
 /// No herd on a semaphore: 2 permits held, 12 waiters in 4 sessions. Each release wakes the
@@ -230,11 +222,7 @@ async fn a_semaphore_release_wakes_one_waiter_not_the_herd() {
     const WAITERS: usize = 12;
     let hosts = zk_server::shared().hosts();
     let name = lock_tests::unique("sem-herd");
-    let mut stores = Vec::new();
-    for _ in 0..4 {
-        stores.push(ZookeeperBackend::connect(&hosts).await.expect("connect"));
-    }
-    let managers: Vec<LockManager> = stores.iter().map(|s| LockManager::builder().backend(s.clone())).collect();
+    let (stores, managers) = sessions(&hosts, 4).await;
     let wakeups = || stores.iter().map(|s| s.stats().wakeups).sum::<u64>();
     let waiting = || stores.iter().map(|s| s.stats().waiting).sum::<u64>();
     let held = Arc::new(Mutex::new(vec![
@@ -311,11 +299,7 @@ async fn a_read_write_release_wakes_only_whom_it_unblocks() {
     const READERS: usize = 4;
     let hosts = zk_server::shared().hosts();
     let name = lock_tests::unique("rw-herd");
-    let mut stores = Vec::new();
-    for _ in 0..2 {
-        stores.push(ZookeeperBackend::connect(&hosts).await.expect("connect"));
-    }
-    let managers: Vec<LockManager> = stores.iter().map(|s| LockManager::builder().backend(s.clone())).collect();
+    let (stores, managers) = sessions(&hosts, 2).await;
     let wakeups = || stores.iter().map(|s| s.stats().wakeups).sum::<u64>();
     let waiting = || stores.iter().map(|s| s.stats().waiting).sum::<u64>();
     let holder = managers[0].write_lock(&name).await.expect("writer");

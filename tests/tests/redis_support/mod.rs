@@ -34,20 +34,6 @@ pub(crate) async fn await_numsub(conn: &mut redis::aio::MultiplexedConnection, c
     }
 }
 
-/// Retries `lock` until the backend answers again (after an outage), within 15 s.
-pub(crate) async fn lock_after_outage(m: &LockManager, name: &str) -> lock_runtime::LockGuard {
-    let started = Instant::now();
-    loop {
-        match m.lock(name).wait(Duration::from_secs(2)).await {
-            Ok(guard) => return guard,
-            Err(e) if e.is_backend() && started.elapsed() < Duration::from_secs(15) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("no recovery after {:?}: {e}", started.elapsed()),
-        }
-    }
-}
-
 /// Connections open on the server, by `CLIENT LIST TYPE <kind>`.
 pub(crate) async fn clients(conn: &mut redis::aio::MultiplexedConnection, kind: &str) -> usize {
     let list: String = redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg(kind).query_async(conn).await.expect("CLIENT");

@@ -13,6 +13,16 @@ pub(crate) async fn backend(hosts: &str, root: &str) -> ZookeeperBackend {
     ZookeeperBackend::connect_with(hosts, ZookeeperOptions::new().root(root)).await.expect("connect")
 }
 
+/// `n` sessions (each a backend on the shared root) and a manager on each.
+pub(crate) async fn sessions(hosts: &str, n: usize) -> (Vec<ZookeeperBackend>, Vec<lock_runtime::LockManager>) {
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        stores.push(ZookeeperBackend::connect(hosts).await.expect("connect"));
+    }
+    let managers = stores.iter().map(|s| lock_runtime::LockManager::builder().backend(s.clone())).collect();
+    (stores, managers)
+}
+
 pub(crate) fn unique_root(label: &str) -> String {
     format!("/t-{}", lock_tests::unique(label).replace(':', "-"))
 }
@@ -24,6 +34,21 @@ pub(crate) async fn until(what: &str, condition: impl Fn() -> bool) {
     while !condition() {
         assert!(started.elapsed() < Duration::from_secs(20), "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits (bounded, 10 s) until nothing is left under `root`: releases that run in the
+/// background (dropped guards, cancelled waiters) delete their nodes on their own time, and
+/// nothing signals when they are done.
+pub(crate) async fn emptied(hosts: &str, root: &str) {
+    let started = Instant::now();
+    loop {
+        let left = zk_server::children(hosts, root).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
