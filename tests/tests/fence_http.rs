@@ -40,7 +40,7 @@ async fn the_fence_answers(addr: SocketAddr) {
     assert!(problem["detail"].as_str().is_some_and(|d| d.contains('8') && d.contains('9')), "{problem}");
     assert_eq!(post(addr, "/write", Some("orders:43 1")).await.status, 200, "resources are independent");
 
-    for bad in [None, Some("orders:42"), Some("orders:42 x"), Some("%zz 1")] {
+    for bad in [None, Some("orders:42"), Some("orders:42 x"), Some("%zz 1"), Some("orders 42 7")] {
         let answer = post(addr, "/write", bad).await;
         assert_eq!(answer.status, 400, "{bad:?}: {answer:?}");
         assert_eq!(answer.header("content-type"), Some(PROBLEM));

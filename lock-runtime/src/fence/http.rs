@@ -80,6 +80,9 @@ impl FencingToken {
             |why: &str| LockError::invalid(value, format!("not a `Fencing-Token: <resource> <token>` value: {why}"));
         let (resource, token) = value.trim().rsplit_once(' ').ok_or_else(|| bad("no space before the token"))?;
         let token = token.parse().map_err(|_| bad("the token is not a whole number"))?;
+        if resource.contains(' ') {
+            return Err(bad("a space in the resource is written `%20`"));
+        }
         let mut bytes = Vec::with_capacity(resource.len());
         let mut rest = resource.as_bytes();
         while let Some((&b, tail)) = rest.split_first() {

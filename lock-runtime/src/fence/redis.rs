@@ -41,7 +41,7 @@ pub async fn set<C: ConnectionLike>(
     value: impl ToRedisArgs,
     token: u64,
 ) -> Result<(), LockError> {
-    fenced(conn, &SET, Some(key), &fence_key(key), token, |script| {
+    fenced(conn, &SET, key, Keys::ValueAndFence, token, |script| {
         script.arg(value).arg(padded(token)).arg(0);
     })
     .await
@@ -59,7 +59,7 @@ pub async fn set_expiring<C: ConnectionLike>(
     if ms == 0 {
         return Err(LockError::invalid(key, format!("TTL {ttl:?} is below Redis' 1 ms")));
     }
-    fenced(conn, &SET, Some(key), &fence_key(key), token, |script| {
+    fenced(conn, &SET, key, Keys::ValueAndFence, token, |script| {
         script.arg(value).arg(padded(token)).arg(ms);
     })
     .await
@@ -75,7 +75,7 @@ pub async fn hset<C: ConnectionLike>(
     value: impl ToRedisArgs,
     token: u64,
 ) -> Result<(), LockError> {
-    fenced(conn, &SET, Some(key), &fence_key(key), token, |script| {
+    fenced(conn, &SET, key, Keys::ValueAndFence, token, |script| {
         script.arg(value).arg(padded(token)).arg(0).arg(field);
     })
     .await
@@ -85,7 +85,7 @@ pub async fn hset<C: ConnectionLike>(
 /// token stays (expiring when it would have with the value, if it had a TTL), so a stale holder
 /// cannot write the value back.
 pub async fn del<C: ConnectionLike>(conn: &mut C, key: &str, token: u64) -> Result<(), LockError> {
-    fenced(conn, &RECORD, Some(key), &fence_key(key), token, |script| {
+    fenced(conn, &RECORD, key, Keys::ValueAndFence, token, |script| {
         script.arg(padded(token));
     })
     .await
@@ -111,17 +111,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> FenceStore for RedisFenc
     fn admit<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<(), LockError>> {
         let mut conn = self.conn.clone();
         Box::pin(async move {
-            let fence = fence_key(resource);
-            fenced(&mut conn, &RECORD, None, &fence, token, |script| {
+            fenced(&mut conn, &RECORD, resource, Keys::Fence, token, |script| {
                 script.arg(padded(token));
             })
             .await
-            .map_err(|e| match e {
-                LockError::Fenced { token, highest, .. } => {
-                    LockError::Fenced { name: resource.to_owned(), token, highest }
-                }
-                e => e,
-            })
         })
     }
 }
@@ -143,22 +136,29 @@ fn padded(token: u64) -> String {
     format!("{token:020}")
 }
 
-/// Runs a fence script on `key` (if any) and `fence`, for a writer of `token`.
+/// Which keys a fence script of `key` touches.
+enum Keys {
+    /// The value's key, then its fence key (a write).
+    ValueAndFence,
+    /// The fence key alone (an admission: a record of the token).
+    Fence,
+}
+
+/// Runs a fence script for a writer of `token` to `key`.
 async fn fenced<C: ConnectionLike>(
     conn: &mut C,
     script: &Script,
-    key: Option<&str>,
-    fence: &str,
+    key: &str,
+    keys: Keys,
     token: u64,
     args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
 ) -> Result<(), LockError> {
     let mut invocation = script.prepare_invoke();
-    if let Some(key) = key {
+    if let Keys::ValueAndFence = keys {
         invocation.key(key);
     }
-    invocation.key(fence);
+    invocation.key(fence_key(key));
     args(&mut invocation);
-    let key = key.unwrap_or(fence);
     let refused: Option<String> =
         invocation.invoke_async(conn).await.map_err(|e| LockError::backend(key, "redis", "fence", e))?;
     match refused {
