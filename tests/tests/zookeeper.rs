@@ -647,8 +647,8 @@ fn types_are_send_and_sync() {
 }
 
 /// Regression (`lockctl watch` on ZooKeeper missed a lock taken between its look and its
-/// wait): a change feed sees a change made after it was opened but before it is awaited, and
-/// after each change, the next one.
+/// wait): a change feed sees a change made after it was opened but before it is awaited,
+/// after each change the next one, and after a wait dropped mid-way the change after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_feed_sees_a_change_made_before_it_is_awaited() {
     use lock_runtime::backend::Inspect;
@@ -663,4 +663,13 @@ async fn a_change_feed_sees_a_change_made_before_it_is_awaited() {
     tokio::time::timeout(bound, feed.changed()).await.expect("the earlier change is seen").expect("feed");
     guard.release().await.expect("release");
     tokio::time::timeout(bound, feed.changed()).await.expect("the next change is seen").expect("feed");
+    // A wait dropped after its first poll leaves the watches set: a change made before the
+    // next wait is still seen.
+    {
+        let mut waiting = feed.changed();
+        assert!(lock_tests::poll_once(&mut waiting).await.is_pending(), "nothing changed yet");
+    }
+    let again = manager.lock("feed:2").await.expect("lock");
+    tokio::time::timeout(bound, feed.changed()).await.expect("seen after a dropped wait").expect("feed");
+    again.release().await.expect("release");
 }

@@ -212,9 +212,10 @@ impl crate::backend::Inspect for ZookeeperBackend {
 struct Armed(Option<tokio::task::JoinSet<()>>);
 
 impl Armed {
-    async fn fired(self) {
-        match self.0 {
-            Some(mut watches) if !watches.is_empty() => drop(watches.join_next().await),
+    /// Completes once a watch fired. Dropped before that, the watches stay set.
+    async fn fired(&mut self) {
+        match &mut self.0 {
+            Some(watches) if !watches.is_empty() => drop(watches.join_next().await),
             Some(_) => std::future::pending().await,
             None => {}
         }
@@ -229,18 +230,19 @@ impl Armed {
 struct Watches {
     store: ZookeeperBackend,
     prefix: String,
-    /// `None` only when arming again failed (it is tried again at the next call).
+    /// `None` when arming again failed or was cancelled: armed at the next call.
     armed: Option<Armed>,
 }
 
 impl ChangeFeed for Watches {
     fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
-            let armed = match self.armed.take() {
+            let armed = match &mut self.armed {
                 Some(armed) => armed,
-                None => self.store.arm(&self.prefix).await?,
+                None => self.armed.insert(self.store.arm(&self.prefix).await?),
             };
-            armed.fired().await;
+            armed.fired().await; // dropped while waiting: still armed for the next call
+            self.armed = None;
             self.armed = Some(self.store.arm(&self.prefix).await?);
             Ok(())
         })
