@@ -100,8 +100,11 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async {
         let names = names();
+        // `memory()` is the in-process fast path; a store passed to `backend` is the same
+        // store through the general path, kept here to look into its table afterwards.
+        let manager = LockManager::builder().memory();
         let store = MemoryBackend::new();
-        let manager = LockManager::builder().backend(store.clone());
+        let observed = LockManager::builder().backend(store.clone());
         let map = DashMap::new();
         // Warm up both, then alternate rounds so neither gets a warmer machine.
         ours(&manager, &names).await;
@@ -133,11 +136,14 @@ fn main() {
         println!("  lock (mutex, FIFO hand-offs)            {mutex:8.1} ns/op   1.00x");
         println!("  read_lock (readers share)               {read:8.1} ns/op   {:.2}x faster", mutex / read);
         println!("  semaphore of 4 permits (hand-offs)      {sem:8.1} ns/op   {:.2}x faster", mutex / sem);
+        for take in [Take::Mutex, Take::Read, Take::Semaphore(4)] {
+            contended(&observed, take).await;
+        }
         assert!(store.is_empty(), "the kinds left entries behind");
 
         let before = store.capacity();
         for i in 0..ops() {
-            manager.lock(format!("distinct:{i}")).await.expect("acquire").release().await.expect("release");
+            observed.lock(format!("distinct:{i}")).await.expect("acquire").release().await.expect("release");
         }
         println!(
             "after {} distinct names: {} entries, capacity {} -> {} slots (baseline map would hold as many entries)",

@@ -58,8 +58,8 @@ pub(crate) struct Inner {
     /// Stored with every lock taken (host, pid, label).
     holder: Holder,
     pub(crate) backend: Arc<dyn LockBackend>,
-    /// The backend again when it is the built-in in-process store: its fast path takes the
-    /// request by value.
+    /// The in-process store when the manager was built by [`LockManagerBuilder::memory`]: its
+    /// fast path takes the request by value (a specialisation; no downcast).
     memory: Option<MemoryBackend>,
     /// The backend's operation timeout and kind, read once.
     pub(crate) bound: Duration,
