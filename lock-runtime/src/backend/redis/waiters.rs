@@ -1,47 +1,4 @@
-//! Local waiting: one FIFO queue per lock key, owned slot by slot by the acquisitions that
-//! wait, the one shared pub/sub connection, and wake-ups.
-//!
-//! # Queue
-//!
-//! An acquisition that found the lock held takes a [`Slot`] at the back of its key's queue and
-//! keeps it for its whole life (the slot leaves the queue when the acquisition is granted the
-//! lock or dropped). A new acquisition that finds other tasks of this process queued for the
-//! key joins the back without an attempt (local FIFO: it would only race the woken head).
-//! Only the head is ever woken, so a release costs one attempt per process however many tasks
-//! wait.
-//! For a read-write lock, a waiting writer goes ahead of the sleeping readers (its intent keeps
-//! them out, and it must attempt to renew that intent); mutex entries keep their order.
-//!
-//! A head is in one of three states: *waiting* (asleep), *woken* (a release was observed, or
-//! the holder's lease ran out: it attempts next), or *busy* (its attempt or look at the lock is
-//! in flight). It keeps its place at the front through its attempt. A release observed while
-//! it is busy is remembered (`again`), and makes it attempt again at once if its attempt found
-//! the lock held, instead of being lost. A head that leaves without the lock while woken or
-//! busy (its future dropped, its attempt failed) passes the wake-up to the next slot.
-//!
-//! # Releases
-//!
-//! A release is observed two ways: the release script publishes the holder's owner id on the
-//! lock's channel when the lock was marked waited on (see `acquire.lua`), and a release made
-//! through this backend is delivered to the local queue directly (so a lock passed between
-//! tasks of one process needs no pub/sub round trip and no mark). The owner id makes the two
-//! one observation.
-//!
-//! Why nothing is missed: while a queue is not empty, the holder is local (its release is
-//! delivered directly), or the head's last look at the lock marked the holder's value (its
-//! release publishes), or the head is woken or busy. A release published before the key's
-//! channel subscription was confirmed is caught by the head's look at the lock once it is
-//! (`watch.lua`), and a release observed while nobody of the key was queued is counted, so an
-//! attempt in flight at that moment that then finds the lock held is woken at once.
-//!
-//! # Pub/sub connection
-//!
-//! One background task owns the pub/sub connection. It subscribes a key's release channel
-//! when a queue appears, and unsubscribes it once the queue has stayed empty for a grace
-//! period. It pings the connection every `ping_interval` and drops it when the answer does not
-//! come within the command timeout (a connection that died silently never ends its stream).
-//! When the connection drops it reconnects with backoff and resubscribes everything still
-//! waited on; each head then looks at the lock again.
+#![doc = include_str!("waiters.md")]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

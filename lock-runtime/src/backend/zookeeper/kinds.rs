@@ -1,45 +1,4 @@
-//! Read-write locks and semaphores on ZooKeeper ([`LockKind::Read`], [`LockKind::Write`],
-//! [`LockKind::Semaphore`]): the mutex's recipe (one ephemeral sequential node per acquisition,
-//! kept from its first attempt until it is granted or dropped; fixed leases deleted by the
-//! holder's process, and by the waiter it blocks if that process hangs: see `stale_at`;
-//! fencing token = the node's `czxid`), with a different rule for who holds and a different
-//! node to watch.
-//!
-//! # Node layout
-//!
-//! Each kind has its own container beside the mutex's `<root>/<encoded key>`:
-//! `<root>/<encoded key>.rw` for the read-write lock and `<root>/<encoded key>.sem` for the
-//! semaphore. An encoded key never holds a `.` (it is percent-encoded), so no mutex's container
-//! can have these names. Like the mutex's, they are containers, deleted with their last node.
-//!
-//! - A reader's node is `read-<owner id>-<sequence>`, a writer's `write-<owner id>-<sequence>`.
-//! - A permit holder's node is `sem<permits>-<owner id>-<sequence>`: the number of permits it
-//!   asked for is part of its name, so one listing of the children tells every acquisition
-//!   what the others agreed on, with no extra read.
-//!
-//! # Who holds, and what a waiter watches
-//!
-//! - **Writer**: holds when its node is the lowest; otherwise watches its immediate predecessor
-//!   (of either kind).
-//! - **Reader**: holds when no `write-` node has a lower sequence number (so a waiting writer
-//!   blocks the readers that come after it: FIFO, no writer starvation); otherwise watches the
-//!   nearest lower `write-` node. Consecutive readers behind one writer all watch it, and are
-//!   all granted when it goes: each of them is granted by that release, no waiter wakes in vain.
-//! - **Permit**: the node at position `i < permits` holds. The first waiter (position
-//!   `permits`) watches the `permits` holders; each later waiter watches its immediate
-//!   predecessor (a waiter), for its deletion and for a change of its data. A waiter that is
-//!   granted after waiting records its grant in its node's data (`…;granted`, as the mutex's
-//!   fixed-lease holders do), which wakes the waiter right behind it, now the first waiter. So
-//!   a release wakes the first waiter, and its grant the next one: two wake-ups per release,
-//!   however many wait (Curator's `InterProcessSemaphoreV2` wakes every waiter instead).
-//!
-//! # Agreeing on permits
-//!
-//! Every acquisition checks, each time it lists the children, the permits in the names of the
-//! nodes *ahead* of its own: one that differs refuses this acquisition with an
-//! [`is_invalid`](LockError::is_invalid) error (its node is deleted). Of two acquisitions that
-//! disagree and coexist, the later one's listing (made after its own create) always shows the
-//! earlier one, before the later one can be granted: so a mismatch is never admitted.
+#![doc = include_str!("kinds.md")]
 
 use super::recipe::{mutex_tag, suffix_sequence};
 use crate::backend::{Acquire, LockKind};
