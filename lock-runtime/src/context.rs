@@ -188,33 +188,60 @@ fn lookup_in(innermost: &Frame, manager: u64, name: &str, kind: LockKind) -> Loo
     Lookup { held, parent: Some(Arc::new(innermost.clone())) }
 }
 
-/// Runs `f` with `frame` installed as the thread's innermost lock, then swaps it back out and
-/// restores the outer context (also when `f` panics). While `f` runs, `frame` holds the outer
-/// context: two swaps, nothing dropped.
+/// Where a locked call keeps its innermost frame: swapped with the thread's slot while its body
+/// is polled ([`within`]), so that meanwhile it holds the outer context. Dropping it drops the
+/// frame it holds.
+pub(crate) struct FrameSlot(Option<ManuallyDrop<Frame>>);
+
+impl FrameSlot {
+    pub(crate) const EMPTY: FrameSlot = FrameSlot(None);
+
+    /// The frame held, if any.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&Frame> {
+        self.0.as_deref()
+    }
+
+    #[inline]
+    pub(crate) fn is_some(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Holds `frame`, dropping the one held before.
+    #[inline]
+    pub(crate) fn set(&mut self, frame: Frame) {
+        *self = FrameSlot(Some(ManuallyDrop::new(frame)));
+    }
+}
+
+impl Drop for FrameSlot {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(frame) = self.0.take() {
+            drop(ManuallyDrop::into_inner(frame));
+        }
+    }
+}
+
+/// Runs `f` with the frame of `slot` installed as the thread's innermost lock, then swaps it
+/// back out and restores the outer context (also when `f` panics). While `f` runs, `slot`
+/// holds the outer context: two swaps of the slots' words, nothing dropped.
 #[inline(always)]
-pub(crate) fn within<T>(frame: &mut Option<Frame>, f: impl FnOnce() -> T) -> T {
-    if HELD.try_with(|held| swap(held, frame)).is_err() {
+pub(crate) fn within<T>(slot: &mut FrameSlot, f: impl FnOnce() -> T) -> T {
+    let slot = Cell::from_mut(&mut slot.0);
+    if HELD.try_with(|held| held.swap(slot)).is_err() {
         return f(); // the thread is exiting: run without context
     }
-    let _back = SwapBack(frame);
+    let _back = SwapBack(slot);
     f()
 }
 
 /// Swaps the scope's frame and the outer context back when dropped.
-struct SwapBack<'a>(&'a mut Option<Frame>);
+struct SwapBack<'a>(&'a Cell<Option<ManuallyDrop<Frame>>>);
 
 impl Drop for SwapBack<'_> {
     #[inline]
     fn drop(&mut self) {
-        let _ = HELD.try_with(|held| swap(held, self.0));
-    }
-}
-
-/// Swaps the thread's slot and `frame`.
-#[inline(always)]
-fn swap(held: &Cell<Option<ManuallyDrop<Frame>>>, frame: &mut Option<Frame>) {
-    let outer = held.replace(frame.take().map(ManuallyDrop::new));
-    if let Some(outer) = outer {
-        frame.get_or_insert(ManuallyDrop::into_inner(outer)); // `frame` is empty: nothing dropped
+        let _ = HELD.try_with(|held| held.swap(self.0));
     }
 }

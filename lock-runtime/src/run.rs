@@ -18,7 +18,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use crate::backend::{BoxFuture, Held, HeldLock, LockKind};
-use crate::context::{check_reentry, lookup, within, Frame, Lookup};
+use crate::context::{check_reentry, lookup, within, Frame, FrameSlot, Lookup};
 use crate::error::LockError;
 use crate::guard::{LockGuard, ReleaseFuture};
 use crate::manager::{acquire_all, LockAllRequest, LockFuture, LockManager, LockRequest};
@@ -229,7 +229,7 @@ pub(crate) struct Hold {
     pub(crate) guard: Option<LockGuard>,
     /// The innermost lock's frame (`None`: not entered); swapped into the task's context while
     /// the body is polled (or dropped), and holding the outer context meanwhile.
-    pub(crate) frame: Option<Frame>,
+    pub(crate) frame: FrameSlot,
     /// Completes with the lost error once a lock is lost; set up on the first poll of the
     /// body when the loss aborts it and a lock can be lost.
     pub(crate) watch: Option<Watch>,
@@ -258,7 +258,7 @@ pub(crate) fn reenter(manager: u64, name: &str, kind: LockKind, hold: &mut Hold)
     let Lookup { held, parent } = lookup(manager, name, kind);
     match held {
         Some(outer) if kind == LockKind::Exclusive || check_reentry(name, kind, &outer).is_ok() => {
-            hold.frame = Some(Frame { parent, ..outer });
+            hold.frame.set(Frame { parent, ..outer });
             None
         }
         _ => Some(parent),
@@ -292,12 +292,7 @@ impl Taking<'_> {
             Poll::Pending => return Poll::Pending,
         };
         let frame = frame_of(guard, self.manager, self.kind, self.parent.take());
-        match &mut hold.frame {
-            empty @ None => {
-                empty.get_or_insert(frame); // nothing to drop
-            }
-            slot => *slot = Some(frame),
-        }
+        hold.frame.set(frame);
         Poll::Ready(Ok(()))
     }
 }
@@ -371,12 +366,12 @@ pin_project_lite::pin_project! {
 
 impl<F: Future> fmt::Debug for Locked<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let stage = match (&self.hold.frame, &self.hold.guard, &self.releasing) {
+        let stage = match (self.hold.frame.is_some(), &self.hold.guard, &self.releasing) {
             (_, _, Some(_)) => "releasing",
-            (None, _, None) if self.body.is_some() => "not entered",
-            (None, _, None) => "done",
-            (Some(_), None, None) => "re-entered",
-            (Some(_), _, None) => "held",
+            (false, _, None) if self.body.is_some() => "not entered",
+            (false, _, None) => "done",
+            (true, None, None) => "re-entered",
+            (true, _, None) => "held",
         };
         f.debug_struct("Locked").field("stage", &stage).field("abort_on_lost", &self.abort_on_lost).finish()
     }
@@ -393,7 +388,7 @@ impl<F: Future> Locked<F> {
     #[inline]
     pub fn new() -> Self {
         // Field by field (not a constant copied in): only the few words that say `None` are written.
-        let hold = Hold { guard: None, frame: None, watch: None };
+        let hold = Hold { guard: None, frame: FrameSlot::EMPTY, watch: None };
         Locked { body: None, hold, abort_on_lost: true, releasing: None }
     }
 
@@ -461,7 +456,7 @@ impl<F: Future> Future for Locked<F> {
             None => {}
         }
         // A networked backend: its release is awaited.
-        hold.frame = None;
+        hold.frame = FrameSlot::EMPTY;
         let Some(guard) = hold.guard.take() else { return Poll::Ready(finish(output, Ok(()), abort)) };
         await_release(Box::new(Pending { release: guard.release(), output }), abort, this.releasing, cx)
     }
@@ -658,7 +653,10 @@ impl LockAllRequest<'_> {
         // Every taken lock is watched and released, whichever is the innermost frame (a name the
         // task held already may be): the watch is set up now, the locks held as one.
         let hold = locked.as_mut().hold();
-        hold.frame = frame;
+        match frame {
+            Some(frame) => hold.frame.set(frame),
+            None => hold.frame = FrameSlot::EMPTY,
+        }
         if !guards.is_empty() {
             hold.watch = watch_all(&guards);
             let bound = manager.bound_and_kind();
@@ -731,7 +729,7 @@ fn poll_held<F: Future>(
     abort: bool,
     cx: &mut Context<'_>,
 ) -> Poll<Result<F::Output, LockError>> {
-    if hold.frame.is_none() || body.is_none() {
+    if !hold.frame.is_some() || body.is_none() {
         return Poll::Ready(Err(not_running()));
     }
     if abort && hold.watch.is_none() {
@@ -774,7 +772,7 @@ fn watched(abort: bool, watch: &mut Option<Watch>, cx: &mut Context<'_>) -> Opti
 /// set up when entered: [`watch_all`]).
 #[inline(always)]
 fn watch(hold: &Hold) -> Option<Watch> {
-    let frame = hold.frame.as_ref().filter(|f| f.lost.can_fire())?;
+    let frame = hold.frame.get().filter(|f| f.lost.can_fire())?;
     Some(watch_one(frame))
 }
 
