@@ -83,13 +83,38 @@ pub struct Held(HeldRepr);
 
 enum HeldRepr {
     Memory(memory::MemoryHeld),
-    Boxed(Box<dyn HeldLock>),
+    Boxed(Box<Bounded<dyn HeldLock>>),
+}
+
+/// A boxed lock with what bounds the release its guard awaits: the backend's operation timeout
+/// and kind (in the box, so that a guard stays small on the in-process path, which never
+/// awaits a release).
+struct Bounded<L: ?Sized> {
+    bound: Duration,
+    kind: &'static str,
+    lock: L,
 }
 
 impl Held {
     /// Wraps a backend's held lock.
     pub fn new(lock: impl HeldLock) -> Self {
-        Held(HeldRepr::Boxed(Box::new(lock)))
+        Held(HeldRepr::Boxed(Box::new(Bounded { bound: Duration::from_secs(5), kind: "backend", lock })))
+    }
+
+    /// Sets what bounds an awaited release: the backend's operation timeout and kind.
+    #[inline]
+    pub(crate) fn bound_by(&mut self, (bound, kind): (Duration, &'static str)) {
+        if let HeldRepr::Boxed(boxed) = &mut self.0 {
+            (boxed.bound, boxed.kind) = (bound, kind);
+        }
+    }
+
+    /// What bounds an awaited release ([`bound_by`](Self::bound_by)).
+    pub(crate) fn bound(&self) -> (Duration, &'static str) {
+        match &self.0 {
+            HeldRepr::Memory(_) => (Duration::from_secs(5), "memory"),
+            HeldRepr::Boxed(boxed) => (boxed.bound, boxed.kind),
+        }
     }
 
     pub(crate) fn memory(lock: memory::MemoryHeld) -> Self {
@@ -100,7 +125,7 @@ impl Held {
     pub fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => lock.release(),
-            HeldRepr::Boxed(lock) => lock.release(),
+            HeldRepr::Boxed(boxed) => boxed.lock.release(),
         }
     }
 
@@ -109,7 +134,7 @@ impl Held {
     pub fn release_now(&mut self) -> Option<Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => lock.release_now(),
-            HeldRepr::Boxed(lock) => lock.release_now(),
+            HeldRepr::Boxed(boxed) => boxed.lock.release_now(),
         }
     }
 
@@ -117,7 +142,7 @@ impl Held {
     pub fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => Box::pin(std::future::ready(lock.release_after_now(remaining))),
-            HeldRepr::Boxed(lock) => lock.release_after(remaining),
+            HeldRepr::Boxed(boxed) => boxed.lock.release_after(remaining),
         }
     }
 
@@ -135,7 +160,7 @@ impl Held {
     pub fn renewal(&self) -> Option<Box<dyn Renewal>> {
         match &self.0 {
             HeldRepr::Memory(lock) => lock.renewal(),
-            HeldRepr::Boxed(lock) => lock.renewal(),
+            HeldRepr::Boxed(boxed) => boxed.lock.renewal(),
         }
     }
 }
@@ -148,7 +173,26 @@ impl fmt::Debug for Held {
 
 impl From<Box<dyn HeldLock>> for Held {
     fn from(lock: Box<dyn HeldLock>) -> Self {
-        Held(HeldRepr::Boxed(lock))
+        Held::new(lock)
+    }
+}
+
+/// A boxed lock is a lock.
+impl<L: HeldLock + ?Sized> HeldLock for Box<L> {
+    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        (**self).release()
+    }
+
+    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
+        (**self).release_after(remaining)
+    }
+
+    fn release_now(&mut self) -> Option<Result<(), LockError>> {
+        (**self).release_now()
+    }
+
+    fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        (**self).renewal()
     }
 }
 
