@@ -47,3 +47,31 @@ pub async fn lock_after_outage(m: &lock_runtime::LockManager, name: &str) -> loc
 pub async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
 }
+
+/// Looks again every 10 ms until `look` gives `Ok(())`, for what nothing signals (a release
+/// finished in the background, another process's waiter queued, a subscription the server
+/// dropped); panics after `within` with `what` and the last `Err` seen.
+pub async fn eventually<E: std::fmt::Debug>(
+    what: &str,
+    within: std::time::Duration,
+    mut look: impl AsyncFnMut() -> Result<(), E>,
+) {
+    let started = std::time::Instant::now();
+    loop {
+        let seen = match look().await {
+            Ok(()) => return,
+            Err(seen) => seen,
+        };
+        assert!(started.elapsed() < within, "not {what} after {within:?}; last seen: {seen:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// `Ok(())` when `got == want`, else `Err(got)`: the look of [`eventually`] for a count.
+pub fn reached<T: PartialEq>(got: T, want: T) -> Result<(), T> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(got)
+    }
+}

@@ -89,20 +89,19 @@ async fn a_woken_waiter_cancelled_mid_attempt_passes_the_wake_up_on() {
             _ = cancelled => None,
         }
     });
-    let started = Instant::now();
-    while store.local_waiters() < 1 {
-        assert!(started.elapsed() < Duration::from_secs(10), "W1 never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    lock_tests::eventually("W1 queued", Duration::from_secs(10), async || {
+        lock_tests::reached(store.local_waiters(), 1)
+    })
+    .await;
     let m2 = m.clone();
     let w2 = tokio::spawn(async move {
         let got = m2.lock(name).wait(Duration::from_secs(20)).retry(1).await;
         (Instant::now(), got)
     });
-    while store.local_waiters() < 2 {
-        assert!(started.elapsed() < Duration::from_secs(10), "W2 never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    lock_tests::eventually("W2 queued", Duration::from_secs(10), async || {
+        lock_tests::reached(store.local_waiters(), 2)
+    })
+    .await;
     // The release wakes W1, whose attempt then sits in the proxy: cancel W1 right there.
     proxy.hold();
     held.release().await.expect("release");
@@ -130,7 +129,7 @@ async fn a_woken_waiter_cancelled_mid_attempt_passes_the_wake_up_on() {
 /// backend's `HeldLock::release` directly, for a mutex and a read lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_dropped_after_its_first_poll_still_completes() {
-    use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
+    use lock_runtime::backend::{Attempt, LockBackend};
     let server = RedisServer::start();
     let lease = Duration::from_secs(60);
     let holder = backend(&server, Duration::from_secs(2)).await;
@@ -168,14 +167,7 @@ async fn a_release_dropped_after_its_first_poll_still_completes() {
         // Through the backend's `HeldLock` directly (what every guard relies on).
         for read in [true, false] {
             let name = format!("dropped-held-release-{read}-{round}");
-            let req = Acquire {
-                name: name.as_str().into(),
-                key: name.as_str().into(),
-                owner: OwnerId::next(),
-                holder: Holder::of_process(None),
-                lease: Lease::Fixed(lease),
-                kind: if read { LockKind::Read } else { LockKind::Exclusive },
-            };
+            let req = request(&name, lease, read);
             let key = if read { rw_state(&name) } else { KeyLayout::of(&name).lock };
             let mut acquisition = holder.begin(req, lock_runtime::LostSignal::new());
             let Attempt::Acquired(mut grant) = acquisition.attempt().await.expect("attempt") else {
@@ -202,21 +194,14 @@ async fn a_release_dropped_after_its_first_poll_still_completes() {
 /// lock: the scripts are owner-checked. Mutex and read lock, through `HeldLock` directly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_never_frees_a_later_owners_lock() {
-    use lock_runtime::backend::{Acquire, Attempt, Holder, Lease, LockBackend, LockKind, OwnerId};
+    use lock_runtime::backend::{Attempt, LockBackend};
     let server = RedisServer::start();
     let first = backend(&server, Duration::from_secs(2)).await;
     let other = kinds_manager(&server).await;
     let mut conn = raw(&server).await;
     for read in [false, true] {
         let name = format!("late-release-{read}");
-        let req = Acquire {
-            name: name.as_str().into(),
-            key: name.as_str().into(),
-            owner: OwnerId::next(),
-            holder: Holder::of_process(None),
-            lease: Lease::Fixed(Duration::from_secs(60)),
-            kind: if read { LockKind::Read } else { LockKind::Exclusive },
-        };
+        let req = request(&name, Duration::from_secs(60), read);
         let Attempt::Acquired(mut grant) =
             first.begin(req, lock_runtime::LostSignal::new()).attempt().await.expect("attempt")
         else {
@@ -238,5 +223,19 @@ async fn a_late_release_never_frees_a_later_owners_lock() {
         assert_eq!(dump(&mut conn).await, Some(before), "{name}: a late release touched the later owner's key");
         assert!(!later.is_lost());
         later.release().await.expect("the later owner still holds it");
+    }
+}
+
+/// A request made to a backend directly (no manager): `name` with no prefix, a fixed `lease`,
+/// as a read lock or a mutex.
+fn request(name: &str, lease: Duration, read: bool) -> lock_runtime::backend::Acquire {
+    use lock_runtime::backend::{Acquire, Holder, Lease, LockKind, OwnerId};
+    Acquire {
+        name: name.into(),
+        key: name.into(),
+        owner: OwnerId::next(),
+        holder: Holder::of_process(None),
+        lease: Lease::Fixed(lease),
+        kind: if read { LockKind::Read } else { LockKind::Exclusive },
     }
 }

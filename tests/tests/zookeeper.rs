@@ -109,11 +109,8 @@ async fn one_release_wakes_one_waiter() {
         }));
     }
     // All 16 queued and watching (a condition, checked until it holds, bounded).
-    let started = Instant::now();
-    while waiting() < 16 {
-        assert!(started.elapsed() < Duration::from_secs(30), "only {} waiters queued", waiting());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lock_tests::eventually("16 waiters queued", Duration::from_secs(30), async || lock_tests::reached(waiting(), 16))
+        .await;
     base.store(wakeups(), Ordering::SeqCst);
     holder.release().await.expect("release");
     for t in tasks {
@@ -212,23 +209,19 @@ async fn dropped_waiter_leaves_no_node() {
     let dir = store.lock_path("q");
     let m2 = m.clone();
     let waiter = tokio::spawn(async move { m2.lock("q").wait(Duration::from_secs(30)).await });
-    let started = Instant::now();
-    while store.stats().waiting < 1 {
-        assert!(started.elapsed() < Duration::from_secs(10), "waiter never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until("the waiter is queued", || store.stats().waiting == 1).await;
     assert_eq!(zk_server::children(&hosts, &dir).await.len(), 2, "holder and waiter nodes");
     waiter.abort();
     let _ = waiter.await;
-    let started = Instant::now();
-    loop {
+    lock_tests::eventually("the dropped waiter's node deleted", Duration::from_secs(5), async || {
         let left = zk_server::children(&hosts, &dir).await;
         if left.len() == 1 {
-            break;
+            Ok(())
+        } else {
+            Err(left)
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "the dropped waiter's node stayed: {left:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     held.release().await.expect("release");
 }
 
@@ -237,34 +230,22 @@ async fn dropped_waiter_leaves_no_node() {
 /// without a fixed lease is kept (its session vouches for it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_frees_a_hung_holder_after_its_fixed_lease() {
-    use zookeeper_client::{Acls, Client, CreateMode};
     let hosts = zk_server::shared().hosts();
     let store = ZookeeperBackend::connect(&hosts).await.expect("connect");
     let m = LockManager::builder().backend(store.clone());
-    let hung = Client::connect(&hosts).await.expect("the hung holder's session");
-    let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    let hung = HungHolder::connect(&hosts).await;
 
     let name = lock_tests::unique("hung");
-    let dir = store.lock_path(&name);
-    hung.create(&dir, b"", &container).await.expect("lock node");
     let lease = Duration::from_millis(300);
     let started = Instant::now();
-    let (stat, _) = hung
-        .create(&format!("{dir}/lk-hung-"), format!("lease_ms={}", lease.as_millis()).as_bytes(), &ephemeral)
-        .await
-        .expect("the hung holder's node");
+    let czxid = hung.hold(&store.lock_path(&name), "lk-hung-", &format!("lease_ms={}", lease.as_millis())).await;
     let g = m.lock(&name).wait(Duration::from_secs(10)).await.expect("freed after the lease");
-    let waited = started.elapsed();
-    assert!(waited >= lease, "freed before the holder's lease ended: {waited:?}");
-    assert!(waited < lease + Duration::from_secs(5), "freed late: {waited:?}");
-    assert!(g.fencing_token() > u64::try_from(stat.czxid).unwrap());
+    assert_freed_after_lease("mutex", lease, started.elapsed());
+    assert!(g.fencing_token() > u64::try_from(czxid).unwrap());
     g.release().await.expect("release");
 
     let name = lock_tests::unique("hung-watchdog");
-    let dir = store.lock_path(&name);
-    hung.create(&dir, b"", &container).await.expect("lock node");
-    hung.create(&format!("{dir}/lk-hung-"), b"", &ephemeral).await.expect("the hung holder's node");
+    hung.hold(&store.lock_path(&name), "lk-hung-", "").await;
     let err = m.lock(&name).wait(Duration::from_millis(1500)).await.expect_err("kept while its session lives");
     assert!(err.is_contended(), "{err}");
     drop(hung); // closes its session: the lock is free
@@ -310,11 +291,7 @@ async fn lost_create_reply_is_found_again() {
     proxy.cut_next_lock_create();
     let (m2, name2) = (m.clone(), name.clone());
     let waiter = tokio::spawn(async move { m2.lock(&name2).wait(Duration::from_secs(20)).await });
-    let started = Instant::now();
-    while proxy.cuts() < 2 {
-        assert!(started.elapsed() < Duration::from_secs(10), "no lock create went through the proxy");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("a lock create went through the proxy", || proxy.cuts() >= 2).await;
     held.release().await.expect("release");
     let g = waiter.await.expect("task").expect("handed over");
     assert_eq!(zk_server::children(&server.hosts(), &dir).await.len(), 1, "no orphan");
@@ -563,11 +540,15 @@ async fn a_dropped_backend_closes_its_session() {
         drop(fixed); // released in the background
         assert!(zk.connections().expect("mntr") > before, "the backend's session is open");
     }
-    let started = Instant::now();
-    while zk.connections().expect("mntr") > before {
-        assert!(started.elapsed() < Duration::from_secs(10), "the session is still open");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    lock_tests::eventually("the session closed", Duration::from_secs(10), async || {
+        let open = zk.connections().expect("mntr");
+        if open <= before {
+            Ok(())
+        } else {
+            Err(open)
+        }
+    })
+    .await;
 }
 
 /// An acquisition dropped after any number of polls (creating its node, listing, watching,

@@ -263,30 +263,22 @@ async fn a_semaphore_release_wakes_one_waiter_not_the_herd() {
 /// frees the name then, not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_frees_a_hung_reader_or_permit_after_its_fixed_lease() {
-    use zookeeper_client::{Acls, Client, CreateMode};
     let hosts = zk_server::shared().hosts();
     let store = ZookeeperBackend::connect(&hosts).await.expect("connect");
     let m = LockManager::builder().backend(store.clone());
-    let hung = Client::connect(&hosts).await.expect("the hung holder's session");
-    let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+    let hung = HungHolder::connect(&hosts).await;
     let lease = Duration::from_millis(300);
     for (suffix, node) in [(".rw", "read-hung-"), (".sem", "sem1-hung-")] {
         let name = lock_tests::unique("hung-kind");
         let dir = format!("{}{suffix}", store.lock_path(&name));
-        hung.create(&dir, b"", &container).await.expect("lock node");
         let started = Instant::now();
-        let data = format!("holder=hung/1;lease_ms={}", lease.as_millis());
-        let (stat, _) =
-            hung.create(&format!("{dir}/{node}"), data.as_bytes(), &ephemeral).await.expect("the hung holder's node");
+        let czxid = hung.hold(&dir, node, &format!("holder=hung/1;lease_ms={}", lease.as_millis())).await;
         let g = match suffix {
             ".rw" => m.write_lock(&name).wait(Duration::from_secs(10)).await.expect("writer after the lease"),
             _ => m.semaphore(&name, 1).wait(Duration::from_secs(10)).await.expect("permit after the lease"),
         };
-        let waited = started.elapsed();
-        assert!(waited >= lease, "{node}: freed before the holder's lease ended: {waited:?}");
-        assert!(waited < lease + Duration::from_secs(5), "{node}: freed late: {waited:?}");
-        assert!(g.fencing_token() > u64::try_from(stat.czxid).unwrap());
+        assert_freed_after_lease(node, lease, started.elapsed());
+        assert!(g.fencing_token() > u64::try_from(czxid).unwrap());
         g.release().await.expect("release");
     }
 }

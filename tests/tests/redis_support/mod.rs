@@ -3,7 +3,7 @@
 //! server states that have no signal.
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
 use lock_runtime::LockManager;
@@ -27,11 +27,11 @@ pub(crate) async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel
 
 /// Polls the server (no push signal exists for this) until `numsub(channel) == want`.
 pub(crate) async fn await_numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str, want: u64) {
-    let started = Instant::now();
-    while numsub(conn, channel).await != want {
-        assert!(started.elapsed() < Duration::from_secs(10), "{channel} never had {want} subscriber(s)");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("{want} subscriber(s) on {channel}");
+    lock_tests::eventually(&what, Duration::from_secs(10), async || {
+        lock_tests::reached(numsub(conn, channel).await, want)
+    })
+    .await;
 }
 
 /// Connections open on the server, by `CLIENT LIST TYPE <kind>`.
@@ -42,11 +42,11 @@ pub(crate) async fn clients(conn: &mut redis::aio::MultiplexedConnection, kind: 
 
 /// Polls the server (no push signal exists for this) until `kind` has `want` connections.
 pub(crate) async fn await_clients(conn: &mut redis::aio::MultiplexedConnection, kind: &str, want: usize) {
-    let started = Instant::now();
-    while clients(conn, kind).await != want {
-        assert!(started.elapsed() < Duration::from_secs(10), "never {want} {kind} connection(s)");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("{want} {kind} connection(s)");
+    lock_tests::eventually(&what, Duration::from_secs(10), async || {
+        lock_tests::reached(clients(conn, kind).await, want)
+    })
+    .await;
 }
 
 /// Whether the lock key of `name` (no prefix) exists on the server.
@@ -57,15 +57,12 @@ pub(crate) async fn key_exists(conn: &mut redis::aio::MultiplexedConnection, nam
 
 /// Polls the server (no signal exists for a background release) until `key` is gone, within 2 s.
 pub(crate) async fn await_key_gone(conn: &mut redis::aio::MultiplexedConnection, key: &str, what: &str) {
-    let started = Instant::now();
-    loop {
-        let n: u64 = redis::cmd("EXISTS").arg(key).query_async(conn).await.expect("EXISTS");
-        if n == 0 {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(2), "{what}: {key} still held after {:?}", started.elapsed());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let gone = format!("{what}: {key} gone");
+    lock_tests::eventually(&gone, Duration::from_secs(2), async || {
+        let exists: u64 = redis::cmd("EXISTS").arg(key).query_async(conn).await.expect("EXISTS");
+        lock_tests::reached(exists, 0)
+    })
+    .await;
 }
 
 /// The key of a read-write lock's state (see the kinds module docs).
@@ -102,11 +99,11 @@ pub(crate) async fn hand_through(server: &RedisServer, backends: usize, per_back
         })
         .collect();
     // Every waiter is queued in its backend before the release.
-    let started = Instant::now();
-    while stores.iter().map(RedisBackend::local_waiters).sum::<usize>() < (backends as u64 * per_backend) as usize {
-        assert!(started.elapsed() < Duration::from_secs(10), "waiters never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let queued = (backends as u64 * per_backend) as usize;
+    lock_tests::eventually("every waiter queued", Duration::from_secs(10), async || {
+        lock_tests::reached(stores.iter().map(RedisBackend::local_waiters).sum::<usize>(), queued)
+    })
+    .await;
     held.release().await.expect("release");
     for w in waiters {
         w.await.expect("task").expect("waiter");

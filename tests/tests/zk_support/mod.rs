@@ -2,7 +2,7 @@
 //! with a lock root of their own, and waits for states that have no signal.
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 
@@ -30,26 +30,19 @@ pub(crate) fn unique_root(label: &str) -> String {
 /// Waits (bounded) until `condition` holds: for conditions nothing signals, such as another
 /// session's node being queued.
 pub(crate) async fn until(what: &str, condition: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < Duration::from_secs(20), "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    lock_tests::eventually(what, Duration::from_secs(20), async || if condition() { Ok(()) } else { Err("not yet") })
+        .await;
 }
 
 /// Waits (bounded, 10 s) until nothing is left under `root`: releases that run in the
 /// background (dropped guards, cancelled waiters) delete their nodes on their own time, and
 /// nothing signals when they are done.
 pub(crate) async fn emptied(hosts: &str, root: &str) {
-    let started = Instant::now();
-    loop {
-        let left = zk_server::children(hosts, root).await;
-        if left.is_empty() {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "left behind: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("nothing left under {root}");
+    lock_tests::eventually(&what, Duration::from_secs(10), async || {
+        lock_tests::reached(zk_server::children(hosts, root).await, vec![])
+    })
+    .await;
 }
 
 /// The children of a read-write lock's container (`<lock path>.rw`), lowest sequence first,
@@ -58,4 +51,33 @@ pub(crate) async fn rw_line(hosts: &str, store: &ZookeeperBackend, name: &str) -
     let mut children = zk_server::children(hosts, &format!("{}.rw", store.lock_path(name))).await;
     children.sort_by_key(|c| c.rsplit_once('-').map(|(_, seq)| seq.to_owned()));
     children.into_iter().map(|c| c.split('-').next().unwrap_or_default().to_owned()).collect()
+}
+
+/// A holder in another ZooKeeper session that hangs with its session alive: it plants lock
+/// nodes as the recipe does and never renews or deletes them. Dropping it closes the session.
+pub(crate) struct HungHolder(zookeeper_client::Client);
+
+impl HungHolder {
+    pub(crate) async fn connect(hosts: &str) -> Self {
+        HungHolder(zookeeper_client::Client::connect(hosts).await.expect("the hung holder's session"))
+    }
+
+    /// Creates the lock's container `dir` and, in it, the ephemeral sequential node `node`
+    /// holding `data` (a lease record, or nothing); gives the node's creation zxid.
+    pub(crate) async fn hold(&self, dir: &str, node: &str, data: &str) -> i64 {
+        use zookeeper_client::{Acls, CreateMode};
+        let container = CreateMode::Container.with_acls(Acls::anyone_all());
+        self.0.create(dir, b"", &container).await.expect("lock node");
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (stat, _) =
+            self.0.create(&format!("{dir}/{node}"), data.as_bytes(), &ephemeral).await.expect("the hung holder's node");
+        stat.czxid
+    }
+}
+
+/// A name that a hung holder's fixed `lease` kept was freed `waited` after the holder took it:
+/// once the lease ended, and not much later.
+pub(crate) fn assert_freed_after_lease(what: &str, lease: Duration, waited: Duration) {
+    assert!(waited >= lease, "{what}: freed before the holder's lease ended: {waited:?}");
+    assert!(waited < lease + Duration::from_secs(5), "{what}: freed late: {waited:?}");
 }
