@@ -200,9 +200,11 @@ async fn one_watch_per_predecessor_and_no_herd() {
             g.release().await.expect("release");
         }));
         // Queue them in order.
-        while backend.stats().waiting < tasks.len() as u64 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let queued = tasks.len() as u64;
+        lock_tests::eventually("the waiter queued", Duration::from_secs(10), async || {
+            lock_tests::reached(backend.stats().waiting, queued)
+        })
+        .await;
     }
     tokio::time::sleep(Duration::from_millis(1200)).await; // four operation timeouts
     assert_eq!(backend.stats().watches, 3, "{:?}", backend.stats());
@@ -233,29 +235,16 @@ async fn no_keys_left_after_a_run() {
     short.release().await.expect("release");
     let fixed = m.lock("c").lease(Duration::from_millis(300)).await.expect("c");
     fixed.lost().await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = etcd_server::keys(&server.endpoint(), &root).await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "keys left: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    await_no_keys(server, &root, Duration::from_secs(5), "after the run").await;
 }
 
 /// Polls the server (no signal exists for a background delete) until nothing is left under
 /// `root`, within `bound`.
 async fn await_no_keys(server: &EtcdServer, root: &str, bound: Duration, what: &str) {
-    let started = Instant::now();
-    loop {
-        let left = etcd_server::keys(&server.endpoint(), root).await;
-        if left.is_empty() {
-            return;
-        }
-        assert!(started.elapsed() < bound, "{what}: keys left after {:?}: {left:?}", started.elapsed());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    lock_tests::eventually(&format!("{what}: no key left"), bound, async || {
+        lock_tests::reached(etcd_server::keys(&server.endpoint(), root).await, vec![])
+    })
+    .await;
 }
 
 /// Issue: a release (or `hold_at_least` release) whose future is dropped after its first poll

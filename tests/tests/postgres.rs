@@ -130,17 +130,15 @@ async fn dropped_waiter_leaves_the_server_queue() {
     let holder = m.lock("queued").await.expect("holder");
     let m2 = m.clone();
     let waiter = tokio::spawn(async move { m2.lock("queued").wait(Duration::from_secs(30)).await.map(drop) });
-    let started = Instant::now();
-    while queued(&admin).await != 1 {
-        assert!(started.elapsed() < Duration::from_secs(5), "the waiter never queued on the server");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lock_tests::eventually("the waiter queued on the server", Duration::from_secs(5), async || {
+        lock_tests::reached(queued(&admin).await, 1)
+    })
+    .await;
     waiter.abort();
     let _ = waiter.await;
-    let started = Instant::now();
-    while queued(&admin).await != 0 {
-        assert!(started.elapsed() < Duration::from_secs(2), "the dropped waiter stayed queued on the server");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lock_tests::eventually("the dropped waiter gone from the server's queue", Duration::from_secs(2), async || {
+        lock_tests::reached(queued(&admin).await, 0)
+    })
+    .await;
     holder.release().await.expect("release");
 }

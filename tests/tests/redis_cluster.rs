@@ -39,32 +39,39 @@ fn name_on(cluster: &RedisCluster, node: usize, label: &str) -> String {
 /// The node whose pub/sub connections listen on `channel` right now (`PUBSUB NUMSUB` counts a
 /// node's own subscribers only), polled (no signal exists) until one does.
 async fn subscriber_node(cluster: &RedisCluster, channel: &str) -> usize {
-    let started = Instant::now();
-    loop {
-        for i in 0..cluster.len() {
+    let mut node = 0;
+    lock_tests::eventually(&format!("a subscriber to {channel}"), Duration::from_secs(10), async || {
+        let nodes = subscribed_nodes(cluster, channel);
+        node = *nodes.first().ok_or("nobody")?;
+        Ok::<(), &str>(())
+    })
+    .await;
+    node
+}
+
+/// The nodes with a subscriber to `channel` now.
+fn subscribed_nodes(cluster: &RedisCluster, channel: &str) -> Vec<usize> {
+    (0..cluster.len())
+        .filter(|&i| {
             let (_, n): (String, u64) = cluster.query(i, &["PUBSUB", "NUMSUB", channel]).expect("NUMSUB");
-            if n > 0 {
-                return i;
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "nobody subscribed to {channel}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+            n > 0
+        })
+        .collect()
 }
 
 /// Polls the lock's key (no signal exists) until a waiter marked it waited on.
 async fn await_marked(cluster: &RedisCluster, name: &str) {
     let key = KeyLayout::of(name).lock;
     let owner = cluster.primary_of(name);
-    let started = Instant::now();
-    loop {
+    lock_tests::eventually(&format!("{name} marked waited on"), Duration::from_secs(10), async || {
         let value: Option<String> = cluster.query(owner, &["GET", &key]).expect("GET");
-        if value.is_some_and(|v| v.ends_with('+')) {
-            return;
+        if value.as_ref().is_some_and(|v| v.ends_with('+')) {
+            Ok(())
+        } else {
+            Err(value)
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{name} was never marked waited on");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,22 +158,17 @@ async fn a_lost_pubsub_connection_moves_to_another_node_and_still_wakes_waiters(
     let killed: i64 = cluster.query(first, &["CLIENT", "KILL", "TYPE", "pubsub"]).expect("CLIENT KILL");
     assert!(killed >= 1, "the waiter's pub/sub connection (and maybe the holder's)");
     // It comes back on the next node in turn, subscribed again (polled: no signal exists).
-    let started = Instant::now();
-    let second = loop {
-        let on: Vec<usize> = (0..3)
-            .filter(|&i| {
-                let (_, n): (String, u64) = cluster.query(i, &["PUBSUB", "NUMSUB", &channel]).expect("NUMSUB");
-                n > 0
-            })
-            .collect();
-        if let [node] = on[..] {
-            if node != first {
-                break node;
+    let mut second = first;
+    lock_tests::eventually("resubscribed on another node", Duration::from_secs(5), async || {
+        match subscribed_nodes(&cluster, &channel)[..] {
+            [node] if node != first => {
+                second = node;
+                Ok(())
             }
+            ref on => Err(on.to_vec()),
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "never resubscribed elsewhere: {on:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    })
+    .await;
     guard.release().await.expect("release");
     // The lease (30 s) would end after the wait (10 s): only the publication can grant it.
     let granted = task.await.expect("task").expect("woken through the new connection");
@@ -341,22 +343,14 @@ async fn a_slot_migrated_under_contention_keeps_mutual_exclusion() {
         }));
     }
     // Contention is running: wait until some hand-offs happened, then migrate the slot.
-    let started = Instant::now();
-    while counter.load(Ordering::SeqCst) < 20 {
-        assert!(started.elapsed() < Duration::from_secs(10), "no progress before the migration");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    hand_offs_reach(&counter, 20, "hand-offs before the migration").await;
     let before = counter.load(Ordering::SeqCst);
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || c.migrate_slot(slot, from, to)).await.expect("migration");
     assert_eq!(cluster.primary_of(&name), to, "the slot moved");
     // More hand-offs on the new primary, then stop.
     let moved_at = counter.load(Ordering::SeqCst);
-    let started = Instant::now();
-    while counter.load(Ordering::SeqCst) < moved_at + 20 {
-        assert!(started.elapsed() < Duration::from_secs(10), "no progress after the migration");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    hand_offs_reach(&counter, moved_at + 20, "hand-offs after the migration").await;
     stop.store(true, Ordering::SeqCst);
     let mut total = 0;
     for task in tasks {
@@ -574,4 +568,17 @@ async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_st
     assert!(err.is_lost(), "{err}");
     again.release().await.expect("release");
     println!("failover took {failed_over:?}; the second lock {:?} after it", took.elapsed());
+}
+
+/// Waits (10 s at most) until the hand-off `counter` reaches `want`.
+async fn hand_offs_reach(counter: &AtomicU64, want: u64, what: &str) {
+    lock_tests::eventually(what, Duration::from_secs(10), async || {
+        let done = counter.load(Ordering::SeqCst);
+        if done >= want {
+            Ok(())
+        } else {
+            Err(done)
+        }
+    })
+    .await;
 }

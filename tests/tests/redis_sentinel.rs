@@ -9,6 +9,8 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod redis_support;
+
 use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
@@ -16,6 +18,7 @@ use lock_runtime::{LockError, LockManager, LockManagerBuilder};
 use lock_tests::redis_sentinel::{SentinelSetup, MASTER};
 use lock_tests::redis_server::{free_port, RedisServer};
 use lock_tests::unique;
+use redis_support::raw;
 
 lock_tests::conformance_suite!({
     let urls = tokio::task::block_in_place(|| SentinelSetup::shared().sentinel_urls());
@@ -46,11 +49,6 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 
 async fn backend(setup: &SentinelSetup, options: RedisOptions) -> RedisBackend {
     RedisBackend::sentinel(setup.sentinel_urls(), MASTER, options).await.expect("connect")
-}
-
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(server.url()).expect("url");
-    client.get_multiplexed_async_connection().await.expect("raw connection")
 }
 
 async fn exists(server: &RedisServer, name: &str) -> bool {
@@ -98,11 +96,10 @@ async fn a_killed_primary_is_followed_and_the_demoted_one_is_not_written_to() {
         let (m, name) = (waiter_m.clone(), name.clone());
         tokio::spawn(async move { m.lock(&name).wait(Duration::from_secs(40)).await })
     };
-    let queued = Instant::now();
-    while waiter_backend.local_waiters() == 0 {
-        assert!(queued.elapsed() < Duration::from_secs(5), "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lock_tests::eventually("the waiter queued", Duration::from_secs(5), async || {
+        lock_tests::reached(waiter_backend.local_waiters(), 1)
+    })
+    .await;
 
     let old = setup.primary_index();
     setup.kill(old);
@@ -156,28 +153,14 @@ async fn a_manual_failover_moves_commands_and_subscriptions() {
         let (m, name) = (waiter_m.clone(), name.clone());
         tokio::spawn(async move { m.lock(&name).wait(Duration::from_secs(40)).await })
     };
-    let queued = Instant::now();
-    while waiter_backend.local_waiters() == 0 {
-        assert!(queued.elapsed() < Duration::from_secs(5), "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lock_tests::eventually("the waiter queued", Duration::from_secs(5), async || {
+        lock_tests::reached(waiter_backend.local_waiters(), 1)
+    })
+    .await;
     // Its subscription is confirmed on the old primary.
     let old = setup.primary_index();
     let mut conn = raw(setup.node(old)).await;
-    let subscribed = Instant::now();
-    loop {
-        let (_, n): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(KeyLayout::of(&name).channel)
-            .query_async(&mut conn)
-            .await
-            .expect("NUMSUB");
-        if n == 1 {
-            break;
-        }
-        assert!(subscribed.elapsed() < Duration::from_secs(5), "never subscribed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    redis_support::await_numsub(&mut conn, &KeyLayout::of(&name).channel, 1).await;
 
     let sentinel = redis::Client::open(setup.sentinel_urls()[0].as_str()).expect("url");
     let mut sentinel = sentinel.get_multiplexed_async_connection().await.expect("sentinel");

@@ -6,6 +6,8 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod redis_support;
+
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::OnceLock;
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::backend::redis::{KeyLayout, RedisOptions, RedlockBackend};
 use lock_runtime::{LockManager, LockManagerBuilder};
 use lock_tests::redis_server::RedisServer;
+use redis_support::{await_numsub, raw};
 
 /// Three servers shared by the conformance cases (never killed by a test). A static is never
 /// dropped: each server's own reaper kills it once this test process is gone.
@@ -43,24 +46,16 @@ async fn manager(servers: &[RedisServer], timeout: Duration, prefix: &str) -> Lo
     LockManager::builder().prefix(prefix).default_lease(Duration::from_secs(30)).backend(backend)
 }
 
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(server.url()).expect("url");
-    client.get_multiplexed_async_connection().await.expect("raw connection")
-}
-
 /// Polls each server (no push signal exists for this) until none holds `key`.
 async fn await_no_key(servers: &[&RedisServer], key: &str, what: &str) {
     for server in servers {
         let mut conn = raw(server).await;
-        let started = Instant::now();
-        loop {
+        let gone = format!("{what}: {key} gone from {}", server.url());
+        lock_tests::eventually(&gone, Duration::from_secs(10), async || {
             let exists: u64 = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await.expect("EXISTS");
-            if exists == 0 {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(10), "{what}: {key} still held on {}", server.url());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            lock_tests::reached(exists, 0)
+        })
+        .await;
     }
 }
 
@@ -268,16 +263,7 @@ async fn lost_pubsub_connections_are_made_again() {
     let channel = KeyLayout::of("pubsub:job").channel;
     for server in &servers {
         let mut conn = raw(server).await;
-        let started = Instant::now();
-        loop {
-            let (_, n): (String, u64) =
-                redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel).query_async(&mut conn).await.expect("NUMSUB");
-            if n == 1 {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(10), "the waiter never subscribed on {}", server.url());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        await_numsub(&mut conn, &channel, 1).await;
         let _: redis::Value =
             redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query_async(&mut conn).await.expect("KILL");
     }
@@ -345,11 +331,15 @@ async fn an_uncontended_cycle_is_two_script_calls_per_node() {
     // A release decides on a quorum: the last one may still be running on a node. Wait
     // (bounded) until every node served at least the 20 calls, then check it served no more.
     for (s, b) in servers.iter().zip(&before) {
-        let started = Instant::now();
-        while script_calls(s).await < b + 20 {
-            assert!(started.elapsed() < Duration::from_secs(5), "a node served fewer than 20 calls");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        lock_tests::eventually("every node served the 20 calls", Duration::from_secs(5), async || {
+            let calls = script_calls(s).await - b;
+            if calls >= 20 {
+                Ok(())
+            } else {
+                Err(calls)
+            }
+        })
+        .await;
         let calls = script_calls(s).await - b;
         assert_eq!(calls, 20, "{}: {calls} script calls for 10 cycles", s.url());
     }

@@ -542,12 +542,10 @@ mod metrics {
             let locks = locks.clone();
             async move { locks.lock("stock:tea-42").await.map(drop) }
         });
-        let queued = async {
-            while backend.waiting("stock:tea-42") < 2 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), queued).await.expect("both wait in time");
+        lock_tests::eventually("both wait", Duration::from_secs(20), async || {
+            lock_tests::reached(backend.waiting("stock:tea-42"), 2)
+        })
+        .await;
         assert_eq!(scrape().await.get("lock_waiting", &[("name", "stock")]), 2.0);
         cancelled.abort();
         assert!(cancelled.await.expect_err("cancelled").is_cancelled());
@@ -570,14 +568,11 @@ mod metrics {
 
         // A guard dropped without release (released in the background).
         drop(locks.lock("order:99").await.expect("free"));
-        let mut m = scrape().await;
-        for _ in 0..400 {
-            if m.get("lock_held", &[("name", "order")]) == 0.0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            m = scrape().await;
-        }
+        lock_tests::eventually("lock_held back to 0", Duration::from_secs(2), async || {
+            lock_tests::reached(scrape().await.get("lock_held", &[("name", "order")]), 0.0)
+        })
+        .await;
+        let m = scrape().await;
         let order = |outcome| m.get("lock_acquisitions_total", &[("name", "order"), ("outcome", outcome)]);
         let stock = |outcome| m.get("lock_acquisitions_total", &[("name", "stock"), ("outcome", outcome)]);
         assert_eq!(
