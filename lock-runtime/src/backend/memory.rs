@@ -30,6 +30,11 @@ const SHARDS: usize = 64;
 
 /// The in-process lock store. Cheap to clone: clones share one store.
 ///
+/// [`LockManager::memory()`](crate::LockManager::memory) builds a manager on a store of its own,
+/// with the fast path (an uncontended mutex taken in the caller's poll). A store passed to
+/// [`backend`](crate::LockManagerBuilder::backend), as here to look into it, works the same
+/// through the general path, at a little more cost a lock.
+///
 /// ```
 /// use lock_runtime::{backend::memory::MemoryBackend, LockManager};
 ///

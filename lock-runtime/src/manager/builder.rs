@@ -113,7 +113,7 @@ impl LockManagerBuilder {
     /// A manager on the in-process backend, with its fast path: an uncontended mutex is taken
     /// in the caller's poll, the guard built in place. (A [`MemoryBackend`] passed to
     /// [`backend`](Self::backend), to keep a handle on it, works the same through the general
-    /// path, a few dozen instructions more a lock.)
+    /// path, at a little more cost a lock.)
     pub fn memory(self) -> LockManager {
         let memory = MemoryBackend::new();
         self.build(Arc::new(memory.clone()), Some(memory))
