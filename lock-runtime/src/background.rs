@@ -1,5 +1,6 @@
 //! Work that must run to its end though nobody awaits it any more, for every backend: the
-//! cleanup of a dropped acquisition, the rest of a dropped release ([`Unabandoned`]).
+//! cleanup of a dropped acquisition, the release of a dropped guard, the rest of a dropped
+//! release ([`Unabandoned`]).
 #![cfg_attr(not(all(feature = "redis", feature = "etcd")), allow(dead_code))]
 
 use std::future::Future;

@@ -294,20 +294,24 @@ impl LockGuard {
         let names = state.holding.names();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(async move {
-                    match release_remote(&name, &mut state).await {
-                        Ok(()) => {}
-                        Err(e) => {
-                            let (lock, error) = (names.render(&name), telemetry::ShownError(&e, names));
-                            let lock = lock.as_deref().unwrap_or("<hidden>");
-                            if e.is_backend() {
-                                tracing::warn!(lock, error = %error, "release on drop failed; the lease will free it")
-                            } else {
-                                tracing::debug!(lock, error = %error, "release on drop failed")
-                            }
+                // Sent from here (polled once now, the rest in the background): ahead of any
+                // command this task sends next, such as a `try_lock` of the same name.
+                let release = async move {
+                    if let Err(e) = release_remote(&name, &mut state).await {
+                        let (lock, error) = (names.render(&name), telemetry::ShownError(&e, names));
+                        let lock = lock.as_deref().unwrap_or("<hidden>");
+                        if e.is_backend() {
+                            tracing::warn!(lock, error = %error, "release on drop failed; the lease will free it")
+                        } else {
+                            tracing::debug!(lock, error = %error, "release on drop failed")
                         }
                     }
-                });
+                };
+                crate::background::finish_in_background(
+                    &runtime,
+                    release,
+                    "could not release a dropped guard's lock; its lease will free it",
+                );
             }
             Err(_) => {
                 let lock = names.render(&name);

@@ -137,7 +137,6 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backend;
-#[cfg(any(feature = "redis", feature = "etcd"))]
 mod background;
 mod bounded;
 mod clock;

@@ -239,3 +239,25 @@ fn request(name: &str, lease: Duration, read: bool) -> lock_runtime::backend::Ac
         kind: if read { LockKind::Read } else { LockKind::Exclusive },
     }
 }
+
+/// A guard dropped unreleased sends its release at once, from its drop: a `try_lock` made
+/// right after it, on the same connection, finds the lock free. (Left to a task spawned for
+/// it, the release went out only once this task yielded: behind the `try_lock`, which found the
+/// lock still held.) On a current-thread runtime, where that order is certain.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_guard_releases_ahead_of_the_next_command() {
+    let server = RedisServer::start();
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(2)).await);
+    for kind in ["mutex", "read"] {
+        // The scripts are loaded (a first call answered NOSCRIPT is sent again, later).
+        let name = format!("warm-up-{kind}");
+        let guard = if kind == "read" { m.read_lock(&name).await } else { m.lock(&name).await }.expect("lock");
+        guard.release().await.expect("release");
+        let name = format!("dropped-guard-{kind}");
+        let guard = if kind == "read" { m.read_lock(&name).await } else { m.lock(&name).await }.expect("lock");
+        drop(guard);
+        let next = if kind == "read" { m.try_write_lock(&name).await } else { m.try_lock(&name).await };
+        let next = next.expect("try").unwrap_or_else(|| panic!("{kind}: the dropped guard's lock is still held"));
+        next.release().await.expect("release");
+    }
+}
