@@ -443,32 +443,39 @@ impl<F: Future> Future for Locked<F> {
             });
         }
         let hold = this.hold;
-        let output = ready!(poll_held(this.body, hold, abort, cx));
+        let polled = poll_held(this.body, hold, abort, cx);
+        if polled.is_pending() {
+            return Poll::Pending;
+        }
         let at_once = match &mut hold.guard {
             None => Some(Ok(())), // re-entered: the outermost releases
             Some(guard) => guard.release_at_once(),
         };
         // After an at-once release the spent guard and the frame go with the run (nothing of
-        // the lock is left in them): one drop instead of two more here.
-        match at_once {
-            Some(Ok(())) => return Poll::Ready(output),
-            Some(released) => return Poll::Ready(finish(output, released, abort)),
-            None => {}
+        // the lock is left in them): one drop instead of two more here. The output is returned
+        // as polled (not taken out and wrapped again: a copy less).
+        match (at_once, polled) {
+            (Some(Ok(())), polled) => polled,
+            (_, Poll::Pending) => Poll::Pending,
+            (Some(released), Poll::Ready(output)) => Poll::Ready(finish(output, released, abort)),
+            (None, Poll::Ready(output)) => await_release(hold, output, abort, this.releasing, cx),
         }
-        // A networked backend: its release is awaited.
-        hold.frame = FrameSlot::EMPTY;
-        let Some(guard) = hold.guard.take() else { return Poll::Ready(finish(output, Ok(()), abort)) };
-        await_release(Box::new(Pending { release: guard.release(), output }), abort, this.releasing, cx)
     }
 }
 
-/// Polls `pending` once; keeps it in `releasing` until its release is done.
+/// Starts the release of a networked backend's lock, to be awaited: polls it once, and keeps it
+/// in `releasing` (with the body's output) until it is done.
+#[inline(never)]
 fn await_release<T>(
-    mut pending: Box<Pending<T>>,
+    hold: &mut Hold,
+    output: Result<T, LockError>,
     abort: bool,
     releasing: &mut Option<Box<Pending<T>>>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<T, LockError>> {
+    hold.frame = FrameSlot::EMPTY;
+    let Some(guard) = hold.guard.take() else { return Poll::Ready(finish(output, Ok(()), abort)) };
+    let mut pending = Box::new(Pending { release: guard.release(), output });
     match Pin::new(&mut pending.release).poll(cx) {
         Poll::Ready(released) => Poll::Ready(finish(pending.output, released, abort)),
         Poll::Pending => {
