@@ -3,7 +3,8 @@
 //! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
 //! a lock is held, on whatever your system already runs: in-process memory (always
 //! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`), PostgreSQL (feature
-//! `postgres`), etcd (feature `etcd`).
+//! `postgres`), etcd (feature `etcd`). With the feature `tls`, the Redis backends connect over
+//! TLS (`rediss://`, mutual TLS) with `TlsOptions`, on one rustls stack.
 //!
 //! # Quick start: the attribute
 //!
@@ -158,6 +159,9 @@ mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+mod tls;
 mod watchdog;
 
 #[doc(hidden)]
@@ -175,6 +179,9 @@ pub use manager::{
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
 pub use run::{Enter, Locked, Run, Started};
 pub use telemetry::TelemetryNames;
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub use tls::TlsOptions;
 
 #[cfg(feature = "macros")]
 pub use lock_macros::distributed_locked;

@@ -14,6 +14,7 @@ pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
 pub mod server_process;
+pub mod tls_certs;
 pub mod zk_server;
 
 /// A loopback port nobody listens on right now (for the servers the tests start).

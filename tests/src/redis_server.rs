@@ -14,6 +14,8 @@ use crate::server_process::ServerProcess;
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    /// Whether it speaks TLS only.
+    tls: bool,
     process: ServerProcess,
 }
 
@@ -28,31 +30,65 @@ impl RedisServer {
     /// [`start`](Self::start) with extra `redis-server` arguments (e.g. `--replicaof`), given
     /// again on every restart.
     pub fn start_with(args: &[&str]) -> Self {
+        Self::launch(args, false)
+    }
+
+    /// A server that speaks TLS only (`--port 0 --tls-port ...`), with the server certificate
+    /// of `certs`; with `client_certs`, clients must present a certificate signed by its CA
+    /// (mutual TLS). Its [`url`](Self::url) is `rediss://localhost:<port>`.
+    pub fn start_tls(certs: &crate::tls_certs::Certs, client_certs: bool, args: &[&str]) -> Self {
+        let path = |file: &str| certs.path(file).to_string_lossy().into_owned();
+        let mut all = vec![
+            "--tls-cert-file".to_owned(),
+            path("server.pem"),
+            "--tls-key-file".to_owned(),
+            path("server.key"),
+            "--tls-ca-cert-file".to_owned(),
+            path("ca.pem"),
+            "--tls-auth-clients".to_owned(),
+            if client_certs { "yes" } else { "no" }.to_owned(),
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        Self::launch(&all, true)
+    }
+
+    fn launch(args: &[&str], tls: bool) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
             let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+            let ports = if tls {
+                ["--port".to_owned(), "0".to_owned(), "--tls-port".to_owned(), port.to_string()]
+            } else {
+                ["--port".to_owned(), port.to_string(), "--tls-port".to_owned(), "0".to_owned()]
+            };
             let spawn = move |dir: &std::path::Path| {
                 let mut redis = Command::new("redis-server");
                 redis
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .args(&ports)
+                    .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                     .args(["--dir", &dir.to_string_lossy(), "--protected-mode", "no", "--daemonize", "no"])
                     .args(&args);
                 redis
             };
             let dir = ServerProcess::temp_dir("redis");
-            let mut process =
-                ServerProcess::new("redis-server", dir, spawn, move || ping(port), Duration::from_secs(10));
+            // A TLS-only server is ready when it accepts connections (a plaintext `PING` gets no answer).
+            let ready = move || if tls { TcpStream::connect(("127.0.0.1", port)).is_ok() } else { ping(port) };
+            let mut process = ServerProcess::new("redis-server", dir, spawn, ready, Duration::from_secs(10));
             match process.try_start() {
-                Ok(()) => return RedisServer { port, process },
+                Ok(()) => return RedisServer { port, tls, process },
                 Err(e) => last_error = e,
             }
         }
         panic!("could not start redis-server: {last_error}");
     }
 
-    /// Whether the server answers `PING` right now.
+    /// Whether the server answers `PING` right now (a TLS one: accepts connections).
     pub fn ping(&self) -> bool {
+        if self.tls {
+            return TcpStream::connect(("127.0.0.1", self.port)).is_ok();
+        }
         ping(self.port)
     }
 
@@ -61,8 +97,12 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or for a TLS one `rediss://localhost:<port>` (the name
+    /// its certificate is for).
     pub fn url(&self) -> String {
+        if self.tls {
+            return format!("rediss://localhost:{}", self.port);
+        }
         format!("redis://127.0.0.1:{}", self.port)
     }
 

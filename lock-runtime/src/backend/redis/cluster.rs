@@ -9,10 +9,11 @@ use redis::aio::{ConnectionLike, PubSub};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisFuture, RedisResult, Value};
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value};
 
 use super::topology::{Conn, Source};
-use super::{redact, RedisBackend, RedisOptions, KIND};
+use super::url::{self, redact};
+use super::{RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
 
 /// The shortest and longest pause of the cluster client before it repeats a request answered
@@ -53,12 +54,7 @@ impl RedisBackend {
         }
         let mut seeds = Vec::with_capacity(given.len());
         for url in &given {
-            let info = url.into_connection_info().map_err(|e| {
-                LockError::invalid(
-                    redact(url),
-                    format!("not a usable Redis Cluster node URL ({e}); expected e.g. `redis://127.0.0.1:7000`"),
-                )
-            })?;
+            let info = url::connection_info(url, &options, "`redis://127.0.0.1:7000` (a Cluster node)")?;
             if !matches!(info.addr(), ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }) {
                 let why = "a Redis Cluster node URL must be a TCP one (`redis://host:port`)";
                 return Err(LockError::invalid(redact(url), why));
@@ -66,7 +62,13 @@ impl RedisBackend {
             seeds.push(info);
         }
         let timeout = options.command_timeout;
-        let client = ClusterClientBuilder::new(seeds.clone())
+        let builder = ClusterClientBuilder::new(seeds.clone());
+        #[cfg(feature = "tls")]
+        let builder = match options.get_tls() {
+            Some(settings) => builder.certs(url::certificates(settings, &shown)?),
+            None => builder,
+        };
+        let client = builder
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .min_retry_wait(RETRY_WAIT_MS.0)
@@ -113,7 +115,7 @@ impl Nodes {
             // In a stable order (each node lists them in its own), so turns go round them all.
             nodes.sort_by(|a, b| (&a.host, a.port).cmp(&(&b.host, b.port)));
             let template = &self.seeds[0];
-            let learned = nodes.into_iter().map(|n| node_info(template, &n.host, n.port)).collect();
+            let learned = nodes.into_iter().map(|n| url::at(template, &n.host, n.port)).collect();
             *self.learned.lock().unwrap_or_else(|e| e.into_inner()) = learned;
         }
         let mut known = self.learned.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -184,17 +186,6 @@ fn parse_nodes(text: &str) -> Vec<Node> {
             Some(Node { host: host.to_owned(), port, primary })
         })
         .collect()
-}
-
-/// `template` (credentials, TLS, protocol) at `host:port`.
-fn node_info(template: &ConnectionInfo, host: &str, port: u16) -> ConnectionInfo {
-    let addr = match template.addr() {
-        ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
-            ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure: *insecure, tls_params: tls_params.clone() }
-        }
-        _ => ConnectionAddr::Tcp(host.to_owned(), port),
-    };
-    template.clone().set_addr(addr)
 }
 
 /// The keys matching `pattern` on every primary of the cluster (`SCAN` on each in turn).
@@ -287,13 +278,5 @@ e7d1 127.0.0.1:30001@31001 myself,master - 0 0 1 connected 0-5460
         let shown: Vec<(u16, bool)> = nodes.iter().map(|n| (n.port, n.primary)).collect();
         assert_eq!(shown, [(30004, false), (30002, true), (30001, true)]);
         assert!(nodes.iter().all(|n| n.host == "127.0.0.1"));
-    }
-
-    #[test]
-    fn learned_nodes_keep_the_seed_credentials() {
-        let seed = "redis://user:pw@10.0.0.1:7000".into_connection_info().expect("url");
-        let node = node_info(&seed, "10.0.0.2", 7001);
-        assert_eq!(node.addr(), &ConnectionAddr::Tcp("10.0.0.2".into(), 7001));
-        assert_eq!(node.redis_settings().password(), Some("pw"));
     }
 }

@@ -9,6 +9,7 @@ mod pubsub;
 pub mod redlock;
 pub mod sentinel;
 mod topology;
+mod url;
 mod waiters;
 
 use std::future::Future;
@@ -16,13 +17,14 @@ use std::sync::{Arc, LazyLock, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use redis::{FromRedisValue, Script, ScriptInvocation};
+use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 
 pub use inspect::Changes;
 pub use layout::{key_slot, KeyLayout};
 use pubsub::Timings;
 pub use redlock::RedlockBackend;
 use topology::{Conn, Source};
+use url::redact;
 use waiters::Waiters;
 
 use super::LockKind;
@@ -67,6 +69,8 @@ pub struct RedisOptions {
     unsubscribe_after: Duration,
     ping_interval: Duration,
     wait_for_replicas: Option<(usize, Duration)>,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::TlsOptions>,
 }
 
 impl Default for RedisOptions {
@@ -76,6 +80,8 @@ impl Default for RedisOptions {
             unsubscribe_after: DEFAULT_UNSUBSCRIBE_AFTER,
             ping_interval: DEFAULT_PING_INTERVAL,
             wait_for_replicas: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -127,6 +133,34 @@ impl RedisOptions {
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.wait_for_replicas = Some((replicas, timeout));
         self
+    }
+
+    /// Connects over TLS with these settings (CAs besides the platform's roots, a client
+    /// certificate for mutual TLS); the URLs must be `rediss://` ones. Every connection of the
+    /// backend uses them: commands, pub/sub, a Cluster's nodes, the Sentinels and the primary
+    /// they name, each Redlock primary. A `rediss://` URL without this trusts the platform's
+    /// roots alone. Feature `tls`.
+    ///
+    /// ```
+    /// use lock_runtime::backend::redis::RedisOptions;
+    /// use lock_runtime::TlsOptions;
+    ///
+    /// let tls = TlsOptions::new().ca_file("ca.pem").client_cert_files("client.pem", "client.key");
+    /// let options = RedisOptions::default().tls(tls);
+    /// assert!(options.get_tls().is_some());
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The configured [`tls`](Self::tls) settings, if any.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn get_tls(&self) -> Option<&crate::TlsOptions> {
+        self.tls.as_ref()
     }
 
     /// The configured [`wait_for_replicas`](Self::wait_for_replicas), if any.
@@ -223,15 +257,10 @@ impl RedisBackend {
         if let Some(problem) = options.problem() {
             return Err(LockError::invalid(shown, problem));
         }
-        let client = redis::Client::open(url).map_err(|e| {
-            LockError::invalid(
-                &shown,
-                format!(
-                    "not a usable Redis URL ({e}); expected e.g. `redis://127.0.0.1:6379`, \
-                     `redis://:password@host:6379/0` or `redis+unix:///run/redis.sock`"
-                ),
-            )
-        })?;
+        let example = "`redis://127.0.0.1:6379`, `redis://user:password@host:6379/0`, `rediss://host:6380` \
+                       or `redis+unix:///run/redis.sock`";
+        let info = url::connection_info(url, &options, example)?;
+        let client = redis::Client::open(info).map_err(|e| LockError::invalid(&shown, e.to_string()))?;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
         let timeout = options.command_timeout;
@@ -240,13 +269,20 @@ impl RedisBackend {
             .set_response_timeout(Some(timeout))
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_secs(1));
-        let conn = match tokio::time::timeout(timeout, ConnectionManager::new_with_config(client.clone(), config)).await
-        {
+        // One plain connection first: the connection manager retries every failure until the
+        // bound, which would hide why the server refused (a TLS handshake, a password).
+        let probe =
+            AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
+        let connected = async {
+            drop(client.get_multiplexed_async_connection_with_config(&probe).await?);
+            ConnectionManager::new_with_config(client.clone(), config).await
+        };
+        let conn = match tokio::time::timeout(timeout, connected).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        Ok(Self::from_parts(Conn::Single(conn), Source::Single(client), options, shown, &runtime))
+        Ok(Self::from_parts(Conn::Single(conn), Source::Single(Box::new(client)), options, shown, &runtime))
     }
 
     /// A backend on `conn` and `source`, whatever the topology behind them.
@@ -360,21 +396,6 @@ async fn eval<T: FromRedisValue>(
 }
 
 /// The URL with any password replaced by `***`, for messages.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') { format!("{user}:***") } else { "***".to_owned() };
-            format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
-        }
-        None => url.to_owned(),
-    }
-}
-
 fn lease_millis(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -419,14 +440,6 @@ impl LockBackend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://:secret@host:6379/0"), "redis://:***@host:6379/0");
-        assert_eq!(redact("redis://user:secret@host"), "redis://user:***@host");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
-        assert_eq!(redact("nonsense"), "nonsense");
-    }
 
     #[test]
     fn scripts_state_their_interface() {

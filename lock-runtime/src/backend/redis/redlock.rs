@@ -16,7 +16,8 @@ use tokio::sync::{mpsc, Notify};
 use wake::{Capture, Hub, Registration};
 
 use super::topology::{Conn, Source};
-use super::{lease_millis, redact, KeyLayout, RedisOptions, ACQUIRE, EXTEND, RELEASE, RELEASE_AFTER};
+use super::url::{self, redact};
+use super::{lease_millis, KeyLayout, RedisOptions, ACQUIRE, EXTEND, RELEASE, RELEASE_AFTER};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, LockKind};
 use crate::backend::{Renewal, Wake};
 use crate::error::LockError;
@@ -92,12 +93,8 @@ impl RedlockBackend {
             if url.is_empty() {
                 return Err(LockError::invalid(&shown, "an empty Redis URL in the Redlock list"));
             }
-            let client = redis::Client::open(url).map_err(|e| {
-                LockError::invalid(
-                    &one,
-                    format!("not a usable Redis URL ({e}); expected e.g. `redis://127.0.0.1:6379`"),
-                )
-            })?;
+            let info = url::connection_info(url, &options, "`redis://127.0.0.1:6379` (a Redlock primary)")?;
+            let client = redis::Client::open(info).map_err(|e| LockError::invalid(&one, e.to_string()))?;
             let addr = client.get_connection_info().addr().to_string();
             if seen.contains(&addr) {
                 return Err(LockError::invalid(
@@ -119,7 +116,7 @@ impl RedlockBackend {
         for (url, client) in clients {
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                 .map_err(|e| LockError::backend(&url, KIND, "connect", e))?;
-            let hub = Hub::start(&runtime, Source::Single(client), timings);
+            let hub = Hub::start(&runtime, Source::Single(Box::new(client)), timings);
             nodes.push(Node { url, conn: Conn::Single(conn), hub });
         }
         let quorum = nodes.len() / 2 + 1;

@@ -7,12 +7,13 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
-    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, Pipeline, RedisConnectionInfo, RedisError, RedisFuture,
+    RedisResult, Value,
 };
 
 use super::topology::{Conn, Source};
-use super::{redact, RedisBackend, RedisOptions, KIND};
+use super::url::{self, redact};
+use super::{RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
 
 /// How many subscriptions are remembered for ending them after a switch.
@@ -23,6 +24,31 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// A `host:port` of a data node.
 type Addr = (String, u16);
 
+/// The TLS client of the pub/sub connections to the primary (see [`Shared`]): `None` when
+/// the sentinels' URLs are `redis://` ones.
+#[cfg(feature = "tls")]
+type Tls = Option<tokio_rustls::TlsConnector>;
+#[cfg(not(feature = "tls"))]
+type Tls = Option<std::convert::Infallible>;
+
+/// The [`Tls`] of the sentinels at `infos`: TLS with `options`' settings (or the platform's
+/// roots alone) when they are `rediss://` ones.
+#[cfg(feature = "tls")]
+fn tls_of(infos: &[ConnectionInfo], options: &RedisOptions, shown: &str) -> Result<Tls, LockError> {
+    match infos.first().map(ConnectionInfo::addr) {
+        Some(redis::ConnectionAddr::TcpTls { .. }) => {
+            let settings = options.get_tls().cloned().unwrap_or_default();
+            Ok(Some(tokio_rustls::TlsConnector::from(settings.load(shown)?.config)))
+        }
+        _ => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_of(_: &[ConnectionInfo], _: &RedisOptions, _: &str) -> Result<Tls, LockError> {
+    Ok(None)
+}
+
 /// The command connection and subscription source of a Sentinel-managed primary. Cheap to
 /// clone (clones share the connection).
 #[derive(Clone)]
@@ -31,8 +57,12 @@ pub(super) struct SentinelConn(Arc<Shared>);
 struct Shared {
     sentinels: Vec<ConnectionInfo>,
     master: String,
-    /// How data nodes are logged into.
-    node: RedisConnectionInfo,
+    /// How data nodes are reached, but for their address: the first sentinel's credentials
+    /// and TLS settings (see [`node_info`]).
+    node: ConnectionInfo,
+    /// The TLS client of the pub/sub connections, made here (see [`SentinelConn::pubsub`]).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: Tls,
     timeout: Duration,
     current: Mutex<Option<Primary>>,
     /// Held while resolving, so concurrent commands share one resolution.
@@ -89,22 +119,25 @@ fn drops_connection(e: &RedisError) -> bool {
 
 impl SentinelConn {
     /// Checks the input and starts the announcement listener; connects nothing yet.
-    fn new(sentinels: Vec<ConnectionInfo>, master: String, timeout: Duration, ping: Duration) -> Self {
-        let node = RedisConnectionInfo::default();
+    fn new(sentinels: Vec<ConnectionInfo>, master: String, options: &RedisOptions, tls: Tls) -> Self {
+        let (timeout, ping) = (options.get_command_timeout(), options.get_ping_interval());
+        let settings = RedisConnectionInfo::default();
         let first = sentinels[0].redis_settings();
-        let node = match first.username() {
-            Some(user) => node.set_username(user),
-            None => node,
+        let settings = match first.username() {
+            Some(user) => settings.set_username(user),
+            None => settings,
         };
-        let node = match first.password() {
-            Some(password) => node.set_password(password),
-            None => node,
+        let settings = match first.password() {
+            Some(password) => settings.set_password(password),
+            None => settings,
         };
+        let node = sentinels[0].clone().set_redis_settings(settings);
         let (stop, stopped) = tokio::sync::watch::channel(());
         let shared = Arc::new(Shared {
             sentinels,
             master,
             node,
+            tls,
             timeout,
             current: Mutex::new(None),
             resolving: tokio::sync::Mutex::new(()),
@@ -245,7 +278,19 @@ impl SentinelConn {
         let stream = tokio::net::TcpStream::connect((p.addr.0.as_str(), p.addr.1)).await?;
         stream.set_nodelay(true)?;
         let local = stream.local_addr()?;
-        let pubsub = PubSub::new(&self.0.node, stream).await?;
+        // Made here (not by the `redis` crate) to know its local address.
+        let settings = self.0.node.redis_settings();
+        #[cfg(feature = "tls")]
+        let pubsub = match &self.0.tls {
+            Some(tls) => {
+                let host = rustls::pki_types::ServerName::try_from(p.addr.0.clone())
+                    .map_err(|e| error(format!("`{}` is not a TLS server name: {e}", p.addr.0)))?;
+                PubSub::new(settings, tls.connect(host, stream).await?).await?
+            }
+            None => PubSub::new(settings, stream).await?,
+        };
+        #[cfg(not(feature = "tls"))]
+        let pubsub = PubSub::new(settings, stream).await?;
         let mut subscribers = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
         if subscribers.len() >= MAX_SUBSCRIBERS {
             subscribers.remove(0);
@@ -321,8 +366,10 @@ impl Shared {
     }
 }
 
-fn node_info(addr: &Addr, node: &RedisConnectionInfo) -> RedisResult<ConnectionInfo> {
-    Ok((addr.0.clone(), addr.1).into_connection_info()?.set_redis_settings(node.clone()))
+/// The data node at `addr`, reached as `node` says (the sentinels' TLS settings, their
+/// credentials, database 0).
+fn node_info(addr: &Addr, node: &ConnectionInfo) -> RedisResult<ConnectionInfo> {
+    Ok(url::at(node, &addr.0, addr.1))
 }
 
 /// One sentinel's answer: the primary's address, or `None` if it knows no such master.
@@ -441,7 +488,7 @@ impl ConnectionLike for SentinelConn {
 }
 
 /// Checks the sentinel URLs and the master name.
-fn check(given: &[&str], master: &str) -> Result<(Vec<ConnectionInfo>, String), LockError> {
+fn check(given: &[&str], master: &str, options: &RedisOptions) -> Result<(Vec<ConnectionInfo>, String), LockError> {
     let shown = format!("{master} via {}", given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(","));
     if given.is_empty() {
         return Err(LockError::invalid(shown, "no sentinel given: pass at least one `redis://host:port` URL"));
@@ -451,19 +498,7 @@ fn check(given: &[&str], master: &str) -> Result<(Vec<ConnectionInfo>, String), 
     }
     let mut infos = Vec::with_capacity(given.len());
     for url in given {
-        let info = url.into_connection_info().map_err(|e| {
-            LockError::invalid(
-                &shown,
-                format!(
-                    "`{}` is not a usable sentinel URL ({e}); expected e.g. `redis://127.0.0.1:26379`",
-                    redact(url)
-                ),
-            )
-        })?;
-        if !matches!(info.addr(), ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_)) {
-            return Err(LockError::invalid(&shown, "TLS (`rediss://`) is not supported with sentinels yet"));
-        }
-        infos.push(info);
+        infos.push(url::connection_info(url, options, "`redis://127.0.0.1:26379` (a sentinel)")?);
     }
     Ok((infos, shown))
 }
@@ -490,7 +525,8 @@ impl RedisBackend {
         options: RedisOptions,
     ) -> Result<Self, LockError> {
         let given: Vec<&str> = sentinels.as_ref().iter().map(AsRef::as_ref).collect();
-        let (infos, shown) = check(&given, master_name)?;
+        let (infos, shown) = check(&given, master_name, &options)?;
+        let tls = tls_of(&infos, &options, &shown)?;
         if let Some(problem) = options.problem() {
             return Err(LockError::invalid(shown, problem));
         }
@@ -498,7 +534,7 @@ impl RedisBackend {
             .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
         let timeout = options.get_command_timeout();
         let _entered = runtime.enter();
-        let conn = SentinelConn::new(infos, master_name.to_owned(), timeout, options.get_ping_interval());
+        let conn = SentinelConn::new(infos, master_name.to_owned(), &options, tls);
         match tokio::time::timeout(timeout, conn.primary()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
@@ -515,10 +551,11 @@ mod tests {
     #[test]
     fn bad_input_is_invalid() {
         let none: [&str; 0] = [];
-        assert!(check(&none, "mymaster").unwrap_err().is_invalid());
-        assert!(check(&["redis://127.0.0.1:26379"], " ").unwrap_err().is_invalid());
-        assert!(check(&["not a url"], "mymaster").unwrap_err().is_invalid());
-        assert!(check(&["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], "mymaster").is_ok());
+        let options = RedisOptions::default();
+        assert!(check(&none, "mymaster", &options).unwrap_err().is_invalid());
+        assert!(check(&["redis://127.0.0.1:26379"], " ", &options).unwrap_err().is_invalid());
+        assert!(check(&["not a url"], "mymaster", &options).unwrap_err().is_invalid());
+        assert!(check(&["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], "mymaster", &options).is_ok());
     }
 
     #[test]

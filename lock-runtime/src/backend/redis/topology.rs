@@ -56,7 +56,7 @@ impl ConnectionLike for Conn {
 #[derive(Clone)]
 pub(super) enum Source {
     /// One server.
-    Single(redis::Client),
+    Single(Box<redis::Client>),
     /// A Redis Cluster: any node hears every release (classic pub/sub is broadcast), so one
     /// node, the next known one after each loss (see `cluster.rs`).
     Cluster(std::sync::Arc<super::cluster::Nodes>),

@@ -1,0 +1,133 @@
+//! Redis URLs: read into the `redis` crate's connection info, with the TLS settings of
+//! [`RedisOptions::tls`] for a `rediss://` URL (feature `tls`); nodes learnt from a server
+//! (a Cluster's, the primary Sentinels name) made from one of them; and URLs shown with their
+//! password masked. Every topology connects through here, so `rediss://` and an ACL user
+//! (`redis://user:password@host`) mean the same on each.
+
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+
+use super::RedisOptions;
+use crate::error::LockError;
+
+/// `url` (a server, a Cluster node, a Sentinel, a Redlock primary) as connection info for
+/// `options`. What cannot be used is an [`is_invalid`](LockError::is_invalid) error that shows
+/// `example` of what is expected: a malformed URL, a `rediss://` URL without the `tls`
+/// feature, TLS settings with a `redis://` URL, or TLS material that cannot be read.
+pub(super) fn connection_info(url: &str, options: &RedisOptions, example: &str) -> Result<ConnectionInfo, LockError> {
+    let shown = redact(url);
+    let tls = url.trim_start().starts_with("rediss://");
+    if tls && !cfg!(feature = "tls") {
+        let why = "a `rediss://` URL needs TLS, which this build leaves out: enable the `tls` feature of lock-runtime";
+        return Err(LockError::invalid(shown, why));
+    }
+    let info = url
+        .into_connection_info()
+        .map_err(|e| LockError::invalid(&shown, format!("not a usable Redis URL ({e}); expected e.g. {example}")))?;
+    #[cfg(feature = "tls")]
+    {
+        match (options.get_tls(), tls) {
+            (Some(_), false) => Err(LockError::invalid(
+                shown,
+                "TLS settings were given (`RedisOptions::tls`) but the URL is not a TLS one: use `rediss://host:port`",
+            )),
+            (Some(settings), true) => {
+                let client = redis::Client::build_with_tls(info, certificates(settings, &shown)?)
+                    .map_err(|e| LockError::invalid(&shown, format!("unusable TLS settings ({e})")))?;
+                Ok(client.get_connection_info().clone())
+            }
+            (None, tls) => {
+                if tls {
+                    crate::tls::install_provider();
+                }
+                Ok(info)
+            }
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = options;
+        Ok(info)
+    }
+}
+
+/// The `redis` crate's form of `settings`: the CAs given, then the platform's roots (it takes
+/// the roots it is given instead of the platform's), and the client identity.
+#[cfg(feature = "tls")]
+pub(super) fn certificates(settings: &crate::TlsOptions, shown: &str) -> Result<redis::TlsCertificates, LockError> {
+    let loaded = settings.load(shown)?;
+    let client_tls = loaded
+        .identity
+        .as_ref()
+        .map(|(cert, key)| redis::ClientTlsConfig { client_cert: cert.to_vec(), client_key: key.to_vec() });
+    Ok(redis::TlsCertificates { client_tls, root_cert: Some(loaded.roots_pem()) })
+}
+
+/// `template` (credentials, database, TLS settings) at `host:port`: a node a server told of.
+pub(super) fn at(template: &ConnectionInfo, host: &str, port: u16) -> ConnectionInfo {
+    let addr = match template.addr() {
+        ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
+            ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure: *insecure, tls_params: tls_params.clone() }
+        }
+        _ => ConnectionAddr::Tcp(host.to_owned(), port),
+    };
+    template.clone().set_addr(addr)
+}
+
+/// `url` with its password masked, for messages and `Debug`.
+pub(super) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') { format!("{user}:***") } else { "***".to_owned() };
+            format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("redis://:secret@host:6379/0"), "redis://:***@host:6379/0");
+        assert_eq!(redact("redis://user:secret@host"), "redis://user:***@host");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redact("nonsense"), "nonsense");
+    }
+
+    #[test]
+    fn learned_nodes_keep_the_template_credentials() {
+        let seed = "redis://user:pw@10.0.0.1:7000".into_connection_info().expect("url");
+        let node = at(&seed, "10.0.0.2", 7001);
+        assert_eq!(node.addr(), &ConnectionAddr::Tcp("10.0.0.2".into(), 7001));
+        assert_eq!(node.redis_settings().password(), Some("pw"));
+    }
+
+    #[test]
+    fn tls_urls_without_the_feature_or_settings_without_tls_urls_are_invalid() {
+        let options = RedisOptions::default();
+        let plain = connection_info("redis://127.0.0.1:6379", &options, "`redis://host`");
+        assert!(plain.is_ok());
+        let tls = connection_info("rediss://127.0.0.1:6380", &options, "`redis://host`");
+        if cfg!(feature = "tls") {
+            assert!(tls.is_ok());
+        } else {
+            let e = tls.expect_err("refused");
+            assert!(e.is_invalid() && e.to_string().contains("`tls` feature"), "{e}");
+        }
+        #[cfg(feature = "tls")]
+        {
+            let with_tls = RedisOptions::default().tls(crate::TlsOptions::new());
+            let e = connection_info("redis://127.0.0.1:6379", &with_tls, "`redis://host`").expect_err("refused");
+            assert!(e.is_invalid() && e.to_string().contains("rediss://"), "{e}");
+        }
+        let e = connection_info("nonsense://x", &options, "`redis://host`").expect_err("refused");
+        assert!(e.is_invalid() && e.to_string().contains("`redis://host`"), "{e}");
+    }
+}

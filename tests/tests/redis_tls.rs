@@ -1,0 +1,235 @@
+//! The Redis backend over TLS, against real `redis-server` processes that speak TLS only (on
+//! certificates `openssl` makes for each test): the conformance suite over mutual TLS, each
+//! TLS failure a clear error within the connect bound, and an ACL user from the URL that may
+//! touch the library's keys and channels only and still runs every lock kind.
+
+#![cfg(all(feature = "redis", feature = "tls"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+use lock_runtime::{LockError, LockManager, LockManagerBuilder, TlsOptions};
+use lock_tests::redis_server::RedisServer;
+use lock_tests::tls_certs::Certs;
+
+/// Trusts the test CA and presents the client certificate.
+fn mutual(certs: &Certs) -> TlsOptions {
+    TlsOptions::new()
+        .ca_file(certs.path("ca.pem"))
+        .client_cert_files(certs.path("client.pem"), certs.path("client.key"))
+}
+
+lock_tests::conformance_suite!({
+    let certs = Arc::new(Certs::make());
+    let server = Arc::new(RedisServer::start_tls(&certs, true, &[]));
+    move |builder: LockManagerBuilder| {
+        let (url, tls) = (server.url(), mutual(&certs));
+        let _keep = (server.clone(), certs.clone());
+        async move {
+            let options = RedisOptions::default().tls(tls);
+            builder.backend(RedisBackend::connect_with(&url, options).await.expect("connect over mutual TLS"))
+        }
+    }
+});
+
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Connects with `tls` (or none) and a short command timeout; asserts that the attempt ended
+/// within the bound.
+async fn connect(url: &str, tls: Option<TlsOptions>) -> Result<RedisBackend, LockError> {
+    let options = RedisOptions::default().command_timeout(TIMEOUT);
+    let options = match tls {
+        Some(tls) => options.tls(tls),
+        None => options,
+    };
+    let started = Instant::now();
+    let outcome = RedisBackend::connect_with(url, options).await;
+    assert!(started.elapsed() < TIMEOUT + Duration::from_secs(1), "took {:?}", started.elapsed());
+    outcome
+}
+
+fn refused(outcome: Result<RedisBackend, LockError>, why: &str) -> LockError {
+    match outcome {
+        Ok(_) => panic!("connected although {why}"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test]
+async fn a_server_certificate_of_an_unknown_ca_is_refused_with_the_reason() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, false, &[]);
+    // Another CA only; then the platform's roots only (no CA given, or TLS settings left out).
+    for tls in [Some(TlsOptions::new().ca_file(certs.path("other-ca.pem"))), Some(TlsOptions::new()), None] {
+        let e = refused(connect(&server.url(), tls).await, "the server's CA is not trusted");
+        assert!(e.is_backend(), "{e}");
+        assert!(e.to_string().contains("UnknownIssuer"), "the reason is named: {e}");
+    }
+    assert!(connect(&server.url(), Some(TlsOptions::new().ca_pem(std::fs::read(certs.path("ca.pem")).unwrap())))
+        .await
+        .is_ok());
+}
+
+#[tokio::test]
+async fn a_host_name_the_certificate_is_not_for_is_refused() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, false, &[]);
+    // The certificate is for `localhost` and 127.0.0.1, not for 127.0.0.1's other names.
+    let url = format!("rediss://localhost.localdomain.invalid:{}", server.port());
+    let tls = TlsOptions::new().ca_file(certs.path("ca.pem"));
+    let e = refused(connect(&url, Some(tls.clone())).await, "the name does not resolve or match");
+    assert!(e.is_backend(), "{e}");
+    let ip = format!("rediss://127.0.0.1:{}", server.port());
+    assert!(connect(&ip, Some(tls)).await.is_ok(), "the certificate names 127.0.0.1");
+}
+
+#[tokio::test]
+async fn mutual_tls_without_a_client_certificate_is_refused() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, true, &[]);
+    let e = refused(
+        connect(&server.url(), Some(TlsOptions::new().ca_file(certs.path("ca.pem")))).await,
+        "no client certificate was presented",
+    );
+    assert!(e.is_backend(), "{e}");
+    assert!(connect(&server.url(), Some(mutual(&certs))).await.is_ok());
+}
+
+#[tokio::test]
+async fn unreadable_or_mismatched_tls_material_is_invalid_and_named() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, true, &[]);
+    let missing = certs.path("missing.key");
+    let tls = TlsOptions::new().ca_file(certs.path("ca.pem")).client_cert_files(certs.path("client.pem"), &missing);
+    let e = refused(connect(&server.url(), Some(tls)).await, "the key file is missing");
+    assert!(e.is_invalid() && e.to_string().contains(&*missing.to_string_lossy()), "{e}");
+    // The server's key with the client's certificate.
+    let tls = TlsOptions::new()
+        .ca_file(certs.path("ca.pem"))
+        .client_cert_files(certs.path("client.pem"), certs.path("server.key"));
+    let e = refused(connect(&server.url(), Some(tls)).await, "the key is not the certificate's");
+    assert!(e.is_invalid(), "{e}");
+    // A CA file that holds a key, not a certificate.
+    let tls = TlsOptions::new().ca_file(certs.path("ca.key"));
+    let e = refused(connect(&server.url(), Some(tls)).await, "the CA file holds no certificate");
+    assert!(e.is_invalid() && e.to_string().contains("ca.key"), "{e}");
+}
+
+#[tokio::test]
+async fn tls_and_plaintext_mixed_up_fail_within_the_bound() {
+    let certs = Certs::make();
+    let tls_server = RedisServer::start_tls(&certs, false, &[]);
+    let plain_server = RedisServer::start();
+    // Plaintext to the TLS port.
+    let url = format!("redis://127.0.0.1:{}", tls_server.port());
+    assert!(refused(connect(&url, None).await, "the port speaks TLS").is_backend());
+    // TLS to the plaintext port.
+    let url = format!("rediss://localhost:{}", plain_server.port());
+    let e =
+        refused(connect(&url, Some(TlsOptions::new().ca_file(certs.path("ca.pem")))).await, "the port is plaintext");
+    assert!(e.is_backend(), "{e}");
+    // TLS settings with a plaintext URL: a mistake in the configuration.
+    let e = refused(connect(&plain_server.url(), Some(TlsOptions::new())).await, "the URL is not rediss://");
+    assert!(e.is_invalid() && e.to_string().contains("rediss://"), "{e}");
+}
+
+/// The minimal ACL of a lock user, as the README gives it: the library's keys and channels
+/// only, and the commands it runs.
+const LOCK_USER_ACL: &[&str] = &[
+    "on",
+    ">lock-secret",
+    "resetkeys",
+    "~lock:*",
+    "resetchannels",
+    "&lock:*",
+    "nocommands",
+    "+ping",
+    "+eval",
+    "+evalsha",
+    "+script|load",
+    "+subscribe",
+    "+unsubscribe",
+    "+get",
+    "+set",
+    "+del",
+    "+append",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+hgetall",
+    "+publish",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_limited_to_the_lock_keys_runs_every_kind_over_tls() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, true, &[]);
+    let admin = LockManager::builder()
+        .backend(RedisBackend::connect_with(&server.url(), RedisOptions::default().tls(mutual(&certs))).await.unwrap());
+    drop(admin); // (installs the TLS provider the raw client below uses)
+    let mut raw = raw_tls(&server, &certs).await;
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("locker").arg(LOCK_USER_ACL);
+    let _: () = acl.query_async(&mut raw).await.expect("ACL SETUSER");
+    let _: () = redis::cmd("SET").arg("other:secret").arg("x").query_async(&mut raw).await.unwrap();
+
+    let url = format!("rediss://locker:lock-secret@localhost:{}", server.port());
+    let backend =
+        RedisBackend::connect_with(&url, RedisOptions::default().tls(mutual(&certs))).await.expect("acl user");
+    let m = LockManager::builder().backend(backend);
+    // Every kind, contended (so the release channels and their subscriptions are used too).
+    let held = m.lock("acl:mutex").await.expect("mutex");
+    let waiter = tokio::spawn({
+        let m = m.clone();
+        async move { m.lock("acl:mutex").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = held.fencing_token();
+    held.release().await.expect("release");
+    assert!(waiter.await.unwrap().expect("handed over") > first);
+    let (r1, r2) = (m.read_lock("acl:rw").await.expect("read"), m.read_lock("acl:rw").await.expect("read"));
+    assert!(m.try_write_lock("acl:rw").await.expect("one attempt").is_none(), "readers hold it");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    m.write_lock("acl:rw").await.expect("write").release().await.unwrap();
+    let permits = m.semaphore("acl:sem", 2).await.expect("permit");
+    permits.release().await.unwrap();
+    m.lock_all(["acl:a", "acl:b"]).await.expect("lock_all").release().await.unwrap();
+
+    // The same user cannot read or write anything else: the error names the command.
+    let client = redis::Client::build_with_tls(url.as_str(), tls_certificates(&certs)).unwrap();
+    let mut locker = client.get_multiplexed_async_connection().await.expect("acl user raw");
+    let e = redis::cmd("GET").arg("other:secret").query_async::<Option<String>>(&mut locker).await.unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("no permissions"), "{e}");
+}
+
+#[tokio::test]
+async fn wrong_acl_credentials_are_refused_by_name() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, true, &[]);
+    let url = format!("rediss://nobody:wrong@localhost:{}", server.port());
+    let e = refused(connect(&url, Some(mutual(&certs))).await, "the credentials are wrong");
+    assert!(e.is_backend(), "{e}");
+    assert!(!e.to_string().contains("wrong@"), "the password is not shown: {e}");
+    assert!(e.to_string().to_lowercase().contains("password") || e.to_string().contains("WRONGPASS"), "{e}");
+}
+
+fn tls_certificates(certs: &Certs) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: Some(redis::ClientTlsConfig {
+            client_cert: std::fs::read(certs.path("client.pem")).unwrap(),
+            client_key: std::fs::read(certs.path("client.key")).unwrap(),
+        }),
+        root_cert: Some(std::fs::read(certs.path("ca.pem")).unwrap()),
+    }
+}
+
+async fn raw_tls(server: &RedisServer, certs: &Certs) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::build_with_tls(server.url(), tls_certificates(certs)).expect("tls client");
+    client.get_multiplexed_async_connection().await.expect("raw TLS connection")
+}
