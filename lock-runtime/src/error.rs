@@ -46,10 +46,7 @@ pub enum LockError {
         reason: String,
     },
     /// The backend failed or could not be reached within its time bound.
-    #[error(
-        "lock `{name}`: the {backend} backend failed to {operation}: {source}; \
-         check that the server is reachable and healthy, then retry"
-    )]
+    #[error("lock `{name}`: the {backend} backend failed to {operation}: {source}; {hint}", hint = hint(source))]
     Backend {
         /// The lock's name (without the manager prefix).
         name: String,
@@ -166,5 +163,33 @@ impl LockError {
     /// Builds the error for an operation that did not finish within its time bound.
     pub fn timed_out(name: impl Into<String>, backend: &'static str, operation: &'static str, bound: Duration) -> Self {
         Self::backend(name, backend, operation, format!("no answer within {bound:?}"))
+    }
+}
+
+/// What to check after a backend failure, from what its source says: the TLS settings after a
+/// refused handshake, the credentials after a refused login or command, else the server.
+fn hint(source: &BoxError) -> &'static str {
+    let text = source.to_string();
+    let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
+    if has(&["certificate", "handshake", "TLS", "tls", "CertificateRequired", "alert"]) {
+        "check the TLS settings (the CA trusted, the client certificate, the host name in the URL) against the server's"
+    } else if has(&["WRONGPASS", "NOAUTH", "NOPERM", "no permissions", "password", "authentication", "Authentication"])
+    {
+        "check the credentials, and what the server lets this user do (its ACL or grants)"
+    } else {
+        "check that the server is reachable and healthy, then retry"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_failure_says_what_to_check_by_its_cause() {
+        let shown = |source: &str| LockError::backend("n", "redis", "connect", source.to_owned()).to_string();
+        assert!(shown("invalid peer certificate: UnknownIssuer").contains("TLS settings"));
+        assert!(shown("WRONGPASS invalid username-password pair").contains("credentials"));
+        assert!(shown("Connection refused (os error 111)").contains("reachable"));
     }
 }

@@ -37,12 +37,18 @@ impl RedisServer {
     /// of `certs`; with `client_certs`, clients must present a certificate signed by its CA
     /// (mutual TLS). Its [`url`](Self::url) is `rediss://localhost:<port>`.
     pub fn start_tls(certs: &crate::tls_certs::Certs, client_certs: bool, args: &[&str]) -> Self {
+        Self::start_tls_as(certs, "server", client_certs, args)
+    }
+
+    /// [`start_tls`](Self::start_tls) with the certificate `<cert>.pem` of `certs` (`expired`,
+    /// `elsewhere`).
+    pub fn start_tls_as(certs: &crate::tls_certs::Certs, cert: &str, client_certs: bool, args: &[&str]) -> Self {
         let path = |file: &str| certs.path(file).to_string_lossy().into_owned();
         let mut all = vec![
             "--tls-cert-file".to_owned(),
-            path("server.pem"),
+            path(&format!("{cert}.pem")),
             "--tls-key-file".to_owned(),
-            path("server.key"),
+            path(&format!("{cert}.key")),
             "--tls-ca-cert-file".to_owned(),
             path("ca.pem"),
             "--tls-auth-clients".to_owned(),

@@ -23,8 +23,16 @@ impl Certs {
         let certs = Certs { dir };
         certs.ca("ca");
         certs.ca("other-ca");
-        certs.signed("server", "localhost", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth");
-        certs.signed("client", "lock-client", "extendedKeyUsage=clientAuth");
+        let server = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth";
+        certs.signed("server", "localhost", server, "2");
+        certs.signed("expired", "localhost", server, "-1");
+        certs.signed(
+            "elsewhere",
+            "elsewhere.invalid",
+            "subjectAltName=DNS:elsewhere.invalid\nextendedKeyUsage=serverAuth",
+            "2",
+        );
+        certs.signed("client", "lock-client", "extendedKeyUsage=clientAuth", "2");
         certs
     }
 
@@ -43,7 +51,9 @@ impl Certs {
         ]);
     }
 
-    fn signed(&self, name: &str, cn: &str, extensions: &str) {
+    /// A certificate `<name>.pem` (key `<name>.key`) for `cn`, signed by the CA, valid for
+    /// `days` (negative: expired already).
+    fn signed(&self, name: &str, cn: &str, extensions: &str, days: &str) {
         let (key, csr, pem, ext) =
             (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
         std::fs::write(self.dir.join(&ext), format!("{extensions}\n")).expect("extensions file");
@@ -62,7 +72,7 @@ impl Certs {
             "-out",
             &pem,
             "-days",
-            "2",
+            days,
             "-extfile",
             &ext,
         ]);

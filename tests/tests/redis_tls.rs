@@ -66,6 +66,7 @@ async fn a_server_certificate_of_an_unknown_ca_is_refused_with_the_reason() {
         let e = refused(connect(&server.url(), tls).await, "the server's CA is not trusted");
         assert!(e.is_backend(), "{e}");
         assert!(e.to_string().contains("UnknownIssuer"), "the reason is named: {e}");
+        assert!(!e.to_string().contains("reachable"), "no hint at the network: {e}");
     }
     assert!(connect(&server.url(), Some(TlsOptions::new().ca_pem(std::fs::read(certs.path("ca.pem")).unwrap())))
         .await
@@ -73,14 +74,18 @@ async fn a_server_certificate_of_an_unknown_ca_is_refused_with_the_reason() {
 }
 
 #[tokio::test]
-async fn a_host_name_the_certificate_is_not_for_is_refused() {
+async fn a_certificate_for_another_host_or_expired_is_refused_with_the_reason() {
     let certs = Certs::make();
-    let server = RedisServer::start_tls(&certs, false, &[]);
-    // The certificate is for `localhost` and 127.0.0.1, not for 127.0.0.1's other names.
-    let url = format!("rediss://localhost.localdomain.invalid:{}", server.port());
     let tls = TlsOptions::new().ca_file(certs.path("ca.pem"));
-    let e = refused(connect(&url, Some(tls.clone())).await, "the name does not resolve or match");
-    assert!(e.is_backend(), "{e}");
+    for (cert, reason) in [("elsewhere", "not valid for name"), ("expired", "expired")] {
+        let server = RedisServer::start_tls_as(&certs, cert, false, &[]);
+        let e = refused(connect(&server.url(), Some(tls.clone())).await, cert);
+        assert!(e.is_backend(), "{e}");
+        assert!(e.to_string().to_lowercase().contains(reason), "{cert}: the reason is named: {e}");
+        assert!(e.to_string().contains("TLS settings"), "the hint points at TLS: {e}");
+    }
+    // The good certificate names both `localhost` and 127.0.0.1.
+    let server = RedisServer::start_tls(&certs, false, &[]);
     let ip = format!("rediss://127.0.0.1:{}", server.port());
     assert!(connect(&ip, Some(tls)).await.is_ok(), "the certificate names 127.0.0.1");
 }
@@ -217,6 +222,7 @@ async fn wrong_acl_credentials_are_refused_by_name() {
     assert!(e.is_backend(), "{e}");
     assert!(!e.to_string().contains("wrong@"), "the password is not shown: {e}");
     assert!(e.to_string().to_lowercase().contains("password") || e.to_string().contains("WRONGPASS"), "{e}");
+    assert!(e.to_string().contains("credentials"), "the hint points at the credentials: {e}");
 }
 
 fn tls_certificates(certs: &Certs) -> redis::TlsCertificates {
