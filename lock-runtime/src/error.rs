@@ -173,8 +173,17 @@ fn hint(source: &BoxError) -> &'static str {
     let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
     if has(&["certificate", "handshake", "TLS", "tls", "CertificateRequired", "alert"]) {
         "check the TLS settings (the CA trusted, the client certificate, the host name in the URL) against the server's"
-    } else if has(&["WRONGPASS", "NOAUTH", "NOPERM", "no permissions", "password", "authentication", "Authentication"])
-    {
+    } else if has(&[
+        "WRONGPASS",
+        "NOAUTH",
+        "NOPERM",
+        "no permissions",
+        "password",
+        "authentication",
+        "Authentication",
+        "pg_hba.conf",
+        "permission denied",
+    ]) {
         "check the credentials, and what the server lets this user do (its ACL or grants)"
     } else {
         "check that the server is reachable and healthy, then retry"

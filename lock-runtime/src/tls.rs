@@ -15,7 +15,7 @@
 //! `ring` provider is installed as the process default (as the Redis client looks it up there).
 
 // Until every backend takes TLS settings, a build with none of those that do leaves this unused.
-#![cfg_attr(not(feature = "redis"), allow(dead_code))]
+#![cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 
 use std::fmt;
 use std::path::PathBuf;
@@ -144,11 +144,12 @@ impl TlsOptions {
             // A platform root rustls cannot use is skipped, as the platform verifiers do.
             let _ = roots.add(cert.clone());
         }
+        let roots = Arc::new(roots);
         install_provider();
         let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .map_err(|e| invalid(format!("no usable TLS protocol version: {e}")))?
-            .with_root_certificates(roots);
+            .with_root_certificates(roots.clone());
         let (config, identity) = match &self.identity {
             None => (builder.with_no_client_auth(), None),
             Some((cert, key)) => {
@@ -168,7 +169,7 @@ impl TlsOptions {
                 (config, Some((cert_pem, key_pem)))
             }
         };
-        Ok(Loaded { config: Arc::new(config), cas_pem, identity })
+        Ok(Loaded { config: Arc::new(config), roots, cas_pem, identity })
     }
 }
 
@@ -179,9 +180,13 @@ pub(crate) type PemText = Arc<[u8]>;
 pub(crate) struct Loaded {
     /// The client configuration (roots: the platform's and the CAs given).
     pub(crate) config: Arc<rustls::ClientConfig>,
+    /// The roots `config` trusts.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) roots: Arc<rustls::RootCertStore>,
     /// The CAs given, as PEM text (empty: none).
     pub(crate) cas_pem: Vec<u8>,
     /// The client certificate chain and key, as PEM text.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) identity: Option<(PemText, PemText)>,
 }
 

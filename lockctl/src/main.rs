@@ -1,7 +1,8 @@
 //! `lockctl`: inspect and free the locks of lock-runtime's Redis and ZooKeeper backends.
 //!
 //! ```text
-//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH]) [--json] COMMAND
+//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH]) [--json]
+//!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
 //!   list [--prefix P]            held locks: holder, fencing token, age, lease left, waiters
 //!   show NAME                    one lock in detail
@@ -17,6 +18,10 @@
 //! view follows at once); acquisitions are announced only when the server has keyspace
 //! notifications on (`notify-keyspace-events` including `K` and `g$x`, which `lockctl` never
 //! changes), so it also looks every `--interval` (default 250 ms).
+//!
+//! Over TLS: a `rediss://` URL (the platform's roots are trusted), `--tls-ca` to trust a CA
+//! of your own besides, `--tls-cert` and `--tls-key` for mutual TLS; an ACL user and password
+//! go in the URL (`rediss://user:password@host:6380`). (ZooKeeper has no TLS yet.)
 //!
 //! Install with `cargo install --path lockctl`. `NAME` is the lock's key in the store: the
 //! manager's prefix followed by the lock's name, as `list` shows it.
@@ -129,6 +134,9 @@ fn command() -> Command {
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
         .arg(backend("zookeeper", "HOSTS", "The ZooKeeper ensemble, e.g. zk1:2181,zk2:2181"))
         .arg(backend("zk-root", "PATH", "The lock root in ZooKeeper (default /lock-runtime)"))
+        .arg(backend("tls-ca", "FILE", "Also trust this CA (PEM) for a rediss:// URL"))
+        .arg(backend("tls-cert", "FILE", "Client certificate (PEM) for mutual TLS; with --tls-key").requires("tls-key"))
+        .arg(backend("tls-key", "FILE", "The client certificate's key (PEM); with --tls-cert").requires("tls-cert"))
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
         .group(ArgGroup::new("store").args(["redis", "zookeeper"]).required(true))
         .subcommand_required(true)
@@ -196,9 +204,17 @@ fn main() -> ExitCode {
 async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     if let Some(url) = matches.get_one::<String>("redis") {
         #[cfg(feature = "redis")]
-        return Ok(Box::new(lock_runtime::backend::redis::RedisBackend::connect(url).await?));
+        {
+            let options = redis_options(matches)?;
+            return Ok(Box::new(lock_runtime::backend::redis::RedisBackend::connect_with(url, options).await?));
+        }
         #[cfg(not(feature = "redis"))]
         return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
+    }
+    if tls_given(matches) {
+        return Err(Failure::Error(
+            "--tls-ca, --tls-cert and --tls-key are for --redis (ZooKeeper has no TLS yet)".into(),
+        ));
     }
     let hosts = matches.get_one::<String>("zookeeper").map_or("", String::as_str);
     #[cfg(feature = "zookeeper")]
@@ -212,6 +228,38 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     }
     #[cfg(not(feature = "zookeeper"))]
     Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
+}
+
+/// Whether `--tls-ca` or `--tls-cert` is given.
+fn tls_given(matches: &ArgMatches) -> bool {
+    matches.get_one::<String>("tls-ca").is_some() || matches.get_one::<String>("tls-cert").is_some()
+}
+
+/// The Redis options of the command line: the TLS settings of `--tls-ca`, `--tls-cert` and
+/// `--tls-key`, if any is given.
+#[cfg(all(feature = "redis", feature = "tls"))]
+fn redis_options(matches: &ArgMatches) -> Result<lock_runtime::backend::redis::RedisOptions, Failure> {
+    let options = lock_runtime::backend::redis::RedisOptions::default();
+    if !tls_given(matches) {
+        return Ok(options);
+    }
+    let file = |id: &str| matches.get_one::<String>(id);
+    let mut tls = lock_runtime::TlsOptions::new();
+    if let Some(ca) = file("tls-ca") {
+        tls = tls.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (file("tls-cert"), file("tls-key")) {
+        tls = tls.client_cert_files(cert, key);
+    }
+    Ok(options.tls(tls))
+}
+
+#[cfg(all(feature = "redis", not(feature = "tls")))]
+fn redis_options(matches: &ArgMatches) -> Result<lock_runtime::backend::redis::RedisOptions, Failure> {
+    if tls_given(matches) {
+        return Err(Failure::Error("built without the `tls` feature: --tls-* cannot be used".into()));
+    }
+    Ok(lock_runtime::backend::redis::RedisOptions::default())
 }
 
 async fn run(matches: &ArgMatches) -> Result<(), Failure> {

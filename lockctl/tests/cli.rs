@@ -378,3 +378,37 @@ async fn errors_and_usage_have_their_exit_codes() {
     assert_eq!(help.code, 0);
     assert!(help.stdout.contains("Exit codes:") && help.stdout.contains("4  refused"), "{}", help.stdout);
 }
+
+/// Over mutual TLS with `--tls-ca`, `--tls-cert` and `--tls-key`, and an ACL user from the
+/// URL: `list` names the holder; without the client certificate the server refuses (exit 1,
+/// the reason shown); `--tls-cert` without `--tls-key` is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_mutual_tls() {
+    let certs = lock_tests::tls_certs::Certs::make();
+    let server = RedisServer::start_tls(&certs, true, &[]);
+    let path = |f: &str| certs.path(f).to_string_lossy().into_owned();
+    let tls = lock_runtime::TlsOptions::new()
+        .ca_file(certs.path("ca.pem"))
+        .client_cert_files(certs.path("client.pem"), certs.path("client.key"));
+    let options = lock_runtime::backend::redis::RedisOptions::default().tls(tls);
+    let backend = RedisBackend::connect_with(&server.url(), options).await.expect("connect over TLS");
+    let prefix = format!("{}:", unique("lockctl-tls"));
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).backend(backend);
+    let guard = manager.lock("order:1").await.expect("lock");
+    let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client.key"));
+    let url = server.url();
+    let list =
+        lockctl(&["--redis", &url, "--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key, "list", "--json"]).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let locks = list.json()["locks"].as_array().expect("locks").clone();
+    let lock = locks.iter().find(|l| l["name"] == format!("{prefix}order:1")).expect("the held lock");
+    assert_eq!(lock["fencing_token"], guard.fencing_token());
+    assert_eq!(lock["holder"]["label"], LABEL);
+
+    let refused = lockctl(&["--redis", &url, "--tls-ca", &ca, "list"]).await;
+    assert_eq!(refused.code, 1, "{} {}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.contains("TLS settings"), "{}", refused.stderr);
+    let usage = lockctl(&["--redis", &url, "--tls-cert", &cert, "list"]).await;
+    assert_eq!(usage.code, 2, "{}", usage.stderr);
+    guard.release().await.expect("release");
+}

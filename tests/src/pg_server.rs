@@ -140,6 +140,50 @@ impl PgServer {
     /// Starts a server on a free loopback port (trust authentication, user `postgres`) and
     /// waits until it accepts connections. Panics (failing the test) if it does not.
     pub fn start() -> PgServer {
+        Self::launch(Vec::new(), |_| {})
+    }
+
+    /// A server that speaks TLS only (`ssl=on`, `hostssl` lines alone in its `pg_hba.conf`)
+    /// with the server certificate of `certs`; with `client_certs`, clients must present a
+    /// certificate signed by its CA (`clientcert=verify-ca`). Its [`url`](Self::url) is the
+    /// same as a plain one's; the client chooses TLS with `sslmode` (or `PostgresOptions::tls`).
+    pub fn start_tls(certs: &crate::tls_certs::Certs, client_certs: bool) -> PgServer {
+        Self::start_tls_as(certs, "server", client_certs)
+    }
+
+    /// [`start_tls`](Self::start_tls) with the certificate `<cert>.pem` of `certs` (`expired`,
+    /// `elsewhere`).
+    pub fn start_tls_as(certs: &crate::tls_certs::Certs, cert: &str, client_certs: bool) -> PgServer {
+        let files = [
+            (certs.path(&format!("{cert}.pem")), "server.pem"),
+            (certs.path(&format!("{cert}.key")), "server.key"),
+            (certs.path("ca.pem"), "ca.pem"),
+        ];
+        let clientcert = if client_certs { " clientcert=verify-ca" } else { "" };
+        // The Unix socket stays open (without TLS) for the tests' own admin connection.
+        let hba = format!("local all all trust\nhostssl all all 127.0.0.1/32 trust{clientcert}\n");
+        let args = [
+            "ssl=on",
+            "ssl_cert_file={data}/tls/server.pem",
+            "ssl_key_file={data}/tls/server.key",
+            "ssl_ca_file={data}/tls/ca.pem",
+            "hba_file={data}/tls/pg_hba.conf",
+        ];
+        Self::launch(args.iter().map(|a| (*a).to_owned()).collect(), move |data: &Path| {
+            // In the data directory, owned by the server's user, the key readable by it alone
+            // (PostgreSQL refuses it otherwise).
+            let tls = data.join("tls");
+            std::fs::create_dir_all(&tls).expect("tls dir");
+            for (from, to) in &files {
+                std::fs::copy(from, tls.join(to)).expect("copy certificate");
+            }
+            std::fs::write(tls.join("pg_hba.conf"), &hba).expect("pg_hba.conf");
+            let status = Command::new("chmod").arg("600").arg(tls.join("server.key")).status().expect("chmod");
+            assert!(status.success());
+        })
+    }
+
+    fn launch(settings: Vec<String>, setup: impl FnOnce(&Path)) -> PgServer {
         static N: AtomicU64 = AtomicU64::new(0);
         let dir =
             server_base().join(format!("lock-tests-pg-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
@@ -147,10 +191,12 @@ impl PgServer {
         std::fs::create_dir_all(&dir).expect("server dir");
         let status = Command::new("cp").arg("-a").arg(template()).arg(dir.join("data")).status().expect("cp");
         assert!(status.success(), "copying the template data directory failed");
+        setup(&dir.join("data"));
         give_to_user(&dir);
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
+            let settings = settings.clone();
             let spawn = move |dir: &Path| {
                 let mut postgres = command(&bin_dir().join("postgres"));
                 postgres
@@ -160,6 +206,9 @@ impl PgServer {
                     .arg(format!("unix_socket_directories={}", dir.display()))
                     .args(["-c", "fsync=off", "-c", "max_connections=100", "-c", "shared_buffers=16MB"])
                     .args(["-c", "autovacuum=off"]);
+                for setting in &settings {
+                    postgres.arg("-c").arg(setting.replace("{data}", &dir.join("data").to_string_lossy()));
+                }
                 postgres
             };
             let ready = move || ready(port);
@@ -188,6 +237,21 @@ impl PgServer {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The directory of the server's Unix socket.
+    pub fn admin_socket_dir(&self) -> &Path {
+        self.process.dir()
+    }
+
+    /// A connection as `postgres` over the server's Unix socket (open without TLS even on a
+    /// TLS-only server), for a test's own queries.
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let mut config = tokio_postgres::Config::new();
+        config.host_path(self.process.dir()).port(self.port).user("postgres").dbname("postgres");
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("admin connection");
+        tokio::spawn(connection);
+        client
     }
 
     /// A fast shutdown (every session is terminated), then the server again on the same port

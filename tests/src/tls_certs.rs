@@ -43,12 +43,10 @@ impl Certs {
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// A self-signed CA `<name>.pem` (key `<name>.key`).
     fn ca(&self, name: &str) {
         let (key, pem, subject) = (format!("{name}.key"), format!("{name}.pem"), format!("/CN=lock-tests {name}"));
-        self.openssl(&[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &pem, "-days", "2", "-subj",
-            &subject,
-        ]);
+        self.new_key(&key, &["-x509", "-out", &pem, "-days", "2", "-subj", &subject]);
     }
 
     /// A certificate `<name>.pem` (key `<name>.key`) for `cn`, signed by the CA, valid for
@@ -57,25 +55,16 @@ impl Certs {
         let (key, csr, pem, ext) =
             (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
         std::fs::write(self.dir.join(&ext), format!("{extensions}\n")).expect("extensions file");
-        let subject = format!("/CN={cn}");
-        self.openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subject]);
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &pem,
-            "-days",
-            days,
-            "-extfile",
-            &ext,
-        ]);
+        self.new_key(&key, &["-out", &csr, "-subj", &format!("/CN={cn}")]);
+        let sign = ["-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", &pem];
+        self.openssl(&[&["x509"][..], &sign, &["-days", days, "-extfile", &ext]].concat());
+    }
+
+    /// `openssl req` with a new P-256 key in `key` (quick to make and to handshake with) and
+    /// `rest`.
+    fn new_key(&self, key: &str, rest: &[&str]) {
+        let new = ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key];
+        self.openssl(&[&new[..], rest].concat());
     }
 
     /// `<dir>/<file>`.

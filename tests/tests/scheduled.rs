@@ -1,14 +1,20 @@
 //! Scheduled jobs across processes: four worker processes (`scheduled_worker`), each ticking
-//! the same `skip_if_locked` job every 200 ms for 10 s with its clock's view skewed by the test
+//! the same `skip_if_locked` job every 400 ms for 12 s with its clock's view skewed by the test
 //! (0, +30, +60 and −40 ms), against a real Redis and a real ZooKeeper. Every tick runs exactly
-//! once, although the job (10 ms) is shorter than the skew: `hold_at_least` (150 ms, between
-//! the skews' spread of 100 ms and the tick) keeps the name taken until every instance's timer
-//! for that tick has fired. A control job without `hold_at_least`, run by the same workers at
+//! once, although the job (10 ms) is shorter than the skew: `hold_at_least` (250 ms) keeps the
+//! name taken until every instance's timer for that tick has fired, and frees it before the
+//! next tick's first one. A control job without `hold_at_least`, run by the same workers at
 //! the same ticks, runs more than once in some ticks: the skew is real, and without the
 //! feature the assertion on `report` would fail the same way.
 //!
+//! The margins are wide enough for a loaded 2-core machine: a worker's attempt may come up to
+//! 150 ms after its timer (the skew's spread is 100 ms, the hold 250 ms, the tick 400 ms)
+//! before a tick could run twice or not at all. (With 200 ms ticks and a 150 ms hold, a stall
+//! of 150 ms while a JVM started beside the run made a tick run nowhere.) The Redis and
+//! ZooKeeper runs take turns, so their eight workers do not compete for the two cores.
+//!
 //! No tick of the window is partial: every worker is connected before the first tick is due
-//! (the epoch is set after they all print `ready`) and each runs ticks 1..=50 of its own clock,
+//! (the epoch is set after they all print `ready`) and each runs ticks 1..=30 of its own clock,
 //! so every tick is fired by all four.
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,13 +25,17 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const SKEWS_MS: [i64; 4] = [0, 30, 60, -40];
-const TICK_MS: i64 = 200;
-const TICKS: i64 = 50; // 10 s
-const HOLD_MS: i64 = 150;
+const TICK_MS: i64 = 400;
+const TICKS: i64 = 30; // 12 s
+const HOLD_MS: i64 = 250;
+
+/// Held by the run under way: the Redis and ZooKeeper runs take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const JOB_MS: i64 = 10;
 
 /// Runs the workers against `backend` at `addr`; returns each job's runs per tick.
 fn run(backend: &str, addr: &str) -> (BTreeMap<u64, usize>, BTreeMap<u64, usize>) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let started = Instant::now();
     let prefix = lock_tests::unique("sched");
     let mut children = Vec::new();

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{distributed_locked, LockManager};
 
-#[distributed_locked(name = "report", skip_if_locked, hold_at_least = 150, manager = m)]
+#[distributed_locked(name = "report", skip_if_locked, hold_at_least = 250, manager = m)]
 async fn report(m: &LockManager, tick: u64, job: Duration) {
     println!("ran report {tick}");
     tokio::time::sleep(job).await;
@@ -54,7 +54,7 @@ async fn main() {
     let num = |k: &str| arg(k).parse::<i64>().unwrap_or_else(|_| panic!("{k}= is not a number"));
     let (skew, tick_ms, ticks, job) =
         (num("skew_ms"), num("tick_ms"), num("ticks"), Duration::from_millis(num("job_ms") as u64));
-    assert_eq!(num("hold_ms"), 150, "the attribute's hold_at_least is 150ms");
+    assert_eq!(num("hold_ms"), 250, "the attribute's hold_at_least is 250ms");
     let builder = LockManager::builder().prefix(arg("prefix")).label(format!("skew{skew}"));
     let manager = match arg("backend").as_str() {
         "redis" => builder.redis(arg("addr")).await,

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
+use super::tls::{self, Connector};
 use super::{advisory_key, pg_error, KIND, SEQUENCE};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, Wake};
 use crate::error::LockError;
@@ -30,11 +31,18 @@ use crate::lost::LostSignal;
 pub struct PostgresOptions {
     operation_timeout: Duration,
     max_idle: usize,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::TlsOptions>,
 }
 
 impl Default for PostgresOptions {
     fn default() -> Self {
-        PostgresOptions { operation_timeout: Duration::from_secs(5), max_idle: 16 }
+        PostgresOptions {
+            operation_timeout: Duration::from_secs(5),
+            max_idle: 16,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
     }
 }
 
@@ -61,6 +69,33 @@ impl PostgresOptions {
     pub fn get_operation_timeout(&self) -> Duration {
         self.operation_timeout
     }
+
+    /// Connects over TLS with these settings (CAs besides the platform's roots, a client
+    /// certificate for mutual TLS), checking the server's certificate and host name
+    /// (`verify-full`) unless the URL's `sslmode` says otherwise; the URL's `sslrootcert`,
+    /// `sslcert` and `sslkey` are added to them. See the [module docs](super) for each mode.
+    /// Feature `tls`.
+    ///
+    /// ```
+    /// use lock_runtime::backend::postgres::PostgresOptions;
+    /// use lock_runtime::TlsOptions;
+    ///
+    /// let options = PostgresOptions::new().tls(TlsOptions::new().ca_file("/etc/ssl/rds-ca.pem"));
+    /// assert!(options.get_tls().is_some());
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The configured [`tls`](Self::tls) settings, if any.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn get_tls(&self) -> Option<&crate::TlsOptions> {
+        self.tls.as_ref()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,12 +116,12 @@ impl Conn {
 
     /// Drops the connection after asking the server to cancel its running query (a wait):
     /// the session then ends, freeing anything it holds.
-    fn cancel_and_close(self, bound: Duration) {
+    fn cancel_and_close(self, bound: Duration, tls: Connector) {
         let token = self.client.cancel_token();
         drop(self);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = tokio::time::timeout(bound, token.cancel_query(NoTls)).await;
+                let _ = tokio::time::timeout(bound, token.cancel_query(tls)).await;
             });
         }
     }
@@ -94,14 +129,22 @@ impl Conn {
 
 struct Shared {
     config: Config,
+    /// The TLS client of the connections and cancel requests (see `tls.rs`).
+    tls: Connector,
     options: PostgresOptions,
     idle: Mutex<Vec<Conn>>,
 }
 
 impl Shared {
+    /// The TLS client for one more connection or cancel request.
+    #[allow(clippy::clone_on_copy)] // `NoTls`, a `Copy`, without the feature `tls`
+    fn tls(&self) -> Connector {
+        self.tls.clone()
+    }
+
     async fn connect(&self, name: &str) -> Result<Conn, LockError> {
         let bound = self.options.operation_timeout;
-        let (client, connection) = match tokio::time::timeout(bound, self.config.connect(NoTls)).await {
+        let (client, connection) = match tokio::time::timeout(bound, self.config.connect(self.tls())).await {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(pg_error(name, "connect", e)),
             Err(_) => return Err(LockError::timed_out(name, KIND, "connect", bound)),
@@ -176,8 +219,11 @@ impl PostgresBackend {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(LockError::invalid("", "not a PostgreSQL URL; give `postgres://user@host:port/db`"));
         }
+        let (url, params) = tls::split_url(url).map_err(|e| LockError::invalid("", e))?;
+        let (tls, mode) = tls::connector(&params, &options, "").map_err(|e| LockError::invalid("", e))?;
         let mut config =
-            Config::from_str(url).map_err(|e| LockError::invalid("", format!("not a valid PostgreSQL URL: {e}")))?;
+            Config::from_str(&url).map_err(|e| LockError::invalid("", format!("not a valid PostgreSQL URL: {e}")))?;
+        config.ssl_mode(tls::ssl_mode(mode));
         if config.get_hosts().is_empty() {
             return Err(LockError::invalid("", "the PostgreSQL URL names no host"));
         }
@@ -188,7 +234,8 @@ impl PostgresBackend {
             config.application_name("lock-runtime");
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
-        let backend = PostgresBackend { shared: Arc::new(Shared { config, options, idle: Mutex::new(Vec::new()) }) };
+        let backend =
+            PostgresBackend { shared: Arc::new(Shared { config, tls, options, idle: Mutex::new(Vec::new()) }) };
         backend.setup().await?;
         Ok(backend)
     }
@@ -204,6 +251,18 @@ impl PostgresBackend {
                 "successive transactions ran on different PostgreSQL sessions (a pooler in transaction mode?): \
                  session advisory locks need a direct connection or a session-mode pooler",
             ));
+        }
+        // A sequence made beforehand is only used: a least-privilege role (`USAGE` on it, no
+        // `CREATE` on the schema) cannot run even `CREATE SEQUENCE IF NOT EXISTS`.
+        let exists = format!("SELECT to_regclass('{SEQUENCE}') IS NOT NULL");
+        match tokio::time::timeout(bound, conn.client.simple_query(&exists)).await {
+            Ok(Ok(rows)) if last_value(&rows).as_deref() == Some("t") => {
+                self.shared.checkin(conn);
+                return Ok(());
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(pg_error("", "connect", e)),
+            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         }
         // Serialised by a transaction-scoped advisory lock (single-bigint key space, never one
         // of the locks' two-int keys): concurrent `CREATE SEQUENCE IF NOT EXISTS` can collide.
@@ -295,7 +354,7 @@ impl Drop for PgAcquisition {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.in_flight {
-                conn.cancel_and_close(self.shared.options.operation_timeout);
+                conn.cancel_and_close(self.shared.options.operation_timeout, self.shared.tls());
             } else {
                 self.shared.checkin(conn);
             }
@@ -325,7 +384,7 @@ impl PgAcquisition {
                 Ok(Ok(rows)) => return Ok(last_value(&rows)),
                 Err(_) => {
                     if let Some(conn) = self.conn.take() {
-                        conn.cancel_and_close(self.shared.options.operation_timeout);
+                        conn.cancel_and_close(self.shared.options.operation_timeout, self.shared.tls());
                     }
                     return Err(Failed::TimedOut(bound));
                 }
