@@ -160,6 +160,23 @@ impl LockError {
         LockError::Backend { name: name.into(), backend, operation, source: source.into() }
     }
 
+    /// [`backend`](Self::backend) from a client error whose message alone may hide its cause
+    /// (a client saying "transport error" or "error performing TLS handshake"): when it has
+    /// causes, the message shows the whole chain.
+    #[cfg(any(feature = "postgres", feature = "etcd"))]
+    pub(crate) fn backend_with_causes<E>(name: &str, backend: &'static str, operation: &'static str, e: E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let Some(mut cause) = e.source() else { return Self::backend(name, backend, operation, e) };
+        let mut shown = format!("{e}: {cause}");
+        while let Some(next) = cause.source() {
+            shown.push_str(&format!(": {next}"));
+            cause = next;
+        }
+        Self::backend(name, backend, operation, shown)
+    }
+
     /// Builds the error for an operation that did not finish within its time bound.
     pub fn timed_out(name: impl Into<String>, backend: &'static str, operation: &'static str, bound: Duration) -> Self {
         Self::backend(name, backend, operation, format!("no answer within {bound:?}"))

@@ -3,8 +3,8 @@
 //! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
 //! a lock is held, on whatever your system already runs: in-process memory (always
 //! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`), PostgreSQL (feature
-//! `postgres`), etcd (feature `etcd`). With the feature `tls`, the Redis and PostgreSQL backends
-//! connect over TLS (mutual TLS included) with `TlsOptions`, on one rustls stack.
+//! `postgres`), etcd (feature `etcd`). With the feature `tls`, the Redis, PostgreSQL and etcd
+//! backends connect over TLS (mutual TLS included) with `TlsOptions`, on one rustls stack.
 //!
 //! # Quick start: the attribute
 //!

@@ -231,6 +231,33 @@ impl Lease {
     }
 }
 
+/// `tls(..)` and `get_tls()` of a backend's options (feature `tls`), which keep the settings in
+/// a field `tls`: one text for every backend. `$doc` says what the settings do there.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(unused_macros))]
+macro_rules! tls_setters {
+    ($doc:literal) => {
+        /// Connects over TLS with these settings: CAs to trust besides the platform's roots,
+        /// a client certificate for mutual TLS. Feature `tls`.
+        ///
+        #[doc = $doc]
+        #[cfg(feature = "tls")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+        pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
+            self.tls = Some(tls);
+            self
+        }
+
+        /// The configured [`tls`](Self::tls) settings, if any.
+        #[cfg(feature = "tls")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+        pub fn get_tls(&self) -> Option<&crate::TlsOptions> {
+            self.tls.as_ref()
+        }
+    };
+}
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(unused_imports))]
+pub(crate) use tls_setters;
+
 /// The setters of a request over its [`LockOptions`] (`wait`, `lease`, `retry`,
 /// `hold_at_least`, `options`): one text for every request type, which keeps its options in a
 /// field `options`.

@@ -15,7 +15,7 @@
 //! `ring` provider is installed as the process default (as the Redis client looks it up there).
 
 // Until every backend takes TLS settings, a build with none of those that do leaves this unused.
-#![cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#![cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
 
 use std::fmt;
 use std::path::PathBuf;
@@ -40,14 +40,14 @@ use crate::error::LockError;
 ///
 /// Given to a backend's options, e.g.
 /// `RedisOptions::default().tls(tls)` with a `rediss://` URL.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TlsOptions {
     cas: Vec<Pem>,
     identity: Option<(Pem, Pem)>,
 }
 
 /// PEM text, in a file or in memory.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 enum Pem {
     File(PathBuf),
     Bytes(Arc<[u8]>),
@@ -179,6 +179,7 @@ pub(crate) type PemText = Arc<[u8]>;
 /// [`TlsOptions`] read and checked.
 pub(crate) struct Loaded {
     /// The client configuration (roots: the platform's and the CAs given).
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub(crate) config: Arc<rustls::ClientConfig>,
     /// The roots `config` trusts.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -186,14 +187,14 @@ pub(crate) struct Loaded {
     /// The CAs given, as PEM text (empty: none).
     pub(crate) cas_pem: Vec<u8>,
     /// The client certificate chain and key, as PEM text.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
     pub(crate) identity: Option<(PemText, PemText)>,
 }
 
 impl Loaded {
     /// The trusted roots as PEM text, for clients that take PEM: the CAs given, then the
     /// platform's roots.
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "etcd"))]
     pub(crate) fn roots_pem(&self) -> Vec<u8> {
         let mut pem = self.cas_pem.clone();
         for cert in platform_roots() {
@@ -237,7 +238,7 @@ pub(crate) fn install_provider() {
 }
 
 /// Standard base64 with padding.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
@@ -259,7 +260,7 @@ mod tests {
     use super::*;
 
     #[test]
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "etcd"))]
     fn base64_matches_the_standard_alphabet_and_padding() {
         assert_eq!(base64(b""), "");
         assert_eq!(base64(b"f"), "Zg==");

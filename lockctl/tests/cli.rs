@@ -387,10 +387,7 @@ async fn redis_over_mutual_tls() {
     let certs = lock_tests::tls_certs::Certs::make();
     let server = RedisServer::start_tls(&certs, true, &[]);
     let path = |f: &str| certs.path(f).to_string_lossy().into_owned();
-    let tls = lock_runtime::TlsOptions::new()
-        .ca_file(certs.path("ca.pem"))
-        .client_cert_files(certs.path("client.pem"), certs.path("client.key"));
-    let options = lock_runtime::backend::redis::RedisOptions::default().tls(tls);
+    let options = lock_runtime::backend::redis::RedisOptions::default().tls(certs.mutual());
     let backend = RedisBackend::connect_with(&server.url(), options).await.expect("connect over TLS");
     let prefix = format!("{}:", unique("lockctl-tls"));
     let manager = LockManager::builder().prefix(&prefix).label(LABEL).backend(backend);

@@ -23,6 +23,10 @@ use crate::server_process::ServerProcess;
 #[derive(Debug)]
 pub struct EtcdServer {
     port: u16,
+    /// Whether the client port speaks TLS.
+    tls: bool,
+    /// The plaintext port of `/health` and `/metrics`.
+    metrics_port: u16,
     process: ServerProcess,
 }
 
@@ -30,26 +34,49 @@ impl EtcdServer {
     /// Starts a one-member cluster on free loopback ports and waits until it is healthy.
     /// Panics (failing the test) if `etcd` is missing or does not start.
     pub fn start() -> EtcdServer {
-        let (port, peer_port) = (free_port(), free_port());
+        Self::launch(None)
+    }
+
+    /// A server whose client port speaks TLS only, with the server certificate of `certs`;
+    /// with `client_certs`, clients must present a certificate signed by its CA (mutual TLS).
+    /// Its [`endpoint`](Self::endpoint) is `https://127.0.0.1:<port>`. Its health is asked on
+    /// a plaintext metrics port.
+    pub fn start_tls(certs: &crate::tls_certs::Certs, client_certs: bool) -> EtcdServer {
+        let path = |f: &str| certs.path(f).to_string_lossy().into_owned();
+        let mut args = vec!["--cert-file".to_owned(), path("server.pem"), "--key-file".to_owned(), path("server.key")];
+        // (etcd 3.4 asks every client for a certificate once it has a trusted CA.)
+        if client_certs {
+            args.extend(["--trusted-ca-file".to_owned(), path("ca.pem"), "--client-cert-auth".to_owned()]);
+        }
+        Self::launch(Some(args))
+    }
+
+    fn launch(tls: Option<Vec<String>>) -> EtcdServer {
+        let (port, peer_port, metrics_port) = (free_port(), free_port(), free_port());
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let spawn = move |dir: &std::path::Path| {
-            let client = format!("http://127.0.0.1:{port}");
+            let client = format!("{scheme}://127.0.0.1:{port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
+            let metrics = format!("http://127.0.0.1:{metrics_port}");
             let mut etcd = Command::new("etcd");
             etcd.args(["--name", "t", "--data-dir", &dir.join("data").to_string_lossy()])
                 .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
                 .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-                .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "warn"]);
+                .args(["--listen-metrics-urls", &metrics])
+                .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "warn"])
+                .args(tls.iter().flatten());
             etcd
         };
         let dir = ServerProcess::temp_dir("etcd");
-        let mut process = ServerProcess::new("etcd", dir, spawn, move || healthy(port), Duration::from_secs(20));
+        let ready = move || healthy(metrics_port);
+        let mut process = ServerProcess::new("etcd", dir, spawn, ready, Duration::from_secs(20));
         process.start();
-        EtcdServer { port, process }
+        EtcdServer { port, tls: scheme == "https", metrics_port, process }
     }
 
     /// Whether the server answers `GET /health` with a healthy status right now.
     pub fn healthy(&self) -> bool {
-        healthy(self.port)
+        healthy(self.metrics_port)
     }
 
     /// The client port.
@@ -57,9 +84,10 @@ impl EtcdServer {
         self.port
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` for a TLS one).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The process id, while it runs.

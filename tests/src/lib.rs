@@ -76,3 +76,19 @@ pub fn reached<T: PartialEq>(got: T, want: T) -> Result<(), T> {
         Err(got)
     }
 }
+
+/// The error `outcome` must be (`why`: why it must fail); panics if it succeeded.
+pub fn refused<T>(outcome: Result<T, lock_runtime::LockError>, why: &str) -> lock_runtime::LockError {
+    match outcome {
+        Ok(_) => panic!("succeeded although {why}"),
+        Err(e) => e,
+    }
+}
+
+/// Awaits `fut`, asserting that it ended within `bound` (plus a second for a loaded machine).
+pub async fn within_bound<T>(bound: std::time::Duration, fut: impl std::future::Future<Output = T>) -> T {
+    let started = std::time::Instant::now();
+    let out = fut.await;
+    assert!(started.elapsed() < bound + std::time::Duration::from_secs(1), "took {:?}", started.elapsed());
+    out
+}

@@ -72,6 +72,14 @@ impl Certs {
         self.dir.join(file)
     }
 
+    /// Trusts the CA and presents the client certificate (mutual TLS).
+    #[cfg(feature = "tls")]
+    pub fn mutual(&self) -> lock_runtime::TlsOptions {
+        lock_runtime::TlsOptions::new()
+            .ca_file(self.path("ca.pem"))
+            .client_cert_files(self.path("client.pem"), self.path("client.key"))
+    }
+
     /// The directory holding them.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -8,18 +8,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_runtime::backend::postgres::{PostgresBackend, PostgresOptions};
 use lock_runtime::{LockError, LockManager, LockManagerBuilder, TlsOptions};
 use lock_tests::pg_server::PgServer;
+use lock_tests::refused;
 use lock_tests::tls_certs::Certs;
-
-fn mutual(certs: &Certs) -> TlsOptions {
-    TlsOptions::new()
-        .ca_file(certs.path("ca.pem"))
-        .client_cert_files(certs.path("client.pem"), certs.path("client.key"))
-}
 
 /// `postgres://postgres@127.0.0.1:<port>/postgres?<params>` (the certificate names 127.0.0.1).
 fn url(server: &PgServer, params: &str) -> String {
@@ -30,7 +25,7 @@ lock_tests::conformance_suite!({
     let certs = Arc::new(Certs::make());
     let server = Arc::new(PgServer::start_tls(&certs, true));
     move |builder: LockManagerBuilder| {
-        let (url, tls) = (url(&server, "sslmode=verify-full"), mutual(&certs));
+        let (url, tls) = (url(&server, "sslmode=verify-full"), certs.mutual());
         let _keep = (server.clone(), certs.clone());
         async move {
             let backend = PostgresBackend::connect_with(url, PostgresOptions::new().tls(tls)).await;
@@ -42,17 +37,7 @@ lock_tests::conformance_suite!({
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 async fn connect(url: &str, options: PostgresOptions) -> Result<PostgresBackend, LockError> {
-    let started = Instant::now();
-    let outcome = PostgresBackend::connect_with(url, options.operation_timeout(TIMEOUT)).await;
-    assert!(started.elapsed() < TIMEOUT + Duration::from_secs(1), "took {:?}", started.elapsed());
-    outcome
-}
-
-fn refused(outcome: Result<PostgresBackend, LockError>, why: &str) -> LockError {
-    match outcome {
-        Ok(_) => panic!("connected although {why}"),
-        Err(e) => e,
-    }
+    lock_tests::within_bound(TIMEOUT, PostgresBackend::connect_with(url, options.operation_timeout(TIMEOUT))).await
 }
 
 #[tokio::test]
@@ -130,7 +115,7 @@ async fn dropped_waiter_is_cancelled_over_tls() {
     let certs = Certs::make();
     let server = PgServer::start_tls(&certs, true);
     let m = LockManager::builder().backend(
-        connect(&url(&server, "sslmode=verify-full"), PostgresOptions::new().tls(mutual(&certs)))
+        connect(&url(&server, "sslmode=verify-full"), PostgresOptions::new().tls(certs.mutual()))
             .await
             .expect("connect"),
     );

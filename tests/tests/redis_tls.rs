@@ -7,25 +7,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
 use lock_runtime::{LockError, LockManager, LockManagerBuilder, TlsOptions};
 use lock_tests::redis_server::RedisServer;
+use lock_tests::refused;
 use lock_tests::tls_certs::Certs;
-
-/// Trusts the test CA and presents the client certificate.
-fn mutual(certs: &Certs) -> TlsOptions {
-    TlsOptions::new()
-        .ca_file(certs.path("ca.pem"))
-        .client_cert_files(certs.path("client.pem"), certs.path("client.key"))
-}
 
 lock_tests::conformance_suite!({
     let certs = Arc::new(Certs::make());
     let server = Arc::new(RedisServer::start_tls(&certs, true, &[]));
     move |builder: LockManagerBuilder| {
-        let (url, tls) = (server.url(), mutual(&certs));
+        let (url, tls) = (server.url(), certs.mutual());
         let _keep = (server.clone(), certs.clone());
         async move {
             let options = RedisOptions::default().tls(tls);
@@ -44,17 +38,7 @@ async fn connect(url: &str, tls: Option<TlsOptions>) -> Result<RedisBackend, Loc
         Some(tls) => options.tls(tls),
         None => options,
     };
-    let started = Instant::now();
-    let outcome = RedisBackend::connect_with(url, options).await;
-    assert!(started.elapsed() < TIMEOUT + Duration::from_secs(1), "took {:?}", started.elapsed());
-    outcome
-}
-
-fn refused(outcome: Result<RedisBackend, LockError>, why: &str) -> LockError {
-    match outcome {
-        Ok(_) => panic!("connected although {why}"),
-        Err(e) => e,
-    }
+    lock_tests::within_bound(TIMEOUT, RedisBackend::connect_with(url, options)).await
 }
 
 #[tokio::test]
@@ -99,7 +83,7 @@ async fn mutual_tls_without_a_client_certificate_is_refused() {
         "no client certificate was presented",
     );
     assert!(e.is_backend(), "{e}");
-    assert!(connect(&server.url(), Some(mutual(&certs))).await.is_ok());
+    assert!(connect(&server.url(), Some(certs.mutual())).await.is_ok());
 }
 
 #[tokio::test]
@@ -175,7 +159,7 @@ async fn an_acl_user_limited_to_the_lock_keys_runs_every_kind_over_tls() {
     let certs = Certs::make();
     let server = RedisServer::start_tls(&certs, true, &[]);
     let admin = LockManager::builder()
-        .backend(RedisBackend::connect_with(&server.url(), RedisOptions::default().tls(mutual(&certs))).await.unwrap());
+        .backend(RedisBackend::connect_with(&server.url(), RedisOptions::default().tls(certs.mutual())).await.unwrap());
     drop(admin); // (installs the TLS provider the raw client below uses)
     let mut raw = raw_tls(&server, &certs).await;
     let mut acl = redis::cmd("ACL");
@@ -185,7 +169,7 @@ async fn an_acl_user_limited_to_the_lock_keys_runs_every_kind_over_tls() {
 
     let url = format!("rediss://locker:lock-secret@localhost:{}", server.port());
     let backend =
-        RedisBackend::connect_with(&url, RedisOptions::default().tls(mutual(&certs))).await.expect("acl user");
+        RedisBackend::connect_with(&url, RedisOptions::default().tls(certs.mutual())).await.expect("acl user");
     let m = LockManager::builder().backend(backend);
     // Every kind, contended (so the release channels and their subscriptions are used too).
     let held = m.lock("acl:mutex").await.expect("mutex");
@@ -218,7 +202,7 @@ async fn wrong_acl_credentials_are_refused_by_name() {
     let certs = Certs::make();
     let server = RedisServer::start_tls(&certs, true, &[]);
     let url = format!("rediss://nobody:wrong@localhost:{}", server.port());
-    let e = refused(connect(&url, Some(mutual(&certs))).await, "the credentials are wrong");
+    let e = refused(connect(&url, Some(certs.mutual())).await, "the credentials are wrong");
     assert!(e.is_backend(), "{e}");
     assert!(!e.to_string().contains("wrong@"), "the password is not shown: {e}");
     assert!(e.to_string().to_lowercase().contains("password") || e.to_string().contains("WRONGPASS"), "{e}");

@@ -56,8 +56,8 @@ impl EtcdBackend {
     }
 
     /// Connects to `endpoints` with `options` and grants the manager's lease. Fails with an
-    /// [`is_invalid`](LockError::is_invalid) error for a malformed endpoint (or `https://`:
-    /// this build has no TLS) or an option out of range, and an
+    /// [`is_invalid`](LockError::is_invalid) error for a malformed endpoint (or `https://`
+    /// without the feature `tls`) or an option out of range, and an
     /// [`is_backend`](LockError::is_backend) error when no server grants the lease within the
     /// operation timeout.
     pub async fn connect_with<E: AsRef<str>, S: AsRef<[E]>>(
@@ -77,12 +77,21 @@ impl EtcdBackend {
             .with_connect_timeout(bound)
             .with_keep_alive(Duration::from_secs(10), bound)
             .with_keep_alive_while_idle(true);
+        let connect = match options.get_credentials() {
+            Some(c) => connect.with_user(&c.user, &c.password).with_auto_token_refresh(true),
+            None => connect,
+        };
+        #[cfg(feature = "tls")]
+        let connect = match endpoints[0].starts_with("https://") {
+            true => connect.with_tls(tls(&options, &shown)?),
+            false => connect,
+        };
         let client = match tokio::time::timeout(bound, Client::connect(&endpoints, Some(connect))).await {
             Ok(Ok(client)) => client,
             Ok(Err(e @ (etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_)))) => {
                 return Err(LockError::invalid(shown, format!("not a valid etcd endpoint list: {e}")));
             }
-            Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
+            Ok(Err(e)) => return Err(super::etcd_error(&shown, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", bound)),
         };
         Ok(EtcdBackend { shared: Shared::start(client, options, endpoints).await? })
@@ -138,4 +147,17 @@ impl LockBackend for EtcdBackend {
     fn operation_timeout(&self) -> Duration {
         self.shared.options.get_operation_timeout()
     }
+}
+
+/// The client's TLS settings for `options`: the CAs given and the platform's roots, and the
+/// client identity.
+#[cfg(feature = "tls")]
+fn tls(options: &EtcdOptions, shown: &str) -> Result<etcd_client::TlsOptions, LockError> {
+    crate::tls::install_provider();
+    let loaded = options.get_tls().cloned().unwrap_or_default().load(shown)?;
+    let tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(loaded.roots_pem()));
+    Ok(match &loaded.identity {
+        Some((cert, key)) => tls.identity(etcd_client::Identity::from_pem(&**cert, &**key)),
+        None => tls,
+    })
 }

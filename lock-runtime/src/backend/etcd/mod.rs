@@ -19,7 +19,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn etcd_error(name: &str, operation: &'static str, e: etcd_client::Error) -> LockError {
-    LockError::backend(name, KIND, operation, e)
+    LockError::backend_with_causes(name, KIND, operation, e)
 }
 
 /// `key` with `%` and `/` percent-encoded: one path segment, never a prefix of another lock's.

@@ -19,6 +19,22 @@ pub struct EtcdOptions {
     lease_ttl: Duration,
     operation_timeout: Duration,
     root: String,
+    credentials: Option<Credentials>,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::TlsOptions>,
+}
+
+/// An etcd user and its password (never shown).
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct Credentials {
+    pub(super) user: String,
+    pub(super) password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("user", &self.user).finish_non_exhaustive()
+    }
 }
 
 impl Default for EtcdOptions {
@@ -27,6 +43,9 @@ impl Default for EtcdOptions {
             lease_ttl: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(5),
             root: "lock-runtime".to_owned(),
+            credentials: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -57,6 +76,44 @@ impl EtcdOptions {
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
         self
+    }
+
+    /// Logs in as `user` with `password` (etcd's authentication, with RBAC on): the client
+    /// gets a token at connect and a new one whenever the server has expired it. The role of
+    /// `user` needs read and write on the keys under the [`root`](Self::root) (a range
+    /// `<root>/` to its prefix end); see the [module docs](super) for a least-privilege role.
+    ///
+    /// ```
+    /// use lock_runtime::backend::etcd::EtcdOptions;
+    ///
+    /// let options = EtcdOptions::new().credentials("locker", "secret");
+    /// assert_eq!(options.get_user(), Some("locker"));
+    /// assert!(!format!("{options:?}").contains("secret"));
+    /// ```
+    pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials { user: user.into(), password: password.into() });
+        self
+    }
+
+    crate::options::tls_setters!(
+        "The endpoints must be `https://` ones. An `https://` endpoint without the settings \
+         trusts the platform's roots alone.\n\n\
+         ```\n\
+         use lock_runtime::backend::etcd::EtcdOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let tls = TlsOptions::new().ca_file(\"ca.pem\").client_cert_files(\"client.pem\", \"client.key\");\n\
+         let options = EtcdOptions::new().tls(tls).credentials(\"locker\", \"secret\");\n\
+         assert!(options.get_tls().is_some());\n\
+         ```"
+    );
+
+    /// The user of [`credentials`](Self::credentials), if any.
+    pub fn get_user(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|c| c.user.as_str())
+    }
+
+    pub(super) fn get_credentials(&self) -> Option<&Credentials> {
+        self.credentials.as_ref()
     }
 
     /// The lease TTL.
@@ -93,6 +150,14 @@ impl EtcdOptions {
                 format!("etcd operation timeout {:?} is not within 10 ms ..= 10 min", self.operation_timeout),
             ));
         }
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() && !endpoints.starts_with("https://") {
+            let why = "TLS settings were given (`EtcdOptions::tls`) but the endpoints are not TLS ones: use `https://host:port`";
+            return Err(LockError::invalid(endpoints, why));
+        }
+        if self.credentials.as_ref().is_some_and(|c| c.user.is_empty()) {
+            return Err(LockError::invalid(endpoints, "the etcd user of `credentials` is empty"));
+        }
         if self.root.trim_matches('/').is_empty() || self.root.contains('\0') {
             return Err(LockError::invalid(endpoints, format!("etcd root {:?} is empty or holds a NUL", self.root)));
         }
@@ -109,25 +174,38 @@ pub(super) fn check_endpoints(endpoints: &[&str]) -> Result<Vec<String>, LockErr
     let mut out = Vec::with_capacity(endpoints.len());
     for endpoint in endpoints {
         let endpoint = endpoint.trim();
-        if endpoint.starts_with("https://") {
-            return Err(LockError::invalid(
-                shown,
-                format!("etcd endpoint `{endpoint}`: TLS is not supported by this build; use `http://`"),
-            ));
-        }
-        let rest = endpoint.strip_prefix("http://").unwrap_or(endpoint).trim_end_matches('/');
-        let valid = rest.rsplit_once(':').is_some_and(|(host, port)| {
-            let host_ok = !host.is_empty()
-                && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '[' | ']' | ':'));
-            host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
-        });
+        let (scheme, rest) = match endpoint.split_once("://") {
+            Some(("http", rest)) => ("http", rest),
+            Some(("https", rest)) if cfg!(feature = "tls") => ("https", rest),
+            Some(("https", _)) => {
+                let why = format!(
+                    "etcd endpoint `{endpoint}`: TLS needs the `tls` feature of lock-runtime, which this build leaves out"
+                );
+                return Err(LockError::invalid(shown, why));
+            }
+            Some(_) => ("", endpoint),
+            None => ("http", endpoint),
+        };
+        let rest = rest.trim_end_matches('/');
+        let valid = !scheme.is_empty()
+            && rest.rsplit_once(':').is_some_and(|(host, port)| {
+                let host_ok = !host.is_empty()
+                    && host
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '[' | ']' | ':'));
+                host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
         if !valid {
             return Err(LockError::invalid(
                 shown,
-                format!("not a valid etcd endpoint: `{endpoint}`; give `http://host:port`"),
+                format!("not a valid etcd endpoint: `{endpoint}`; give `http://host:port` (or `https://host:port`)"),
             ));
         }
-        out.push(format!("http://{rest}"));
+        out.push(format!("{scheme}://{rest}"));
+    }
+    let tls = out.iter().filter(|e| e.starts_with("https://")).count();
+    if tls != 0 && tls != out.len() {
+        return Err(LockError::invalid(shown, "the etcd endpoints mix `http://` and `https://`: give one kind"));
     }
     Ok(out)
 }
@@ -140,12 +218,14 @@ mod tests {
     fn endpoints_are_checked() {
         assert_eq!(check_endpoints(&["127.0.0.1:2379"]).ok(), Some(vec!["http://127.0.0.1:2379".to_owned()]));
         assert_eq!(check_endpoints(&["http://etcd-1:2379/"]).ok(), Some(vec!["http://etcd-1:2379".to_owned()]));
-        for bad in
-            [&[][..], &["nonsense"], &["http://:2379"], &["host:0"], &["host:99999"], &["https://h:1"], &["a b:1"]]
+        for bad in [&[][..], &["nonsense"], &["http://:2379"], &["host:0"], &["host:99999"], &["ftp://h:1"], &["a b:1"]]
         {
             let err = check_endpoints(bad).expect_err("refused");
             assert!(err.is_invalid(), "{err}");
         }
+        let https = check_endpoints(&["https://h:1"]);
+        assert_eq!(https.is_ok(), cfg!(feature = "tls"), "{https:?}");
+        assert!(check_endpoints(&["https://h:1", "http://h:2"]).is_err());
     }
 
     #[test]

@@ -70,32 +70,17 @@ impl PostgresOptions {
         self.operation_timeout
     }
 
-    /// Connects over TLS with these settings (CAs besides the platform's roots, a client
-    /// certificate for mutual TLS), checking the server's certificate and host name
-    /// (`verify-full`) unless the URL's `sslmode` says otherwise; the URL's `sslrootcert`,
-    /// `sslcert` and `sslkey` are added to them. See the [module docs](super) for each mode.
-    /// Feature `tls`.
-    ///
-    /// ```
-    /// use lock_runtime::backend::postgres::PostgresOptions;
-    /// use lock_runtime::TlsOptions;
-    ///
-    /// let options = PostgresOptions::new().tls(TlsOptions::new().ca_file("/etc/ssl/rds-ca.pem"));
-    /// assert!(options.get_tls().is_some());
-    /// ```
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The configured [`tls`](Self::tls) settings, if any.
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn get_tls(&self) -> Option<&crate::TlsOptions> {
-        self.tls.as_ref()
-    }
+    crate::options::tls_setters!(
+        "The server's certificate and host name are checked (`verify-full`) unless the URL's \
+         `sslmode` says otherwise; the URL's `sslrootcert`, `sslcert` and `sslkey` are added to \
+         the settings. See the [module docs](super) for each mode.\n\n\
+         ```\n\
+         use lock_runtime::backend::postgres::PostgresOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let options = PostgresOptions::new().tls(TlsOptions::new().ca_file(\"/etc/ssl/rds-ca.pem\"));\n\
+         assert!(options.get_tls().is_some());\n\
+         ```"
+    );
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

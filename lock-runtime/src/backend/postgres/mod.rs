@@ -29,18 +29,5 @@ pub fn advisory_key(key: &str) -> (i32, i32) {
 }
 
 fn pg_error(name: &str, operation: &'static str, e: tokio_postgres::Error) -> LockError {
-    // The client's message alone hides the cause of a failed connect ("error performing TLS
-    // handshake"): the whole chain is shown then.
-    match std::error::Error::source(&e) {
-        None => LockError::backend(name, KIND, operation, e),
-        Some(_) => {
-            let mut shown = e.to_string();
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                shown.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            LockError::backend(name, KIND, operation, shown)
-        }
-    }
+    LockError::backend_with_causes(name, KIND, operation, e)
 }

@@ -135,33 +135,17 @@ impl RedisOptions {
         self
     }
 
-    /// Connects over TLS with these settings (CAs besides the platform's roots, a client
-    /// certificate for mutual TLS); the URLs must be `rediss://` ones. Every connection of the
-    /// backend uses them: commands, pub/sub, a Cluster's nodes, the Sentinels and the primary
-    /// they name, each Redlock primary. A `rediss://` URL without this trusts the platform's
-    /// roots alone. Feature `tls`.
-    ///
-    /// ```
-    /// use lock_runtime::backend::redis::RedisOptions;
-    /// use lock_runtime::TlsOptions;
-    ///
-    /// let tls = TlsOptions::new().ca_file("ca.pem").client_cert_files("client.pem", "client.key");
-    /// let options = RedisOptions::default().tls(tls);
-    /// assert!(options.get_tls().is_some());
-    /// ```
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The configured [`tls`](Self::tls) settings, if any.
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn get_tls(&self) -> Option<&crate::TlsOptions> {
-        self.tls.as_ref()
-    }
+    crate::options::tls_setters!(
+        "The URLs must be `rediss://` ones. Every connection of the backend uses the settings: \
+         commands, pub/sub, a Cluster's nodes, the Sentinels and the primary they name, each \
+         Redlock primary. A `rediss://` URL without them trusts the platform's roots alone.\n\n\
+         ```\n\
+         use lock_runtime::backend::redis::RedisOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let tls = TlsOptions::new().ca_file(\"ca.pem\").client_cert_files(\"client.pem\", \"client.key\");\n\
+         assert!(RedisOptions::default().tls(tls).get_tls().is_some());\n\
+         ```"
+    );
 
     /// The configured [`wait_for_replicas`](Self::wait_for_replicas), if any.
     pub fn get_wait_for_replicas(&self) -> Option<(usize, Duration)> {
