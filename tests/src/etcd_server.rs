@@ -52,26 +52,34 @@ impl EtcdServer {
     }
 
     fn launch(tls: Option<Vec<String>>) -> EtcdServer {
-        let (port, peer_port, metrics_port) = (free_port(), free_port(), free_port());
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let spawn = move |dir: &std::path::Path| {
-            let client = format!("{scheme}://127.0.0.1:{port}");
-            let peer = format!("http://127.0.0.1:{peer_port}");
-            let metrics = format!("http://127.0.0.1:{metrics_port}");
-            let mut etcd = Command::new("etcd");
-            etcd.args(["--name", "t", "--data-dir", &dir.join("data").to_string_lossy()])
-                .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-                .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-                .args(["--listen-metrics-urls", &metrics])
-                .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "warn"])
-                .args(tls.iter().flatten());
-            etcd
-        };
-        let dir = ServerProcess::temp_dir("etcd");
-        let ready = move || healthy(metrics_port);
-        let mut process = ServerProcess::new("etcd", dir, spawn, ready, Duration::from_secs(20));
-        process.start();
-        EtcdServer { port, tls: scheme == "https", metrics_port, process }
+        // Free ports may be taken by another server starting meanwhile: new ones, a few times.
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let (port, peer_port, metrics_port) = (free_port(), free_port(), free_port());
+            let tls = tls.clone();
+            let spawn = move |dir: &std::path::Path| {
+                let client = format!("{scheme}://127.0.0.1:{port}");
+                let peer = format!("http://127.0.0.1:{peer_port}");
+                let metrics = format!("http://127.0.0.1:{metrics_port}");
+                let mut etcd = Command::new("etcd");
+                etcd.args(["--name", "t", "--data-dir", &dir.join("data").to_string_lossy()])
+                    .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+                    .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+                    .args(["--listen-metrics-urls", &metrics])
+                    .args(["--initial-cluster", &format!("t={peer}"), "--log-level", "warn"])
+                    .args(tls.iter().flatten());
+                etcd
+            };
+            let dir = ServerProcess::temp_dir("etcd");
+            let ready = move || healthy(metrics_port);
+            let mut process = ServerProcess::new("etcd", dir, spawn, ready, Duration::from_secs(20));
+            match process.try_start() {
+                Ok(()) => return EtcdServer { port, tls: scheme == "https", metrics_port, process },
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("could not start etcd: {last_error}");
     }
 
     /// Whether the server answers `GET /health` with a healthy status right now.

@@ -14,7 +14,7 @@ use zookeeper_client::{Client, Error as ZkError, EventType, WatchedEvent};
 use super::kinds::{self, Verdict};
 use super::options::ZookeeperOptions;
 use super::purge::{purge, send_delete, Leftover};
-use super::recipe::{create_node, encode, find_own, queue, stale_at, LeaseRecord, Node};
+use super::recipe::{create_node, encode, find_own, node_acls, queue, stale_at, LeaseRecord, Node};
 use super::session::{wait_connected, HolderEntry, Session, Shared, Waiting};
 use super::{gone, lock, session_gone, zk_error, KIND};
 use crate::backend::{
@@ -233,8 +233,9 @@ impl ZkAcquisition {
         let session = self.shared.session(&self.req.name, operation).await?;
         self.state = State::Creating(Arc::downgrade(&session));
         let data = LeaseRecord::initial(self.req.lease, &self.req.holder);
-        let root = self.shared.options.get_root();
-        let node = create_node(&session.client, root, &self.dir, &self.tag, &data, self.patience())
+        let (root, options) = (self.shared.options.get_root(), &self.shared.options);
+        let acls = node_acls(options.get_digest().is_some());
+        let node = create_node(&session.client, (root, &self.dir), &self.tag, &data, acls, self.patience())
             .await
             .map_err(self.fail(operation))?;
         self.state = State::Queued { session: Arc::downgrade(&session), node: node.clone() };

@@ -26,6 +26,20 @@ pub struct ZookeeperOptions {
     operation_timeout: Duration,
     root: String,
     lost_after_disconnect: Option<Duration>,
+    digest: Option<Digest>,
+}
+
+/// A ZooKeeper `digest` identity (user and password; the password is never shown).
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct Digest {
+    pub(super) user: String,
+    pub(super) password: String,
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Digest").field("user", &self.user).finish_non_exhaustive()
+    }
 }
 
 impl Default for ZookeeperOptions {
@@ -35,6 +49,7 @@ impl Default for ZookeeperOptions {
             operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
             root: Self::DEFAULT_ROOT.to_owned(),
             lost_after_disconnect: None,
+            digest: None,
         }
     }
 }
@@ -89,6 +104,34 @@ impl ZookeeperOptions {
         self
     }
 
+    /// Authenticates the session as `user` with `password` (ZooKeeper's `digest` scheme), and
+    /// creates every lock node, and the container of each name, with an ACL that lets only that
+    /// identity write or delete (everyone may read, so `lockctl` still lists the locks). A client
+    /// with other credentials, or none, then cannot delete a held lock's node (in ZooKeeper,
+    /// deleting a node is a right on its parent: the container). A name whose container was made
+    /// before, by another identity, keeps that identity's ACL. `user` may not hold a `:`.
+    ///
+    /// ```
+    /// use lock_runtime::backend::zookeeper::ZookeeperOptions;
+    ///
+    /// let options = ZookeeperOptions::new().digest_auth("billing", "secret");
+    /// assert_eq!(options.get_digest_user(), Some("billing"));
+    /// assert!(!format!("{options:?}").contains("secret"));
+    /// ```
+    pub fn digest_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some(Digest { user: user.into(), password: password.into() });
+        self
+    }
+
+    /// The user of [`digest_auth`](Self::digest_auth), if any.
+    pub fn get_digest_user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|d| d.user.as_str())
+    }
+
+    pub(super) fn get_digest(&self) -> Option<&Digest> {
+        self.digest.as_ref()
+    }
+
     /// The session timeout asked for.
     pub fn get_session_timeout(&self) -> Duration {
         self.session_timeout
@@ -112,6 +155,12 @@ impl ZookeeperOptions {
     /// Validates every option (the one place they are checked: the code after it relies on
     /// every duration being within `MIN_TIMEOUT..=MAX_TIMEOUT`).
     pub(super) fn check(&self, hosts: &str) -> Result<(), LockError> {
+        if let Some(digest) = &self.digest {
+            if digest.user.is_empty() || digest.user.contains(':') {
+                let why = "the ZooKeeper digest user must not be empty nor hold a `:` (digest identities are `user:password`)";
+                return Err(LockError::invalid(hosts, why));
+            }
+        }
         let root = &self.root;
         if !root.starts_with('/') || root.len() < 2 || root.ends_with('/') || root.contains("//") {
             return Err(LockError::invalid(

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, Stat};
+use zookeeper_client::{Acl, Acls, Client, CreateMode, Error as ZkError, Permission, Stat};
 
 use super::session::wait_connected;
 use super::NODE_PREFIX;
@@ -99,19 +99,34 @@ pub(super) fn parent(path: &str) -> &str {
     path.rsplit_once('/').map_or(path, |(dir, _)| dir)
 }
 
-/// Creates the acquisition's node `<tag>-<sequence>` under `dir`, creating parents as needed;
-/// after a lost reply, finds the node by its tag (after a `sync`) instead of creating a second
-/// one.
+/// The ACL of lock nodes and containers made by a session authenticated with
+/// `ZookeeperOptions::digest_auth`: everything to that identity, reading to everyone.
+static OWNED: [Acl; 2] =
+    [Acl::new_const(Permission::ALL, "auth", ""), Acl::new_const(Permission::READ, "world", "anyone")];
+
+/// The ACL of the lock nodes and containers a session makes: [`OWNED`] when it is
+/// authenticated (`owned`), else everything to everyone.
+pub(super) fn node_acls(owned: bool) -> Acls<'static> {
+    if owned {
+        Acls::new(&OWNED)
+    } else {
+        Acls::anyone_all()
+    }
+}
+
+/// Creates the acquisition's node `<tag>-<sequence>` under `dir`, creating parents as needed,
+/// both with `acls`; after a lost reply, finds the node by its tag (after a `sync`) instead of
+/// creating a second one.
 pub(super) async fn create_node(
     client: &Client,
-    root: &str,
-    dir: &str,
+    (root, dir): (&str, &str),
     tag: &str,
     data: &[u8],
+    acls: Acls<'static>,
     patience: Duration,
 ) -> Result<Node, ZkError> {
     let prefix = own_prefix(dir, tag);
-    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let options = CreateMode::EphemeralSequential.with_acls(acls);
     let mut tries = 0;
     // Set after a connection loss: the create may have happened, look for it before another.
     let mut recovering = false;
@@ -129,15 +144,16 @@ pub(super) async fn create_node(
         match client.create(&prefix, data, &options).await {
             Ok((stat, seq)) => return Ok(Node::new(format!("{prefix}{seq}"), seq.into_i64(), &stat)),
             // No parent yet, or a release just deleted the empty parent: (re)create it.
-            Err(ZkError::NoNode) if tries < 8 => make_dir(client, root, dir).await?,
+            Err(ZkError::NoNode) if tries < 8 => make_dir(client, root, dir, acls).await?,
             Err(ZkError::ConnectionLoss) if tries < 8 => recovering = true,
             Err(e) => return Err(e),
         }
     }
 }
 
-async fn make_dir(client: &Client, root: &str, dir: &str) -> Result<(), ZkError> {
-    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+async fn make_dir(client: &Client, root: &str, dir: &str, acls: Acls<'static>) -> Result<(), ZkError> {
+    // The container's ACL is what guards its nodes against deletion (a right on the parent).
+    let container = CreateMode::Container.with_acls(acls);
     match client.create(dir, &[], &container).await {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),
         Err(ZkError::NoNode) => {

@@ -123,10 +123,13 @@ impl Shared {
             return Ok(session);
         }
         let bound = self.options.get_operation_timeout();
-        let connect = Client::connector()
-            .with_session_timeout(self.options.get_session_timeout())
-            .with_fail_eagerly()
-            .connect(&self.hosts);
+        let connector =
+            Client::connector().with_session_timeout(self.options.get_session_timeout()).with_fail_eagerly();
+        let connector = match self.options.get_digest() {
+            Some(d) => connector.with_auth("digest", format!("{}:{}", d.user, d.password).as_bytes()),
+            None => connector,
+        };
+        let connect = connector.connect(&self.hosts);
         let client = match tokio::time::timeout(bound, connect).await {
             Ok(Ok(client)) => client,
             Ok(Err(e @ zookeeper_client::Error::BadArguments(_))) => return Err(zk_error(name, operation, e)),
