@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod credentials;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;

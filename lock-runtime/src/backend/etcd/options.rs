@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::backend::credentials::Credentials;
 use crate::error::LockError;
 
 /// Settings of an [`EtcdBackend`](super::EtcdBackend), checked when it connects.
@@ -22,19 +23,6 @@ pub struct EtcdOptions {
     credentials: Option<Credentials>,
     #[cfg(feature = "tls")]
     tls: Option<crate::TlsOptions>,
-}
-
-/// An etcd user and its password (never shown).
-#[derive(Clone, PartialEq, Eq)]
-pub(super) struct Credentials {
-    pub(super) user: String,
-    pub(super) password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials").field("user", &self.user).finish_non_exhaustive()
-    }
 }
 
 impl Default for EtcdOptions {
@@ -91,7 +79,7 @@ impl EtcdOptions {
     /// assert!(!format!("{options:?}").contains("secret"));
     /// ```
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials { user: user.into(), password: password.into() });
+        self.credentials = Some(Credentials::new(user, password));
         self
     }
 

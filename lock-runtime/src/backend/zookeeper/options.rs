@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::backend::credentials::Credentials;
 use crate::error::LockError;
 
 /// Settings of a [`ZookeeperBackend`](super::ZookeeperBackend): build with
@@ -26,20 +27,7 @@ pub struct ZookeeperOptions {
     operation_timeout: Duration,
     root: String,
     lost_after_disconnect: Option<Duration>,
-    digest: Option<Digest>,
-}
-
-/// A ZooKeeper `digest` identity (user and password; the password is never shown).
-#[derive(Clone, PartialEq, Eq)]
-pub(super) struct Digest {
-    pub(super) user: String,
-    pub(super) password: String,
-}
-
-impl std::fmt::Debug for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Digest").field("user", &self.user).finish_non_exhaustive()
-    }
+    digest: Option<Credentials>,
 }
 
 impl Default for ZookeeperOptions {
@@ -119,7 +107,7 @@ impl ZookeeperOptions {
     /// assert!(!format!("{options:?}").contains("secret"));
     /// ```
     pub fn digest_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
-        self.digest = Some(Digest { user: user.into(), password: password.into() });
+        self.digest = Some(Credentials::new(user, password));
         self
     }
 
@@ -128,7 +116,7 @@ impl ZookeeperOptions {
         self.digest.as_ref().map(|d| d.user.as_str())
     }
 
-    pub(super) fn get_digest(&self) -> Option<&Digest> {
+    pub(super) fn get_digest(&self) -> Option<&Credentials> {
         self.digest.as_ref()
     }
 
