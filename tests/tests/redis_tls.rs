@@ -223,3 +223,33 @@ async fn raw_tls(server: &RedisServer, certs: &Certs) -> redis::aio::Multiplexed
     let client = redis::Client::build_with_tls(server.url(), tls_certificates(certs)).expect("tls client");
     client.get_multiplexed_async_connection().await.expect("raw TLS connection")
 }
+
+/// Redlock over three TLS-only primaries, each with mutual TLS: a lock, a hand-off, and an
+/// untrusted CA refused with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_mutual_tls() {
+    let certs = Certs::make();
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_tls(&certs, true, &[])).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let options = RedisOptions::default().tls(certs.mutual());
+    let backend =
+        lock_runtime::backend::redis::RedlockBackend::connect(&urls, options).await.expect("redlock over TLS");
+    let m = LockManager::builder().backend(backend);
+    let first = m.lock("redlock:tls").await.expect("lock");
+    let m2 = m.clone();
+    let waiter =
+        tokio::spawn(
+            async move { m2.lock("redlock:tls").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
+        );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let token = first.fencing_token();
+    first.release().await.expect("release");
+    assert!(waiter.await.unwrap().expect("handed over") > token);
+
+    let untrusted =
+        RedisOptions::default().command_timeout(TIMEOUT).tls(TlsOptions::new().ca_file(certs.path("other-ca.pem")));
+    let outcome = lock_runtime::backend::redis::RedlockBackend::connect(&urls, untrusted);
+    let e = refused(lock_tests::within_bound(TIMEOUT * 2, outcome).await, "the CA is not trusted");
+    assert!(e.is_backend(), "{e}");
+    assert!(e.to_string().contains("UnknownIssuer"), "the reason is named: {e}");
+}
