@@ -21,7 +21,9 @@
 //!
 //! Over TLS: a `rediss://` URL (the platform's roots are trusted), `--tls-ca` to trust a CA
 //! of your own besides, `--tls-cert` and `--tls-key` for mutual TLS; an ACL user and password
-//! go in the URL (`rediss://user:password@host:6380`). (ZooKeeper has no TLS yet.)
+//! go in the URL (`rediss://user:password@host:6380`). (ZooKeeper has no TLS yet.) For locks
+//! made under ZooKeeper `digest` authentication, give the same identity before the hosts
+//! (`--zookeeper user:password@zk1:2181,zk2:2181`): only it may release them.
 //!
 //! Install with `cargo install --path lockctl`. `NAME` is the lock's key in the store: the
 //! manager's prefix followed by the lock's name, as `list` shows it.
@@ -132,7 +134,11 @@ fn command() -> Command {
         .about("Inspect and free the locks of lock-runtime's Redis and ZooKeeper backends")
         .after_help(EXIT_CODES)
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
-        .arg(backend("zookeeper", "HOSTS", "The ZooKeeper ensemble, e.g. zk1:2181,zk2:2181"))
+        .arg(backend(
+            "zookeeper",
+            "HOSTS",
+            "The ZooKeeper ensemble, e.g. zk1:2181,zk2:2181 (user:password@... for digest auth)",
+        ))
         .arg(backend("zk-root", "PATH", "The lock root in ZooKeeper (default /lock-runtime)"))
         .arg(backend("tls-ca", "FILE", "Also trust this CA (PEM) for a rediss:// URL"))
         .arg(backend("tls-cert", "FILE", "Client certificate (PEM) for mutual TLS; with --tls-key").requires("tls-key"))
@@ -224,6 +230,16 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
         if let Some(root) = matches.get_one::<String>("zk-root") {
             options = options.root(root.as_str());
         }
+        // `user:password@host:port,...`: ZooKeeper's digest identity (locks made under one can
+        // only be released under the same).
+        let hosts = match hosts.rsplit_once('@') {
+            Some((credentials, hosts)) => {
+                let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+                options = options.digest_auth(user, password);
+                hosts
+            }
+            None => hosts,
+        };
         Ok(Box::new(ZookeeperBackend::connect_with(hosts, options).await?))
     }
     #[cfg(not(feature = "zookeeper"))]

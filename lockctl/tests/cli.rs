@@ -409,3 +409,28 @@ async fn redis_over_mutual_tls() {
     assert_eq!(usage.code, 2, "{}", usage.stderr);
     guard.release().await.expect("release");
 }
+
+/// A lock made under ZooKeeper digest authentication: `lockctl` lists it without credentials,
+/// cannot release it without them (exit 1, the server's refusal) and releases it with the same
+/// identity before the hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_release_under_digest_authentication() {
+    use lock_runtime::backend::zookeeper::ZookeeperOptions;
+    let hosts = zk_server::shared().hosts();
+    let prefix = format!("{}:", unique("lockctl-digest").replace(':', "-"));
+    let options = ZookeeperOptions::new().digest_auth("ops", "ops-secret");
+    let backend = ZookeeperBackend::connect_with(&hosts, options).await.expect("connect");
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).backend(backend);
+    let guard = manager.lock("job").await.expect("lock");
+    let key = format!("{prefix}job");
+    let list = lockctl(&["--zookeeper", &hosts, "list", "--prefix", &prefix, "--json"]).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    assert_eq!(list.json()["locks"].as_array().expect("locks").len(), 1);
+    let refused = lockctl(&["--zookeeper", &hosts, "release", &key, "--force"]).await;
+    assert_eq!(refused.code, 1, "{} {}", refused.stdout, refused.stderr);
+    assert!(!guard.is_lost());
+    let with = format!("ops:ops-secret@{hosts}");
+    let released = lockctl(&["--zookeeper", &with, "release", &key, "--force"]).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("the holder is told");
+}
