@@ -242,7 +242,7 @@ macro_rules! tls_setters {
         #[doc = $doc]
         #[cfg(feature = "tls")]
         #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-        pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
+        pub fn tls(mut self, tls: crate::tls::TlsOptions) -> Self {
             self.tls = Some(tls);
             self
         }
@@ -250,7 +250,7 @@ macro_rules! tls_setters {
         /// The configured [`tls`](Self::tls) settings, if any.
         #[cfg(feature = "tls")]
         #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-        pub fn get_tls(&self) -> Option<&crate::TlsOptions> {
+        pub fn get_tls(&self) -> Option<&crate::tls::TlsOptions> {
             self.tls.as_ref()
         }
     };

@@ -22,7 +22,7 @@ pub struct EtcdOptions {
     root: String,
     credentials: Option<Credentials>,
     #[cfg(feature = "tls")]
-    tls: Option<crate::TlsOptions>,
+    tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for EtcdOptions {

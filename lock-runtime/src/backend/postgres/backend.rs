@@ -32,7 +32,7 @@ pub struct PostgresOptions {
     operation_timeout: Duration,
     max_idle: usize,
     #[cfg(feature = "tls")]
-    tls: Option<crate::TlsOptions>,
+    tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for PostgresOptions {

@@ -70,7 +70,7 @@ pub struct RedisOptions {
     ping_interval: Duration,
     wait_for_replicas: Option<(usize, Duration)>,
     #[cfg(feature = "tls")]
-    tls: Option<crate::TlsOptions>,
+    tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for RedisOptions {

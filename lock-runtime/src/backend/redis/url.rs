@@ -53,7 +53,10 @@ pub(super) fn connection_info(url: &str, options: &RedisOptions, example: &str) 
 /// The `redis` crate's form of `settings`: the CAs given, then the platform's roots (it takes
 /// the roots it is given instead of the platform's), and the client identity.
 #[cfg(feature = "tls")]
-pub(super) fn certificates(settings: &crate::TlsOptions, shown: &str) -> Result<redis::TlsCertificates, LockError> {
+pub(super) fn certificates(
+    settings: &crate::tls::TlsOptions,
+    shown: &str,
+) -> Result<redis::TlsCertificates, LockError> {
     let loaded = settings.load(shown)?;
     let client_tls = loaded
         .identity
@@ -123,7 +126,7 @@ mod tests {
         }
         #[cfg(feature = "tls")]
         {
-            let with_tls = RedisOptions::default().tls(crate::TlsOptions::new());
+            let with_tls = RedisOptions::default().tls(crate::tls::TlsOptions::new());
             let e = connection_info("redis://127.0.0.1:6379", &with_tls, "`redis://host`").expect_err("refused");
             assert!(e.is_invalid() && e.to_string().contains("rediss://"), "{e}");
         }
