@@ -24,6 +24,8 @@ const MIGRATE_BATCH: usize = 100;
 #[derive(Debug)]
 struct Node {
     port: u16,
+    /// The TLS port of a node of [`RedisCluster::start_tls`].
+    tls_port: Option<u16>,
     process: ServerProcess,
 }
 
@@ -48,6 +50,17 @@ impl RedisCluster {
     /// Panics (it is test support) when `redis-server` / `redis-cli` are missing or the cluster
     /// does not form within 30 s.
     pub fn start(primaries: usize, replicas_per_primary: usize) -> Self {
+        Self::launch(primaries, replicas_per_primary, None)
+    }
+
+    /// [`start`](Self::start) with a TLS port beside each node's plaintext one (the tests'
+    /// own queries keep using the plaintext ports) and the cluster bus over TLS, so that a
+    /// client connected over TLS is told the nodes' TLS ports; clients need no certificate.
+    pub fn start_tls(certs: &crate::tls_certs::Certs, primaries: usize) -> Self {
+        Self::launch(primaries, 0, Some(certs))
+    }
+
+    fn launch(primaries: usize, replicas_per_primary: usize, tls: Option<&crate::tls_certs::Certs>) -> Self {
         assert!(primaries >= 1, "a cluster needs a primary");
         let total = primaries * (1 + replicas_per_primary);
         let mut taken = HashSet::new();
@@ -57,10 +70,35 @@ impl RedisCluster {
                 return p;
             }
         };
-        let nodes = (0..total).map(|_| node(port(), port())).collect();
+        let tls_args = |tls_port: u16| {
+            let certs = tls?;
+            let path = |f: &str| certs.path(f).to_string_lossy().into_owned();
+            Some(vec![
+                "--tls-port".to_owned(),
+                tls_port.to_string(),
+                "--tls-cluster".to_owned(),
+                "yes".to_owned(),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+                "--tls-cert-file".to_owned(),
+                path("server.pem"),
+                "--tls-key-file".to_owned(),
+                path("server.key"),
+                "--tls-ca-cert-file".to_owned(),
+                path("ca.pem"),
+            ])
+        };
+        let nodes = (0..total)
+            .map(|_| {
+                let (p, bus, tls_port) = (port(), port(), port());
+                node(p, bus, tls_args(tls_port).map(|args| (tls_port, args)))
+            })
+            .collect();
         let cluster = RedisCluster { nodes };
         let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
-        let out = Command::new("redis-cli")
+        // Bounded: `redis-cli` waits for the nodes to join for as long as it takes.
+        let out = Command::new("timeout")
+            .args(["60", "redis-cli"])
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
@@ -99,6 +137,11 @@ impl RedisCluster {
     /// `redis://127.0.0.1:<port>` of node `i`.
     pub fn url(&self, i: usize) -> String {
         format!("redis://127.0.0.1:{}", self.nodes[i].port)
+    }
+
+    /// `rediss://localhost:<TLS port>` of node `i` of a [`start_tls`](Self::start_tls) cluster.
+    pub fn tls_url(&self, i: usize) -> String {
+        format!("rediss://localhost:{}", self.nodes[i].tls_port.expect("a TLS cluster"))
     }
 
     /// The client port of node `i`.
@@ -314,9 +357,12 @@ pub fn slot_of(key: &str) -> u16 {
     key_slot(KeyLayout::of(key).lock.as_bytes())
 }
 
-/// Starts a cluster-mode node on `port` (cluster bus on `bus`), in a directory of its own
-/// with its cluster configuration, and waits until it answers `PING`.
-fn node(port: u16, bus: u16) -> Node {
+/// Starts a cluster-mode node on `port` (cluster bus on `bus`; with `tls`, a TLS port and its
+/// arguments too), in a directory of its own with its cluster configuration, and waits until
+/// it answers `PING`.
+fn node(port: u16, bus: u16, tls: Option<(u16, Vec<String>)>) -> Node {
+    let tls_port = tls.as_ref().map(|(p, _)| *p);
+    let tls_args = tls.map(|(_, args)| args).unwrap_or_default();
     let spawn = move |dir: &std::path::Path| {
         let mut redis = Command::new("redis-server");
         redis
@@ -326,14 +372,15 @@ fn node(port: u16, bus: u16) -> Node {
             .args(["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"])
             // Replicas sync at once (the default waits 5 s for more replicas to share a transfer).
             .args(["--repl-diskless-sync-delay", "0"])
-            .args(["--protected-mode", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()]);
+            .args(["--protected-mode", "no", "--daemonize", "no", "--dir", &dir.to_string_lossy()])
+            .args(&tls_args);
         redis
     };
     let dir = ServerProcess::temp_dir("redis-cluster-node");
     let ready = move || crate::redis_server::ping(port);
     let mut process = ServerProcess::new("redis-server (cluster)", dir, spawn, ready, Duration::from_secs(10));
     process.start();
-    Node { port, process }
+    Node { port, tls_port, process }
 }
 
 /// One 3-primary cluster (no replicas) shared by the tests of a binary that neither kill,

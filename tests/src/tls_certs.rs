@@ -23,7 +23,8 @@ impl Certs {
         let certs = Certs { dir };
         certs.ca("ca");
         certs.ca("other-ca");
-        let server = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth";
+        // Also a client certificate: a Redis Cluster's nodes present it to each other on the bus.
+        let server = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth";
         certs.signed("server", "localhost", server, "2");
         certs.signed("expired", "localhost", server, "-1");
         certs.signed(

@@ -253,3 +253,39 @@ async fn redlock_over_mutual_tls() {
     assert!(e.is_backend(), "{e}");
     assert!(e.to_string().contains("UnknownIssuer"), "the reason is named: {e}");
 }
+
+/// A 3-primary Redis Cluster over TLS (`tls-cluster yes`: a TLS client is told the nodes' TLS
+/// ports): locks on every primary, a hand-off through the pub/sub connection, the other kinds,
+/// and an untrusted CA refused with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls() {
+    let certs = Certs::make();
+    let cluster = lock_tests::redis_cluster::RedisCluster::start_tls(&certs, 3);
+    let urls: Vec<String> = (0..cluster.len()).map(|i| cluster.tls_url(i)).collect();
+    let options = RedisOptions::default().tls(TlsOptions::new().ca_file(certs.path("ca.pem")));
+    let m = LockManager::builder().backend(RedisBackend::cluster(&urls, options).await.expect("cluster over TLS"));
+    let mut primaries = std::collections::HashSet::new();
+    for i in 0..30 {
+        let name = format!("tls:{i}");
+        primaries.insert(cluster.primary_of(&format!("lock:{{{name}}}")));
+        m.lock(&name).await.expect("lock").release().await.expect("release");
+    }
+    assert_eq!(primaries.len(), 3, "the names spread over every primary");
+    let first = m.lock("tls:handoff").await.expect("lock");
+    let m2 = m.clone();
+    let waiter =
+        tokio::spawn(
+            async move { m2.lock("tls:handoff").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
+        );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let token = first.fencing_token();
+    first.release().await.expect("release");
+    assert!(waiter.await.unwrap().expect("handed over") > token);
+    m.read_lock("tls:rw").await.expect("read").release().await.expect("release");
+    m.semaphore("tls:sem", 2).await.expect("permit").release().await.expect("release");
+
+    let untrusted =
+        RedisOptions::default().command_timeout(TIMEOUT).tls(TlsOptions::new().ca_file(certs.path("other-ca.pem")));
+    let e = refused(lock_tests::within_bound(TIMEOUT, RedisBackend::cluster(&urls, untrusted)).await, "untrusted CA");
+    assert!(e.is_backend(), "{e}");
+}
