@@ -114,3 +114,24 @@ async fn a_user_limited_to_the_lock_prefix_runs_everything() {
     assert!(!e.to_string().contains("wrong"), "the password is not shown: {e}");
     assert!(e.to_string().contains("credentials"), "the hint points at the credentials: {e}");
 }
+
+/// Failed connects (an untrusted CA, no client certificate, a wrong password) leave no task
+/// of theirs running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_connects_leave_no_task() {
+    let certs = Certs::make();
+    let server = EtcdServer::start_tls(&certs, true);
+    let endpoint = server.endpoint();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    for _ in 0..3 {
+        let untrusted = EtcdOptions::new().tls(TlsOptions::new().ca_file(certs.path("other-ca.pem")));
+        assert!(connect(&endpoint, untrusted).await.is_err());
+        let no_cert = EtcdOptions::new().tls(TlsOptions::new().ca_file(certs.path("ca.pem")));
+        assert!(connect(&endpoint, no_cert).await.is_err());
+    }
+    lock_tests::eventually("no task of the failed connects left", Duration::from_secs(5), async || {
+        lock_tests::reached(metrics.num_alive_tasks(), before)
+    })
+    .await;
+}

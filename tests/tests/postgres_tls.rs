@@ -177,3 +177,33 @@ async fn a_role_with_only_usage_on_the_sequence_runs_everything() {
     let e = locker.batch_execute("CREATE TABLE t (x int)").await.expect_err("no CREATE");
     assert!(format!("{e:?}").contains("permission denied"), "{e:?}");
 }
+
+/// Failed connects (a certificate for another host under verify-full, no client certificate)
+/// leave nothing behind: no task of theirs, no session on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_connects_leave_no_task_or_session() {
+    let certs = Certs::make();
+    let server = PgServer::start_tls(&certs, true);
+    let admin = server.admin().await;
+    let sessions = async || -> i64 {
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'";
+        admin.query_one(sql, &[]).await.expect("pg_stat_activity").get(0)
+    };
+    let sessions_before = sessions().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+    let ca_only = || PostgresOptions::new().tls(TlsOptions::new().ca_file(certs.path("ca.pem")));
+    for _ in 0..3 {
+        assert!(connect(&url(&server, "sslmode=verify-full"), ca_only()).await.is_err());
+        let other = format!("sslmode=verify-ca&sslrootcert={}", certs.path("other-ca.pem").display());
+        assert!(connect(&url(&server, &other), PostgresOptions::new()).await.is_err());
+    }
+    lock_tests::eventually("no task of the failed connects left", Duration::from_secs(5), async || {
+        lock_tests::reached(metrics.num_alive_tasks(), tasks_before)
+    })
+    .await;
+    lock_tests::eventually("no session of the failed connects left", Duration::from_secs(5), async || {
+        lock_tests::reached(sessions().await, sessions_before)
+    })
+    .await;
+}

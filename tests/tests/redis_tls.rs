@@ -289,3 +289,33 @@ async fn a_cluster_over_tls() {
     let e = refused(lock_tests::within_bound(TIMEOUT, RedisBackend::cluster(&urls, untrusted)).await, "untrusted CA");
     assert!(e.is_backend(), "{e}");
 }
+
+/// Failed connects (an untrusted CA, wrong credentials) leave nothing behind: no task of
+/// theirs keeps running, and the server holds no connection of theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_connects_leave_no_task_or_connection() {
+    let certs = Certs::make();
+    let server = RedisServer::start_tls(&certs, true, &[]);
+    let mut admin = raw_tls(&server, &certs).await;
+    let clients = async |admin: &mut redis::aio::MultiplexedConnection| -> usize {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query_async(admin).await.expect("CLIENT LIST");
+        list.lines().filter(|l| !l.is_empty()).count()
+    };
+    let connections_before = clients(&mut admin).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+    let wrong = format!("rediss://nobody:wrong@localhost:{}", server.port());
+    for _ in 0..5 {
+        let untrusted = TlsOptions::new().ca_file(certs.path("other-ca.pem"));
+        assert!(connect(&server.url(), Some(untrusted)).await.is_err());
+        assert!(connect(&wrong, Some(certs.mutual())).await.is_err());
+    }
+    lock_tests::eventually("no task of the failed connects left", Duration::from_secs(5), async || {
+        lock_tests::reached(metrics.num_alive_tasks(), tasks_before)
+    })
+    .await;
+    lock_tests::eventually("no connection of the failed connects left", Duration::from_secs(5), async || {
+        lock_tests::reached(clients(&mut admin).await, connections_before)
+    })
+    .await;
+}
