@@ -22,6 +22,8 @@ const SETTLE: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 struct SentinelProcess {
     port: u16,
+    /// Its TLS port, in a [`SentinelSetup::start_tls`] setup.
+    tls_port: Option<u16>,
     /// Held for its drop, which kills the sentinel.
     _process: ServerProcess,
 }
@@ -92,6 +94,39 @@ impl SentinelSetup {
             });
         }
         setup
+    }
+
+    /// A primary that speaks TLS only (with the server certificate of `certs`) and one
+    /// sentinel that monitors it over TLS (`tls-replication yes`) and takes clients on a TLS
+    /// port beside its plaintext one (the harness's own queries).
+    pub fn start_tls(certs: &crate::tls_certs::Certs) -> Self {
+        let primary = RedisServer::start_tls(certs, false, &[]);
+        let path = |f: &str| certs.path(f).to_string_lossy().into_owned();
+        let tls_port = free_port();
+        let tls = format!(
+            "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+             tls-auth-clients no\ntls-replication yes\n",
+            path("server.pem"),
+            path("server.key"),
+            path("ca.pem")
+        );
+        let mut sentinel = spawn_sentinel_with(primary.port(), 1, &tls);
+        sentinel.tls_port = Some(tls_port);
+        let primary_port = primary.port().to_string();
+        settle("the sentinel knows the primary", || {
+            query::<Option<(String, String)>>(
+                sentinel.port,
+                redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
+            )
+            .is_ok_and(|m| m.is_some_and(|(_, port)| port == primary_port))
+        });
+        SentinelSetup { nodes: vec![primary], sentinels: vec![sentinel] }
+    }
+
+    /// `rediss://localhost:<TLS port>` of every sentinel of a [`start_tls`](Self::start_tls)
+    /// setup.
+    pub fn sentinel_tls_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(|s| format!("rediss://localhost:{}", s.tls_port.expect("a TLS setup"))).collect()
     }
 
     /// One setup (a primary, one replica, three sentinels) shared by the tests of this binary
@@ -206,6 +241,11 @@ impl SentinelSetup {
 }
 
 fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
+    spawn_sentinel_with(primary, quorum, "")
+}
+
+/// A sentinel monitoring `primary` with `quorum`, its configuration ending with `extra`.
+fn spawn_sentinel_with(primary: u16, quorum: usize, extra: &str) -> SentinelProcess {
     let mut last_error = String::new();
     for _ in 0..5 {
         let dir = ServerProcess::temp_dir("sentinel");
@@ -216,7 +256,7 @@ fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
              sentinel monitor {MASTER} 127.0.0.1 {primary} {quorum}\n\
              sentinel down-after-milliseconds {MASTER} 1000\n\
              sentinel failover-timeout {MASTER} 5000\n\
-             sentinel parallel-syncs {MASTER} 1\n",
+             sentinel parallel-syncs {MASTER} 1\n{extra}",
             dir = dir.display()
         );
         std::fs::write(&conf, text).expect("write sentinel.conf");
@@ -228,7 +268,7 @@ fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
         let ready = move || query::<String>(port, &redis::cmd("PING")).is_ok();
         let mut process = ServerProcess::new("redis-sentinel", dir, spawn, ready, Duration::from_secs(10));
         match process.try_start() {
-            Ok(()) => return SentinelProcess { port, _process: process },
+            Ok(()) => return SentinelProcess { port, tls_port: None, _process: process },
             Err(e) => last_error = e,
         }
     }

@@ -319,3 +319,32 @@ async fn failed_connects_leave_no_task_or_connection() {
     })
     .await;
 }
+
+/// Sentinel over TLS: the sentinel asked over TLS, the primary it names reached over TLS, and
+/// the pub/sub connection to it (made by the backend itself, over the same settings) carrying
+/// a hand-off; an untrusted CA refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls() {
+    let certs = Certs::make();
+    let setup = lock_tests::redis_sentinel::SentinelSetup::start_tls(&certs);
+    let sentinels = setup.sentinel_tls_urls();
+    let options = RedisOptions::default().tls(TlsOptions::new().ca_file(certs.path("ca.pem")));
+    let backend = RedisBackend::sentinel(&sentinels, lock_tests::redis_sentinel::MASTER, options).await;
+    let m = LockManager::builder().backend(backend.expect("sentinel over TLS"));
+    let first = m.lock("sentinel:tls").await.expect("lock");
+    let m2 = m.clone();
+    let waiter =
+        tokio::spawn(
+            async move { m2.lock("sentinel:tls").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
+        );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let token = first.fencing_token();
+    first.release().await.expect("release");
+    assert!(waiter.await.unwrap().expect("handed over") > token);
+
+    let untrusted =
+        RedisOptions::default().command_timeout(TIMEOUT).tls(TlsOptions::new().ca_file(certs.path("other-ca.pem")));
+    let outcome = RedisBackend::sentinel(&sentinels, lock_tests::redis_sentinel::MASTER, untrusted);
+    let e = refused(lock_tests::within_bound(TIMEOUT, outcome).await, "untrusted CA");
+    assert!(e.is_backend(), "{e}");
+}
