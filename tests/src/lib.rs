@@ -92,3 +92,18 @@ pub async fn within_bound<T>(bound: std::time::Duration, fut: impl std::future::
     assert!(started.elapsed() < bound + std::time::Duration::from_secs(1), "took {:?}", started.elapsed());
     out
 }
+
+/// Takes `name` on `m`, queues a second acquisition behind it, releases: the waiter is handed
+/// the lock with a greater fencing token (a release heard through the backend's wake-ups).
+pub async fn hand_off(m: &lock_runtime::LockManager, name: &str) {
+    let first = m.lock(name).await.expect("lock");
+    let (m2, name2) = (m.clone(), name.to_owned());
+    let waiter =
+        tokio::spawn(
+            async move { m2.lock(name2).wait(std::time::Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
+        );
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await; // the waiter queues
+    let token = first.fencing_token();
+    first.release().await.expect("release");
+    assert!(waiter.await.expect("waiter").expect("handed over") > token);
+}

@@ -235,16 +235,7 @@ async fn redlock_over_mutual_tls() {
     let backend =
         lock_runtime::backend::redis::RedlockBackend::connect(&urls, options).await.expect("redlock over TLS");
     let m = LockManager::builder().backend(backend);
-    let first = m.lock("redlock:tls").await.expect("lock");
-    let m2 = m.clone();
-    let waiter =
-        tokio::spawn(
-            async move { m2.lock("redlock:tls").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
-        );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let token = first.fencing_token();
-    first.release().await.expect("release");
-    assert!(waiter.await.unwrap().expect("handed over") > token);
+    lock_tests::hand_off(&m, "redlock:tls").await;
 
     let untrusted =
         RedisOptions::default().command_timeout(TIMEOUT).tls(TlsOptions::new().ca_file(certs.path("other-ca.pem")));
@@ -271,16 +262,7 @@ async fn a_cluster_over_tls() {
         m.lock(&name).await.expect("lock").release().await.expect("release");
     }
     assert_eq!(primaries.len(), 3, "the names spread over every primary");
-    let first = m.lock("tls:handoff").await.expect("lock");
-    let m2 = m.clone();
-    let waiter =
-        tokio::spawn(
-            async move { m2.lock("tls:handoff").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
-        );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let token = first.fencing_token();
-    first.release().await.expect("release");
-    assert!(waiter.await.unwrap().expect("handed over") > token);
+    lock_tests::hand_off(&m, "tls:handoff").await;
     m.read_lock("tls:rw").await.expect("read").release().await.expect("release");
     m.semaphore("tls:sem", 2).await.expect("permit").release().await.expect("release");
 
@@ -331,16 +313,7 @@ async fn sentinel_over_tls() {
     let options = RedisOptions::default().tls(TlsOptions::new().ca_file(certs.path("ca.pem")));
     let backend = RedisBackend::sentinel(&sentinels, lock_tests::redis_sentinel::MASTER, options).await;
     let m = LockManager::builder().backend(backend.expect("sentinel over TLS"));
-    let first = m.lock("sentinel:tls").await.expect("lock");
-    let m2 = m.clone();
-    let waiter =
-        tokio::spawn(
-            async move { m2.lock("sentinel:tls").wait(Duration::from_secs(5)).await.map(|g| g.fencing_token()) },
-        );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let token = first.fencing_token();
-    first.release().await.expect("release");
-    assert!(waiter.await.unwrap().expect("handed over") > token);
+    lock_tests::hand_off(&m, "sentinel:tls").await;
 
     let untrusted =
         RedisOptions::default().command_timeout(TIMEOUT).tls(TlsOptions::new().ca_file(certs.path("other-ca.pem")));
