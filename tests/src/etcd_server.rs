@@ -143,6 +143,22 @@ pub async fn keys(endpoint: &str, prefix: &str) -> Vec<String> {
     resp.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect()
 }
 
+/// Turns etcd's authentication on through `admin`: a `root` user, and a user `locker`
+/// (password `lock-secret`) whose role may read and write the library's key prefix
+/// (`lock-runtime/`) only.
+#[cfg(feature = "etcd")]
+pub async fn enable_rbac(admin: &mut etcd_client::Client) {
+    use etcd_client::Permission;
+    admin.user_add("root", "root-secret", None).await.expect("user root");
+    admin.user_grant_role("root", "root").await.expect("role root");
+    admin.role_add("locker").await.expect("role locker");
+    let prefix = Permission::read_write("lock-runtime/").with_prefix();
+    admin.role_grant_permission("locker", prefix).await.expect("the prefix");
+    admin.user_add("locker", "lock-secret", None).await.expect("user locker");
+    admin.user_grant_role("locker", "locker").await.expect("grant");
+    admin.auth_enable().await.expect("auth enable");
+}
+
 /// One server shared by the tests of a binary that neither kill nor restart it (killed by its
 /// reaper when the binary exits). Tests that kill or restart a server start their own.
 pub fn shared() -> &'static EtcdServer {

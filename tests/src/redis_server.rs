@@ -152,6 +152,36 @@ impl RedisServer {
     }
 }
 
+/// The minimal ACL of a lock user (password `lock-secret`), as the README gives it: the
+/// library's keys and channels only, and the commands it runs.
+pub const LOCK_USER_ACL: &[&str] = &[
+    "on",
+    ">lock-secret",
+    "resetkeys",
+    "~lock:*",
+    "resetchannels",
+    "&lock:*",
+    "nocommands",
+    "+ping",
+    "+eval",
+    "+evalsha",
+    "+script|load",
+    "+subscribe",
+    "+unsubscribe",
+    "+get",
+    "+set",
+    "+del",
+    "+append",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+hgetall",
+    "+publish",
+];
+
 /// `calls` per command from the server's `INFO commandstats` (what a test or benchmark counts
 /// the commands of an operation with).
 pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> std::collections::BTreeMap<String, u64> {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{ConnectOptions, Permission};
+use etcd_client::ConnectOptions;
 use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
 use lock_runtime::{LockError, LockManager, LockManagerBuilder, TlsOptions};
 use lock_tests::etcd_server::EtcdServer;
@@ -76,14 +76,8 @@ async fn a_user_limited_to_the_lock_prefix_runs_everything() {
     let mut admin = etcd_client::Client::connect([endpoint.as_str()], Some(ConnectOptions::new().with_tls(tls)))
         .await
         .expect("admin");
-    admin.user_add("root", "root-secret", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.role_add("locker").await.unwrap();
-    admin.role_grant_permission("locker", Permission::read_write("lock-runtime/").with_prefix()).await.unwrap();
-    admin.user_add("locker", "lock-secret", None).await.unwrap();
-    admin.user_grant_role("locker", "locker").await.unwrap();
     admin.put("other/secret", "x", None).await.unwrap();
-    admin.auth_enable().await.unwrap();
+    lock_tests::etcd_server::enable_rbac(&mut admin).await;
 
     let tls = || TlsOptions::new().ca_file(certs.path("ca.pem"));
     let options = EtcdOptions::new().tls(tls()).credentials("locker", "lock-secret");

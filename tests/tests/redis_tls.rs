@@ -124,36 +124,6 @@ async fn tls_and_plaintext_mixed_up_fail_within_the_bound() {
     assert!(e.is_invalid() && e.to_string().contains("rediss://"), "{e}");
 }
 
-/// The minimal ACL of a lock user, as the README gives it: the library's keys and channels
-/// only, and the commands it runs.
-const LOCK_USER_ACL: &[&str] = &[
-    "on",
-    ">lock-secret",
-    "resetkeys",
-    "~lock:*",
-    "resetchannels",
-    "&lock:*",
-    "nocommands",
-    "+ping",
-    "+eval",
-    "+evalsha",
-    "+script|load",
-    "+subscribe",
-    "+unsubscribe",
-    "+get",
-    "+set",
-    "+del",
-    "+append",
-    "+pexpire",
-    "+pttl",
-    "+time",
-    "+hget",
-    "+hset",
-    "+hdel",
-    "+hgetall",
-    "+publish",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_limited_to_the_lock_keys_runs_every_kind_over_tls() {
     let certs = Certs::make();
@@ -163,7 +133,7 @@ async fn an_acl_user_limited_to_the_lock_keys_runs_every_kind_over_tls() {
     drop(admin); // (installs the TLS provider the raw client below uses)
     let mut raw = raw_tls(&server, &certs).await;
     let mut acl = redis::cmd("ACL");
-    acl.arg("SETUSER").arg("locker").arg(LOCK_USER_ACL);
+    acl.arg("SETUSER").arg("locker").arg(lock_tests::redis_server::LOCK_USER_ACL);
     let _: () = acl.query_async(&mut raw).await.expect("ACL SETUSER");
     let _: () = redis::cmd("SET").arg("other:secret").arg("x").query_async(&mut raw).await.unwrap();
 

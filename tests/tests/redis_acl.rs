@@ -1,0 +1,44 @@
+//! The Redis backend as a user with the minimal ACL of the README (the library's keys and
+//! channels only, and the commands it runs): the whole conformance suite, and a command the
+//! ACL forbids named in the error.
+
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use lock_runtime::LockManagerBuilder;
+use lock_tests::redis_server::{RedisServer, LOCK_USER_ACL};
+
+/// Gives `server` the user `user` with `acl`.
+fn set_user(server: &RedisServer, user: &str, acl: &[&str]) {
+    let mut conn = redis::Client::open(server.url()).unwrap().get_connection().expect("admin connection");
+    redis::cmd("ACL").arg("SETUSER").arg(user).arg(acl).query::<()>(&mut conn).expect("ACL SETUSER");
+}
+
+lock_tests::conformance_suite!({
+    let server = Arc::new(RedisServer::start());
+    set_user(&server, "locker", LOCK_USER_ACL);
+    move |builder: LockManagerBuilder| {
+        let url = format!("redis://locker:lock-secret@127.0.0.1:{}", server.port());
+        let _keep = server.clone();
+        async move { builder.redis(url).await.expect("connect as the lock user") }
+    }
+});
+
+/// A user whose ACL lacks the script commands: the lock attempt fails naming the command, with
+/// a hint at the ACL (not at the server's health).
+#[tokio::test]
+async fn a_command_the_acl_forbids_is_named() {
+    let server = RedisServer::start();
+    let mut acl: Vec<&str> = LOCK_USER_ACL.to_vec();
+    acl.extend(["-evalsha", "-eval"]);
+    set_user(&server, "limited", &acl);
+    let url = format!("redis://limited:lock-secret@127.0.0.1:{}", server.port());
+    let m = lock_runtime::LockManager::redis(url).await.expect("connect (PING is allowed)");
+    let e = m.lock("forbidden").await.expect_err("no script may run");
+    assert!(e.is_backend(), "{e}");
+    let shown = e.to_string();
+    assert!(shown.contains("evalsha") && shown.contains("ACL"), "{shown}");
+    assert!(!shown.contains("reachable"), "{shown}");
+}
