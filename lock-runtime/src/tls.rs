@@ -196,7 +196,17 @@ impl Loaded {
     /// platform's roots.
     #[cfg(any(feature = "redis", feature = "etcd"))]
     pub(crate) fn roots_pem(&self) -> Vec<u8> {
-        let mut pem = self.cas_pem.clone();
+        [&self.cas_pem[..], platform_roots_pem()].concat()
+    }
+}
+
+/// The platform's roots as PEM text, encoded once per process (every `rediss://` URL and etcd
+/// connection of every backend hands them to its client).
+#[cfg(any(feature = "redis", feature = "etcd"))]
+fn platform_roots_pem() -> &'static [u8] {
+    static PEM: OnceLock<Vec<u8>> = OnceLock::new();
+    PEM.get_or_init(|| {
+        let mut pem = Vec::new();
         for cert in platform_roots() {
             pem.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
             for line in base64(cert.as_ref()).as_bytes().chunks(64) {
@@ -206,7 +216,7 @@ impl Loaded {
             pem.extend_from_slice(b"-----END CERTIFICATE-----\n");
         }
         pem
-    }
+    })
 }
 
 /// The certificates in `pem`; at least one.
@@ -268,6 +278,14 @@ mod tests {
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
         assert_eq!(base64(&[0xff, 0xfe, 0xfd]), "//79");
+    }
+
+    #[test]
+    #[cfg(any(feature = "redis", feature = "etcd"))]
+    fn the_platform_roots_pem_reads_back_as_the_same_certificates() {
+        let back: Vec<_> =
+            CertificateDer::pem_slice_iter(platform_roots_pem()).collect::<Result<_, _>>().expect("valid PEM");
+        assert_eq!(back, platform_roots());
     }
 
     #[test]
