@@ -10,6 +10,8 @@
 //! cargo run -p examples --features redis --example scheduled -- --instance a
 //! # the same API on the in-process backend, instances as tasks of one process:
 //! cargo run -p examples --features redis --example scheduled -- --memory
+//! # three processes sharing lock files in a directory (one host, nothing to install):
+//! cargo run -p examples --example scheduled -- --file /tmp/scheduled-locks
 //! ```
 //!
 //! Each tick prints which instance ran it, e.g. `tick 881412305: report by instance b (pid 4242)`.
@@ -47,6 +49,21 @@ async fn instance(manager: LockManager, name: String, ticks: Option<u32>) {
     }
 }
 
+/// A manager on Redis at `url`.
+#[cfg(feature = "redis")]
+async fn redis(builder: lock_runtime::LockManagerBuilder, url: &str) -> Result<LockManager, LockError> {
+    builder.redis(url).await
+}
+
+/// Built without Redis: only `--file` and `--memory` work.
+#[cfg(not(feature = "redis"))]
+async fn redis(_: lock_runtime::LockManagerBuilder, _: &str) -> Result<LockManager, LockError> {
+    Err(LockError::invalid(
+        "",
+        "built without the `redis` feature: give `--file DIR` or `--memory`, or build with `--features redis`",
+    ))
+}
+
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -65,20 +82,30 @@ async fn main() -> Result<(), LockError> {
         return Ok(());
     }
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let dir = flag("--file");
     if let Some(name) = flag("--instance") {
-        let manager = LockManager::builder().prefix("scheduled-example:").label(&name).redis(&url).await?;
+        let builder = LockManager::builder().prefix("scheduled-example:").label(&name);
+        let manager = match &dir {
+            Some(dir) => builder.file(dir)?,
+            None => redis(builder, &url).await?,
+        };
         instance(manager, name, ticks).await;
         return Ok(());
     }
     // Start three instances of this program as separate processes, five ticks each.
-    println!("three instances against {url}, one report per tick:");
+    match &dir {
+        Some(dir) => println!("three instances sharing the lock files in {dir}, one report per tick:"),
+        None => println!("three instances against {url}, one report per tick:"),
+    }
     let me = std::env::current_exe().map_err(|e| LockError::invalid("scheduled", e.to_string()))?;
     let children: Vec<_> = ["a", "b", "c"]
         .into_iter()
         .filter_map(|name| {
             let args = ["--instance", name, "--ticks", "5"];
+            let file = dir.iter().flat_map(|dir| ["--file", dir.as_str()]);
             std::process::Command::new(&me)
                 .args(args)
+                .args(file)
                 .spawn()
                 .map_err(|e| eprintln!("could not start {name}: {e}"))
                 .ok()

@@ -23,6 +23,7 @@ mod credentials;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
+pub mod file;
 mod identity;
 mod inspect;
 pub mod memory;

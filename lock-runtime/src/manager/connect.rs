@@ -4,18 +4,33 @@
 
 #[cfg(feature = "etcd")]
 use crate::backend::etcd::EtcdBackend;
+use crate::backend::file::FileBackend;
 #[cfg(feature = "postgres")]
 use crate::backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisOptions, RedlockBackend};
 #[cfg(feature = "zookeeper")]
 use crate::backend::zookeeper::ZookeeperBackend;
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd", feature = "postgres"))]
 use crate::error::LockError;
 
 use super::{LockManager, LockManagerBuilder};
 
 impl LockManager {
+    /// A manager on the lock files in `dir` (created if missing), shared by the processes of
+    /// one host; same as `LockManager::builder().file(dir)`. Always compiled. See
+    /// [`FileBackend`] for what it does and the options.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::file(std::env::temp_dir().join("myapp-locks"))?;
+    /// let guard = manager.lock("order:42").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn file(dir: impl AsRef<std::path::Path>) -> Result<LockManager, LockError> {
+        LockManager::builder().file(dir)
+    }
+
     /// A manager on the Redis server at `url`, with default settings; same as
     /// `LockManager::builder().redis(url).await`. Feature `redis`.
     ///
@@ -139,6 +154,19 @@ impl LockManager {
 }
 
 impl LockManagerBuilder {
+    /// A manager on the lock files in `dir` (see [`FileBackend::open`]); for other options,
+    /// pass [`FileBackend::open_with`]'s backend to [`backend`](LockManagerBuilder::backend).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager =
+    ///     lock_runtime::LockManager::builder().prefix("myapp:").file(std::env::temp_dir().join("myapp-locks"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn file(self, dir: impl AsRef<std::path::Path>) -> Result<LockManager, LockError> {
+        Ok(self.backend(FileBackend::open(dir)?))
+    }
+
     /// A manager on the Redis server at `url` (see [`RedisBackend::connect`]). Feature `redis`.
     /// For a custom command timeout, use [`RedisBackend::connect_with`] and
     /// [`backend`](LockManagerBuilder::backend).

@@ -1,0 +1,232 @@
+//! The lock-file backend against real processes of this host: the conformance suite, then
+//! worker processes (`src/bin/file_worker.rs`) sharing a directory with the test: exclusion and
+//! the removal of freed files over thousands of rounds, a `SIGKILL`ed holder, tokens across
+//! processes and restarts, a cancelled waiter, and bad input.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::file::{file_name, FileBackend, FileOptions};
+use lock_runtime::{LockManager, LockManagerBuilder};
+
+/// A fresh directory under the system's temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("lock-file-test-{}", lock_runtime::backend::OwnerId::next()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The lock files in it (`*.lock`).
+    fn lock_files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".lock"))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+lock_tests::conformance_suite!({
+    let dir = std::sync::Arc::new(TempDir::new());
+    move |builder: LockManagerBuilder| {
+        let dir = dir.clone();
+        async move { builder.file(dir.path()).expect("open") }
+    }
+});
+
+/// A worker process, killed when dropped.
+struct Worker {
+    child: Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Worker {
+    fn start(args: &[&str]) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_file_worker"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("file_worker starts");
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Worker { child, lines }
+    }
+
+    fn line(&mut self) -> String {
+        let line = self.lines.next().expect("a line from the worker").unwrap();
+        assert!(!line.starts_with("error"), "{line}");
+        line
+    }
+
+    /// Every line up to `done`.
+    fn until_done(&mut self) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let line = self.line();
+            if line == "done" {
+                return seen;
+            }
+            seen.push(line);
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tokens(lines: &[String]) -> Vec<u64> {
+    lines.iter().map(|l| l.strip_prefix("token ").expect(l).parse().unwrap()).collect()
+}
+
+#[test]
+fn processes_exclude_each_other_while_freed_files_are_removed() {
+    let dir = TempDir::new();
+    let path = dir.path().to_str().unwrap();
+    const PROCESSES: usize = 3;
+    const ROUNDS: u32 = 700;
+    let rounds = ROUNDS.to_string();
+    let mut workers: Vec<Worker> = (0..PROCESSES).map(|_| Worker::start(&["count", path, "job", &rounds])).collect();
+    let mut all = Vec::new();
+    for worker in &mut workers {
+        let mine = tokens(&worker.until_done());
+        assert!(mine.windows(2).all(|w| w[0] < w[1]), "a process's tokens increase");
+        all.extend(mine);
+    }
+    let counter: u64 = std::fs::read_to_string(dir.path().join("counter")).unwrap().trim().parse().unwrap();
+    let total = PROCESSES as u64 * u64::from(ROUNDS);
+    assert_eq!(counter, total, "every read-modify-write under the lock kept (no two holders)");
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len() as u64, total, "every grant had a token of its own");
+    assert!(dir.lock_files().is_empty(), "freed lock files are removed: {:?}", dir.lock_files());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_its_lock_at_once() {
+    let dir = TempDir::new();
+    let mut holder = Worker::start(&["hold", dir.path().to_str().unwrap(), "job"]);
+    let held: u64 = holder.line().strip_prefix("held ").unwrap().parse().unwrap();
+    let manager = LockManager::file(dir.path()).unwrap();
+    let waiter = tokio::spawn({
+        let manager = manager.clone();
+        async move { manager.lock("job").wait(Duration::from_secs(10)).await.map(|g| (Instant::now(), g)) }
+    });
+    assert!(manager.try_lock("job").await.unwrap().is_none(), "held by the worker");
+    let killed = Instant::now();
+    holder.kill();
+    let (granted, guard) = waiter.await.unwrap().expect("granted after the kill");
+    let took = granted.duration_since(killed);
+    assert!(took < Duration::from_millis(500), "granted {took:?} after the kill");
+    assert!(guard.fencing_token() > held, "a token above the killed holder's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_processes_and_restarts() {
+    let dir = TempDir::new();
+    let path = dir.path().to_str().unwrap();
+    let first = {
+        let manager = LockManager::file(dir.path()).unwrap();
+        let guard = manager.lock("job").await.unwrap();
+        guard.fencing_token()
+    };
+    let from_worker = tokens(&Worker::start(&["count", path, "job", "3"]).until_done());
+    assert!(from_worker[0] > first, "{from_worker:?} after {first}");
+    // A manager opened again on the directory (a restarted process).
+    let manager = LockManager::file(dir.path()).unwrap();
+    let again = manager.lock("job").await.unwrap();
+    assert!(again.fencing_token() > from_worker[2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_nothing_behind() {
+    let dir = TempDir::new();
+    let mut holder = Worker::start(&["hold", dir.path().to_str().unwrap(), "job"]);
+    holder.line();
+    let manager = LockManager::file(dir.path()).unwrap();
+    // Waiters given up on after 1, 2, ... polls (a timeout), and one that times out by itself.
+    for polls in 1..5u32 {
+        let mut waiting =
+            Box::pin(std::future::IntoFuture::into_future(manager.lock("job").wait(Duration::from_secs(10))));
+        for _ in 0..polls {
+            assert!(futures_poll(&mut waiting).await.is_none());
+        }
+        drop(waiting);
+    }
+    let err = manager.lock("job").wait(Duration::from_millis(50)).await.unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    holder.kill();
+    // Nothing was handed to the waiters that left: the lock is free and taken at once.
+    let guard = manager.lock("job").wait(Duration::from_secs(2)).await.expect("free after the holder died");
+    guard.release().await.unwrap();
+    assert!(dir.lock_files().is_empty(), "{:?}", dir.lock_files());
+}
+
+/// Polls `fut` once, letting the runtime run a little between polls.
+async fn futures_poll<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+    let out = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match std::pin::Pin::new(&mut *fut).poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    out
+}
+
+#[tokio::test]
+async fn names_cannot_reach_outside_the_directory() {
+    let dir = TempDir::new();
+    let inner = dir.path().join("locks");
+    let manager = LockManager::file(&inner).unwrap();
+    for name in ["../escape", "../../etc/passwd", "/abs", "a/../../b"] {
+        let guard = manager.lock(name).await.unwrap();
+        assert!(inner.join(file_name(name)).is_file(), "{name}: its file is in the directory");
+        let outside: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(outside, vec![std::ffi::OsString::from("locks")], "{name}: nothing beside the directory");
+        guard.release().await.unwrap();
+    }
+}
+
+#[test]
+fn unusable_directories_are_invalid_with_the_cause() {
+    let dir = TempDir::new();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let err = LockManager::file(file.join("locks")).unwrap_err();
+    assert!(err.is_invalid() && err.to_string().contains("cannot create the lock directory"), "{err}");
+    let err = LockManager::file(&file).unwrap_err();
+    assert!(err.is_invalid() && err.to_string().contains("a-file"), "{err}");
+    let err = LockManager::file("/proc/self/locks-here").unwrap_err();
+    assert!(err.is_invalid(), "{err}");
+    let err = LockManager::file("").unwrap_err();
+    assert!(err.is_invalid(), "{err}");
+    let zero = FileOptions::new().operation_timeout(Duration::ZERO);
+    assert!(FileBackend::open_with(dir.path(), zero).unwrap_err().is_invalid());
+}
