@@ -1,17 +1,18 @@
 //! The backends a service on one host can use without a lock server, side by side in one run:
-//! memory, lock files, and PostgreSQL (feature `postgres`). Per backend: hand-off latency
+//! memory, lock files, PostgreSQL (feature `postgres`) and MySQL/MariaDB (feature `mysql`). Per backend: hand-off latency
 //! (from the holder's `release()` to the waiter, through a manager of its own, holding the
 //! lock) and uncontended acquire + release. Prints p50/p99/max.
 //!
 //! ```text
 //! cargo run --release -p examples --example bench_local
-//! cargo run --release -p examples --features postgres --example bench_local
+//! cargo run --release -p examples --features postgres,mysql --example bench_local
 //! LOCK_DIR=/var/lock/bench cargo run --release -p examples --example bench_local
 //! ```
 //!
 //! The lock files go to `LOCK_DIR` (default: a fresh directory under the system's temporary
-//! directory, whose file system decides the cost of the token's `fdatasync`). PostgreSQL is a
-//! server of its own on a free loopback port (the Debian `postgresql` package).
+//! directory, whose file system decides the cost of the token's `fdatasync`). PostgreSQL and
+//! MariaDB are servers of their own on free loopback ports (the Debian `postgresql` and
+//! `mariadb-server` packages), with their default durability (MariaDB commits each token).
 
 use std::time::Duration;
 
@@ -53,6 +54,13 @@ async fn main() -> Result<(), LockError> {
         let server = lock_tests::pg_server::PgServer::start();
         let (holder, waiter) = (LockManager::postgres(server.url()).await?, LockManager::postgres(server.url()).await?);
         measure("postgres", &holder, &waiter).await?;
+    }
+
+    #[cfg(feature = "mysql")]
+    {
+        let server = lock_tests::mysql_server::MysqlServer::start();
+        let (holder, waiter) = (LockManager::mysql(server.url()).await?, LockManager::mysql(server.url()).await?);
+        measure("mysql", &holder, &waiter).await?;
     }
     Ok(())
 }

@@ -5,6 +5,8 @@ pub use lock_runtime::{conformance, conformance_suite};
 pub mod etcd_server;
 pub mod http;
 pub mod jepsen;
+#[cfg(feature = "mysql")]
+pub mod mysql_server;
 #[cfg(feature = "postgres")]
 pub mod pg_server;
 #[cfg(feature = "redis")]

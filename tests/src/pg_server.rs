@@ -83,19 +83,7 @@ fn give_to_user(dir: &Path) {
 fn template() -> &'static Path {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
-        let tmp = std::env::temp_dir();
-        // Templates of earlier runs whose process is gone.
-        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("lock-tests-pg-template-") {
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        }
-        let dir = tmp.join(format!("lock-tests-pg-template-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("template dir");
+        let dir = ServerProcess::template_dir("pg");
         give_to_user(&dir);
         let data = dir.join("data");
         let out = command(&bin_dir().join("initdb"))

@@ -53,6 +53,26 @@ impl ServerProcess {
         dir
     }
 
+    /// A fresh directory for this test process's data template of `label` (`initdb`,
+    /// `mariadb-install-db`), made once per process: templates of earlier runs whose process is
+    /// gone are removed first.
+    pub fn template_dir(label: &str) -> PathBuf {
+        let tmp = std::env::temp_dir();
+        let prefix = format!("lock-tests-{label}-template-");
+        for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix(&prefix) {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = tmp.join(format!("{prefix}{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("template dir for {label}: {e}"));
+        dir
+    }
+
     /// A server `name` (its program, for messages) in `dir`, not started yet: `spawn` makes its
     /// command (stdin, stdout and stderr are set here: none, and `<dir>/server.log`), `ready`
     /// tells when it serves, which must happen within `ready_within` of each start.

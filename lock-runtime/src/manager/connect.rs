@@ -5,6 +5,8 @@
 #[cfg(feature = "etcd")]
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::file::FileBackend;
+#[cfg(feature = "mysql")]
+use crate::backend::mysql::MysqlBackend;
 #[cfg(feature = "postgres")]
 use crate::backend::postgres::PostgresBackend;
 #[cfg(feature = "redis")]
@@ -150,6 +152,23 @@ impl LockManager {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(url: impl AsRef<str>) -> Result<LockManager, LockError> {
         LockManager::builder().postgres(url).await
+    }
+
+    /// A manager on MySQL or MariaDB at `url` (`mysql://user:password@host:port/database`)
+    /// with default settings; same as `LockManager::builder().mysql(url)`. Feature `mysql`.
+    /// See [`MysqlBackend`] for the options.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::mysql("mysql://app:secret@127.0.0.1:3306/app").await?;
+    /// let guard = manager.lock("order:42").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn mysql(url: impl AsRef<str>) -> Result<LockManager, LockError> {
+        LockManager::builder().mysql(url).await
     }
 }
 
@@ -297,5 +316,20 @@ impl LockManagerBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
         Ok(self.backend(PostgresBackend::connect(url).await?))
+    }
+
+    /// A manager on MySQL or MariaDB at `url` with the default
+    /// [`MysqlOptions`](crate::backend::mysql::MysqlOptions); for other options, pass
+    /// [`MysqlBackend::connect_with`]'s backend to [`backend`](LockManagerBuilder::backend).
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::builder().prefix("myapp:").mysql("mysql://app@db:3306/app").await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn mysql(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
+        Ok(self.backend(MysqlBackend::connect(url).await?))
     }
 }

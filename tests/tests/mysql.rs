@@ -1,0 +1,141 @@
+//! The MySQL backend against real MariaDB servers this test binary starts (each test its own,
+//! on a free loopback port, from one `mariadb-install-db` template): the conformance suite, an
+//! operator's `KILL` of a holder's connection, a server restart (`SIGKILL`: tokens go on from
+//! the counter table), a dropped waiter's query ended on the server, names
+//! over 64 characters, and bad or unreachable URLs.
+
+#![cfg(feature = "mysql")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::backend::mysql::{lock_name, MysqlBackend, MysqlOptions};
+use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::mysql_server::{free_port, MysqlServer};
+use mysql_async::prelude::Queryable;
+
+lock_tests::conformance_suite!({
+    let server = Arc::new(MysqlServer::start());
+    move |builder: LockManagerBuilder| {
+        let (url, _server) = (server.url(), server.clone());
+        async move { builder.mysql(url).await.expect("connect") }
+    }
+});
+
+async fn raw(server: &MysqlServer) -> mysql_async::Conn {
+    mysql_async::Conn::new(mysql_async::Opts::from_url(&server.url()).unwrap()).await.expect("raw connection")
+}
+
+/// The connection id holding the server-side lock of `key`, if any.
+async fn holder_id(conn: &mut mysql_async::Conn, key: &str) -> Option<u64> {
+    conn.exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (lock_name(key),)).await.unwrap().flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_connection_fires_lost_and_hands_over() {
+    let server = MysqlServer::start();
+    let options = MysqlOptions::new().heartbeat(Duration::from_millis(200));
+    let holder = LockManager::builder().backend(MysqlBackend::connect_with(server.url(), options).await.unwrap());
+    let waiter = LockManager::mysql(server.url()).await.unwrap();
+    let guard = holder.lock("job").await.unwrap();
+    let next = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock("job").wait(Duration::from_secs(10)).await }
+    });
+    let mut admin = raw(&server).await;
+    let id = holder_id(&mut admin, "job").await.expect("held");
+    let killed = Instant::now();
+    admin.query_drop(format!("KILL {id}")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), guard.lost()).await.expect("lost() fires after the KILL");
+    let fired = killed.elapsed();
+    assert!(fired < Duration::from_millis(1500), "lost() after {fired:?} (heartbeat 200 ms)");
+    let taken = next.await.unwrap().expect("the waiter takes over");
+    assert!(taken.fencing_token() > guard.fencing_token());
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_fires_lost_and_the_manager_recovers() {
+    let mut server = MysqlServer::start();
+    let options = MysqlOptions::new().heartbeat(Duration::from_millis(200)).operation_timeout(Duration::from_secs(2));
+    let manager = LockManager::builder().backend(MysqlBackend::connect_with(server.url(), options).await.unwrap());
+    let guard = manager.lock("job").await.unwrap();
+    let before = guard.fencing_token();
+    server.restart();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() fires across the restart");
+    let again = manager.lock("job").wait(Duration::from_secs(5)).await.expect("locks again after the restart");
+    assert!(again.fencing_token() > before, "{} after {before}", again.fencing_token());
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_query_is_ended_on_the_server() {
+    let server = MysqlServer::start();
+    let manager = LockManager::mysql(server.url()).await.unwrap();
+    let guard = manager.lock("job").await.unwrap();
+    let other = LockManager::mysql(server.url()).await.unwrap();
+    let waiting = tokio::spawn(async move { other.lock("job").wait(Duration::from_secs(60)).await });
+    let mut admin = raw(&server).await;
+    let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT GET_LOCK(%'";
+    let started = Instant::now();
+    while admin.query_first::<u64, _>(count).await.unwrap() != Some(1) {
+        assert!(started.elapsed() < Duration::from_secs(5), "the waiter's GET_LOCK never showed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    waiting.abort();
+    let _ = waiting.await;
+    let started = Instant::now();
+    while admin.query_first::<u64, _>(count).await.unwrap() != Some(0) {
+        assert!(started.elapsed() < Duration::from_secs(2), "the dropped waiter's GET_LOCK still runs");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    guard.release().await.unwrap();
+    assert_eq!(holder_id(&mut admin, "job").await, None, "nobody was handed the lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_over_64_characters_are_hashed() {
+    let server = MysqlServer::start();
+    let manager = LockManager::mysql(server.url()).await.unwrap();
+    let other = LockManager::mysql(server.url()).await.unwrap();
+    let (a, b) = (format!("{}-a", "x".repeat(80)), format!("{}-b", "x".repeat(80)));
+    let ga = manager.lock(&a).await.unwrap();
+    let gb = manager.try_lock(&b).await.unwrap().expect("a different long name is another lock");
+    assert!(other.try_lock(&a).await.unwrap().is_none(), "the same long name excludes");
+    let mut admin = raw(&server).await;
+    assert!(holder_id(&mut admin, &a).await.is_some());
+    ga.release().await.unwrap();
+    gb.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_urls_are_invalid() {
+    for url in
+        ["", "nonsense", "postgres://u@127.0.0.1/db", "mysql://u@127.0.0.1:notaport/db", "mysql://u@127.0.0.1:3306"]
+    {
+        let err = LockManager::mysql(url).await.expect_err(url);
+        assert!(err.is_invalid(), "{url}: {err}");
+    }
+    let zero = MysqlOptions::new().operation_timeout(Duration::ZERO);
+    assert!(MysqlBackend::connect_with("mysql://u@127.0.0.1:3306/db", zero).await.unwrap_err().is_invalid());
+}
+
+#[tokio::test]
+async fn unreachable_server_is_backend_within_the_timeout() {
+    let timeout = Duration::from_millis(400);
+    let started = Instant::now();
+    let url = format!("mysql://app:secret@127.0.0.1:{}/app", free_port());
+    let err = MysqlBackend::connect_with(url, MysqlOptions::new().operation_timeout(timeout)).await.unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_backend_with_the_server_message() {
+    let server = MysqlServer::start();
+    let url = format!("mysql://app:wrong@127.0.0.1:{}/app", server.port());
+    let err = LockManager::mysql(url).await.unwrap_err();
+    assert!(err.is_backend() && err.to_string().contains("Access denied"), "{err}");
+}
