@@ -255,7 +255,10 @@ macro_rules! tls_setters {
         }
     };
 }
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(unused_imports))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql")),
+    allow(unused_imports)
+)]
 pub(crate) use tls_setters;
 
 /// The setters of a request over its [`LockOptions`] (`wait`, `lease`, `retry`,

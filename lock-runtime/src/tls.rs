@@ -187,14 +187,14 @@ pub(crate) struct Loaded {
     /// The CAs given, as PEM text (empty: none).
     pub(crate) cas_pem: Vec<u8>,
     /// The client certificate chain and key, as PEM text.
-    #[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "redis", feature = "etcd", feature = "mysql")), allow(dead_code))]
     pub(crate) identity: Option<(PemText, PemText)>,
 }
 
 impl Loaded {
     /// The trusted roots as PEM text, for clients that take PEM: the CAs given, then the
     /// platform's roots.
-    #[cfg(any(feature = "redis", feature = "etcd"))]
+    #[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
     pub(crate) fn roots_pem(&self) -> Vec<u8> {
         [&self.cas_pem[..], platform_roots_pem()].concat()
     }
@@ -202,7 +202,7 @@ impl Loaded {
 
 /// The platform's roots as PEM text, encoded once per process (every `rediss://` URL and etcd
 /// connection of every backend hands them to its client).
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
 fn platform_roots_pem() -> &'static [u8] {
     static PEM: OnceLock<Vec<u8>> = OnceLock::new();
     PEM.get_or_init(|| {
@@ -248,7 +248,7 @@ pub(crate) fn install_provider() {
 }
 
 /// Standard base64 with padding.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
 fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
@@ -270,7 +270,7 @@ mod tests {
     use super::*;
 
     #[test]
-    #[cfg(any(feature = "redis", feature = "etcd"))]
+    #[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
     fn base64_matches_the_standard_alphabet_and_padding() {
         assert_eq!(base64(b""), "");
         assert_eq!(base64(b"f"), "Zg==");
@@ -281,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    #[cfg(any(feature = "redis", feature = "etcd"))]
+    #[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
     fn the_platform_roots_pem_reads_back_as_the_same_certificates() {
         let back: Vec<_> =
             CertificateDer::pem_slice_iter(platform_roots_pem()).collect::<Result<_, _>>().expect("valid PEM");

@@ -53,6 +53,25 @@ impl MysqlServer {
     /// Starts a server on a free loopback port and waits until it accepts connections. Panics
     /// (failing the test) if it does not.
     pub fn start() -> MysqlServer {
+        Self::launch(Vec::new(), "")
+    }
+
+    /// A server that takes TLS connections only (`require_secure_transport`), with the server
+    /// certificate of `certs`; with `client_certs`, the user `app` must also present a
+    /// certificate signed by its CA (`REQUIRE X509`). Its [`url`](Self::url) is a plain one's:
+    /// the client chooses TLS (`MysqlOptions::tls`, or `require_ssl=true` in the URL).
+    pub fn start_tls(certs: &crate::tls_certs::Certs, client_certs: bool) -> MysqlServer {
+        let file = |name: &str| certs.path(name).display().to_string();
+        let args = vec![
+            format!("--ssl-cert={}", file("server.pem")),
+            format!("--ssl-key={}", file("server.key")),
+            format!("--ssl-ca={}", file("ca.pem")),
+            "--require-secure-transport=ON".to_owned(),
+        ];
+        Self::launch(args, if client_certs { "ALTER USER 'app'@'%' REQUIRE X509;\n" } else { "" })
+    }
+
+    fn launch(extra: Vec<String>, init: &str) -> MysqlServer {
         static N: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lock-tests-mariadb-{}-{}",
@@ -63,10 +82,11 @@ impl MysqlServer {
         std::fs::create_dir_all(&dir).expect("server dir");
         let status = Command::new("cp").arg("-a").arg(template()).arg(dir.join("data")).status().expect("cp");
         assert!(status.success(), "copying the template data directory failed");
-        std::fs::write(dir.join("init.sql"), INIT).expect("init.sql");
+        std::fs::write(dir.join("init.sql"), format!("{INIT}{init}")).expect("init.sql");
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
+            let extra = extra.clone();
             let spawn = move |dir: &Path| {
                 let mut server = Command::new("mariadbd");
                 server
@@ -77,7 +97,8 @@ impl MysqlServer {
                     .arg(format!("--init-file={}", dir.join("init.sql").display()))
                     .args(["--user=root", "--bind-address=127.0.0.1", "--skip-name-resolve"])
                     .args(["--innodb-buffer-pool-size=32M", "--max-connections=200"])
-                    .arg(format!("--port={port}"));
+                    .arg(format!("--port={port}"))
+                    .args(&extra);
                 server
             };
             let ready = move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
@@ -103,7 +124,13 @@ impl MysqlServer {
         self.port
     }
 
-    /// Kills the server (SIGKILL) and starts it again on the same port and data directory.
+    /// Kills the server at once (SIGKILL, as a crash).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Kills the server if it runs (SIGKILL) and starts it again on the same port and data
+    /// directory (InnoDB recovers it).
     pub fn restart(&mut self) {
         self.process.kill();
         self.process.start();

@@ -6,7 +6,8 @@
 //! the kill survives.
 //!
 //! ```text
-//! jepsen_worker backend=redis|zookeeper addr=<redis url | zk hosts> witness=<redis url> actor=w3
+//! jepsen_worker backend=redis|zookeeper|file|mysql addr=<redis url | zk hosts | lock dir | mysql url>
+//!               witness=<postgres url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
 //!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
 //! ```
@@ -198,6 +199,18 @@ async fn connect(args: &Args) -> Result<LockManager, LockError> {
                 .operation_timeout(args.op_timeout)
                 .root(args.root.clone());
             Ok(builder.backend(ZookeeperBackend::connect_with(&args.addr, options).await?))
+        }
+        "file" => {
+            use lock_runtime::backend::file::{FileBackend, FileOptions};
+            let options = FileOptions::new().operation_timeout(args.op_timeout);
+            Ok(builder.backend(FileBackend::open_with(&args.addr, options)?))
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" => {
+            use lock_runtime::backend::mysql::{MysqlBackend, MysqlOptions};
+            // A heartbeat well inside the lease, so that a cut-off holder is told quickly.
+            let options = MysqlOptions::new().operation_timeout(args.op_timeout).heartbeat(Duration::from_millis(250));
+            Ok(builder.backend(MysqlBackend::connect_with(&args.addr, options).await?))
         }
         other => panic!("unknown backend {other} (built without its feature?)"),
     }

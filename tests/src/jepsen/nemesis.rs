@@ -32,6 +32,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::history::{Event, Record};
+#[cfg(feature = "mysql")]
+use crate::mysql_server::MysqlServer;
 use crate::pg_server::PgServer;
 use crate::redis_server::tcp_proxy::TcpProxy;
 use crate::redis_server::RedisServer;
@@ -57,14 +59,23 @@ pub enum Backend {
     Redis,
     /// A standalone ZooKeeper server, with its data directory.
     Zookeeper,
+    /// Lock files in a directory of this host (no server).
+    File,
+    /// A MariaDB server, with its data directory.
+    #[cfg(feature = "mysql")]
+    Mysql,
 }
 
 impl Backend {
-    /// `redis` or `zookeeper` (the worker's `backend=` and the checker's `backend`).
+    /// `redis`, `zookeeper`, `file` or `mysql` (the worker's `backend=` and the checker's
+    /// `backend`).
     pub fn name(self) -> &'static str {
         match self {
             Backend::Redis => "redis",
             Backend::Zookeeper => "zookeeper",
+            Backend::File => "file",
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => "mysql",
         }
     }
 }
@@ -227,6 +238,10 @@ impl Fault {
                     Fault::SessionExpiry,
                 ]
             }
+            // No server, no network: a process dies or stops.
+            Backend::File => vec![Fault::Kill, Fault::Pause],
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
         }
     }
 
@@ -245,6 +260,14 @@ impl Fault {
                 (Fault::Pause, Fault::Partition),
                 (Fault::SessionExpiry, Fault::Kill),
                 (Fault::ServerRestart, Fault::Delay),
+                (Fault::Partition, Fault::Kill),
+            ],
+            Backend::File => vec![(Fault::Pause, Fault::Kill)],
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => vec![
+                (Fault::Pause, Fault::Partition),
+                (Fault::Kill, Fault::Delay),
+                (Fault::ServerRestart, Fault::Pause),
                 (Fault::Partition, Fault::Kill),
             ],
         }
@@ -296,13 +319,32 @@ pub enum LockServer {
     Redis(RedisServer),
     /// A ZooKeeper server with its data directory.
     Zookeeper(ZkServer),
+    /// The lock directory of a file run (removed on drop).
+    Dir(LockDir),
+    /// A MariaDB server with its data directory.
+    #[cfg(feature = "mysql")]
+    Mysql(MysqlServer),
+}
+
+/// A lock directory, removed when dropped.
+#[derive(Debug)]
+pub struct LockDir(pub PathBuf);
+
+impl Drop for LockDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl LockServer {
+    /// The port workers reach it on (through their proxy); none for a directory.
     fn port(&self) -> u16 {
         match self {
             LockServer::Redis(s) => s.port(),
             LockServer::Zookeeper(s) => s.port(),
+            LockServer::Dir(_) => 0,
+            #[cfg(feature = "mysql")]
+            LockServer::Mysql(s) => s.port(),
         }
     }
 
@@ -310,6 +352,9 @@ impl LockServer {
         match self {
             LockServer::Redis(s) => s.kill(),
             LockServer::Zookeeper(s) => s.kill(),
+            LockServer::Dir(_) => {}
+            #[cfg(feature = "mysql")]
+            LockServer::Mysql(s) => s.kill(),
         }
     }
 
@@ -317,6 +362,9 @@ impl LockServer {
         match self {
             LockServer::Redis(s) => s.restart(),
             LockServer::Zookeeper(s) => s.restart(),
+            LockServer::Dir(_) => {}
+            #[cfg(feature = "mysql")]
+            LockServer::Mysql(s) => s.restart(),
         }
     }
 }
@@ -433,7 +481,7 @@ impl Run {
     pub fn redis_url(&self) -> Option<String> {
         match &*lock(&self.server) {
             LockServer::Redis(s) => Some(s.url()),
-            LockServer::Zookeeper(_) => None,
+            _ => None,
         }
     }
 
@@ -441,7 +489,24 @@ impl Run {
     pub fn zk_hosts(&self) -> Option<String> {
         match &*lock(&self.server) {
             LockServer::Zookeeper(s) => Some(s.hosts()),
-            LockServer::Redis(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The lock server's MySQL URL (direct, not through a proxy), for a MySQL run.
+    #[cfg(feature = "mysql")]
+    pub fn mysql_url(&self) -> Option<String> {
+        match &*lock(&self.server) {
+            LockServer::Mysql(s) => Some(s.url()),
+            _ => None,
+        }
+    }
+
+    /// The lock directory, for a file run.
+    pub fn lock_dir(&self) -> Option<PathBuf> {
+        match &*lock(&self.server) {
+            LockServer::Dir(dir) => Some(dir.0.clone()),
+            _ => None,
         }
     }
 
@@ -475,6 +540,9 @@ impl Nemesis {
         let server = tokio::task::spawn_blocking(move || match backend {
             Backend::Redis => LockServer::Redis(RedisServer::start()),
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start()),
+            Backend::File => LockServer::Dir(LockDir(crate::server_process::ServerProcess::temp_dir("jepsen-file"))),
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => LockServer::Mysql(MysqlServer::start()),
         })
         .await
         .expect("start the lock server");
@@ -545,9 +613,12 @@ impl Nemesis {
         let port = lock(&self.server).port();
         let proxy = Arc::new(TcpProxy::start(port).await);
         let c = &self.config;
-        let addr = match c.backend {
-            Backend::Redis => proxy.redis_url(),
-            Backend::Zookeeper => format!("127.0.0.1:{}", proxy.port()),
+        let addr = match (c.backend, &*lock(&self.server)) {
+            (_, LockServer::Dir(dir)) => dir.0.display().to_string(),
+            (Backend::Zookeeper, _) => format!("127.0.0.1:{}", proxy.port()),
+            #[cfg(feature = "mysql")]
+            (Backend::Mysql, _) => format!("mysql://app:secret@127.0.0.1:{}/app", proxy.port()),
+            _ => proxy.redis_url(),
         };
         let lease = if n % 2 == 1 { "watchdog" } else { "fixed" };
         let ms = |d: Duration| d.as_millis().to_string();
@@ -718,8 +789,8 @@ impl Nemesis {
             Fault::Pause => {
                 let actor = target.to_owned();
                 let pause = match c.backend {
-                    Backend::Redis => c.lease * 2 + self.rng().between(Duration::ZERO, c.lease),
                     Backend::Zookeeper => c.session_timeout * 2 + self.rng().between(Duration::ZERO, c.lease),
+                    _ => c.lease * 2 + self.rng().between(Duration::ZERO, c.lease),
                 };
                 self.note(kind, &actor, true);
                 self.signal(&actor, "-STOP");
@@ -741,7 +812,7 @@ impl Nemesis {
                 let which = if fault == Fault::ClientKillNormal { "normal" } else { "pubsub" };
                 let url = match &*lock(&self.server) {
                     LockServer::Redis(s) => s.url(),
-                    LockServer::Zookeeper(_) => return,
+                    _ => return,
                 };
                 self.note(kind, "server", true);
                 let killed = client_kill(&url, which).await;
@@ -751,12 +822,13 @@ impl Nemesis {
                 let actor = target.to_owned();
                 let proxy = self.proxy_of(&actor);
                 let length = match (fault, c.backend) {
-                    // Past a Redis lease: the holder loses the lock, others take it.
-                    (Fault::Partition, Backend::Redis) => c.lease * 2 + self.rng().between(Duration::ZERO, c.lease),
                     // Past the client's own disconnect grace (half the session), within the session.
                     (Fault::Partition, Backend::Zookeeper) => {
                         self.rng().between(c.session_timeout * 2 / 5, c.session_timeout * 4 / 5)
                     }
+                    // Past a Redis lease (the holder loses the lock, others take it), past a
+                    // MySQL heartbeat and its timeout (the holder is told).
+                    (Fault::Partition, _) => c.lease * 2 + self.rng().between(Duration::ZERO, c.lease),
                     // Well past the session timeout: the server expires the session.
                     _ => c.session_timeout * 2 + self.rng().between(Duration::ZERO, c.session_timeout),
                 };
@@ -925,10 +997,7 @@ pub async fn run_and_check(
     handoff_bound: Duration,
     extra: Duration,
 ) -> (Run, String) {
-    let backend = match config.backend {
-        Backend::Redis => "redis",
-        Backend::Zookeeper => "zookeeper",
-    };
+    let backend = config.backend.name();
     let bound = Duration::from_secs(fault_secs()) + extra;
     let run = tokio::time::timeout(bound, run(config))
         .await

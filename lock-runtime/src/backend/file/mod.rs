@@ -162,13 +162,13 @@ impl LockBackend for FileBackend {
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
         static IDS: AtomicU64 = AtomicU64::new(1);
-        drop(lost); // a file lock is lost only with its process; the runtime ends fixed leases
         Box::new(FileAcquisition {
             shared: self.shared.clone(),
             name: file_name(&req.key),
             req,
             id: IDS.fetch_add(1, Ordering::Relaxed),
             queued: None,
+            lost,
         })
     }
 
@@ -191,6 +191,9 @@ struct FileAcquisition {
     id: u64,
     /// Our place in the line: the helper hands the lock here.
     queued: Option<oneshot::Receiver<Sent>>,
+    /// Fired when a fixed lease ends, before the file is freed (a lock file is lost only with
+    /// its process otherwise).
+    lost: LostSignal,
 }
 
 impl FileAcquisition {
@@ -236,11 +239,15 @@ impl FileAcquisition {
         let slot = Arc::new(Mutex::new(Some(handed.file)));
         let timer = match self.req.lease {
             Lease::Fixed(lease) => granted_at.checked_add(lease).and_then(|end| {
-                let (shared, name, slot) = (self.shared.clone(), self.name.clone(), slot.clone());
+                let (shared, name, slot, lost) =
+                    (self.shared.clone(), self.name.clone(), slot.clone(), self.lost.clone());
                 let runtime = tokio::runtime::Handle::try_current().ok()?;
                 Some(runtime.spawn(async move {
                     tokio::time::sleep_until(end.into()).await;
                     if let Some(file) = take(&slot) {
+                        // Told before anyone else can take it (a holder paused past its lease
+                        // runs this late, and the runtime's own timer may not have run yet).
+                        lost.fire("its fixed lease ended");
                         queue::free(&shared, &name, file);
                     }
                 }))

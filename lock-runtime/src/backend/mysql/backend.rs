@@ -30,11 +30,19 @@ pub struct MysqlOptions {
     operation_timeout: Duration,
     heartbeat: Duration,
     max_idle: usize,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for MysqlOptions {
     fn default() -> Self {
-        MysqlOptions { operation_timeout: Duration::from_secs(5), heartbeat: Duration::from_secs(1), max_idle: 16 }
+        MysqlOptions {
+            operation_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(1),
+            max_idle: 16,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
     }
 }
 
@@ -73,6 +81,18 @@ impl MysqlOptions {
     pub fn get_heartbeat(&self) -> Duration {
         self.heartbeat
     }
+
+    crate::options::tls_setters!(
+        "The server's certificate and host name are checked; the URL's `verify_ca=false` or \
+         `verify_identity=false` turn those checks off. A URL with `require_ssl=true` and no \
+         settings here trusts the platform's roots.\n\n\
+         ```\n\
+         use lock_runtime::backend::mysql::MysqlOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let options = MysqlOptions::new().tls(TlsOptions::new().ca_file(\"/etc/mysql/ca.pem\"));\n\
+         assert!(options.get_tls().is_some());\n\
+         ```"
+    );
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,6 +110,17 @@ impl Shared {
         let bound = self.options.operation_timeout;
         match tokio::time::timeout(bound, Conn::new(self.opts.clone())).await {
             Ok(Ok(conn)) => Ok(conn),
+            // MariaDB refuses a plaintext client with "Access denied" when it requires TLS.
+            Ok(Err(mysql_async::Error::Server(e))) if e.code == 1045 && self.opts.ssl_opts().is_none() => {
+                Err(LockError::backend(
+                    name,
+                    KIND,
+                    "connect",
+                    format!(
+                        "{e} (over plaintext: a server that requires TLS, `require_secure_transport`, answers so too)"
+                    ),
+                ))
+            }
             Ok(Err(e)) => Err(my_error(name, "connect", e)),
             Err(_) => Err(LockError::timed_out(name, KIND, "connect", bound)),
         }
@@ -187,6 +218,7 @@ impl MysqlBackend {
                 "the MySQL URL names no database (the fencing counter table lives in one)",
             ));
         }
+        let opts = tls_opts(opts, &options)?;
         // Keep-alive on, no statement cache (text queries only), TCP as the URL says.
         let opts: Opts = mysql_async::OptsBuilder::from_opts(opts)
             .tcp_keepalive(Some(Duration::from_secs(10)))
@@ -208,6 +240,39 @@ impl MysqlBackend {
     /// How many idle connections are kept right now.
     pub fn idle_connections(&self) -> usize {
         lock(&self.shared.idle).len()
+    }
+}
+
+/// `opts` with the TLS settings of `options` (and of the URL, `require_ssl=true`) on one rustls
+/// stack: the platform's roots and the CAs given (not the client's built-in roots), the client
+/// identity given.
+#[cfg(feature = "tls")]
+fn tls_opts(opts: Opts, options: &MysqlOptions) -> Result<Opts, LockError> {
+    use mysql_async::ClientIdentity;
+    if options.tls.is_none() && opts.ssl_opts().is_none() {
+        return Ok(opts);
+    }
+    let loaded = options.tls.clone().unwrap_or_default().load("")?;
+    let pem = |text: &[u8]| text.to_vec().into();
+    let identity = loaded.identity.as_ref().map(|(cert, key)| ClientIdentity::new(pem(cert), pem(key)));
+    let ssl = opts
+        .ssl_opts()
+        .cloned()
+        .unwrap_or_default()
+        .with_disable_built_in_roots(true)
+        .with_root_certs(vec![pem(&loaded.roots_pem())])
+        .with_client_identity(identity);
+    Ok(mysql_async::OptsBuilder::from_opts(opts).ssl_opts(Some(ssl)).into())
+}
+
+/// Without the feature `tls`, a URL that asks for TLS is refused.
+#[cfg(not(feature = "tls"))]
+fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
+    match opts.ssl_opts() {
+        Some(_) => {
+            Err(LockError::invalid("", "the MySQL URL asks for TLS (`require_ssl`): build with the feature `tls`"))
+        }
+        None => Ok(opts),
     }
 }
 
@@ -437,7 +502,9 @@ impl Monitor {
                     biased;
                     asked = &mut stopped => return asked.ok().map(|()| conn), // dropped: closing frees it
                     () = &mut lease_over => {
-                        tracing::debug!("fixed lease over: closing the MySQL lock connection");
+                        // Told before the session ends (a holder paused past its lease runs
+                        // this late, and the runtime's own timer may not have run yet).
+                        lost.fire("its fixed lease ended");
                         return None;
                     }
                     () = tokio::time::sleep(heartbeat) => {
