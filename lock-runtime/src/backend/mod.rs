@@ -36,6 +36,8 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod session;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;

@@ -1,18 +1,17 @@
-//! [`MysqlBackend`], its connections, and the types it hands to the runtime: one
-//! [`Acquisition`] per `lock()` call, owning its connection, and one [`HeldLock`] per granted
-//! lock, whose connection a monitor task pings.
+//! [`MysqlBackend`] and how it takes, releases and watches a lock on one connection
+//! ([`Sessions`]: `GET_LOCK`, a token from the counter row, a ping every heartbeat); the
+//! acquisition and the held lock are the session skeleton's (`backend/session.rs`).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 use super::{literal, lock_name, my_error, COUNTER, KIND};
-use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, Wake};
+use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
@@ -95,23 +94,19 @@ impl MysqlOptions {
     );
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-struct Shared {
+/// How MySQL takes, releases and watches a lock on one connection (see `session.rs` for the
+/// rest).
+struct MySessions {
     opts: Opts,
     options: MysqlOptions,
-    idle: Mutex<Vec<Conn>>,
 }
 
-impl Shared {
-    async fn connect(&self, name: &str) -> Result<Conn, LockError> {
-        let bound = self.options.operation_timeout;
-        match tokio::time::timeout(bound, Conn::new(self.opts.clone())).await {
-            Ok(Ok(conn)) => Ok(conn),
+impl MySessions {
+    async fn connect_once(&self, name: &str) -> Result<Conn, LockError> {
+        match Conn::new(self.opts.clone()).await {
+            Ok(conn) => Ok(conn),
             // MariaDB refuses a plaintext client with "Access denied" when it requires TLS.
-            Ok(Err(mysql_async::Error::Server(e))) if e.code == 1045 && self.opts.ssl_opts().is_none() => {
+            Err(mysql_async::Error::Server(e)) if e.code == 1045 && self.opts.ssl_opts().is_none() => {
                 Err(LockError::backend(
                     name,
                     KIND,
@@ -121,38 +116,113 @@ impl Shared {
                     ),
                 ))
             }
-            Ok(Err(e)) => Err(my_error(name, "connect", e)),
-            Err(_) => Err(LockError::timed_out(name, KIND, "connect", bound)),
+            Err(e) => Err(my_error(name, "connect", e)),
         }
     }
+}
 
-    /// An idle connection (`true`: reused, it may have been closed since) or a new one.
-    async fn checkout(&self, name: &str) -> Result<(Conn, bool), LockError> {
-        let idle = lock(&self.idle).pop();
-        match idle {
-            Some(conn) => Ok((conn, true)),
-            None => Ok((self.connect(name).await?, false)),
-        }
+/// A lock's server-side name as a SQL literal, with its name for errors.
+#[derive(Clone)]
+struct MyKey {
+    name: Arc<str>,
+    literal: String,
+}
+
+/// A failed query: [`Failure::Closed`] when the connection is broken.
+fn failure(name: &str, operation: &'static str, e: mysql_async::Error) -> Failure {
+    if e.is_fatal() {
+        Failure::Closed(my_error(name, operation, e))
+    } else {
+        Failure::Failed(my_error(name, operation, e))
+    }
+}
+
+impl Sessions for MySessions {
+    type Conn = Conn;
+    type Key = MyKey;
+    const KIND: &'static str = KIND;
+    const LOST: &'static str =
+        "its MySQL connection was closed or stopped answering (the server frees the session's locks with it)";
+
+    fn operation_timeout(&self) -> Duration {
+        self.options.operation_timeout
     }
 
-    fn checkin(&self, conn: Conn) {
-        let mut idle = lock(&self.idle);
-        if idle.len() < self.options.max_idle {
-            idle.push(conn);
-        }
+    fn max_idle(&self) -> usize {
+        self.options.max_idle
     }
 
-    /// Ends connection `id`'s running query from another connection (a waiter that was
+    fn key(&self, req: &Acquire) -> MyKey {
+        MyKey { name: req.name.clone(), literal: literal(&lock_name(&req.key)) }
+    }
+
+    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
+        Box::pin(self.connect_once(name))
+    }
+
+    fn is_closed(conn: &Conn) -> bool {
+        conn.is_disconnected()
+    }
+
+    fn lock<'a>(
+        &'a self,
+        conn: &'a mut Conn,
+        key: &'a MyKey,
+        wait: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        Box::pin(async move {
+            let (timeout, operation) = match wait {
+                None => ("0".to_owned(), "attempt"),
+                Some(wait) => (format!("{:.3}", wait.as_secs_f64().max(0.001)), "wait"),
+            };
+            let sql = format!("SELECT GET_LOCK({}, {timeout})", key.literal);
+            match conn.query_first::<Option<i64>, _>(sql).await {
+                Ok(Some(Some(1))) => {}
+                Ok(Some(Some(_))) => return Ok(None),
+                Ok(_) => {
+                    let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+                    return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
+                }
+                Err(e) => return Err(failure(&key.name, operation, e)),
+            }
+            // Granted: the token, on the same connection (a failure closes it, freeing the lock).
+            match conn.query_drop(TOKEN_SQL).await {
+                Ok(()) => match conn.last_insert_id() {
+                    Some(token) => Ok(Some(token)),
+                    None => Err(Failure::Failed(LockError::backend(
+                        &*key.name,
+                        KIND,
+                        operation,
+                        "no fencing token in the answer",
+                    ))),
+                },
+                Err(e) => Err(failure(&key.name, operation, e)),
+            }
+        })
+    }
+
+    fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
+        Box::pin(async move {
+            let sql = format!("SELECT RELEASE_LOCK({})", key.literal);
+            match conn.query_first::<Option<i64>, _>(sql).await {
+                Ok(answer) => Ok(answer == Some(Some(1))),
+                Err(e) => Err(failure(&key.name, "release", e)),
+            }
+        })
+    }
+
+    /// Ends connection `conn`'s running query from another connection (a waiter that was
     /// dropped), then lets `conn` go (closing it ends its session and anything it holds).
-    fn kill_and_close(self: &Arc<Self>, id: u32, conn: Conn) {
+    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Conn) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return drop(conn) };
-        let shared = self.clone();
+        let pool = pool.clone();
         runtime.spawn(async move {
-            let bound = shared.options.operation_timeout;
+            let bound = pool.sessions.options.operation_timeout;
+            let id = conn.id();
             let killed = tokio::time::timeout(bound, async {
-                let (mut other, _) = shared.checkout("").await?;
+                let (mut other, _) = pool.checkout("").await?;
                 match other.query_drop(format!("KILL QUERY {id}")).await {
-                    Ok(()) => shared.checkin(other),
+                    Ok(()) => pool.checkin(other),
                     Err(e) => tracing::debug!(error = %e, "KILL QUERY of a dropped MySQL lock waiter"),
                 }
                 Ok::<(), LockError>(())
@@ -165,11 +235,17 @@ impl Shared {
         });
     }
 
-    /// The next fencing token, on `conn`: the counter row raised, its new value returned in
-    /// the OK packet (`LAST_INSERT_ID(expr)`), one round trip.
-    async fn token(&self, conn: &mut Conn) -> Result<Option<u64>, mysql_async::Error> {
-        conn.query_drop(TOKEN_SQL).await?;
-        Ok(conn.last_insert_id())
+    /// The client tells nothing of a connection closed while idle: the heartbeat finds it.
+    fn closed<'a>(&'a self, _conn: &'a Conn) -> BoxFuture<'a, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        Some(self.options.heartbeat)
+    }
+
+    fn alive<'a>(&'a self, conn: &'a mut Conn) -> BoxFuture<'a, bool> {
+        Box::pin(async move { conn.ping().await.is_ok() })
     }
 }
 
@@ -177,15 +253,15 @@ impl Shared {
 /// [module docs](super) for how locks, waits, tokens and leases map onto the server.
 #[derive(Clone)]
 pub struct MysqlBackend {
-    shared: Arc<Shared>,
+    pool: Arc<Pool<MySessions>>,
 }
 
 impl fmt::Debug for MysqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MysqlBackend")
-            .field("host", &self.shared.opts.ip_or_hostname())
-            .field("port", &self.shared.opts.tcp_port())
-            .field("options", &self.shared.options)
+            .field("host", &self.pool.sessions.opts.ip_or_hostname())
+            .field("port", &self.pool.sessions.opts.tcp_port())
+            .field("options", &self.pool.sessions.options)
             .finish()
     }
 }
@@ -225,21 +301,25 @@ impl MysqlBackend {
             .stmt_cache_size(0)
             .prefer_socket(false)
             .into();
-        let shared = Shared { opts, options, idle: Mutex::new(Vec::new()) };
-        let mut conn = shared.connect("").await?;
-        setup(&shared, &mut conn).await?;
-        shared.checkin(conn);
-        Ok(MysqlBackend { shared: Arc::new(shared) })
+        let pool = Pool::new(MySessions { opts, options });
+        let bound = pool.sessions.options.operation_timeout;
+        let mut conn = match tokio::time::timeout(bound, pool.sessions.connect_once("")).await {
+            Ok(conn) => conn?,
+            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+        };
+        setup(bound, &mut conn).await?;
+        pool.checkin(conn);
+        Ok(MysqlBackend { pool: Arc::new(pool) })
     }
 
     /// The options this backend was built with.
     pub fn options(&self) -> &MysqlOptions {
-        &self.shared.options
+        &self.pool.sessions.options
     }
 
     /// How many idle connections are kept right now.
     pub fn idle_connections(&self) -> usize {
-        lock(&self.shared.idle).len()
+        self.pool.idle()
     }
 }
 
@@ -284,8 +364,7 @@ const TOKEN_SQL: &str = "UPDATE lock_runtime_fence_counter SET token = LAST_INSE
 
 /// Makes sure the counter table and its row exist (a least-privilege user needs them made
 /// beforehand; then they are only used).
-async fn setup(shared: &Shared, conn: &mut Conn) -> Result<(), LockError> {
-    let bound = shared.options.operation_timeout;
+async fn setup(bound: Duration, conn: &mut Conn) -> Result<(), LockError> {
     let exists = format!("SELECT COUNT(*) FROM {COUNTER} WHERE id = 1");
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {COUNTER} (id TINYINT UNSIGNED PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) \
@@ -313,292 +392,10 @@ impl LockBackend for MysqlBackend {
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
-        Box::new(MyAcquisition {
-            shared: self.shared.clone(),
-            literal: literal(&lock_name(&req.key)),
-            req,
-            lost: Some(lost),
-            conn: None,
-            in_flight: false,
-        })
+        self.pool.begin(req, lost)
     }
 
     fn operation_timeout(&self) -> Duration {
-        self.shared.options.operation_timeout
-    }
-}
-
-/// How a `GET_LOCK` on the acquisition's connection failed.
-enum Failed {
-    Server(mysql_async::Error),
-    TimedOut(Duration),
-    Connect(LockError),
-}
-
-/// One `lock()` call: owns its connection from the first attempt until it is granted (the
-/// [`MyHeld`] owns it then) or dropped.
-struct MyAcquisition {
-    shared: Arc<Shared>,
-    req: Acquire,
-    /// The lock's server-side name as a SQL literal.
-    literal: String,
-    lost: Option<LostSignal>,
-    conn: Option<Conn>,
-    /// A query was sent and its answer not read (the future was dropped): the session may be
-    /// waiting on the server, or hold the lock.
-    in_flight: bool,
-}
-
-impl Drop for MyAcquisition {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if self.in_flight {
-                self.shared.kill_and_close(conn.id(), conn);
-            } else {
-                self.shared.checkin(conn);
-            }
-        }
-    }
-}
-
-impl MyAcquisition {
-    /// `GET_LOCK(name, timeout)` on the acquisition's connection, within `bound`: 1 granted,
-    /// 0 not. A reused connection found closed is replaced once.
-    async fn get_lock(&mut self, timeout: &str, bound: Duration) -> Result<bool, Failed> {
-        let sql = format!("SELECT GET_LOCK({}, {timeout})", self.literal);
-        let mut retried = false;
-        loop {
-            let reused = match self.conn {
-                Some(_) => false,
-                None => {
-                    let (conn, reused) = self.shared.checkout(&self.req.name).await.map_err(Failed::Connect)?;
-                    self.conn = Some(conn);
-                    reused
-                }
-            };
-            let Some(conn) = self.conn.as_mut() else { continue };
-            self.in_flight = true;
-            let answer = tokio::time::timeout(bound, conn.query_first::<Option<i64>, _>(sql.as_str())).await;
-            self.in_flight = false;
-            match answer {
-                Ok(Ok(Some(Some(1)))) => return Ok(true),
-                Ok(Ok(Some(Some(_)))) => return Ok(false),
-                Ok(Ok(_)) => {
-                    // NULL: the query was killed or failed on the server.
-                    self.conn = None;
-                    return Err(Failed::Server(mysql_async::Error::Other("GET_LOCK answered NULL (killed?)".into())));
-                }
-                Err(_) => {
-                    if let Some(conn) = self.conn.take() {
-                        self.shared.kill_and_close(conn.id(), conn);
-                    }
-                    return Err(Failed::TimedOut(bound));
-                }
-                Ok(Err(e)) => {
-                    self.conn = None; // unknown state: closing it frees whatever it holds
-                    if e.is_fatal() && reused && !retried {
-                        retried = true;
-                        continue;
-                    }
-                    return Err(Failed::Server(e));
-                }
-            }
-        }
-    }
-
-    fn error(&self, operation: &'static str, failed: Failed) -> LockError {
-        match failed {
-            Failed::Server(e) => my_error(&self.req.name, operation, e),
-            Failed::TimedOut(bound) => LockError::timed_out(&*self.req.name, KIND, operation, bound),
-            Failed::Connect(e) => e,
-        }
-    }
-
-    /// Draws the token for the lock just taken and builds the grant; on failure the
-    /// connection is closed, which frees the lock.
-    async fn grant(&mut self, operation: &'static str) -> Result<Grant, LockError> {
-        let granted_at = crate::clock::now();
-        let Some(mut conn) = self.conn.take() else {
-            return Err(LockError::backend(&*self.req.name, KIND, operation, "no connection after the grant"));
-        };
-        let bound = self.shared.options.operation_timeout;
-        let token = match tokio::time::timeout(bound, self.shared.token(&mut conn)).await {
-            Ok(Ok(Some(token))) => token,
-            Ok(Ok(None)) => {
-                return Err(LockError::backend(&*self.req.name, KIND, operation, "no fencing token in the answer"))
-            }
-            Ok(Err(e)) => return Err(my_error(&self.req.name, operation, e)),
-            Err(_) => return Err(LockError::timed_out(&*self.req.name, KIND, operation, bound)),
-        };
-        let lease_end = match self.req.lease {
-            Lease::Fixed(lease) => granted_at.checked_add(lease),
-            Lease::Renewed(_) => None,
-        };
-        let lost = self.lost.take().unwrap_or_else(LostSignal::never);
-        let monitor = Monitor::spawn(self.shared.clone(), conn, lease_end, lost);
-        let held =
-            MyHeld { shared: self.shared.clone(), name: self.req.name.clone(), literal: self.literal.clone(), monitor };
-        Ok(Grant { fencing_token: token, granted_at: Some(granted_at), lock: Held::new(held) })
-    }
-
-    async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
-        match self.get_lock("0", self.shared.options.operation_timeout).await {
-            Ok(true) => Ok(Attempt::Acquired(self.grant("attempt").await?)),
-            Ok(false) => Ok(Attempt::Busy),
-            Err(failed) => Err(self.error("attempt", failed)),
-        }
-    }
-
-    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        let remaining = deadline.saturating_duration_since(crate::clock::now());
-        if remaining.is_zero() {
-            return Ok(Wake::TimedOut);
-        }
-        let seconds = format!("{:.3}", remaining.as_secs_f64().max(0.001));
-        let bound = remaining.saturating_add(self.shared.options.operation_timeout);
-        match self.get_lock(&seconds, bound).await {
-            Ok(true) => Ok(Wake::Acquired(self.grant("wait").await?)),
-            Ok(false) if crate::clock::now() < deadline => Ok(Wake::Retry),
-            Ok(false) => Ok(Wake::TimedOut),
-            Err(failed) => Err(self.error("wait", failed)),
-        }
-    }
-}
-
-impl Acquisition for MyAcquisition {
-    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
-        Box::pin(self.attempt_once())
-    }
-
-    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
-        Box::pin(self.wait_until(deadline))
-    }
-}
-
-/// The task that keeps a held lock's connection: pings it every heartbeat (a dead one fires
-/// `lost()`), closes it when a fixed lease ends, and gives it back to the release.
-struct Monitor {
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Option<Conn>>>,
-}
-
-impl Monitor {
-    fn spawn(shared: Arc<Shared>, mut conn: Conn, lease_end: Option<Instant>, lost: LostSignal) -> Monitor {
-        let (stop, mut stopped) = oneshot::channel::<()>();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Monitor { stop: None, task: None };
-        };
-        let task = runtime.spawn(async move {
-            let (heartbeat, bound) = (shared.options.heartbeat, shared.options.operation_timeout);
-            let lease_over = async {
-                match lease_end {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::pin!(lease_over);
-            loop {
-                tokio::select! {
-                    biased;
-                    asked = &mut stopped => return asked.ok().map(|()| conn), // dropped: closing frees it
-                    () = &mut lease_over => {
-                        // Told before the session ends (a holder paused past its lease runs
-                        // this late, and the runtime's own timer may not have run yet).
-                        lost.fire("its fixed lease ended");
-                        return None;
-                    }
-                    () = tokio::time::sleep(heartbeat) => {
-                        if !matches!(tokio::time::timeout(bound, conn.ping()).await, Ok(Ok(()))) {
-                            lost.fire("its MySQL connection was closed or stopped answering (the server frees the session's locks with it)");
-                            return None;
-                        }
-                    }
-                }
-            }
-        });
-        Monitor { stop: Some(stop), task: Some(task) }
-    }
-
-    /// The connection back from the task, if it still holds the lock.
-    async fn take(&mut self) -> Option<Conn> {
-        let stop = self.stop.take()?;
-        let _ = stop.send(());
-        self.task.take()?.await.ok().flatten()
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        // Unreleased: the task drops the connection (its sender is gone), which frees the lock.
-        drop(self.stop.take());
-    }
-}
-
-/// A granted lock: the monitor that keeps its connection.
-struct MyHeld {
-    shared: Arc<Shared>,
-    name: Arc<str>,
-    literal: String,
-    monitor: Monitor,
-}
-
-impl MyHeld {
-    async fn conn(&mut self) -> Result<Conn, LockError> {
-        self.monitor.take().await.ok_or_else(|| {
-            LockError::lost(
-                &*self.name,
-                "its fixed lease had ended or its MySQL connection was lost (the session's locks went with it)",
-            )
-        })
-    }
-
-    async fn release_lock(&mut self) -> Result<(), LockError> {
-        let conn = self.conn().await?;
-        unlock(&self.shared, &self.name, &self.literal, conn).await
-    }
-
-    async fn release_lock_after(&mut self, remaining: Duration) -> Result<(), LockError> {
-        let conn = self.conn().await?;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            drop(conn);
-            return Ok(());
-        };
-        let (shared, name, literal) = (self.shared.clone(), self.name.clone(), self.literal.clone());
-        runtime.spawn(async move {
-            tokio::time::sleep(remaining).await;
-            if let Err(e) = unlock(&shared, &name, &literal, conn).await {
-                tracing::debug!(error = %e, "unlock after hold_at_least");
-            }
-        });
-        Ok(())
-    }
-}
-
-/// `RELEASE_LOCK` on the holder's connection; the connection goes back to the idle set when
-/// all went well, and is closed (freeing the lock) otherwise.
-async fn unlock(shared: &Shared, name: &str, literal: &str, mut conn: Conn) -> Result<(), LockError> {
-    let bound = shared.options.operation_timeout;
-    let sql = format!("SELECT RELEASE_LOCK({literal})");
-    match tokio::time::timeout(bound, conn.query_first::<Option<i64>, _>(sql)).await {
-        Ok(Ok(Some(Some(1)))) => {
-            shared.checkin(conn);
-            Ok(())
-        }
-        Ok(Ok(_)) => Err(LockError::lost(name, "its MySQL session no longer held the lock")),
-        Ok(Err(e)) if e.is_fatal() => {
-            Err(LockError::lost(name, format!("its MySQL connection was lost (the session's locks went with it): {e}")))
-        }
-        Ok(Err(e)) => Err(my_error(name, "release", e)),
-        Err(_) => Err(LockError::timed_out(name, KIND, "release", bound)),
-    }
-}
-
-impl HeldLock for MyHeld {
-    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.release_lock())
-    }
-
-    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.release_lock_after(remaining))
+        self.pool.sessions.options.operation_timeout
     }
 }

@@ -1,20 +1,20 @@
-//! [`PostgresBackend`], its connections, and the types it hands to the runtime: one
-//! [`Acquisition`] per `lock()` call, owning its connection, and one [`HeldLock`] per granted
-//! lock.
+//! [`PostgresBackend`] and how it takes, releases and watches a lock on one connection
+//! ([`Sessions`]); the acquisition and the held lock are the session skeleton's
+//! (`backend/session.rs`).
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
 use super::tls::{self, Connector};
 use super::{advisory_key, pg_error, KIND, SEQUENCE};
-use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, Wake};
+use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
@@ -83,10 +83,6 @@ impl PostgresOptions {
     );
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// One connection (one server session).
 struct Conn {
     client: Client,
@@ -98,36 +94,25 @@ impl Conn {
     fn is_closed(&self) -> bool {
         self.client.is_closed() || *self.closed.borrow()
     }
-
-    /// Drops the connection after asking the server to cancel its running query (a wait):
-    /// the session then ends, freeing anything it holds.
-    fn cancel_and_close(self, bound: Duration, tls: Connector) {
-        let token = self.client.cancel_token();
-        drop(self);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(bound, token.cancel_query(tls)).await;
-            });
-        }
-    }
 }
 
-struct Shared {
+/// How PostgreSQL takes, releases and watches a lock on one connection (see `session.rs` for
+/// the rest).
+struct PgSessions {
     config: Config,
     /// The TLS client of the connections and cancel requests (see `tls.rs`).
     tls: Connector,
     options: PostgresOptions,
-    idle: Mutex<Vec<Conn>>,
 }
 
-impl Shared {
+impl PgSessions {
     /// The TLS client for one more connection or cancel request.
     #[allow(clippy::clone_on_copy)] // `NoTls`, a `Copy`, without the feature `tls`
     fn tls(&self) -> Connector {
         self.tls.clone()
     }
 
-    async fn connect(&self, name: &str) -> Result<Conn, LockError> {
+    async fn connect_once(&self, name: &str) -> Result<Conn, LockError> {
         let bound = self.options.operation_timeout;
         let (client, connection) = match tokio::time::timeout(bound, self.config.connect(self.tls())).await {
             Ok(Ok(pair)) => pair,
@@ -144,27 +129,120 @@ impl Shared {
         Ok(Conn { client, closed })
     }
 
-    /// An idle connection (`true`: reused, it may have been closed by the server since) or a
-    /// new one.
-    async fn checkout(&self, name: &str) -> Result<(Conn, bool), LockError> {
-        loop {
-            let conn = lock(&self.idle).pop();
-            match conn {
-                Some(conn) if conn.is_closed() => continue,
-                Some(conn) => return Ok((conn, true)),
-                None => return Ok((self.connect(name).await?, false)),
+    /// Runs `sql` (simple protocol) on `conn`: the last row's first value.
+    async fn query(conn: &Conn, name: &str, operation: &'static str, sql: &str) -> Result<Option<String>, Failure> {
+        match conn.client.simple_query(sql).await {
+            Ok(rows) => Ok(last_value(&rows)),
+            Err(e) if e.is_closed() || conn.is_closed() => Err(Failure::Closed(pg_error(name, operation, e))),
+            Err(e) => Err(Failure::Failed(pg_error(name, operation, e))),
+        }
+    }
+}
+
+/// A lock's advisory key, with its name for errors.
+#[derive(Clone)]
+struct PgKey {
+    name: Arc<str>,
+    key: (i32, i32),
+}
+
+impl Sessions for PgSessions {
+    type Conn = Conn;
+    type Key = PgKey;
+    const KIND: &'static str = KIND;
+    const LOST: &'static str =
+        "its PostgreSQL connection was closed (the server ended the session and its advisory locks)";
+
+    fn operation_timeout(&self) -> Duration {
+        self.options.operation_timeout
+    }
+
+    fn max_idle(&self) -> usize {
+        self.options.max_idle
+    }
+
+    fn key(&self, req: &Acquire) -> PgKey {
+        PgKey { name: req.name.clone(), key: advisory_key(&req.key) }
+    }
+
+    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
+        Box::pin(self.connect_once(name))
+    }
+
+    fn is_closed(conn: &Conn) -> bool {
+        conn.is_closed()
+    }
+
+    fn lock<'a>(
+        &'a self,
+        conn: &'a mut Conn,
+        key: &'a PgKey,
+        wait: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        Box::pin(async move {
+            let (a, b) = key.key;
+            let (sql, operation) = match wait {
+                None => (
+                    format!("SELECT CASE WHEN pg_try_advisory_lock({a}, {b}) THEN nextval('{SEQUENCE}') END"),
+                    "attempt",
+                ),
+                Some(wait) => {
+                    // `lock_timeout = 0` would mean "no limit": at least 1 ms.
+                    let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+                    let sql = format!(
+                        "SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock({a}, {b}); \
+                         SELECT nextval('{SEQUENCE}')"
+                    );
+                    (sql, "wait")
+                }
+            };
+            match conn.client.simple_query(&sql).await {
+                Ok(rows) => match last_value(&rows) {
+                    None if wait.is_none() => Ok(None),
+                    token => match token.and_then(|t| t.parse::<u64>().ok()) {
+                        Some(token) => Ok(Some(token)),
+                        // Cannot happen with a sane server; closing the connection frees the lock.
+                        None => Err(Failure::Failed(LockError::backend(
+                            &*key.name,
+                            KIND,
+                            operation,
+                            "no fencing token in the answer",
+                        ))),
+                    },
+                },
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
+                Err(e) if e.is_closed() || conn.is_closed() => Err(Failure::Closed(pg_error(&key.name, operation, e))),
+                Err(e) => Err(Failure::Failed(pg_error(&key.name, operation, e))),
             }
+        })
+    }
+
+    fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
+        Box::pin(async move {
+            let (a, b) = key.key;
+            let sql = format!("SELECT pg_advisory_unlock({a}, {b})");
+            Ok(Self::query(conn, &key.name, "release", &sql).await?.as_deref() == Some("t"))
+        })
+    }
+
+    /// Drops the connection after asking the server to cancel its running query (a wait): the
+    /// session then ends, freeing anything it holds.
+    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Conn) {
+        let token = conn.client.cancel_token();
+        drop(conn);
+        let (bound, tls) = (pool.sessions.options.operation_timeout, pool.sessions.tls());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(bound, token.cancel_query(tls)).await;
+            });
         }
     }
 
-    fn checkin(&self, conn: Conn) {
-        if conn.is_closed() {
-            return;
-        }
-        let mut idle = lock(&self.idle);
-        if idle.len() < self.options.max_idle {
-            idle.push(conn);
-        }
+    fn closed<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, ()> {
+        let mut closed = conn.closed.clone();
+        Box::pin(async move {
+            let _ = closed.wait_for(|c| *c).await;
+        })
     }
 }
 
@@ -172,14 +250,14 @@ impl Shared {
 /// [module docs](super) for how locks, waits, tokens and leases map onto PostgreSQL.
 #[derive(Clone)]
 pub struct PostgresBackend {
-    shared: Arc<Shared>,
+    pool: Arc<Pool<PgSessions>>,
 }
 
 impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresBackend")
-            .field("hosts", &self.shared.config.get_hosts())
-            .field("options", &self.shared.options)
+            .field("hosts", &self.pool.sessions.config.get_hosts())
+            .field("options", &self.pool.sessions.options)
             .finish()
     }
 }
@@ -219,16 +297,15 @@ impl PostgresBackend {
             config.application_name("lock-runtime");
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
-        let backend =
-            PostgresBackend { shared: Arc::new(Shared { config, tls, options, idle: Mutex::new(Vec::new()) }) };
+        let backend = PostgresBackend { pool: Arc::new(Pool::new(PgSessions { config, tls, options })) };
         backend.setup().await?;
         Ok(backend)
     }
 
     /// The first connection: detects a transaction-mode pooler, creates the sequence.
     async fn setup(&self) -> Result<(), LockError> {
-        let conn = self.shared.connect("").await?;
-        let bound = self.shared.options.operation_timeout;
+        let conn = self.pool.sessions.connect_once("").await?;
+        let bound = self.pool.sessions.options.operation_timeout;
         let (first, second) = (backend_pid(&conn, bound).await?, backend_pid(&conn, bound).await?);
         if first != second {
             return Err(LockError::invalid(
@@ -242,7 +319,7 @@ impl PostgresBackend {
         let exists = format!("SELECT to_regclass('{SEQUENCE}') IS NOT NULL");
         match tokio::time::timeout(bound, conn.client.simple_query(&exists)).await {
             Ok(Ok(rows)) if last_value(&rows).as_deref() == Some("t") => {
-                self.shared.checkin(conn);
+                self.pool.checkin(conn);
                 return Ok(());
             }
             Ok(Ok(_)) => {}
@@ -259,18 +336,18 @@ impl PostgresBackend {
             Ok(Err(e)) => return Err(pg_error("", "connect", e)),
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         }
-        self.shared.checkin(conn);
+        self.pool.checkin(conn);
         Ok(())
     }
 
     /// The options this backend was built with.
     pub fn options(&self) -> &PostgresOptions {
-        &self.shared.options
+        &self.pool.sessions.options
     }
 
     /// How many idle connections are kept right now.
     pub fn idle_connections(&self) -> usize {
-        lock(&self.shared.idle).len()
+        self.pool.idle()
     }
 }
 
@@ -297,278 +374,10 @@ impl LockBackend for PostgresBackend {
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
-        Box::new(PgAcquisition {
-            shared: self.shared.clone(),
-            key: advisory_key(&req.key),
-            req,
-            lost: Some(lost),
-            conn: None,
-            in_flight: false,
-        })
+        self.pool.begin(req, lost)
     }
 
     fn operation_timeout(&self) -> Duration {
-        self.shared.options.operation_timeout
-    }
-}
-
-/// How a query on the acquisition's connection failed.
-enum Failed {
-    /// The server answered with an error (the connection was kept only for a lock timeout).
-    Db(tokio_postgres::Error),
-    /// Not answered within its bound (the connection was cancelled and closed).
-    TimedOut(Duration),
-    /// No connection could be had.
-    Connect(LockError),
-}
-
-/// One `lock()` call: owns its connection from the first attempt until it is granted (the
-/// [`PgHeld`] owns it then) or dropped.
-struct PgAcquisition {
-    shared: Arc<Shared>,
-    req: Acquire,
-    key: (i32, i32),
-    lost: Option<LostSignal>,
-    conn: Option<Conn>,
-    /// A query was sent and its answer not read (the future was dropped): the session may be
-    /// waiting on the server, or hold the lock.
-    in_flight: bool,
-}
-
-impl Drop for PgAcquisition {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if self.in_flight {
-                conn.cancel_and_close(self.shared.options.operation_timeout, self.shared.tls());
-            } else {
-                self.shared.checkin(conn);
-            }
-        }
-    }
-}
-
-impl PgAcquisition {
-    /// Runs `sql` (simple protocol) on the acquisition's connection, within `bound`; the last
-    /// row's first value. A reused connection found closed is replaced once.
-    async fn query(&mut self, sql: &str, bound: Duration) -> Result<Option<String>, Failed> {
-        let mut retried = false;
-        loop {
-            let reused = match self.conn {
-                Some(_) => false,
-                None => {
-                    let (conn, reused) = self.shared.checkout(&self.req.name).await.map_err(Failed::Connect)?;
-                    self.conn = Some(conn);
-                    reused
-                }
-            };
-            let Some(conn) = self.conn.as_ref() else { continue };
-            self.in_flight = true;
-            let answer = tokio::time::timeout(bound, conn.client.simple_query(sql)).await;
-            self.in_flight = false;
-            match answer {
-                Ok(Ok(rows)) => return Ok(last_value(&rows)),
-                Err(_) => {
-                    if let Some(conn) = self.conn.take() {
-                        conn.cancel_and_close(self.shared.options.operation_timeout, self.shared.tls());
-                    }
-                    return Err(Failed::TimedOut(bound));
-                }
-                Ok(Err(e)) => {
-                    if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                        return Err(Failed::Db(e));
-                    }
-                    // Unknown state: closing the connection frees whatever its session holds.
-                    self.conn = None;
-                    if e.is_closed() && reused && !retried {
-                        retried = true;
-                        continue;
-                    }
-                    return Err(Failed::Db(e));
-                }
-            }
-        }
-    }
-
-    fn error(&self, operation: &'static str, failed: Failed) -> LockError {
-        match failed {
-            Failed::Db(e) => pg_error(&self.req.name, operation, e),
-            Failed::TimedOut(bound) => LockError::timed_out(&*self.req.name, KIND, operation, bound),
-            Failed::Connect(e) => e,
-        }
-    }
-
-    fn grant(&mut self, token: Option<String>, operation: &'static str) -> Result<Grant, LockError> {
-        let granted_at = crate::clock::now();
-        let token = token.and_then(|t| t.parse::<u64>().ok());
-        let (Some(token), Some(conn)) = (token, self.conn.take()) else {
-            // Cannot happen with a sane server; closing the connection frees the lock.
-            self.conn = None;
-            return Err(LockError::backend(&*self.req.name, KIND, operation, "no fencing token in the answer"));
-        };
-        let slot = Arc::new(Mutex::new(Some(conn)));
-        let lease_end = match self.req.lease {
-            Lease::Fixed(lease) => granted_at.checked_add(lease),
-            Lease::Renewed(_) => None,
-        };
-        let lost = self.lost.take().unwrap_or_else(LostSignal::never);
-        let monitor = spawn_monitor(slot.clone(), lease_end, lost);
-        let held = PgHeld { shared: self.shared.clone(), name: self.req.name.clone(), key: self.key, slot, monitor };
-        Ok(Grant { fencing_token: token, granted_at: Some(granted_at), lock: Held::new(held) })
-    }
-
-    async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
-        let (a, b) = self.key;
-        let sql = format!("SELECT CASE WHEN pg_try_advisory_lock({a}, {b}) THEN nextval('{SEQUENCE}') END");
-        let bound = self.shared.options.operation_timeout;
-        match self.query(&sql, bound).await {
-            Ok(Some(token)) => Ok(Attempt::Acquired(self.grant(Some(token), "attempt")?)),
-            Ok(None) => Ok(Attempt::Busy),
-            Err(failed) => Err(self.error("attempt", failed)),
-        }
-    }
-
-    async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        let remaining = deadline.saturating_duration_since(crate::clock::now());
-        if remaining.is_zero() {
-            return Ok(Wake::TimedOut);
-        }
-        // `lock_timeout = 0` would mean "no limit": at least 1 ms.
-        let ms = remaining.as_millis().clamp(1, i32::MAX as u128);
-        let (a, b) = self.key;
-        let sql = format!(
-            "SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock({a}, {b}); SELECT nextval('{SEQUENCE}')"
-        );
-        let bound = remaining.saturating_add(self.shared.options.operation_timeout);
-        match self.query(&sql, bound).await {
-            Ok(token) => Ok(Wake::Acquired(self.grant(token, "wait")?)),
-            Err(Failed::Db(e)) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(Wake::TimedOut),
-            Err(failed) => Err(self.error("wait", failed)),
-        }
-    }
-}
-
-impl Acquisition for PgAcquisition {
-    fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
-        Box::pin(self.attempt_once())
-    }
-
-    fn wait(&mut self, deadline: Instant) -> BoxFuture<'_, Result<Wake, LockError>> {
-        Box::pin(self.wait_until(deadline))
-    }
-}
-
-/// Watches a held lock's connection (its end fires `lost()`) and ends a fixed lease (closes
-/// the connection, which frees the lock). Aborted by the release.
-fn spawn_monitor(
-    slot: Arc<Mutex<Option<Conn>>>,
-    lease_end: Option<Instant>,
-    lost: LostSignal,
-) -> Option<JoinHandle<()>> {
-    let mut closed = lock(&slot).as_ref()?.closed.clone();
-    let runtime = tokio::runtime::Handle::try_current().ok()?;
-    Some(runtime.spawn(async move {
-        let lease_over = async {
-            match lease_end {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = closed.wait_for(|c| *c) => {
-                if lock(&slot).take().is_some() {
-                    lost.fire("its PostgreSQL connection was closed (the server ended the session and its advisory locks)");
-                }
-            }
-            _ = lease_over => {
-                tracing::debug!("fixed lease over: closing the PostgreSQL lock connection");
-                drop(lock(&slot).take());
-            }
-        }
-    }))
-}
-
-/// A granted lock: its connection (the session that holds the advisory lock).
-struct PgHeld {
-    shared: Arc<Shared>,
-    name: Arc<str>,
-    key: (i32, i32),
-    /// Taken by the release, by the monitor at the lease's end, or when the connection ends.
-    slot: Arc<Mutex<Option<Conn>>>,
-    monitor: Option<JoinHandle<()>>,
-}
-
-impl PgHeld {
-    fn take(&mut self) -> Result<Conn, LockError> {
-        if let Some(monitor) = self.monitor.take() {
-            monitor.abort();
-        }
-        match lock(&self.slot).take() {
-            Some(conn) if !conn.is_closed() => Ok(conn),
-            _ => Err(LockError::lost(
-                &*self.name,
-                "its lease had ended or its PostgreSQL connection was closed (the session's locks went with it)",
-            )),
-        }
-    }
-
-    async fn release_lock(&mut self) -> Result<(), LockError> {
-        let conn = self.take()?;
-        unlock(&self.shared, &self.name, self.key, conn).await
-    }
-
-    async fn release_lock_after(&mut self, remaining: Duration) -> Result<(), LockError> {
-        let conn = self.take()?;
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("released outside a tokio runtime: the PostgreSQL lock is freed at once");
-            drop(conn);
-            return Ok(());
-        };
-        let (shared, name, key) = (self.shared.clone(), self.name.clone(), self.key);
-        runtime.spawn(async move {
-            tokio::time::sleep(remaining).await;
-            if let Err(e) = unlock(&shared, &name, key, conn).await {
-                tracing::debug!(error = %e, "unlock after hold_at_least");
-            }
-        });
-        Ok(())
-    }
-}
-
-/// `pg_advisory_unlock` on the holder's connection; the connection goes back to the idle set
-/// when all went well, and is closed (freeing the lock) otherwise.
-async fn unlock(shared: &Shared, name: &str, (a, b): (i32, i32), conn: Conn) -> Result<(), LockError> {
-    let bound = shared.options.operation_timeout;
-    let sql = format!("SELECT pg_advisory_unlock({a}, {b})");
-    match tokio::time::timeout(bound, conn.client.simple_query(&sql)).await {
-        Ok(Ok(rows)) if last_value(&rows).as_deref() == Some("t") => {
-            shared.checkin(conn);
-            Ok(())
-        }
-        Ok(Ok(_)) => Err(LockError::lost(name, "its PostgreSQL session no longer held the advisory lock")),
-        Ok(Err(e)) if e.is_closed() || conn.is_closed() => {
-            Err(LockError::lost(name, "its PostgreSQL connection was closed (the session's locks went with it)"))
-        }
-        Ok(Err(e)) => Err(pg_error(name, "release", e)),
-        Err(_) => Err(LockError::timed_out(name, KIND, "release", bound)),
-    }
-}
-
-impl HeldLock for PgHeld {
-    fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.release_lock())
-    }
-
-    fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(self.release_lock_after(remaining))
-    }
-}
-
-impl Drop for PgHeld {
-    fn drop(&mut self) {
-        // Not released: closing the connection frees the lock.
-        if let Some(monitor) = self.monitor.take() {
-            monitor.abort();
-        }
-        drop(lock(&self.slot).take());
+        self.pool.sessions.options.operation_timeout
     }
 }
