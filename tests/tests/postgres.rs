@@ -142,3 +142,33 @@ async fn dropped_waiter_leaves_the_server_queue() {
     .await;
     holder.release().await.expect("release");
 }
+
+/// Regression (issue 24's audit): a `statement_timeout` shorter than the `wait` (here the
+/// URL's; the server's, the role's or the database's do the same) cut the server-side wait,
+/// and the waiter failed with an `is_backend` error reading "db error". The wait must run its
+/// course and be granted at the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_statement_timeout_does_not_cut_a_wait() {
+    let server = PgServer::start();
+    let holder = LockManager::postgres(server.url()).await.unwrap();
+    let waiter = LockManager::postgres(format!("{}?options=-c%20statement_timeout%3D200", server.url())).await.unwrap();
+    let guard = holder.lock("job").await.unwrap();
+    let waiting = tokio::spawn(async move { waiter.lock("job").wait(Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(800)).await; // well past the statement timeout
+    assert!(!waiting.is_finished(), "the waiter still waits");
+    let token = guard.fencing_token();
+    guard.release().await.unwrap();
+    let taken = waiting.await.unwrap().expect("granted at the release, past the statement timeout");
+    assert!(taken.fencing_token() > token);
+}
+
+/// Every PostgreSQL error carries the server's message and SQLSTATE, not "db error" alone.
+#[tokio::test]
+async fn server_errors_carry_the_message_and_sqlstate() {
+    let server = PgServer::start();
+    let url = format!("{}/no_such_db", server.url().rsplit_once('/').unwrap().0);
+    let err = LockManager::postgres(&url).await.unwrap_err();
+    let text = err.to_string();
+    assert!(err.is_backend(), "{text}");
+    assert!(text.contains("3D000") && text.contains("does not exist"), "{text}");
+}

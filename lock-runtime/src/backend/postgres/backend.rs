@@ -103,6 +103,9 @@ struct PgSessions {
     /// The TLS client of the connections and cancel requests (see `tls.rs`).
     tls: Connector,
     options: PostgresOptions,
+    /// The server has `transaction_timeout` (PostgreSQL 17), which a wait turns off too; read
+    /// by the setup.
+    transaction_timeout: std::sync::OnceLock<bool>,
 }
 
 impl PgSessions {
@@ -189,8 +192,16 @@ impl Sessions for PgSessions {
                 Some(wait) => {
                     // `lock_timeout = 0` would mean "no limit": at least 1 ms.
                     let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+                    // Only `lock_timeout` bounds the wait: a `statement_timeout` (or PostgreSQL 17's
+                    // `transaction_timeout`) of the server, role, database or URL shorter than
+                    // the wait must not cut it. All local to this implicit transaction.
+                    let transaction = match self.transaction_timeout.get() {
+                        Some(true) => "SELECT set_config('transaction_timeout', '0', true); ",
+                        _ => "",
+                    };
                     let sql = format!(
-                        "SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock({a}, {b}); \
+                        "{transaction}SELECT set_config('statement_timeout', '0', true); \
+                         SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock({a}, {b}); \
                          SELECT nextval('{SEQUENCE}')"
                     );
                     (sql, "wait")
@@ -297,7 +308,8 @@ impl PostgresBackend {
             config.application_name("lock-runtime");
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
-        let backend = PostgresBackend { pool: Arc::new(Pool::new(PgSessions { config, tls, options })) };
+        let sessions = PgSessions { config, tls, options, transaction_timeout: Default::default() };
+        let backend = PostgresBackend { pool: Arc::new(Pool::new(sessions)) };
         backend.setup().await?;
         Ok(backend)
     }
@@ -307,6 +319,12 @@ impl PostgresBackend {
         let conn = self.pool.sessions.connect_once("").await?;
         let bound = self.pool.sessions.options.operation_timeout;
         let (first, second) = (backend_pid(&conn, bound).await?, backend_pid(&conn, bound).await?);
+        let version = match tokio::time::timeout(bound, conn.client.simple_query("SHOW server_version_num")).await {
+            Ok(Ok(rows)) => last_value(&rows).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0),
+            Ok(Err(e)) => return Err(pg_error("", "connect", e)),
+            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+        };
+        let _ = self.pool.sessions.transaction_timeout.set(version >= 170_000);
         if first != second {
             return Err(LockError::invalid(
                 "",

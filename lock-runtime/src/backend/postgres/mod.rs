@@ -28,6 +28,17 @@ pub fn advisory_key(key: &str) -> (i32, i32) {
     (i32::from_be_bytes([a0, a1, a2, a3]), i32::from_be_bytes([b0, b1, b2, b3]))
 }
 
+/// A client error as a [`LockError`]: a server's error with its severity, SQLSTATE, message,
+/// detail and hint (`ERROR 57014: canceling statement due to statement timeout`), anything
+/// else with its whole chain of causes.
 fn pg_error(name: &str, operation: &'static str, e: tokio_postgres::Error) -> LockError {
-    LockError::backend_with_causes(name, KIND, operation, e)
+    let Some(db) = e.as_db_error() else { return LockError::backend_with_causes(name, KIND, operation, e) };
+    let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!(" (detail: {detail})"));
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str(&format!(" (hint: {hint})"));
+    }
+    LockError::backend(name, KIND, operation, text)
 }
