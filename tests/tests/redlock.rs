@@ -430,3 +430,16 @@ async fn bad_urls_are_invalid() {
     let refused = m.read_lock("rw").await.map(drop).expect_err("read-write locks are not offered");
     assert!(refused.is_invalid(), "{refused}");
 }
+
+/// Regression (issue 24's audit): one server listed under two spellings (`localhost:P` and
+/// `127.0.0.1:P`) counted as two nodes, so one machine could be a quorum. Nodes are told apart
+/// by the server's `run_id` at connect: a server listed twice is `is_invalid()`, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_under_two_spellings_is_invalid() {
+    let servers = shared();
+    let port = servers[0].port();
+    let (a, b) = (format!("redis://127.0.0.1:{port}"), format!("redis://localhost:{port}"));
+    let err = LockManager::redlock(&[a.as_str(), b.as_str(), urls(servers)[1].as_str()]).await.map(drop).unwrap_err();
+    assert!(err.is_invalid(), "{err}");
+    assert!(err.to_string().contains("same Redis server") && err.to_string().contains("localhost"), "{err}");
+}

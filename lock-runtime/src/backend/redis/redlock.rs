@@ -59,11 +59,14 @@ impl RedlockBackend {
     /// `redis://[[user]:password@]host[:port][/db]`) with `options` (the command timeout bounds
     /// every command on every node).
     ///
-    /// An empty list, an empty, malformed or repeated URL (the same host and port twice), or
-    /// options out of range are an [`is_invalid`](crate::LockError::is_invalid) error. Fewer
-    /// than a quorum (`N/2 + 1`) of nodes answering a `PING` within the command timeout is an
+    /// An empty list, an empty, malformed or repeated URL (the same host and port twice), one
+    /// server listed twice under two names (told by its `run_id`, from `INFO server`; a user
+    /// whose ACL has no `INFO` is not checked), or options out of range are an
+    /// [`is_invalid`](crate::LockError::is_invalid) error. Fewer than a quorum (`N/2 + 1`) of
+    /// nodes answering within the command timeout is an
     /// [`is_backend`](crate::LockError::is_backend) error; a minority down is fine (their
-    /// connections are made again as they come back).
+    /// connections are made again as they come back). Connecting waits for every node's
+    /// answer, up to the command timeout.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {
@@ -126,7 +129,10 @@ impl RedlockBackend {
         Ok(backend)
     }
 
-    /// `PING`s every node; fewer than a quorum answering is an error naming the quorum.
+    /// Asks every node for its `run_id` (`INFO server`; a user without `INFO` answers a
+    /// `PING` instead, and is not checked), waiting up to the command timeout for all of them:
+    /// one server listed twice (under two host names) is an error, and so is fewer than a
+    /// quorum answering.
     async fn probe(&self, shown: &str) -> Result<(), LockError> {
         let inner = &*self.inner;
         let timeout = inner.options.command_timeout;
@@ -135,10 +141,17 @@ impl RedlockBackend {
         for (i, node) in inner.nodes.iter().enumerate() {
             let (mut conn, tx) = (node.conn.clone(), tx.clone());
             inner.runtime.spawn(async move {
-                let cmd = redis::cmd("PING");
-                let ping = cmd.query_async::<String>(&mut conn);
-                let answer = match tokio::time::timeout(timeout, ping).await {
-                    Ok(Ok(_)) => Ok(()),
+                let ask = async {
+                    match redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await {
+                        Ok(info) => Ok(run_id(&info)),
+                        Err(e) if e.code() == Some("NOPERM") => {
+                            redis::cmd("PING").query_async::<String>(&mut conn).await.map(|_| None)
+                        }
+                        Err(e) => Err(e),
+                    }
+                };
+                let answer = match tokio::time::timeout(timeout, ask).await {
+                    Ok(Ok(id)) => Ok(id),
                     Ok(Err(e)) => Err(e.to_string()),
                     Err(_) => Err(format!("no answer within {timeout:?}")),
                 };
@@ -147,7 +160,22 @@ impl RedlockBackend {
         }
         drop(tx);
         let quorum = inner.quorum;
-        let got = gather(rx, inner.nodes.len(), deadline, |g| g.answered() >= quorum).await;
+        let got = gather(rx, inner.nodes.len(), deadline, |_| false).await;
+        let ids: Vec<(usize, &String)> = got
+            .answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((i, a.as_ref()?.as_ref().ok()?.as_ref()?)))
+            .collect();
+        for (n, (i, id)) in ids.iter().enumerate() {
+            if let Some((j, _)) = ids[n + 1..].iter().find(|(_, other)| other == id) {
+                let (a, b) = (&inner.nodes[*i].url, &inner.nodes[*j].url);
+                return Err(LockError::invalid(
+                    shown,
+                    format!("{a} and {b} are the same Redis server (run_id {id}): Redlock needs independent primaries"),
+                ));
+            }
+        }
         if got.answered() >= quorum {
             Ok(())
         } else {
@@ -612,6 +640,11 @@ impl LockBackend for RedlockBackend {
         // An attempt is two rounds (acquire, fence raise), each bounded by the command timeout.
         self.inner.options.command_timeout.saturating_mul(2).saturating_add(Duration::from_millis(250))
     }
+}
+
+/// The `run_id` in an `INFO server` answer.
+fn run_id(info: &str) -> Option<String> {
+    info.lines().find_map(|line| line.strip_prefix("run_id:")).map(|id| id.trim().to_owned())
 }
 
 #[cfg(test)]
