@@ -14,7 +14,7 @@ use tokio_postgres::{Client, Config, SimpleQueryMessage};
 use super::tls::{self, Connector};
 use super::{advisory_key, pg_error, KIND, SEQUENCE};
 use crate::backend::session::{Failure, Pool, Sessions};
-use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
+use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend, LockKind};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
@@ -147,7 +147,13 @@ impl PgSessions {
 struct PgKey {
     name: Arc<str>,
     key: (i32, i32),
+    /// The shared side of a read-write lock (`pg_advisory_lock_shared`).
+    shared: bool,
 }
+
+/// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
+/// the mutex of the same name.
+const RW_SUFFIX: &str = "\u{0}rw";
 
 impl Sessions for PgSessions {
     type Conn = Conn;
@@ -165,7 +171,15 @@ impl Sessions for PgSessions {
     }
 
     fn key(&self, req: &Acquire) -> PgKey {
-        PgKey { name: req.name.clone(), key: advisory_key(&req.key) }
+        match req.kind {
+            // A read-write lock's two sides share one key of their own, apart from the mutex's.
+            LockKind::Read | LockKind::Write => PgKey {
+                name: req.name.clone(),
+                key: advisory_key(&format!("{}{RW_SUFFIX}", req.key)),
+                shared: req.kind == LockKind::Read,
+            },
+            _ => PgKey { name: req.name.clone(), key: advisory_key(&req.key), shared: false },
+        }
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
@@ -184,9 +198,10 @@ impl Sessions for PgSessions {
     ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
         Box::pin(async move {
             let (a, b) = key.key;
+            let shared = if key.shared { "_shared" } else { "" };
             let (sql, operation) = match wait {
                 None => (
-                    format!("SELECT CASE WHEN pg_try_advisory_lock({a}, {b}) THEN nextval('{SEQUENCE}') END"),
+                    format!("SELECT CASE WHEN pg_try_advisory_lock{shared}({a}, {b}) THEN nextval('{SEQUENCE}') END"),
                     "attempt",
                 ),
                 Some(wait) => {
@@ -201,7 +216,7 @@ impl Sessions for PgSessions {
                     };
                     let sql = format!(
                         "{transaction}SELECT set_config('statement_timeout', '0', true); \
-                         SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock({a}, {b}); \
+                         SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock{shared}({a}, {b}); \
                          SELECT nextval('{SEQUENCE}')"
                     );
                     (sql, "wait")
@@ -231,7 +246,8 @@ impl Sessions for PgSessions {
     fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
         Box::pin(async move {
             let (a, b) = key.key;
-            let sql = format!("SELECT pg_advisory_unlock({a}, {b})");
+            let shared = if key.shared { "_shared" } else { "" };
+            let sql = format!("SELECT pg_advisory_unlock{shared}({a}, {b})");
             Ok(Self::query(conn, &key.name, "release", &sql).await?.as_deref() == Some("t"))
         })
     }
@@ -389,6 +405,12 @@ fn last_value(rows: &[SimpleQueryMessage]) -> Option<String> {
 impl LockBackend for PostgresBackend {
     fn kind(&self) -> &'static str {
         KIND
+    }
+
+    /// Mutexes and read-write locks (`pg_advisory_lock` and `pg_advisory_lock_shared`);
+    /// semaphores are refused.
+    fn supports(&self, kind: LockKind) -> bool {
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write)
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
