@@ -290,8 +290,9 @@ macro_rules! option_setters {
         /// "12:00:00" by its own clock thus runs once, not once per instance whose timer fires
         /// after the first one finished.
         ///
-        /// The remainder is counted from before the request was sent and handed to the store as a
-        /// duration, which counts it on its own clock (Redis sets the key's expiry to it instead of
+        /// The remainder is counted from when the grant's reply arrived (so the name stays taken
+        /// at least `hold` after the store granted it, however slow the request) and handed to the
+        /// store as a duration, which counts it on its own clock (Redis sets the key's expiry to it instead of
         /// deleting it; ZooKeeper's node is deleted when the remainder recorded in it has passed;
         /// the in-process store keeps the entry held): the clocks of the instances need not agree.
         /// Waiters are woken when the remainder ends. A release after `hold` is a plain release.

@@ -431,3 +431,24 @@ async fn lost_fires_before_the_servers_lease_ends() {
         assert!(pttl >= 0, "{i}: lost() fired after the key expired (PTTL {pttl})");
     }
 }
+
+/// Regression (issue 24's audit): `hold_at_least` was counted from the instant before the
+/// acquire request was sent, so the name could be freed up to the request's latency before
+/// "grant + d". Counted from the reply, a waiter never gets the name before the holder's guard
+/// was handed out plus `d`, however slow the holder's connection (here 150 ms each way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_at_least_counts_from_the_reply_on_a_slow_connection() {
+    use lock_tests::redis_server::tcp_proxy::TcpProxy;
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(server.port()).await;
+    let slow = LockManager::redis(proxy.redis_url()).await.unwrap();
+    let direct = LockManager::redis(server.url()).await.unwrap();
+    let hold = Duration::from_millis(1000);
+    proxy.set_delay(Duration::from_millis(150));
+    let guard = slow.lock("tick").hold_at_least(hold).await.unwrap();
+    let replied = Instant::now();
+    guard.release().await.unwrap(); // early: the name stays taken for the rest of `hold`
+    let granted = direct.lock("tick").wait(Duration::from_secs(5)).await.map(|_| Instant::now()).unwrap();
+    let after = granted.duration_since(replied);
+    assert!(after + Duration::from_millis(5) >= hold, "the name was free {after:?} after the reply, before {hold:?}");
+}

@@ -74,8 +74,9 @@ impl LockManager {
     }
 
     /// Wraps a grant into a guard; starts the watchdog when the lease needs renewing. `hold`:
-    /// `hold_at_least`, counted from the grant (from now when the backend gave no instant: later
-    /// than the grant, so never shorter).
+    /// `hold_at_least`, counted from now, when the grant's reply is in: the store granted the
+    /// name before that, so it stays taken at least `hold` after the grant, however long the
+    /// reply took (the lease is counted from before the request, the other way round).
     #[inline(always)]
     pub(super) fn guard(
         &self,
@@ -87,7 +88,7 @@ impl LockManager {
         hold: Option<Duration>,
     ) -> LockGuard {
         if let Some(hold) = hold {
-            let until = grant.granted_at.unwrap_or_else(crate::clock::now).checked_add(hold);
+            let until = crate::clock::now().checked_add(hold);
             return self.guard(name, lease, grant, lost, acquiring, None).holding_until(until);
         }
         let inner = &*self.inner;
