@@ -1,7 +1,8 @@
-//! `lockctl`: inspect and free the locks of lock-runtime's Redis and ZooKeeper backends.
+//! `lockctl`: inspect and free the locks of lock-runtime's Redis, ZooKeeper and lock-file
+//! backends.
 //!
 //! ```text
-//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH]) [--json]
+//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH] | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
 //!   list [--prefix P]            held locks: holder, fencing token, age, lease left, waiters
@@ -42,6 +43,11 @@
 //!   without a fixed lease is held as long as its holder's session lives (`session`); the age
 //!   of a holder that did not record its grant is counted from when it queued (`≤` marks such
 //!   an upper bound).
+//! - **Lock files** (`--file DIR`): a lock is held while its file is locked; its holder wrote
+//!   who it is into it. Waiters cannot be counted; without a fixed lease a lock lives as long
+//!   as its holder's process (`session`). A file lock cannot be taken from a live process:
+//!   `release` is refused (exit 4) and names the process to end. `watch` looks every
+//!   `--interval`.
 //!
 //! # Releasing
 //!
@@ -131,7 +137,7 @@ fn command() -> Command {
     };
     Command::new("lockctl")
         .version(env!("CARGO_PKG_VERSION"))
-        .about("Inspect and free the locks of lock-runtime's Redis and ZooKeeper backends")
+        .about("Inspect and free the locks of lock-runtime's Redis, ZooKeeper and lock-file backends")
         .after_help(EXIT_CODES)
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
         .arg(backend(
@@ -140,11 +146,12 @@ fn command() -> Command {
             "The ZooKeeper ensemble, e.g. zk1:2181,zk2:2181 (user:password@... for digest auth)",
         ))
         .arg(backend("zk-root", "PATH", "The lock root in ZooKeeper (default /lock-runtime)"))
+        .arg(backend("file", "DIR", "The lock directory of the lock-file backend, e.g. /var/lock/myapp"))
         .arg(backend("tls-ca", "FILE", "Also trust this CA (PEM) for a rediss:// URL"))
         .arg(backend("tls-cert", "FILE", "Client certificate (PEM) for mutual TLS; with --tls-key").requires("tls-key"))
         .arg(backend("tls-key", "FILE", "The client certificate's key (PEM); with --tls-cert").requires("tls-cert"))
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
-        .group(ArgGroup::new("store").args(["redis", "zookeeper"]).required(true))
+        .group(ArgGroup::new("store").args(["redis", "zookeeper", "file"]).required(true))
         .subcommand_required(true)
         .subcommand(Command::new("list").about("Lists the held locks").arg(prefix()))
         .subcommand(Command::new("show").about("Shows one lock in detail").arg(name()))
@@ -221,6 +228,14 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
         return Err(Failure::Error(
             "--tls-ca, --tls-cert and --tls-key are for --redis (ZooKeeper has no TLS yet)".into(),
         ));
+    }
+    if let Some(dir) = matches.get_one::<String>("file") {
+        if !std::path::Path::new(dir).is_dir() {
+            return Err(Failure::Error(format!(
+                "{dir} is not a directory (a lock directory is made by its first manager)"
+            )));
+        }
+        return Ok(Box::new(lock_runtime::backend::file::FileBackend::open(dir)?));
     }
     let hosts = matches.get_one::<String>("zookeeper").map_or("", String::as_str);
     #[cfg(feature = "zookeeper")]
@@ -305,7 +320,15 @@ async fn run(matches: &ArgMatches) -> Result<(), Failure> {
             if !sub.get_flag("force") {
                 confirm(&info)?;
             }
-            match store.force_release(name, Some(&info.owner)).await? {
+            // A store that cannot take a lock from its holder (lock files) refuses: exit 4.
+            let released = store.force_release(name, Some(&info.owner)).await.map_err(|e| {
+                if e.is_invalid() {
+                    Failure::Refused(e.to_string())
+                } else {
+                    Failure::from(e)
+                }
+            })?;
+            match released {
                 ForceRelease::Released(owner) => {
                     let text = if json {
                         format!("{}\n", json!({ "released": name, "owner": owner, "holder": holder_json(&info) }))

@@ -434,3 +434,30 @@ async fn zookeeper_release_under_digest_authentication() {
     assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
     tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("the holder is told");
 }
+
+/// `--file DIR`: `list`, `show` and `watch` as on the other stores (the holder's label and
+/// token from the record it wrote into its file); `release` is refused with 4 and names the
+/// holding process, whose lock stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_list_show_watch_and_refused_release() {
+    let dir = std::env::temp_dir().join(format!("lockctl-file-{}", lock_runtime::backend::OwnerId::next()));
+    let prefix = format!("{}:", unique("file"));
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).file(&dir).expect("open");
+    let store = Store { flag: "--file", address: dir.display().to_string() };
+    let key = format!("{prefix}ledger");
+    let guard = manager.lock("ledger").await.expect("lock");
+    let shown = list_and_show(&store, &guard, &key, &prefix).await;
+    assert_eq!(shown["session_bound"], true, "{shown}");
+    free_names_are_not_found(&store, &prefix).await;
+
+    let refused = lockctl(&store.args(&["release", &key, "--force"])).await;
+    assert_eq!(refused.code, 4, "{} {}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.contains(&format!("pid {}", std::process::id())), "{}", refused.stderr);
+    assert!(manager.try_lock("ledger").await.expect("try").is_none(), "still held");
+    guard.release().await.expect("release");
+
+    watch_prints_changes(&store, &manager, &prefix, "ledger").await;
+    let missing = lockctl(&["--file", "/nonexistent/locks", "list"]).await;
+    assert_eq!(missing.code, 1, "{}", missing.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -14,6 +14,7 @@ use crate::error::LockError;
 use crate::lost::LostSignal;
 
 mod fence;
+mod inspect;
 mod path;
 mod queue;
 
@@ -236,6 +237,12 @@ impl FileAcquisition {
     }
 
     fn grant(&self, handed: Handed, granted_at: Instant) -> Grant {
+        let lease = match self.req.lease {
+            Lease::Fixed(lease) => Some(lease),
+            Lease::Renewed(_) => None,
+        };
+        let owner = self.req.owner.to_string();
+        inspect::record(&handed.file, handed.token, lease, &owner, &self.req.holder, &self.req.key);
         let slot = Arc::new(Mutex::new(Some(handed.file)));
         let timer = match self.req.lease {
             Lease::Fixed(lease) => granted_at.checked_add(lease).and_then(|end| {

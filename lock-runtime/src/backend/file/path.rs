@@ -50,6 +50,31 @@ pub fn file_name(key: &str) -> String {
     out
 }
 
+/// The key a lock file name was escaped from ([`file_name`] undone); a hashed long name comes
+/// back as it is, without its suffix.
+pub(super) fn unescape_name(name: &str) -> String {
+    let name = name.strip_suffix(SUFFIX).unwrap_or(name);
+    if name.contains('~') || name == "%" {
+        return name.to_owned();
+    }
+    let mut bytes = Vec::with_capacity(name.len());
+    let mut rest = name.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        match (b, tail.get(..2).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        {
+            (b'%', Some(byte)) => {
+                bytes.push(byte);
+                rest = &tail[2..];
+            }
+            _ => {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// 64-bit FNV-1a from `basis`.
 fn fnv1a(bytes: &[u8], basis: u64) -> u64 {
     bytes.iter().fold(basis, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
@@ -136,6 +161,13 @@ mod tests {
         }
         assert_ne!(file_name("%2E"), file_name("."), "the escape character is escaped too");
         assert_ne!(file_name("a:b"), file_name("a_b"));
+    }
+
+    #[test]
+    fn escaped_names_read_back() {
+        for key in ["orders:42", "../x", "ünï/ß", "a.b", "%2E"] {
+            assert_eq!(unescape_name(&file_name(key)), key);
+        }
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! The lock files as an inspection tool sees them ([`Inspect`], for `lockctl --file DIR`): each
+//! holder writes a record into its file when it is granted (token, grant time, fixed lease,
+//! owner, process, key), and a file is held when a shared lock on it cannot be had.
+
+use std::fs::{File, TryLockError};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{file_name, path, FileBackend, KIND};
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo};
+use crate::error::LockError;
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Writes the holder's record into its lock file (held): `token`, grant time (Unix ms), fixed
+/// lease (ms, 0: none), owner, holder, key, tab-separated (keys hold no control characters).
+pub(super) fn record(file: &File, token: u64, lease: Option<Duration>, owner: &str, holder: &Holder, key: &str) {
+    let lease_ms = lease.map_or(0, |l| l.as_millis() as u64);
+    let line = format!("{token}\t{}\t{lease_ms}\t{owner}\t{holder}\t{key}\n", now_ms());
+    let mut file = file;
+    let written =
+        file.set_len(0).and_then(|()| file.seek(SeekFrom::Start(0))).and_then(|_| file.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        tracing::debug!(error = %e, "could not write the holder's record into its lock file");
+    }
+}
+
+/// What the lock file at `path` tells, if it is held.
+fn look(path: &Path) -> io::Result<Option<LockInfo>> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => return Ok(None), // nobody holds it (closing the file lets go at once)
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(e),
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let shown = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let fields: Vec<&str> = text.trim_end_matches('\n').splitn(6, '\t').collect();
+    let [token, granted, lease, owner, holder, key] = fields[..] else {
+        // Taken a moment ago, its record not written yet.
+        let mut info = LockInfo::new(path::unescape_name(&shown), "unknown");
+        info.session_bound = true;
+        return Ok(Some(info));
+    };
+    let mut info = LockInfo::new(key, owner);
+    info.holder = Holder::parse(holder);
+    info.fencing_token = token.parse().ok();
+    let granted: Option<u64> = granted.parse().ok();
+    info.age = granted.map(|g| Duration::from_millis(now_ms().saturating_sub(g)));
+    match lease.parse::<u64>() {
+        Ok(0) | Err(_) => info.session_bound = true, // held as long as its process lives
+        Ok(lease) => {
+            info.remaining_lease = granted.map(|g| Duration::from_millis((g + lease).saturating_sub(now_ms())));
+        }
+    }
+    Ok(Some(info))
+}
+
+impl Inspect for FileBackend {
+    fn store(&self) -> &'static str {
+        KIND
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        let listed = (|| {
+            let mut locks = Vec::new();
+            for entry in std::fs::read_dir(self.dir())? {
+                let entry = entry?;
+                if !entry.file_name().to_string_lossy().ends_with(path::SUFFIX) {
+                    continue;
+                }
+                if let Some(info) = look(&entry.path())? {
+                    if info.key.starts_with(prefix) {
+                        locks.push(info);
+                    }
+                }
+            }
+            locks.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok::<_, io::Error>(locks)
+        })();
+        Box::pin(std::future::ready(listed.map_err(|e| LockError::backend(prefix, KIND, "list", e))))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        let info = look(&self.dir().join(file_name(key))).map_err(|e| LockError::backend(key, KIND, "inspect", e));
+        Box::pin(std::future::ready(info))
+    }
+
+    /// Refused: a file lock belongs to its holder's process until it lets go or ends.
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        _expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        let refused = match look(&self.dir().join(file_name(key))) {
+            Ok(None) => Ok(ForceRelease::NotHeld),
+            Ok(Some(info)) => {
+                let pid =
+                    info.holder.as_ref().and_then(Holder::pid).map_or("its process".to_owned(), |p| format!("pid {p}"));
+                Err(LockError::invalid(
+                    key,
+                    format!("a lock file's lock belongs to its holder's process and cannot be taken from it: end {pid} (its locks go with it)"),
+                ))
+            }
+            Err(e) => Err(LockError::backend(key, KIND, "release", e)),
+        };
+        Box::pin(std::future::ready(refused))
+    }
+
+    fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        Box::pin(std::future::ready(Ok(Box::new(Unannounced) as Box<dyn ChangeFeed>)))
+    }
+}
+
+/// Lock files announce nothing: a live view looks again every interval.
+struct Unannounced;
+
+impl ChangeFeed for Unannounced {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn complete(&self) -> bool {
+        false
+    }
+}
