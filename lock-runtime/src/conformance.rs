@@ -15,6 +15,19 @@
 //! });
 //! ```
 //!
+//! The kind cases run where the backend [`supports`](crate::backend::LockBackend::supports)
+//! the kind and are skipped elsewhere. Name the kinds your backend offers with `kinds = [..]`
+//! and one more case checks that it offers exactly those, so that a `supports` broken by
+//! mistake cannot skip the kind cases unseen:
+//!
+//! ```ignore
+//! use lock_runtime::backend::LockKind;
+//! lock_runtime::conformance_suite!(
+//!     |builder: lock_runtime::LockManagerBuilder| async move { builder.backend(MyBackend::new()) },
+//!     kinds = [LockKind::Read, LockKind::Write]
+//! );
+//! ```
+//!
 //! Or call the cases yourself:
 //!
 //! ```
@@ -68,6 +81,13 @@ async fn manager(make: &impl Factory) -> LockManager {
 /// Generates one `#[tokio::test]` per conformance case for the backend built by `$factory`.
 #[macro_export]
 macro_rules! conformance_suite {
+    ($factory:expr, kinds = [$($kind:expr),* $(,)?]) => {
+        $crate::conformance_suite!($factory);
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn supports_exactly_the_declared_kinds() {
+            $crate::conformance::supports_exactly_the_declared_kinds(&$factory, &[$($kind),*]).await;
+        }
+    };
     ($factory:expr) => {
         $crate::conformance_suite!(@cases $factory;
             mutual_exclusion, wait_runs_out_is_contended, try_lock_makes_one_attempt,
@@ -100,6 +120,25 @@ macro_rules! conformance_suite {
             }
         )*
     };
+}
+
+/// The backend offers the mutex and exactly the `declared` kinds besides (a semaphore of any
+/// `permits` stands for semaphores): the kind cases of the others are skipped, so a `supports`
+/// broken by mistake would otherwise go unseen.
+pub async fn supports_exactly_the_declared_kinds(make: &impl Factory, declared: &[crate::backend::LockKind]) {
+    use crate::backend::LockKind;
+    let m = manager(make).await;
+    let same = |a: &LockKind, b: &LockKind| std::mem::discriminant(a) == std::mem::discriminant(b);
+    for kind in [LockKind::Exclusive, LockKind::Read, LockKind::Write, LockKind::Semaphore { permits: 3 }] {
+        let expected = kind == LockKind::Exclusive || declared.iter().any(|d| same(d, &kind));
+        assert_eq!(
+            m.supports(kind),
+            expected,
+            "the {} backend {} a {kind}, but its suite declares {declared:?}",
+            m.backend_kind(),
+            if expected { "does not offer" } else { "offers" }
+        );
+    }
 }
 
 /// 16 tasks doing a non-atomic read-modify-write under one lock lose no update, and never

@@ -12,9 +12,12 @@ use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
 use lock_runtime::LockManager;
 use lock_tests::etcd_server::{self, tcp_proxy::TcpProxy, EtcdServer};
 
-lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
-    builder.etcd([etcd_server::shared().endpoint()]).await.expect("connect to the test etcd")
-});
+lock_tests::conformance_suite!(
+    |builder: lock_runtime::LockManagerBuilder| async move {
+        builder.etcd([etcd_server::shared().endpoint()]).await.expect("connect to the test etcd")
+    },
+    kinds = []
+);
 
 /// A short lease TTL and operation timeout, for the fault tests.
 fn quick() -> EtcdOptions {

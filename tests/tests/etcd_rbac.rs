@@ -16,16 +16,20 @@ async fn enable_rbac(endpoint: &str) {
     lock_tests::etcd_server::enable_rbac(&mut admin).await;
 }
 
-lock_tests::conformance_suite!({
-    let server = Arc::new(EtcdServer::start());
-    let rbac = Arc::new(tokio::sync::OnceCell::new());
-    move |builder: LockManagerBuilder| {
-        let (server, rbac) = (server.clone(), rbac.clone());
-        async move {
-            let endpoint = server.endpoint();
-            rbac.get_or_init(|| enable_rbac(&endpoint)).await;
-            let options = EtcdOptions::new().credentials("locker", "lock-secret");
-            builder.backend(EtcdBackend::connect_with(&[endpoint], options).await.expect("connect as the lock user"))
+lock_tests::conformance_suite!(
+    {
+        let server = Arc::new(EtcdServer::start());
+        let rbac = Arc::new(tokio::sync::OnceCell::new());
+        move |builder: LockManagerBuilder| {
+            let (server, rbac) = (server.clone(), rbac.clone());
+            async move {
+                let endpoint = server.endpoint();
+                rbac.get_or_init(|| enable_rbac(&endpoint)).await;
+                let options = EtcdOptions::new().credentials("locker", "lock-secret");
+                builder
+                    .backend(EtcdBackend::connect_with(&[endpoint], options).await.expect("connect as the lock user"))
+            }
         }
-    }
-});
+    },
+    kinds = []
+);

@@ -45,13 +45,16 @@ impl Drop for TempDir {
     }
 }
 
-lock_tests::conformance_suite!({
-    let dir = std::sync::Arc::new(TempDir::new());
-    move |builder: LockManagerBuilder| {
-        let dir = dir.clone();
-        async move { builder.file(dir.path()).expect("open") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let dir = std::sync::Arc::new(TempDir::new());
+        move |builder: LockManagerBuilder| {
+            let dir = dir.clone();
+            async move { builder.file(dir.path()).expect("open") }
+        }
+    },
+    kinds = []
+);
 
 /// A worker process, killed when dropped.
 struct Worker {

@@ -5,7 +5,14 @@ use std::time::Duration;
 use lock_runtime::backend::memory::MemoryBackend;
 use lock_runtime::LockManager;
 
-lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move { builder.memory() });
+lock_tests::conformance_suite!(
+    |builder: lock_runtime::LockManagerBuilder| async move { builder.memory() },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 /// A million distinct names locked and released leave no entry and no capacity behind.
 #[tokio::test]

@@ -15,13 +15,16 @@ use lock_runtime::{LockManager, LockManagerBuilder};
 use lock_tests::mysql_server::{free_port, MysqlServer};
 use mysql_async::prelude::Queryable;
 
-lock_tests::conformance_suite!({
-    let server = Arc::new(MysqlServer::start());
-    move |builder: LockManagerBuilder| {
-        let (url, _server) = (server.url(), server.clone());
-        async move { builder.mysql(url).await.expect("connect") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let server = Arc::new(MysqlServer::start());
+        move |builder: LockManagerBuilder| {
+            let (url, _server) = (server.url(), server.clone());
+            async move { builder.mysql(url).await.expect("connect") }
+        }
+    },
+    kinds = []
+);
 
 async fn raw(server: &MysqlServer) -> mysql_async::Conn {
     mysql_async::Conn::new(mysql_async::Opts::from_url(&server.url()).unwrap()).await.expect("raw connection")

@@ -13,13 +13,16 @@ use lock_runtime::backend::postgres::{advisory_key, PostgresBackend, PostgresOpt
 use lock_runtime::{LockManager, LockManagerBuilder};
 use lock_tests::pg_server::{free_port, PgServer};
 
-lock_tests::conformance_suite!({
-    let server = Arc::new(PgServer::start());
-    move |builder: LockManagerBuilder| {
-        let (url, _server) = (server.url(), server.clone());
-        async move { builder.postgres(url).await.expect("connect") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let server = Arc::new(PgServer::start());
+        move |builder: LockManagerBuilder| {
+            let (url, _server) = (server.url(), server.clone());
+            async move { builder.postgres(url).await.expect("connect") }
+        }
+    },
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write]
+);
 
 async fn raw(server: &PgServer) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls).await.expect("raw");

@@ -21,18 +21,21 @@ fn url(server: &PgServer, params: &str) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres?{params}", server.port())
 }
 
-lock_tests::conformance_suite!({
-    let certs = Arc::new(Certs::make());
-    let server = Arc::new(PgServer::start_tls(&certs, true));
-    move |builder: LockManagerBuilder| {
-        let (url, tls) = (url(&server, "sslmode=verify-full"), certs.mutual());
-        let _keep = (server.clone(), certs.clone());
-        async move {
-            let backend = PostgresBackend::connect_with(url, PostgresOptions::new().tls(tls)).await;
-            builder.backend(backend.expect("connect with verify-full and mutual TLS"))
+lock_tests::conformance_suite!(
+    {
+        let certs = Arc::new(Certs::make());
+        let server = Arc::new(PgServer::start_tls(&certs, true));
+        move |builder: LockManagerBuilder| {
+            let (url, tls) = (url(&server, "sslmode=verify-full"), certs.mutual());
+            let _keep = (server.clone(), certs.clone());
+            async move {
+                let backend = PostgresBackend::connect_with(url, PostgresOptions::new().tls(tls)).await;
+                builder.backend(backend.expect("connect with verify-full and mutual TLS"))
+            }
         }
-    }
-});
+    },
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write]
+);
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 

@@ -20,13 +20,20 @@ use lock_tests::lock_after_outage;
 use lock_tests::redis_server::{free_port, RedisServer};
 use redis_support::*;
 
-lock_tests::conformance_suite!({
-    let server = Arc::new(RedisServer::start());
-    move |builder: LockManagerBuilder| {
-        let url = server.url();
-        async move { builder.redis(url).await.expect("connect") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let server = Arc::new(RedisServer::start());
+        move |builder: LockManagerBuilder| {
+            let url = server.url();
+            async move { builder.redis(url).await.expect("connect") }
+        }
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 #[tokio::test]
 async fn malformed_url_is_invalid() {

@@ -16,15 +16,22 @@ fn set_user(server: &RedisServer, user: &str, acl: &[&str]) {
     redis::cmd("ACL").arg("SETUSER").arg(user).arg(acl).query::<()>(&mut conn).expect("ACL SETUSER");
 }
 
-lock_tests::conformance_suite!({
-    let server = Arc::new(RedisServer::start());
-    set_user(&server, "locker", LOCK_USER_ACL);
-    move |builder: LockManagerBuilder| {
-        let url = format!("redis://locker:lock-secret@127.0.0.1:{}", server.port());
-        let _keep = server.clone();
-        async move { builder.redis(url).await.expect("connect as the lock user") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let server = Arc::new(RedisServer::start());
+        set_user(&server, "locker", LOCK_USER_ACL);
+        move |builder: LockManagerBuilder| {
+            let url = format!("redis://locker:lock-secret@127.0.0.1:{}", server.port());
+            let _keep = server.clone();
+            async move { builder.redis(url).await.expect("connect as the lock user") }
+        }
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 /// A user whose ACL lacks the script commands: the lock attempt fails naming the command, with
 /// a hint at the ACL (not at the server's health).

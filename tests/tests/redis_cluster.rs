@@ -15,13 +15,20 @@ use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
 use lock_runtime::{LockManager, LockManagerBuilder};
 use lock_tests::redis_cluster::{self, slot_of, RedisCluster};
 
-lock_tests::conformance_suite!({
-    let cluster = redis_cluster::shared();
-    move |builder: LockManagerBuilder| {
-        let urls = cluster.urls();
-        async move { builder.redis_cluster(&urls).await.expect("connect") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let cluster = redis_cluster::shared();
+        move |builder: LockManagerBuilder| {
+            let urls = cluster.urls();
+            async move { builder.redis_cluster(&urls).await.expect("connect") }
+        }
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 async fn manager(urls: &[String], timeout: Duration) -> LockManager {
     let backend = RedisBackend::cluster(urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");

@@ -20,28 +20,42 @@ use lock_tests::redis_server::{free_port, RedisServer};
 use lock_tests::unique;
 use redis_support::raw;
 
-lock_tests::conformance_suite!({
-    let urls = tokio::task::block_in_place(|| SentinelSetup::shared().sentinel_urls());
-    move |builder: LockManagerBuilder| {
-        let urls = urls.clone();
-        async move { builder.redis_sentinel(&urls, MASTER).await.expect("connect") }
-    }
-});
+lock_tests::conformance_suite!(
+    {
+        let urls = tokio::task::block_in_place(|| SentinelSetup::shared().sentinel_urls());
+        move |builder: LockManagerBuilder| {
+            let urls = urls.clone();
+            async move { builder.redis_sentinel(&urls, MASTER).await.expect("connect") }
+        }
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 /// The conformance suite again with every grant and renewal waiting for the replica.
 mod waiting_for_replicas {
     use super::*;
 
-    lock_tests::conformance_suite!({
-        let urls = tokio::task::block_in_place(|| SentinelSetup::shared().sentinel_urls());
-        move |builder: LockManagerBuilder| {
-            let urls = urls.clone();
-            async move {
-                let options = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(500));
-                builder.backend(RedisBackend::sentinel(&urls, MASTER, options).await.expect("connect"))
+    lock_tests::conformance_suite!(
+        {
+            let urls = tokio::task::block_in_place(|| SentinelSetup::shared().sentinel_urls());
+            move |builder: LockManagerBuilder| {
+                let urls = urls.clone();
+                async move {
+                    let options = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(500));
+                    builder.backend(RedisBackend::sentinel(&urls, MASTER, options).await.expect("connect"))
+                }
             }
-        }
-    });
+        },
+        kinds = [
+            lock_runtime::backend::LockKind::Read,
+            lock_runtime::backend::LockKind::Write,
+            lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+        ]
+    );
 }
 
 /// The bound on every command in the failover tests.

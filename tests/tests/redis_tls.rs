@@ -15,18 +15,25 @@ use lock_tests::redis_server::RedisServer;
 use lock_tests::refused;
 use lock_tests::tls_certs::Certs;
 
-lock_tests::conformance_suite!({
-    let certs = Arc::new(Certs::make());
-    let server = Arc::new(RedisServer::start_tls(&certs, true, &[]));
-    move |builder: LockManagerBuilder| {
-        let (url, tls) = (server.url(), certs.mutual());
-        let _keep = (server.clone(), certs.clone());
-        async move {
-            let options = RedisOptions::default().tls(tls);
-            builder.backend(RedisBackend::connect_with(&url, options).await.expect("connect over mutual TLS"))
+lock_tests::conformance_suite!(
+    {
+        let certs = Arc::new(Certs::make());
+        let server = Arc::new(RedisServer::start_tls(&certs, true, &[]));
+        move |builder: LockManagerBuilder| {
+            let (url, tls) = (server.url(), certs.mutual());
+            let _keep = (server.clone(), certs.clone());
+            async move {
+                let options = RedisOptions::default().tls(tls);
+                builder.backend(RedisBackend::connect_with(&url, options).await.expect("connect over mutual TLS"))
+            }
         }
-    }
-});
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 const TIMEOUT: Duration = Duration::from_millis(800);
 

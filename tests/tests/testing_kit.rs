@@ -12,9 +12,16 @@ use tokio::time::Instant;
 
 /// With no fault injected, the wrapper passes the conformance suite (on the in-process store).
 mod conformance {
-    lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
-        builder.backend(lock_runtime::testing::TestBackend::new())
-    });
+    lock_tests::conformance_suite!(
+        |builder: lock_runtime::LockManagerBuilder| async move {
+            builder.backend(lock_runtime::testing::TestBackend::new())
+        },
+        kinds = [
+            lock_runtime::backend::LockKind::Read,
+            lock_runtime::backend::LockKind::Write,
+            lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+        ]
+    );
 }
 
 fn setup() -> (TestBackend, LockManager) {

@@ -15,9 +15,16 @@ use lock_runtime::LockManager;
 use lock_tests::zk_server::{self, op, ZkServer};
 use zk_support::*;
 
-lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
-    builder.zookeeper(zk_server::shared().hosts()).await.expect("connect to the test ZooKeeper")
-});
+lock_tests::conformance_suite!(
+    |builder: lock_runtime::LockManagerBuilder| async move {
+        builder.zookeeper(zk_server::shared().hosts()).await.expect("connect to the test ZooKeeper")
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 /// Several sessions (one manager each) contend for one name: no two holders at once, no lost
 /// update, and fencing tokens strictly increase in the order the lock was held.

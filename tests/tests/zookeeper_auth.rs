@@ -9,11 +9,18 @@ use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 use lock_runtime::LockManager;
 use lock_tests::zk_server;
 
-lock_tests::conformance_suite!(|builder: lock_runtime::LockManagerBuilder| async move {
-    let options = ZookeeperOptions::new().digest_auth("conformance", "secret");
-    let backend = ZookeeperBackend::connect_with(zk_server::shared().hosts(), options).await;
-    builder.backend(backend.expect("connect with digest authentication"))
-});
+lock_tests::conformance_suite!(
+    |builder: lock_runtime::LockManagerBuilder| async move {
+        let options = ZookeeperOptions::new().digest_auth("conformance", "secret");
+        let backend = ZookeeperBackend::connect_with(zk_server::shared().hosts(), options).await;
+        builder.backend(backend.expect("connect with digest authentication"))
+    },
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ]
+);
 
 /// A client of the given `user:password` (or none) on the test ZooKeeper.
 async fn client(credentials: Option<&str>) -> zookeeper_client::Client {
