@@ -2,7 +2,7 @@
 //! backends.
 //!
 //! ```text
-//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH] | --file DIR) [--json]
+//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH] | --postgres URL | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
 //!   list [--prefix P]            held locks: holder, fencing token, age, lease left, waiters
@@ -43,6 +43,13 @@
 //!   without a fixed lease is held as long as its holder's session lives (`session`); the age
 //!   of a holder that did not record its grant is counted from when it queued (`≤` marks such
 //!   an upper bound).
+//! - **PostgreSQL** (`--postgres URL`): holders are read from `pg_locks` and
+//!   `pg_stat_activity` (each holder's grant query names its lock and process; its token is in
+//!   its session's `application_name`), so the user needs to see other sessions' queries (a
+//!   superuser, the holders' role, or `pg_read_all_stats`). Waiters are exact (the requests
+//!   queued on the key); a lock lives as long as its holder's session (`session`). `release`
+//!   ends the holder's session (`pg_terminate_backend`): its lock is freed and its `lost()`
+//!   fires at once. `watch` looks every `--interval`. `--tls-*` apply as for Redis.
 //! - **Lock files** (`--file DIR`): a lock is held while its file is locked; its holder wrote
 //!   who it is into it. Waiters cannot be counted; without a fixed lease a lock lives as long
 //!   as its holder's process (`session`). A file lock cannot be taken from a live process:
@@ -137,7 +144,7 @@ fn command() -> Command {
     };
     Command::new("lockctl")
         .version(env!("CARGO_PKG_VERSION"))
-        .about("Inspect and free the locks of lock-runtime's Redis, ZooKeeper and lock-file backends")
+        .about("Inspect and free the locks of lock-runtime's Redis, ZooKeeper, PostgreSQL and lock-file backends")
         .after_help(EXIT_CODES)
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
         .arg(backend(
@@ -146,12 +153,13 @@ fn command() -> Command {
             "The ZooKeeper ensemble, e.g. zk1:2181,zk2:2181 (user:password@... for digest auth)",
         ))
         .arg(backend("zk-root", "PATH", "The lock root in ZooKeeper (default /lock-runtime)"))
+        .arg(backend("postgres", "URL", "The PostgreSQL server, e.g. postgres://admin@db:5432/app"))
         .arg(backend("file", "DIR", "The lock directory of the lock-file backend, e.g. /var/lock/myapp"))
         .arg(backend("tls-ca", "FILE", "Also trust this CA (PEM) for a rediss:// URL"))
         .arg(backend("tls-cert", "FILE", "Client certificate (PEM) for mutual TLS; with --tls-key").requires("tls-key"))
         .arg(backend("tls-key", "FILE", "The client certificate's key (PEM); with --tls-cert").requires("tls-cert"))
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
-        .group(ArgGroup::new("store").args(["redis", "zookeeper", "file"]).required(true))
+        .group(ArgGroup::new("store").args(["redis", "zookeeper", "postgres", "file"]).required(true))
         .subcommand_required(true)
         .subcommand(Command::new("list").about("Lists the held locks").arg(prefix()))
         .subcommand(Command::new("show").about("Shows one lock in detail").arg(name()))
@@ -224,9 +232,28 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
         #[cfg(not(feature = "redis"))]
         return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
     }
+    if let Some(url) = matches.get_one::<String>("postgres") {
+        #[cfg(feature = "postgres")]
+        {
+            use lock_runtime::backend::postgres::{PostgresBackend, PostgresOptions};
+            #[allow(unused_mut)]
+            let mut options = PostgresOptions::new();
+            if let Some(tls) = tls_options(matches)? {
+                #[cfg(feature = "tls")]
+                {
+                    options = options.tls(tls);
+                }
+                #[cfg(not(feature = "tls"))]
+                let () = tls;
+            }
+            return Ok(Box::new(PostgresBackend::connect_with(url, options).await?));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(Failure::Error(format!("built without the `postgres` feature: cannot use {url}")));
+    }
     if tls_given(matches) {
         return Err(Failure::Error(
-            "--tls-ca, --tls-cert and --tls-key are for --redis (ZooKeeper has no TLS yet)".into(),
+            "--tls-ca, --tls-cert and --tls-key are for --redis and --postgres (ZooKeeper has no TLS yet)".into(),
         ));
     }
     if let Some(dir) = matches.get_one::<String>("file") {
@@ -266,13 +293,12 @@ fn tls_given(matches: &ArgMatches) -> bool {
     matches.get_one::<String>("tls-ca").is_some() || matches.get_one::<String>("tls-cert").is_some()
 }
 
-/// The Redis options of the command line: the TLS settings of `--tls-ca`, `--tls-cert` and
-/// `--tls-key`, if any is given.
-#[cfg(all(feature = "redis", feature = "tls"))]
-fn redis_options(matches: &ArgMatches) -> Result<lock_runtime::backend::redis::RedisOptions, Failure> {
-    let options = lock_runtime::backend::redis::RedisOptions::default();
+/// The TLS settings of `--tls-ca`, `--tls-cert` and `--tls-key`, if any is given.
+#[cfg(feature = "tls")]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+fn tls_options(matches: &ArgMatches) -> Result<Option<lock_runtime::TlsOptions>, Failure> {
     if !tls_given(matches) {
-        return Ok(options);
+        return Ok(None);
     }
     let file = |id: &str| matches.get_one::<String>(id);
     let mut tls = lock_runtime::TlsOptions::new();
@@ -282,15 +308,33 @@ fn redis_options(matches: &ArgMatches) -> Result<lock_runtime::backend::redis::R
     if let (Some(cert), Some(key)) = (file("tls-cert"), file("tls-key")) {
         tls = tls.client_cert_files(cert, key);
     }
-    Ok(options.tls(tls))
+    Ok(Some(tls))
 }
 
-#[cfg(all(feature = "redis", not(feature = "tls")))]
-fn redis_options(matches: &ArgMatches) -> Result<lock_runtime::backend::redis::RedisOptions, Failure> {
+/// Without the feature `tls`, `--tls-*` are refused.
+#[cfg(not(feature = "tls"))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+fn tls_options(matches: &ArgMatches) -> Result<Option<()>, Failure> {
     if tls_given(matches) {
         return Err(Failure::Error("built without the `tls` feature: --tls-* cannot be used".into()));
     }
-    Ok(lock_runtime::backend::redis::RedisOptions::default())
+    Ok(None)
+}
+
+/// The Redis options of the command line (its TLS settings).
+#[cfg(feature = "redis")]
+fn redis_options(matches: &ArgMatches) -> Result<lock_runtime::backend::redis::RedisOptions, Failure> {
+    #[allow(unused_mut)]
+    let mut options = lock_runtime::backend::redis::RedisOptions::default();
+    if let Some(tls) = tls_options(matches)? {
+        #[cfg(feature = "tls")]
+        {
+            options = options.tls(tls);
+        }
+        #[cfg(not(feature = "tls"))]
+        let () = tls;
+    }
+    Ok(options)
 }
 
 async fn run(matches: &ArgMatches) -> Result<(), Failure> {

@@ -461,3 +461,22 @@ async fn file_list_show_watch_and_refused_release() {
     assert_eq!(missing.code, 1, "{}", missing.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--postgres URL`: `list`, `show`, `release` and `watch` as on Redis (the holder's key and
+/// process from its grant query, its token from its session's `application_name`); a forced
+/// release ends the holder's session, which fires its `lost()` and hands the lock over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_list_show_release_and_watch() {
+    let server = lock_tests::pg_server::PgServer::start();
+    let prefix = format!("{}:", unique("pg"));
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).postgres(server.url()).await.expect("connect");
+    let store = Store { flag: "--postgres", address: server.url() };
+    let key = format!("{prefix}ledger");
+    let guard = manager.lock("ledger").await.expect("lock");
+    let shown = list_and_show(&store, &guard, &key, &prefix).await;
+    assert_eq!(shown["waiters"], 0, "{shown}");
+    free_names_are_not_found(&store, &prefix).await;
+    let waiter = LockManager::builder().prefix(&prefix).postgres(server.url()).await.expect("connect");
+    release_frees_the_lock(&store, guard, &waiter, &key, "ledger").await;
+    watch_prints_changes(&store, &manager, &prefix, "other").await;
+}

@@ -11,6 +11,9 @@ use super::{file_name, path, FileBackend, KIND};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo};
 use crate::error::LockError;
 
+/// Records are padded to a multiple of this many bytes.
+const RECORD_BLOCK: usize = 256;
+
 /// Milliseconds since the Unix epoch.
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -20,10 +23,13 @@ fn now_ms() -> u64 {
 /// lease (ms, 0: none), owner, holder, key, tab-separated (keys hold no control characters).
 pub(super) fn record(file: &File, token: u64, lease: Option<Duration>, owner: &str, holder: &Holder, key: &str) {
     let lease_ms = lease.map_or(0, |l| l.as_millis() as u64);
-    let line = format!("{token}\t{}\t{lease_ms}\t{owner}\t{holder}\t{key}\n", now_ms());
+    let mut line = format!("{token}\t{}\t{lease_ms}\t{owner}\t{holder}\t{key}\n", now_ms());
+    // Padded over an earlier holder's record rather than truncated first (a truncation costs a
+    // journal transaction on ext4); a reader stops at the first line.
+    let width = line.len().next_multiple_of(RECORD_BLOCK);
+    line.extend(std::iter::repeat_n(' ', width - line.len()));
     let mut file = file;
-    let written =
-        file.set_len(0).and_then(|()| file.seek(SeekFrom::Start(0))).and_then(|_| file.write_all(line.as_bytes()));
+    let written = file.seek(SeekFrom::Start(0)).and_then(|_| file.write_all(line.as_bytes()));
     if let Err(e) = written {
         tracing::debug!(error = %e, "could not write the holder's record into its lock file");
     }
@@ -44,7 +50,7 @@ fn look(path: &Path) -> io::Result<Option<LockInfo>> {
     let mut text = String::new();
     file.read_to_string(&mut text)?;
     let shown = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let fields: Vec<&str> = text.trim_end_matches('\n').splitn(6, '\t').collect();
+    let fields: Vec<&str> = text.lines().next().unwrap_or_default().splitn(6, '\t').collect();
     let [token, granted, lease, owner, holder, key] = fields[..] else {
         // Taken a moment ago, its record not written yet.
         let mut info = LockInfo::new(path::unescape_name(&shown), "unknown");

@@ -106,6 +106,9 @@ struct PgSessions {
     /// The server has `transaction_timeout` (PostgreSQL 17), which a wait turns off too; read
     /// by the setup.
     transaction_timeout: std::sync::OnceLock<bool>,
+    /// The connections' `application_name` (printable ASCII, at most 30 bytes, quotes doubled):
+    /// a holder's session shows it followed by ` t=<token>` (see `inspect.rs`).
+    app_name: String,
 }
 
 impl PgSessions {
@@ -149,6 +152,9 @@ struct PgKey {
     key: (i32, i32),
     /// The shared side of a read-write lock (`pg_advisory_lock_shared`).
     shared: bool,
+    /// The comment the grant's query starts with, which `lockctl` reads back from
+    /// `pg_stat_activity` (see `inspect.rs`).
+    record: Arc<str>,
 }
 
 /// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
@@ -171,14 +177,16 @@ impl Sessions for PgSessions {
     }
 
     fn key(&self, req: &Acquire) -> PgKey {
+        let record = super::inspect::record(req).into();
         match req.kind {
             // A read-write lock's two sides share one key of their own, apart from the mutex's.
             LockKind::Read | LockKind::Write => PgKey {
                 name: req.name.clone(),
                 key: advisory_key(&format!("{}{RW_SUFFIX}", req.key)),
                 shared: req.kind == LockKind::Read,
+                record,
             },
-            _ => PgKey { name: req.name.clone(), key: advisory_key(&req.key), shared: false },
+            _ => PgKey { name: req.name.clone(), key: advisory_key(&req.key), shared: false, record },
         }
     }
 
@@ -199,9 +207,13 @@ impl Sessions for PgSessions {
         Box::pin(async move {
             let (a, b) = key.key;
             let shared = if key.shared { "_shared" } else { "" };
+            // The token goes out as the session's `application_name` (`<name> t=<token>`), where
+            // `lockctl` reads it; the query's leading comment stays in `pg_stat_activity`.
+            let (record, app) = (&key.record, &self.app_name);
+            let token = format!("set_config('application_name', '{app} t=' || nextval('{SEQUENCE}'), false)");
             let (sql, operation) = match wait {
                 None => (
-                    format!("SELECT CASE WHEN pg_try_advisory_lock{shared}({a}, {b}) THEN nextval('{SEQUENCE}') END"),
+                    format!("{record}SELECT CASE WHEN pg_try_advisory_lock{shared}({a}, {b}) THEN {token} END"),
                     "attempt",
                 ),
                 Some(wait) => {
@@ -215,9 +227,9 @@ impl Sessions for PgSessions {
                         _ => "",
                     };
                     let sql = format!(
-                        "{transaction}SELECT set_config('statement_timeout', '0', true); \
+                        "{record}{transaction}SELECT set_config('statement_timeout', '0', true); \
                          SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock{shared}({a}, {b}); \
-                         SELECT nextval('{SEQUENCE}')"
+                         SELECT {token}"
                     );
                     (sql, "wait")
                 }
@@ -225,7 +237,7 @@ impl Sessions for PgSessions {
             match conn.client.simple_query(&sql).await {
                 Ok(rows) => match last_value(&rows) {
                     None if wait.is_none() => Ok(None),
-                    token => match token.and_then(|t| t.parse::<u64>().ok()) {
+                    token => match token.as_deref().and_then(super::inspect::token) {
                         Some(token) => Ok(Some(token)),
                         // Cannot happen with a sane server; closing the connection frees the lock.
                         None => Err(Failure::Failed(LockError::backend(
@@ -247,7 +259,9 @@ impl Sessions for PgSessions {
         Box::pin(async move {
             let (a, b) = key.key;
             let shared = if key.shared { "_shared" } else { "" };
-            let sql = format!("SELECT pg_advisory_unlock{shared}({a}, {b})");
+            let app = &self.app_name;
+            let sql =
+                format!("SELECT pg_advisory_unlock{shared}({a}, {b}), set_config('application_name', '{app}', false)");
             Ok(Self::query(conn, &key.name, "release", &sql).await?.as_deref() == Some("t"))
         })
     }
@@ -324,7 +338,15 @@ impl PostgresBackend {
             config.application_name("lock-runtime");
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
-        let sessions = PgSessions { config, tls, options, transaction_timeout: Default::default() };
+        let app_name: String = config
+            .get_application_name()
+            .unwrap_or("lock-runtime")
+            .chars()
+            .filter(|c| c.is_ascii_graphic() || *c == ' ')
+            .take(30)
+            .collect::<String>()
+            .replace('\'', "''");
+        let sessions = PgSessions { config, tls, options, transaction_timeout: Default::default(), app_name };
         let backend = PostgresBackend { pool: Arc::new(Pool::new(sessions)) };
         backend.setup().await?;
         Ok(backend)
@@ -377,6 +399,26 @@ impl PostgresBackend {
     /// The options this backend was built with.
     pub fn options(&self) -> &PostgresOptions {
         &self.pool.sessions.options
+    }
+
+    /// Runs `sql` (simple protocol) on an idle or new connection, within the operation timeout:
+    /// its rows (for inspection).
+    pub(super) async fn rows(&self, sql: &str) -> Result<Vec<tokio_postgres::SimpleQueryRow>, LockError> {
+        let (conn, _) = self.pool.checkout("").await?;
+        let bound = self.pool.sessions.options.operation_timeout;
+        let rows = match tokio::time::timeout(bound, conn.client.simple_query(sql)).await {
+            Ok(Ok(messages)) => messages,
+            Ok(Err(e)) => return Err(pg_error("", "inspect", e)),
+            Err(_) => return Err(LockError::timed_out("", KIND, "inspect", bound)),
+        };
+        self.pool.checkin(conn);
+        Ok(rows
+            .into_iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(row) => Some(row),
+                _ => None,
+            })
+            .collect())
     }
 
     /// How many idle connections are kept right now.

@@ -3,6 +3,7 @@
 use crate::error::LockError;
 
 mod backend;
+mod inspect;
 mod tls;
 
 pub use backend::{PostgresBackend, PostgresOptions};

@@ -1,0 +1,170 @@
+//! PostgreSQL's locks as an inspection tool sees them ([`Inspect`], for `lockctl --postgres`).
+//! Advisory keys are hashes, so a holder leaves what it is where a tool can read it, at no
+//! cost of its own: its grant query starts with a comment naming the lock's key (hex), the
+//! owner and the holding process (`/* lock-runtime k=… o=… h=… m=mutex */`), which
+//! `pg_stat_activity.query` keeps while the session idles, holding the lock; and the token is
+//! drawn into the session's `application_name` (`lock-runtime t=<token>`, put back at the
+//! release). A tool joins `pg_locks` (granted advisory locks, and the requests waiting on the
+//! same key) with `pg_stat_activity`: it needs to see other sessions' queries (a superuser,
+//! the holders' own role, or `pg_read_all_stats`). `pg_stat_activity.query` is cut at
+//! `track_activity_query_size` (1 kB by default): a longer key shows cut. A forced release
+//! ends the holder's session (`pg_terminate_backend`, which needs `pg_signal_backend` or the
+//! holders' role): the server frees its lock and the holder's `lost()` fires at once.
+
+use std::time::Duration;
+
+use super::{PostgresBackend, KIND};
+use crate::backend::{Acquire, BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
+use crate::error::LockError;
+
+/// The comment a grant's query starts with: the lock's key in hex (no `*/` can appear), its
+/// owner, the holding process and the kind.
+pub(super) fn record(req: &Acquire) -> String {
+    let hex: String = req.key.bytes().map(|b| format!("{b:02x}")).collect();
+    let mode = match req.kind {
+        LockKind::Read => "read",
+        LockKind::Write => "write",
+        _ => "mutex",
+    };
+    format!("/* lock-runtime k={hex} o={} h={} m={mode} */ ", req.owner, req.holder)
+}
+
+/// The token in an `application_name` set at a grant (`<name> t=<token>`).
+pub(super) fn token(application_name: &str) -> Option<u64> {
+    application_name.rsplit_once(" t=")?.1.parse().ok()
+}
+
+/// The key, owner and holder in a grant query's comment.
+fn parse(query: &str) -> Option<(String, String, Option<Holder>)> {
+    let inside = query.strip_prefix("/* lock-runtime ")?.split(" */").next()?;
+    let (mut key, mut owner, mut holder) = (None, None, None);
+    for field in inside.split(' ') {
+        match field.split_once('=') {
+            Some(("k", hex)) => {
+                let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
+                    .map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                    .collect();
+                key = bytes.map(|b| String::from_utf8_lossy(&b).into_owned());
+            }
+            Some(("o", o)) => owner = Some(o.to_owned()),
+            Some(("h", h)) => holder = Holder::parse(h),
+            _ => {}
+        }
+    }
+    Some((key?, owner.unwrap_or_default(), holder))
+}
+
+/// Every granted advisory lock of a lock-runtime session: pid, application name, query, seconds
+/// since the grant, waiters on the same key.
+const HELD: &str = "SELECT a.pid::text, coalesce(a.application_name, ''), coalesce(a.query, ''), \
+     extract(epoch FROM now() - a.state_change)::float8::text, \
+     (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND NOT w.granted \
+        AND w.classid = l.classid AND w.objid = l.objid AND w.objsubid = 2)::text \
+     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND a.query LIKE '/* lock-runtime %'";
+
+impl PostgresBackend {
+    /// The held locks, with their holders' server pids.
+    async fn held(&self) -> Result<Vec<(i32, LockInfo)>, LockError> {
+        let mut locks = Vec::new();
+        for row in self.rows(HELD).await? {
+            let field = |i: usize| row.get(i).unwrap_or_default();
+            let Some((key, owner, holder)) = parse(field(2)) else { continue };
+            let mut info = LockInfo::new(key, owner);
+            info.holder = holder;
+            info.fencing_token = token(field(1));
+            info.age = field(3).parse::<f64>().ok().filter(|s| *s >= 0.0).map(Duration::from_secs_f64);
+            info.session_bound = true;
+            info.waiters = field(4).parse().ok();
+            locks.push((field(0).parse().unwrap_or(0), info));
+        }
+        locks.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+        Ok(locks)
+    }
+}
+
+impl Inspect for PostgresBackend {
+    fn store(&self) -> &'static str {
+        KIND
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        Box::pin(async move {
+            Ok(self.held().await?.into_iter().map(|(_, info)| info).filter(|i| i.key.starts_with(prefix)).collect())
+        })
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        Box::pin(async move { Ok(self.held().await?.into_iter().map(|(_, info)| info).find(|i| i.key == key)) })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        Box::pin(async move {
+            let holders: Vec<(i32, LockInfo)> = self.held().await?.into_iter().filter(|(_, i)| i.key == key).collect();
+            let Some((pid, info)) = (match expected_owner {
+                Some(owner) => holders.iter().find(|(_, i)| i.owner == owner).or(holders.first()),
+                None => holders.first(),
+            }) else {
+                return Ok(ForceRelease::NotHeld);
+            };
+            if expected_owner.is_some_and(|owner| owner != info.owner) {
+                return Ok(ForceRelease::OwnerChanged(info.owner.clone()));
+            }
+            // Ending the holder's session frees its lock (one lock per session) and closes its
+            // connection: its `lost()` fires.
+            let ended = self.rows(&format!("SELECT pg_terminate_backend({pid})::text")).await?;
+            match ended.first().and_then(|r| r.get(0)) {
+                Some("true") => Ok(ForceRelease::Released(info.owner.clone())),
+                _ => Ok(ForceRelease::NotHeld),
+            }
+        })
+    }
+
+    fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        Box::pin(std::future::ready(Ok(Box::new(Unannounced) as Box<dyn ChangeFeed>)))
+    }
+}
+
+/// Nothing announces grants and releases: a live view looks again every interval.
+struct Unannounced;
+
+impl ChangeFeed for Unannounced {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn complete(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_read_back() {
+        let owner = crate::backend::OwnerId::next();
+        let holder = Holder::of_process(Some("billing"));
+        let req = Acquire {
+            name: "order:1".into(),
+            key: "app:order:1 */ DROP".into(),
+            owner,
+            holder: holder.clone(),
+            lease: crate::backend::Lease::Fixed(Duration::from_secs(1)),
+            kind: LockKind::Exclusive,
+        };
+        let text = record(&req);
+        assert_eq!(text.matches("*/").count(), 1, "{text}");
+        let (key, read_owner, read_holder) = parse(&format!("{text}SELECT 1")).expect("parses");
+        assert_eq!((key.as_str(), read_owner), ("app:order:1 */ DROP", owner.to_string()));
+        assert_eq!(read_holder, Some(holder));
+        assert_eq!(token("lock-runtime t=42"), Some(42));
+        assert_eq!(token("my app t=x t=7"), Some(7));
+        assert_eq!(token("lock-runtime"), None);
+    }
+}
