@@ -122,3 +122,17 @@ pub trait ChangeFeed: Send {
     /// with keyspace notifications on), a live view also looks again now and then.
     fn complete(&self) -> bool;
 }
+
+/// The change feed of a store that announces nothing (lock files, PostgreSQL): a live view
+/// looks again every interval.
+pub(crate) struct Unannounced;
+
+impl ChangeFeed for Unannounced {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn complete(&self) -> bool {
+        false
+    }
+}

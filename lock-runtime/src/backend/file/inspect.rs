@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{file_name, path, FileBackend, KIND};
+use crate::backend::inspect::Unannounced;
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo};
 use crate::error::LockError;
 
@@ -124,18 +125,5 @@ impl Inspect for FileBackend {
 
     fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(std::future::ready(Ok(Box::new(Unannounced) as Box<dyn ChangeFeed>)))
-    }
-}
-
-/// Lock files announce nothing: a live view looks again every interval.
-struct Unannounced;
-
-impl ChangeFeed for Unannounced {
-    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(std::future::pending())
-    }
-
-    fn complete(&self) -> bool {
-        false
     }
 }

@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use super::{PostgresBackend, KIND};
+use crate::backend::inspect::Unannounced;
 use crate::backend::{Acquire, BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
 
@@ -126,19 +127,6 @@ impl Inspect for PostgresBackend {
 
     fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(std::future::ready(Ok(Box::new(Unannounced) as Box<dyn ChangeFeed>)))
-    }
-}
-
-/// Nothing announces grants and releases: a live view looks again every interval.
-struct Unannounced;
-
-impl ChangeFeed for Unannounced {
-    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
-        Box::pin(std::future::pending())
-    }
-
-    fn complete(&self) -> bool {
-        false
     }
 }
 
