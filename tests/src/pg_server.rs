@@ -242,6 +242,12 @@ impl PgServer {
         client
     }
 
+    /// An immediate shutdown (`SIGQUIT`: every process ends at once, as in a crash; the next
+    /// start recovers from the WAL).
+    pub fn kill(&mut self) {
+        self.process.stop("-QUIT");
+    }
+
     /// A fast shutdown (every session is terminated), then the server again on the same port
     /// with the same data.
     pub fn restart(&mut self) {

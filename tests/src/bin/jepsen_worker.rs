@@ -6,7 +6,7 @@
 //! the kill survives.
 //!
 //! ```text
-//! jepsen_worker backend=redis|zookeeper|file|mysql addr=<redis url | zk hosts | lock dir | mysql url>
+//! jepsen_worker backend=redis|zookeeper|postgres|file|mysql addr=<redis url | zk hosts | postgres url | lock dir | mysql url>
 //!               witness=<postgres url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
 //!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
@@ -199,6 +199,11 @@ async fn connect(args: &Args) -> Result<LockManager, LockError> {
                 .operation_timeout(args.op_timeout)
                 .root(args.root.clone());
             Ok(builder.backend(ZookeeperBackend::connect_with(&args.addr, options).await?))
+        }
+        "postgres" => {
+            use lock_runtime::backend::postgres::{PostgresBackend, PostgresOptions};
+            let options = PostgresOptions::new().operation_timeout(args.op_timeout);
+            Ok(builder.backend(PostgresBackend::connect_with(&args.addr, options).await?))
         }
         "file" => {
             use lock_runtime::backend::file::{FileBackend, FileOptions};

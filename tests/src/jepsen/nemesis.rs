@@ -61,6 +61,8 @@ pub enum Backend {
     Zookeeper,
     /// Lock files in a directory of this host (no server).
     File,
+    /// A PostgreSQL server (not the witness's), with its data directory.
+    Postgres,
     /// A MariaDB server, with its data directory.
     #[cfg(feature = "mysql")]
     Mysql,
@@ -74,6 +76,7 @@ impl Backend {
             Backend::Redis => "redis",
             Backend::Zookeeper => "zookeeper",
             Backend::File => "file",
+            Backend::Postgres => "postgres",
             #[cfg(feature = "mysql")]
             Backend::Mysql => "mysql",
         }
@@ -240,6 +243,7 @@ impl Fault {
             }
             // No server, no network: a process dies or stops.
             Backend::File => vec![Fault::Kill, Fault::Pause],
+            Backend::Postgres => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
             #[cfg(feature = "mysql")]
             Backend::Mysql => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
         }
@@ -263,6 +267,12 @@ impl Fault {
                 (Fault::Partition, Fault::Kill),
             ],
             Backend::File => vec![(Fault::Pause, Fault::Kill)],
+            Backend::Postgres => vec![
+                (Fault::Pause, Fault::Partition),
+                (Fault::Kill, Fault::Delay),
+                (Fault::ServerRestart, Fault::Pause),
+                (Fault::Partition, Fault::Kill),
+            ],
             #[cfg(feature = "mysql")]
             Backend::Mysql => vec![
                 (Fault::Pause, Fault::Partition),
@@ -321,6 +331,8 @@ pub enum LockServer {
     Zookeeper(ZkServer),
     /// The lock directory of a file run (removed on drop).
     Dir(LockDir),
+    /// A PostgreSQL server with its data directory.
+    Postgres(PgServer),
     /// A MariaDB server with its data directory.
     #[cfg(feature = "mysql")]
     Mysql(MysqlServer),
@@ -343,6 +355,7 @@ impl LockServer {
             LockServer::Redis(s) => s.port(),
             LockServer::Zookeeper(s) => s.port(),
             LockServer::Dir(_) => 0,
+            LockServer::Postgres(s) => s.port(),
             #[cfg(feature = "mysql")]
             LockServer::Mysql(s) => s.port(),
         }
@@ -353,6 +366,7 @@ impl LockServer {
             LockServer::Redis(s) => s.kill(),
             LockServer::Zookeeper(s) => s.kill(),
             LockServer::Dir(_) => {}
+            LockServer::Postgres(s) => s.kill(),
             #[cfg(feature = "mysql")]
             LockServer::Mysql(s) => s.kill(),
         }
@@ -363,6 +377,7 @@ impl LockServer {
             LockServer::Redis(s) => s.restart(),
             LockServer::Zookeeper(s) => s.restart(),
             LockServer::Dir(_) => {}
+            LockServer::Postgres(s) => s.restart(),
             #[cfg(feature = "mysql")]
             LockServer::Mysql(s) => s.restart(),
         }
@@ -502,6 +517,14 @@ impl Run {
         }
     }
 
+    /// The lock server's PostgreSQL URL (direct, not through a proxy), for a PostgreSQL run.
+    pub fn postgres_url(&self) -> Option<String> {
+        match &*lock(&self.server) {
+            LockServer::Postgres(s) => Some(s.url()),
+            _ => None,
+        }
+    }
+
     /// The lock directory, for a file run.
     pub fn lock_dir(&self) -> Option<PathBuf> {
         match &*lock(&self.server) {
@@ -541,6 +564,7 @@ impl Nemesis {
             Backend::Redis => LockServer::Redis(RedisServer::start()),
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start()),
             Backend::File => LockServer::Dir(LockDir(crate::server_process::ServerProcess::temp_dir("jepsen-file"))),
+            Backend::Postgres => LockServer::Postgres(PgServer::start()),
             #[cfg(feature = "mysql")]
             Backend::Mysql => LockServer::Mysql(MysqlServer::start()),
         })
@@ -616,6 +640,7 @@ impl Nemesis {
         let addr = match (c.backend, &*lock(&self.server)) {
             (_, LockServer::Dir(dir)) => dir.0.display().to_string(),
             (Backend::Zookeeper, _) => format!("127.0.0.1:{}", proxy.port()),
+            (Backend::Postgres, _) => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
             #[cfg(feature = "mysql")]
             (Backend::Mysql, _) => format!("mysql://app:secret@127.0.0.1:{}/app", proxy.port()),
             _ => proxy.redis_url(),
