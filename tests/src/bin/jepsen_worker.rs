@@ -200,6 +200,14 @@ async fn connect(args: &Args) -> Result<LockManager, LockError> {
                 .root(args.root.clone());
             Ok(builder.backend(ZookeeperBackend::connect_with(&args.addr, options).await?))
         }
+        #[cfg(feature = "etcd")]
+        "etcd" => {
+            use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
+            // The shortest lease TTL etcd takes: a killed or cut-off holder's keys go with it,
+            // and `lost()` fires after 2/3 of it without a keep-alive.
+            let options = EtcdOptions::new().operation_timeout(args.op_timeout).lease_ttl(Duration::from_secs(2));
+            Ok(builder.backend(EtcdBackend::connect_with([args.addr.as_str()], options).await?))
+        }
         "postgres" => {
             use lock_runtime::backend::postgres::{PostgresBackend, PostgresOptions};
             let options = PostgresOptions::new().operation_timeout(args.op_timeout);

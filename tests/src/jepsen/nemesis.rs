@@ -63,6 +63,9 @@ pub enum Backend {
     File,
     /// A PostgreSQL server (not the witness's), with its data directory.
     Postgres,
+    /// One etcd server, with its data directory.
+    #[cfg(feature = "etcd")]
+    Etcd,
     /// A MariaDB server, with its data directory.
     #[cfg(feature = "mysql")]
     Mysql,
@@ -77,6 +80,8 @@ impl Backend {
             Backend::Zookeeper => "zookeeper",
             Backend::File => "file",
             Backend::Postgres => "postgres",
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => "etcd",
             #[cfg(feature = "mysql")]
             Backend::Mysql => "mysql",
         }
@@ -244,6 +249,8 @@ impl Fault {
             // No server, no network: a process dies or stops.
             Backend::File => vec![Fault::Kill, Fault::Pause],
             Backend::Postgres => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
             #[cfg(feature = "mysql")]
             Backend::Mysql => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
         }
@@ -267,6 +274,13 @@ impl Fault {
                 (Fault::Partition, Fault::Kill),
             ],
             Backend::File => vec![(Fault::Pause, Fault::Kill)],
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => vec![
+                (Fault::Pause, Fault::Partition),
+                (Fault::Kill, Fault::Delay),
+                (Fault::ServerRestart, Fault::Pause),
+                (Fault::Partition, Fault::Kill),
+            ],
             Backend::Postgres => vec![
                 (Fault::Pause, Fault::Partition),
                 (Fault::Kill, Fault::Delay),
@@ -333,6 +347,9 @@ pub enum LockServer {
     Dir(LockDir),
     /// A PostgreSQL server with its data directory.
     Postgres(PgServer),
+    /// An etcd server with its data directory.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd_server::EtcdServer),
     /// A MariaDB server with its data directory.
     #[cfg(feature = "mysql")]
     Mysql(MysqlServer),
@@ -356,6 +373,8 @@ impl LockServer {
             LockServer::Zookeeper(s) => s.port(),
             LockServer::Dir(_) => 0,
             LockServer::Postgres(s) => s.port(),
+            #[cfg(feature = "etcd")]
+            LockServer::Etcd(s) => s.port(),
             #[cfg(feature = "mysql")]
             LockServer::Mysql(s) => s.port(),
         }
@@ -367,6 +386,8 @@ impl LockServer {
             LockServer::Zookeeper(s) => s.kill(),
             LockServer::Dir(_) => {}
             LockServer::Postgres(s) => s.kill(),
+            #[cfg(feature = "etcd")]
+            LockServer::Etcd(s) => s.kill(),
             #[cfg(feature = "mysql")]
             LockServer::Mysql(s) => s.kill(),
         }
@@ -378,6 +399,8 @@ impl LockServer {
             LockServer::Zookeeper(s) => s.restart(),
             LockServer::Dir(_) => {}
             LockServer::Postgres(s) => s.restart(),
+            #[cfg(feature = "etcd")]
+            LockServer::Etcd(s) => s.restart(),
             #[cfg(feature = "mysql")]
             LockServer::Mysql(s) => s.restart(),
         }
@@ -525,6 +548,15 @@ impl Run {
         }
     }
 
+    /// The lock server's endpoint (direct, not through a proxy), for an etcd run.
+    #[cfg(feature = "etcd")]
+    pub fn etcd_endpoint(&self) -> Option<String> {
+        match &*lock(&self.server) {
+            LockServer::Etcd(s) => Some(s.endpoint()),
+            _ => None,
+        }
+    }
+
     /// The lock directory, for a file run.
     pub fn lock_dir(&self) -> Option<PathBuf> {
         match &*lock(&self.server) {
@@ -565,6 +597,8 @@ impl Nemesis {
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start()),
             Backend::File => LockServer::Dir(LockDir(crate::server_process::ServerProcess::temp_dir("jepsen-file"))),
             Backend::Postgres => LockServer::Postgres(PgServer::start()),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => LockServer::Etcd(crate::etcd_server::EtcdServer::start()),
             #[cfg(feature = "mysql")]
             Backend::Mysql => LockServer::Mysql(MysqlServer::start()),
         })
@@ -641,6 +675,8 @@ impl Nemesis {
             (_, LockServer::Dir(dir)) => dir.0.display().to_string(),
             (Backend::Zookeeper, _) => format!("127.0.0.1:{}", proxy.port()),
             (Backend::Postgres, _) => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+            #[cfg(feature = "etcd")]
+            (Backend::Etcd, _) => format!("http://127.0.0.1:{}", proxy.port()),
             #[cfg(feature = "mysql")]
             (Backend::Mysql, _) => format!("mysql://app:secret@127.0.0.1:{}/app", proxy.port()),
             _ => proxy.redis_url(),
