@@ -45,8 +45,11 @@ impl Lines {
     }
 }
 
-/// Takes the lock file `name`: at once or not at all, or (`blocking`) when it is free. Retries
-/// on a file removed by its last holder meanwhile (see [`path::names`]).
+/// Takes the lock file `name`: at once or not at all, or (`blocking`) when it is free. A lock
+/// granted on a file its last holder removed meanwhile (see [`path::names`]) is let go: an
+/// attempt tries again on the new file at once; a blocking take returns `None`, so that the
+/// helper looks at its line before it blocks again (its waiters may all have left: it must
+/// not take the lock for nobody).
 pub(super) fn take(shared: &Shared, name: &str, blocking: bool) -> io::Result<Option<Handed>> {
     let path = shared.dir.join(name);
     loop {
@@ -63,6 +66,9 @@ pub(super) fn take(shared: &Shared, name: &str, blocking: bool) -> io::Result<Op
         if path::names(&path, &file)? {
             let token = shared.fence.next(shared.options.operation_timeout)?;
             return Ok(Some(Handed { file, token }));
+        }
+        if blocking {
+            return Ok(None);
         }
     }
 }
