@@ -1,9 +1,10 @@
 //! Declarative distributed locks for async Rust.
 //!
 //! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
-//! a lock is held, on whatever your system already runs: in-process memory (always
-//! available), Redis (feature `redis`), ZooKeeper (feature `zookeeper`), PostgreSQL (feature
-//! `postgres`), etcd (feature `etcd`). With the feature `tls`, the Redis, PostgreSQL and etcd
+//! a lock is held, on whatever your system already runs: in-process memory and lock files of
+//! one host ([`LockManager::file`]) (always available), Redis (feature `redis`), ZooKeeper
+//! (feature `zookeeper`), PostgreSQL (feature `postgres`), MySQL/MariaDB (feature `mysql`),
+//! etcd (feature `etcd`). With the feature `tls`, the Redis, PostgreSQL, MySQL and etcd
 //! backends connect over TLS (mutual TLS included) with `TlsOptions`, on one rustls stack.
 //!
 //! # Quick start: the attribute
@@ -61,7 +62,7 @@
 //!   attribute expands to.
 //! - Lock kinds: [`LockManager::read_lock`] / [`write_lock`](LockManager::write_lock)
 //!   (read-write locks), [`LockManager::semaphore`] (permits), both on memory, Redis and
-//!   ZooKeeper (a backend that does not offer them refuses them with an
+//!   ZooKeeper, read-write locks also on PostgreSQL (a backend that does not offer them refuses them with an
 //!   [`is_invalid`](LockError::is_invalid) error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
 //!   none, in one global order, on every backend); the attribute's `mode`, `permits` and
 //!   `names` options.
@@ -80,6 +81,7 @@
 //!   [`backend::zookeeper`]).
 //! - `postgres`: the PostgreSQL backend, [`LockManager::postgres`] (see
 //!   [`backend::postgres`]).
+//! - `mysql`: the MySQL/MariaDB backend, [`LockManager::mysql`] (see [`backend::mysql`]).
 //! - `etcd`: the etcd backend, [`LockManager::etcd`] (see [`backend::etcd`]); building it
 //!   needs `protoc` (`apt-get install protobuf-compiler libprotobuf-dev`).
 //! - `conformance`: the backend conformance suite ([`conformance`]), to run against a backend

@@ -78,7 +78,7 @@
 //! | 1 | error: the store is unreachable, a command failed |
 //! | 2 | usage: bad arguments |
 //! | 3 | not found: `show` or `release` of a lock nobody holds |
-//! | 4 | refused: `release` without `--force` and not confirmed, or the holder changed meanwhile |
+//! | 4 | refused: `release` without `--force` and not confirmed, the holder changed meanwhile, or the store cannot take a lock from its holder (lock files) |
 
 use std::fmt::Write as _;
 use std::io::{BufRead, IsTerminal, Write};

@@ -21,18 +21,42 @@ async fn locks_over_tls_with_the_ca() {
     let server = MysqlServer::start_tls(&certs, false);
     let m = manager(&server.url(), TlsOptions::new().ca_file(certs.path("ca.pem"))).await.expect("TLS connect");
     hand_off(&m, "over-tls").await;
-    // A dropped waiter's `KILL QUERY` goes over TLS too: the lock is free again at once.
+    // A dropped waiter's `KILL QUERY` goes over TLS too: its wait ends on the server at once.
+    let mut admin = admin(&server, &certs).await;
     let held = m.lock("dropped").await.unwrap();
     let waiting = tokio::spawn({
         let m = m.clone();
         async move { m.lock("dropped").wait(std::time::Duration::from_secs(30)).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    waits_on_the_server(&mut admin, 1).await;
     waiting.abort();
     let _ = waiting.await;
+    waits_on_the_server(&mut admin, 0).await;
     held.release().await.unwrap();
     let again = m.lock("dropped").wait(std::time::Duration::from_secs(2)).await.expect("free at once");
     again.release().await.unwrap();
+}
+
+/// A connection of the test's own to the TLS-only server, trusting the test CA.
+async fn admin(server: &MysqlServer, certs: &Certs) -> mysql_async::Conn {
+    let ssl = mysql_async::SslOpts::default()
+        .with_disable_built_in_roots(true)
+        .with_root_certs(vec![certs.path("ca.pem").into()]);
+    let opts = mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(&server.url()).unwrap())
+        .ssl_opts(Some(ssl))
+        .prefer_socket(false);
+    mysql_async::Conn::new(opts).await.expect("admin connection over TLS")
+}
+
+/// Waits (within 5 s) until `n` sessions run `GET_LOCK` on the server.
+async fn waits_on_the_server(admin: &mut mysql_async::Conn, n: u64) {
+    use mysql_async::prelude::Queryable;
+    let count = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT GET_LOCK(%'";
+    let started = std::time::Instant::now();
+    while admin.query_first::<u64, _>(count).await.unwrap() != Some(n) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "never {n} GET_LOCK waits on the server");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

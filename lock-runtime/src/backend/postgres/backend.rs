@@ -342,7 +342,7 @@ impl PostgresBackend {
             .get_application_name()
             .unwrap_or("lock-runtime")
             .chars()
-            .filter(|c| c.is_ascii_graphic() || *c == ' ')
+            .filter(|c| (c.is_ascii_graphic() && *c != '\\') || *c == ' ')
             .take(30)
             .collect::<String>()
             .replace('\'', "''");
