@@ -28,6 +28,10 @@
 //! );
 //! ```
 //!
+//! Add `inspect = true` (or `false`) after the kinds to declare whether the backend can be
+//! inspected ([`LockBackend::inspector`](crate::backend::LockBackend::inspector)): the election
+//! cases that read the leader run where it can, and check the refusal where it cannot.
+//!
 //! Or call the cases yourself:
 //!
 //! ```
@@ -53,7 +57,9 @@ use std::time::{Duration, Instant};
 
 use crate::{LockManager, LockManagerBuilder};
 
+mod elections;
 mod kinds;
+pub use elections::*;
 pub use kinds::*;
 
 /// Builds a manager on the backend under test.
@@ -81,6 +87,13 @@ async fn manager(make: &impl Factory) -> LockManager {
 /// Generates one `#[tokio::test]` per conformance case for the backend built by `$factory`.
 #[macro_export]
 macro_rules! conformance_suite {
+    ($factory:expr, kinds = [$($kind:expr),* $(,)?], inspect = $inspect:expr) => {
+        $crate::conformance_suite!($factory, kinds = [$($kind),*]);
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn inspection_is_offered_as_declared() {
+            $crate::conformance::inspection_is_offered_as_declared(&$factory, $inspect).await;
+        }
+    };
     ($factory:expr, kinds = [$($kind:expr),* $(,)?]) => {
         $crate::conformance_suite!($factory);
         #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,6 +124,12 @@ macro_rules! conformance_suite {
             read_lease_expiry_lets_a_writer_in, write_inside_read_is_invalid_at_once,
             semaphore_admits_at_most_permits, semaphore_permits_mismatch_is_invalid,
             kind_waiter_cancelled_after_any_poll_leaves_nothing);
+        // Leader election (`conformance/elections.rs`): on every backend; the cases that read
+        // the leader check that a store without inspection refuses.
+        $crate::conformance_suite!(@cases $factory;
+            campaign_resign_and_succession_in_order, bounded_campaign_is_contended,
+            observe_sees_every_change, lead_campaigns_again_after_a_loss,
+            cancelled_campaign_after_any_poll_leaves_nothing, dropped_leadership_resigns);
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(

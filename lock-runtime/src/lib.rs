@@ -147,6 +147,7 @@ mod clock;
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod context;
+mod election;
 mod error;
 pub mod fence;
 mod guard;
@@ -171,6 +172,7 @@ mod watchdog;
 pub mod __private;
 
 pub use context::{current, CurrentLock};
+pub use election::{Campaign, Election, LeaderInfo, LeaderWatch, Leadership};
 pub use error::{BoxError, LockError};
 pub use guard::{LockGuard, ReleaseFuture};
 pub use lost::LostSignal;

@@ -422,6 +422,15 @@ impl<F: Future> Locked<F> {
         self
     }
 
+    /// Puts a lock held by someone else into this run (an election's term, whose
+    /// [`Leadership`](crate::Leadership) the body owns): the body runs in its context and is
+    /// stopped when it is lost; the run does not release it.
+    pub(crate) fn adopt(self: Pin<&mut Self>, manager: &LockManager, guard: &LockGuard) {
+        let id = manager.id();
+        let parent = lookup(id, guard.key(), LockKind::Exclusive).parent;
+        self.hold().frame.set(frame_of(guard, id, LockKind::Exclusive, parent));
+    }
+
     /// Where the locks of a run of several are entered ([`crate::LockAllRequest::run`]).
     pub(crate) fn hold(self: Pin<&mut Self>) -> &mut Hold {
         self.project().hold

@@ -439,6 +439,11 @@ impl LockBackend for TestBackend {
     fn operation_timeout(&self) -> Duration {
         self.shared.inner.operation_timeout()
     }
+
+    /// The wrapped backend's inspection (what a store tells is unchanged by the wrapper).
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        self.shared.inner.inspector()
+    }
 }
 
 /// One acquisition through the wrapper: the wrapped backend's, with faults injected.

@@ -16,7 +16,8 @@ lock_tests::conformance_suite!(
     |builder: lock_runtime::LockManagerBuilder| async move {
         builder.etcd([etcd_server::shared().endpoint()]).await.expect("connect to the test etcd")
     },
-    kinds = []
+    kinds = [],
+    inspect = true
 );
 
 /// A short lease TTL and operation timeout, for the fault tests.

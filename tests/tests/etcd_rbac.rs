@@ -31,5 +31,6 @@ lock_tests::conformance_suite!(
             }
         }
     },
-    kinds = []
+    kinds = [],
+    inspect = true
 );

@@ -29,7 +29,8 @@ lock_tests::conformance_suite!(
             }
         }
     },
-    kinds = []
+    kinds = [],
+    inspect = true
 );
 
 const TIMEOUT: Duration = Duration::from_secs(2);

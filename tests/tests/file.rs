@@ -53,7 +53,8 @@ lock_tests::conformance_suite!(
             async move { builder.file(dir.path()).expect("open") }
         }
     },
-    kinds = []
+    kinds = [],
+    inspect = true
 );
 
 /// A worker process, killed when dropped.

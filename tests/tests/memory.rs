@@ -11,7 +11,8 @@ lock_tests::conformance_suite!(
         lock_runtime::backend::LockKind::Read,
         lock_runtime::backend::LockKind::Write,
         lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-    ]
+    ],
+    inspect = true
 );
 
 /// A million distinct names locked and released leave no entry and no capacity behind.

@@ -23,7 +23,8 @@ lock_tests::conformance_suite!(
             async move { builder.mysql(url).await.expect("connect") }
         }
     },
-    kinds = []
+    kinds = [],
+    inspect = false
 );
 
 async fn raw(server: &MysqlServer) -> mysql_async::Conn {

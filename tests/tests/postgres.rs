@@ -21,7 +21,8 @@ lock_tests::conformance_suite!(
             async move { builder.postgres(url).await.expect("connect") }
         }
     },
-    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write]
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    inspect = true
 );
 
 async fn raw(server: &PgServer) -> tokio_postgres::Client {

@@ -32,5 +32,6 @@ lock_tests::conformance_suite!(
             }
         }
     },
-    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write]
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    inspect = true
 );

@@ -34,7 +34,8 @@ lock_tests::conformance_suite!(
             }
         }
     },
-    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write]
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    inspect = true
 );
 
 const TIMEOUT: Duration = Duration::from_secs(2);

@@ -32,7 +32,8 @@ lock_tests::conformance_suite!(
         lock_runtime::backend::LockKind::Read,
         lock_runtime::backend::LockKind::Write,
         lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-    ]
+    ],
+    inspect = true
 );
 
 #[tokio::test]

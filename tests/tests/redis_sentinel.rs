@@ -32,7 +32,8 @@ lock_tests::conformance_suite!(
         lock_runtime::backend::LockKind::Read,
         lock_runtime::backend::LockKind::Write,
         lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-    ]
+    ],
+    inspect = true
 );
 
 /// The conformance suite again with every grant and renewal waiting for the replica.
@@ -54,7 +55,8 @@ mod waiting_for_replicas {
             lock_runtime::backend::LockKind::Read,
             lock_runtime::backend::LockKind::Write,
             lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-        ]
+        ],
+        inspect = true
     );
 }
 

@@ -31,7 +31,8 @@ lock_tests::conformance_suite!(
         let urls: Vec<String> = shared().iter().map(RedisServer::url).collect();
         async move { builder.redlock(&urls).await.expect("connect") }
     },
-    kinds = []
+    kinds = [],
+    inspect = false
 );
 
 fn start(n: usize) -> Vec<RedisServer> {

@@ -20,7 +20,8 @@ mod conformance {
             lock_runtime::backend::LockKind::Read,
             lock_runtime::backend::LockKind::Write,
             lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-        ]
+        ],
+        inspect = true
     );
 }
 

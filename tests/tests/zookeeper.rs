@@ -23,7 +23,8 @@ lock_tests::conformance_suite!(
         lock_runtime::backend::LockKind::Read,
         lock_runtime::backend::LockKind::Write,
         lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-    ]
+    ],
+    inspect = true
 );
 
 /// Several sessions (one manager each) contend for one name: no two holders at once, no lost

@@ -19,7 +19,8 @@ lock_tests::conformance_suite!(
         lock_runtime::backend::LockKind::Read,
         lock_runtime::backend::LockKind::Write,
         lock_runtime::backend::LockKind::Semaphore { permits: 1 }
-    ]
+    ],
+    inspect = true
 );
 
 /// A client of the given `user:password` (or none) on the test ZooKeeper.

@@ -141,6 +141,11 @@ impl Holder {
         Holder(HolderText::Interned(intern(text)))
     }
 
+    /// A holder the store did not record (a lock taken by an older version): `unknown/0`.
+    pub(crate) fn unknown() -> Holder {
+        Holder(HolderText::Interned("unknown/0"))
+    }
+
     /// Reads `host/pid[/label]` back; `None` when `text` is not in that form.
     pub fn parse(text: &str) -> Option<Holder> {
         let mut parts = text.splitn(3, '/');

@@ -22,6 +22,7 @@ use super::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lea
 use crate::error::LockError;
 
 mod acquisition;
+mod inspect;
 mod kinds;
 
 use acquisition::{reap_at, MemoryAcquisition, Table};
@@ -57,6 +58,8 @@ struct Inner {
     hasher: DefaultHashBuilder,
     /// Read-write locks and semaphores, apart from the mutexes ([`kinds`]).
     kinds: kinds::Kinds,
+    /// Counts the mutexes' changes of holder while someone watches them ([`inspect`]).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for Inner {
@@ -65,6 +68,7 @@ impl Default for Inner {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: Default::default(),
             kinds: kinds::Kinds::default(),
+            changes: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -209,6 +213,9 @@ impl Queue {
 
 struct Holder {
     owner: OwnerId,
+    /// The process and manager label of the acquisition (an interned text: copied, not
+    /// counted), for inspection.
+    process: super::Holder,
     token: u64,
     /// `None` for a watchdog lease: an in-process lock cannot outlive its holder's guard.
     expires_at: Option<Instant>,
@@ -222,6 +229,7 @@ impl Holder {
 
 struct Waiter {
     owner: OwnerId,
+    process: super::Holder,
     lease: Lease,
     grant: oneshot::Sender<Handed>,
     /// Tells the waiter that the holder changed (its lease end may have): poked for the head
@@ -281,7 +289,13 @@ impl MemoryBackend {
         lock(&self.inner.shards[((hash >> 40) as usize) % SHARDS])
     }
 
-    fn holder_for(tokens: &mut Tokens, owner: OwnerId, lease: Lease, now: Option<Instant>) -> (Holder, Handed) {
+    fn holder_for(
+        tokens: &mut Tokens,
+        owner: OwnerId,
+        process: super::Holder,
+        lease: Lease,
+        now: Option<Instant>,
+    ) -> (Holder, Handed) {
         let token = tokens.next();
         let (expires_at, granted_at) = match lease {
             Lease::Fixed(d) => {
@@ -291,7 +305,7 @@ impl MemoryBackend {
             // Not time-bound: an in-process lock lives exactly as long as its guard.
             Lease::Renewed(_) => (None, now),
         };
-        (Holder { owner, token, expires_at }, Handed { token, granted_at })
+        (Holder { owner, process, token, expires_at }, Handed { token, granted_at })
     }
 
     /// Gives a free entry to its longest waiter still listening. Returns `false` when nobody
@@ -299,7 +313,7 @@ impl MemoryBackend {
     fn hand_off(entry: &mut Entry, tokens: &mut Tokens, now: Instant) -> bool {
         debug_assert!(entry.holder.is_none());
         while let Some(waiter) = entry.waiters.pop_front() {
-            let (holder, grant) = Self::holder_for(tokens, waiter.owner, waiter.lease, Some(now));
+            let (holder, grant) = Self::holder_for(tokens, waiter.owner, waiter.process, waiter.lease, Some(now));
             if waiter.grant.send(grant).is_ok() {
                 entry.holder = Some(holder);
                 if let Some(head) = entry.waiters.front() {
@@ -319,8 +333,9 @@ impl MemoryBackend {
         let hasher = &self.inner.hasher;
         match entries.entry(hash, |e| e.key.is(&req.key), |e| hasher.hash_one(e.key.as_str())) {
             TableEntry::Vacant(slot) => {
-                let (holder, grant) = Self::holder_for(tokens, req.owner, req.lease, None);
+                let (holder, grant) = Self::holder_for(tokens, req.owner, req.holder.clone(), req.lease, None);
                 slot.insert(Entry { key: Key::new(&req.key), holder: Some(holder), waiters: Queue::default() });
+                self.announce();
                 Ok(grant)
             }
             TableEntry::Occupied(mut slot) => {
@@ -329,11 +344,14 @@ impl MemoryBackend {
                 if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
                     entry.holder = None;
                     Self::hand_off(entry, tokens, now);
+                    self.announce();
                 }
                 match &entry.holder {
                     None => {
-                        let (holder, grant) = Self::holder_for(tokens, req.owner, req.lease, Some(now));
+                        let (holder, grant) =
+                            Self::holder_for(tokens, req.owner, req.holder.clone(), req.lease, Some(now));
                         entry.holder = Some(holder);
+                        self.announce();
                         Ok(grant)
                     }
                     Some(h) => Err(h.expires_at),
@@ -368,6 +386,7 @@ impl MemoryBackend {
             slot.remove();
             shrink(entries, &self.inner.hasher);
         }
+        self.announce();
         verdict
     }
 
@@ -415,6 +434,7 @@ impl MemoryBackend {
         let entry = slot.get_mut();
         if entry.holder.as_ref().is_some_and(|h| h.expired(now)) {
             entry.holder = None;
+            self.announce();
             if !Self::hand_off(entry, tokens, now) {
                 slot.remove();
                 shrink(entries, &self.inner.hasher);
@@ -462,7 +482,8 @@ impl Table for Mutexes {
         let Some(entry) = shard.entries.find_mut(hash, |e| e.key.is(&req.key)) else { return Ok(None) };
         let Some(holder) = &entry.holder else { return Ok(None) };
         let expiry = holder.expires_at;
-        entry.waiters.push_back(Waiter { owner: req.owner, lease: req.lease, grant, holder_changed });
+        let process = req.holder.clone();
+        entry.waiters.push_back(Waiter { owner: req.owner, process, lease: req.lease, grant, holder_changed });
         Ok(Some(expiry))
     }
 
@@ -494,6 +515,7 @@ impl Table for Mutexes {
         let remove = if let Ok(handed) = grant.try_recv() {
             if entry.holder.as_ref().is_some_and(|h| h.owner == owner && h.token == handed.token) {
                 entry.holder = None;
+                store.announce();
                 !MemoryBackend::hand_off(entry, tokens, now)
             } else {
                 false
@@ -598,6 +620,10 @@ impl MemoryBackend {
 impl LockBackend for MemoryBackend {
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn inspector(&self) -> Option<&dyn super::Inspect> {
+        Some(self)
     }
 
     /// Every kind: mutexes, read-write locks and semaphores.

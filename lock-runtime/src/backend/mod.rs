@@ -371,6 +371,20 @@ pub trait LockBackend: Send + Sync + 'static {
     fn operation_timeout(&self) -> Duration {
         Duration::from_secs(5)
     }
+
+    /// The store's [`Inspect`] capability, when its locks can be looked at from outside their
+    /// holders: what [`LockManager::inspect`](crate::LockManager::inspect) and elections'
+    /// [`leader`](crate::Election::leader) and [`observe`](crate::Election::observe) read.
+    /// `None` (the default) for a store that cannot tell who holds a lock; those calls are then
+    /// refused with an [`is_invalid`](LockError::is_invalid) error naming the backend.
+    ///
+    /// ```
+    /// use lock_runtime::backend::{memory::MemoryBackend, LockBackend};
+    /// assert!(MemoryBackend::new().inspector().is_some());
+    /// ```
+    fn inspector(&self) -> Option<&dyn Inspect> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -172,7 +172,7 @@ impl LockManager {
             |attempts| LockError::Contended { name: plan.req.name.to_string(), waited: started.elapsed(), attempts };
         let mut attempts = 1u32;
         if !busy {
-            match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
+            match self.bounded(&plan.req.name, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => {
                     acquiring.waited_since(started);
                     return Ok(self.guard(
@@ -193,14 +193,14 @@ impl LockManager {
                 return Err(contended(attempts));
             }
             let bound_wait = deadline.saturating_duration_since(crate::clock::now()).saturating_add(bound);
-            match self.bounded(&plan, "wait for", bound_wait, acquisition.wait(deadline)).await? {
+            match self.bounded(&plan.req.name, "wait for", bound_wait, acquisition.wait(deadline)).await? {
                 Wake::Acquired(grant) => break grant,
                 Wake::TimedOut => return Err(contended(attempts)),
                 Wake::Retry => {}
             }
             attempts += 1;
             acquiring.attempts(attempts);
-            match self.bounded(&plan, "acquire", bound, acquisition.attempt()).await? {
+            match self.bounded(&plan.req.name, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => break grant,
                 Attempt::Busy => {}
             }
@@ -257,16 +257,17 @@ impl LockManager {
         }
     }
 
-    async fn bounded<T>(
+    /// `fut`, a backend operation on `name`, cut after `bound` with a timed-out error.
+    pub(crate) async fn bounded<T>(
         &self,
-        plan: &Plan,
+        name: &str,
         operation: &'static str,
         bound: Duration,
         fut: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
         match crate::bounded::bounded(bound, fut).await {
             Some(result) => result,
-            None => Err(LockError::timed_out(&*plan.req.name, self.inner.kind, operation, bound)),
+            None => Err(LockError::timed_out(name, self.inner.kind, operation, bound)),
         }
     }
 }

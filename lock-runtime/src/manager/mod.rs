@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Holder, LockBackend, LockKind};
+use crate::backend::{Holder, Inspect, LockBackend, LockInfo, LockKind};
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::options::LockOptions;
@@ -172,6 +172,71 @@ impl LockManager {
     /// ```
     pub fn supports(&self, kind: LockKind) -> bool {
         self.inner.backend.supports(kind)
+    }
+
+    /// What the store tells of the lock `name` (under this manager's prefix) if it is held:
+    /// holder with its label, fencing token, lease left, waiters, as far as the store knows
+    /// ([`LockInfo`]). What `lockctl show` prints, for services that expose it themselves.
+    /// Refused with an [`is_invalid`](LockError::is_invalid) error on a store that cannot be
+    /// inspected ([`LockBackend::inspector`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::builder().label("billing").memory();
+    /// let guard = manager.lock("invoice:7").await?;
+    /// let info = manager.inspect("invoice:7").await?.expect("held");
+    /// assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    /// assert_eq!(info.holder.as_ref().and_then(|h| h.label()), Some("billing"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        let key = format!("{}{}", self.inner.prefix, name.as_ref());
+        let inspector = self.inspector(name.as_ref())?;
+        self.bounded(&key, "inspect", self.inner.bound, inspector.inspect(&key)).await
+    }
+
+    /// The held locks whose name starts with `prefix` (under this manager's prefix), as
+    /// [`inspect`](Self::inspect) tells each; what `lockctl list` prints.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::memory();
+    /// let _a = manager.lock("order:1").await?;
+    /// let _b = manager.lock("order:2").await?;
+    /// let _c = manager.lock("invoice:1").await?;
+    /// let orders = manager.list("order:").await?;
+    /// assert_eq!(orders.iter().map(|l| l.key.as_str()).collect::<Vec<_>>(), ["order:1", "order:2"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn list(&self, prefix: impl AsRef<str>) -> Result<Vec<LockInfo>, LockError> {
+        let key = format!("{}{}", self.inner.prefix, prefix.as_ref());
+        let inspector = self.inspector(prefix.as_ref())?;
+        self.bounded(&key, "list", self.inner.bound, inspector.list(&key)).await
+    }
+
+    /// Whether the store can tell who holds a lock ([`LockBackend::inspector`]): what
+    /// [`inspect`](Self::inspect), [`list`](Self::list) and an election's
+    /// [`leader`](crate::Election::leader) and [`observe`](crate::Election::observe) need.
+    ///
+    /// ```
+    /// assert!(lock_runtime::LockManager::memory().can_inspect());
+    /// ```
+    pub fn can_inspect(&self) -> bool {
+        self.inner.backend.inspector().is_some()
+    }
+
+    /// The store's inspection capability, or the error that names the backend without one.
+    pub(crate) fn inspector(&self, name: &str) -> Result<&dyn Inspect, LockError> {
+        self.inner.backend.inspector().ok_or_else(|| {
+            LockError::invalid(
+                name,
+                format!(
+                    "the {} backend cannot tell who holds a lock (it offers no inspection: \
+                     `LockBackend::inspector` is `None`)",
+                    self.inner.backend.kind()
+                ),
+            )
+        })
     }
 
     pub(crate) fn id(&self) -> u64 {

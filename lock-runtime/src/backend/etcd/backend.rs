@@ -147,6 +147,10 @@ impl LockBackend for EtcdBackend {
     fn operation_timeout(&self) -> Duration {
         self.shared.options.get_operation_timeout()
     }
+
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        Some(self)
+    }
 }
 
 /// The client's TLS settings for `options`: the CAs given and the platform's roots, and the

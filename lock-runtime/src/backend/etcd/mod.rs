@@ -5,6 +5,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::error::LockError;
 
 mod backend;
+mod inspect;
 mod options;
 mod recipe;
 mod session;

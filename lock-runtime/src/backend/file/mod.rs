@@ -176,6 +176,10 @@ impl LockBackend for FileBackend {
     fn operation_timeout(&self) -> Duration {
         self.shared.options.operation_timeout
     }
+
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        Some(self)
+    }
 }
 
 fn io_error(name: &str, operation: &'static str, e: impl Into<crate::error::BoxError>) -> LockError {

@@ -462,4 +462,8 @@ impl LockBackend for PostgresBackend {
     fn operation_timeout(&self) -> Duration {
         self.pool.sessions.options.operation_timeout
     }
+
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        Some(self)
+    }
 }

@@ -419,6 +419,10 @@ impl LockBackend for RedisBackend {
         // A little over the command bound, so the backend's own (more precise) error wins.
         self.inner.options.command_timeout.saturating_add(Duration::from_millis(250))
     }
+
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        Some(self)
+    }
 }
 
 #[cfg(test)]

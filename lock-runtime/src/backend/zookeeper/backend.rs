@@ -129,6 +129,10 @@ impl LockBackend for ZookeeperBackend {
     fn operation_timeout(&self) -> Duration {
         self.shared.options.get_operation_timeout()
     }
+
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        Some(self)
+    }
 }
 
 /// One `lock()` call on ZooKeeper: owns its one sequential node from the first attempt until it

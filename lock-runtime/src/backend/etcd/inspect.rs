@@ -1,0 +1,165 @@
+//! Looking at the locks in etcd from outside their holders ([`Inspect`]): a lock's keys live
+//! under `<root>/<encoded key>/`, the lowest create revision holds it, and the others queue.
+//! The holder's key ends in its owner id, its value is its process (`host/pid[/label]`), and
+//! its create revision is its fencing token. Changes are announced by a watch on the prefix.
+
+use etcd_client::{DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream};
+
+use super::backend::EtcdBackend;
+use super::{encode, etcd_error, KIND};
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo};
+use crate::error::LockError;
+
+/// `encode`'s inverse, for one path segment.
+fn decode(segment: &str) -> String {
+    segment.replace("%2F", "/").replace("%25", "%")
+}
+
+impl EtcdBackend {
+    fn root(&self) -> String {
+        format!("{}/", self.shared.options.get_root().trim_matches('/'))
+    }
+
+    async fn get(&self, prefix: &str, shown: &str) -> Result<Vec<etcd_client::KeyValue>, LockError> {
+        let mut client = self.shared.client.clone();
+        let bound = self.shared.options.get_operation_timeout();
+        let options = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend);
+        let resp = tokio::time::timeout(bound, client.get(prefix, Some(options)))
+            .await
+            .map_err(|_| LockError::timed_out(shown, KIND, "inspect", bound))?
+            .map_err(|e| etcd_error(shown, "inspect", e))?;
+        Ok(resp.kvs().to_vec())
+    }
+
+    /// The lock `key` from its keys, lowest create revision first.
+    fn info_of(key: &str, kvs: &[&etcd_client::KeyValue]) -> Option<LockInfo> {
+        let first = kvs.first()?;
+        let name = first.key_str().ok()?;
+        let tail = name.rsplit('/').next().unwrap_or("");
+        // `<lease:016x>-<owner id>`
+        let owner = tail.split_once('-').map_or(tail, |(_, owner)| owner);
+        let mut info = LockInfo::new(key, owner);
+        info.holder = first.value_str().ok().and_then(Holder::parse);
+        info.fencing_token = u64::try_from(first.create_revision()).ok();
+        // Held while the manager's etcd lease is kept alive.
+        info.session_bound = true;
+        info.waiters = Some(kvs.len() as u64 - 1);
+        Some(info)
+    }
+
+    async fn inspect_key(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        let kvs = self.get(&self.lock_prefix(key), key).await?;
+        Ok(Self::info_of(key, &kvs.iter().collect::<Vec<_>>()))
+    }
+
+    async fn list_prefix(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
+        let root = self.root();
+        let kvs = self.get(&format!("{root}{}", encode(prefix)), prefix).await?;
+        let mut by_key: std::collections::BTreeMap<String, Vec<&etcd_client::KeyValue>> = Default::default();
+        for kv in &kvs {
+            let Some(segment) = kv.key_str().ok().and_then(|k| k.strip_prefix(&root)).and_then(|k| k.split('/').next())
+            else {
+                continue;
+            };
+            by_key.entry(decode(segment)).or_default().push(kv);
+        }
+        // Each key's keys, still lowest create revision first.
+        Ok(by_key.iter().filter_map(|(key, kvs)| Self::info_of(key, kvs)).collect())
+    }
+
+    async fn force_release_key(&self, key: &str, expected_owner: Option<&str>) -> Result<ForceRelease, LockError> {
+        let Some(held) = self.inspect_key(key).await? else { return Ok(ForceRelease::NotHeld) };
+        if expected_owner.is_some_and(|o| o != held.owner) {
+            return Ok(ForceRelease::OwnerChanged(held.owner));
+        }
+        let kvs = self.get(&self.lock_prefix(key), key).await?;
+        let Some(first) = kvs.first() else { return Ok(ForceRelease::NotHeld) };
+        let mut client = self.shared.client.clone();
+        let bound = self.shared.options.get_operation_timeout();
+        // Only that key, only while it is the one created then.
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                first.key(),
+                etcd_client::CompareOp::Equal,
+                first.create_revision(),
+            )])
+            .and_then([etcd_client::TxnOp::delete(first.key(), None::<DeleteOptions>)]);
+        let resp = tokio::time::timeout(bound, client.txn(txn))
+            .await
+            .map_err(|_| LockError::timed_out(key, KIND, "force release", bound))?
+            .map_err(|e| etcd_error(key, "force release", e))?;
+        Ok(if resp.succeeded() { ForceRelease::Released(held.owner) } else { ForceRelease::NotHeld })
+    }
+}
+
+impl Inspect for EtcdBackend {
+    fn store(&self) -> &'static str {
+        KIND
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        Box::pin(self.list_prefix(prefix))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        Box::pin(self.inspect_key(key))
+    }
+
+    /// Deletes the holder's key; the next key in the queue holds the lock then, and its waiter
+    /// is woken by its watch. The holder learns of it at its release (reported lost).
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        Box::pin(self.force_release_key(key, expected_owner))
+    }
+
+    fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        Box::pin(async move {
+            let watched = format!("{}{}", self.root(), encode(prefix));
+            let mut client = self.shared.client.clone();
+            let bound = self.shared.options.get_operation_timeout();
+            let stream = tokio::time::timeout(bound, client.watch(watched, Some(WatchOptions::new().with_prefix())))
+                .await
+                .map_err(|_| LockError::timed_out(prefix, KIND, "watch", bound))?
+                .map_err(|e| etcd_error(prefix, "watch", e))?;
+            Ok(Box::new(Changes { stream, prefix: prefix.to_owned() }) as Box<dyn ChangeFeed>)
+        })
+    }
+}
+
+/// A watch on the keys under a prefix: every put and delete is a change.
+struct Changes {
+    stream: WatchStream,
+    prefix: String,
+}
+
+impl ChangeFeed for Changes {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            loop {
+                match self.stream.message().await {
+                    Ok(Some(resp)) if resp.canceled() => {
+                        return Err(LockError::backend(&*self.prefix, KIND, "watch", "the watch was cancelled"))
+                    }
+                    Ok(Some(resp))
+                        if resp
+                            .events()
+                            .iter()
+                            .any(|e| matches!(e.event_type(), EventType::Put | EventType::Delete)) =>
+                    {
+                        return Ok(())
+                    }
+                    Ok(Some(_)) => continue, // progress notifications
+                    Ok(None) => return Err(LockError::backend(&*self.prefix, KIND, "watch", "the watch ended")),
+                    Err(e) => return Err(etcd_error(&self.prefix, "watch", e)),
+                }
+            }
+        })
+    }
+
+    fn complete(&self) -> bool {
+        true
+    }
+}
