@@ -262,6 +262,86 @@ fn private(opts: &Options) -> TokenStream {
     quote!(#krate::__private)
 }
 
+/// `tokens` (a braced block) as the fn's new block; a block holding the error if they do not
+/// parse.
+fn block(tokens: TokenStream) -> syn::Block {
+    match syn::parse2(tokens) {
+        Ok(block) => block,
+        Err(e) => syn::Block {
+            brace_token: Default::default(),
+            stmts: vec![syn::Stmt::Expr(syn::Expr::Verbatim(e.into_compile_error()), None)],
+        },
+    }
+}
+
+/// The new body of a `leader` fn: `Election::lead` of the election `name`, the body made anew
+/// for each term from clones of the arguments (references are copied).
+fn leader(
+    opts: &Options,
+    params: &[Param],
+    by_ref: &[TokenStream],
+    name: TokenStream,
+    fut: TokenStream,
+    ret_ty: &Type,
+    ret_span: Span,
+) -> syn::Block {
+    let m = Span::mixed_site();
+    let private = private(opts);
+    let (name_var, manager_var, leadership, error, output) = (
+        Ident::new("__lock_name", m),
+        Ident::new("__lock_manager", m),
+        Ident::new("__lock_leadership", m),
+        Ident::new("__lock_error", m),
+        Ident::new("__lock_output", m),
+    );
+    let manager = match &opts.manager {
+        Some(manager) => quote! {
+            let (#manager_var, #name_var) = { #(#by_ref)* (#manager, #name) };
+            let #manager_var = ::core::option::Option::Some(&#manager_var);
+        },
+        None => quote! {
+            let #name_var = { #(#by_ref)* #name };
+            let #manager_var = #private::default_manager();
+            let #manager_var = #manager_var.as_ref();
+        },
+    };
+    let lease = match opts.lease {
+        Some(l) => {
+            let ms = l.ms;
+            quote!(::core::option::Option::Some(#private::millis(#ms)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    // Each term's body owns clones of the arguments; `self` (a `&self` receiver) is copied.
+    let clones = params.iter().filter_map(|p| match p {
+        Param::Receiver(_) => None,
+        Param::Plain(id) => Some(quote!(#[allow(unused_variables)] let #id = ::core::clone::Clone::clone(&#id);)),
+        Param::Pattern { hidden, .. } => {
+            Some(quote!(#[allow(unused_variables)] let #hidden = ::core::clone::Clone::clone(&#hidden);))
+        }
+    });
+    let carry_lock = quote_spanned!(ret_span=> <#ret_ty as #private::CarryLockError>::from_lock_error);
+    let tokens = quote! {{
+        #manager
+        match #private::lead(#manager_var, #name_var, #lease, |#leadership| {
+            #(#clones)*
+            async move {
+                // The term lasts as long as the body: dropped with it, it resigns.
+                let #leadership = #leadership;
+                let #output: #ret_ty = #fut.await;
+                ::core::mem::drop(#leadership);
+                #output
+            }
+        })
+        .await
+        {
+            ::core::result::Result::Ok(#output) => #output,
+            ::core::result::Result::Err(#error) => #carry_lock(#error),
+        }
+    }};
+    block(tokens)
+}
+
 /// The new body of the locked fn.
 fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> syn::Block {
     let m = Span::mixed_site();
@@ -384,10 +464,13 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
 
     // The body, in `async move`, with its output pinned to the declared return type. (Inner
     // attributes stay in `func.attrs`; `ItemFn` prints them inside the new block.)
-    let by_value = params.iter().filter_map(|p| match p {
-        Param::Pattern { hidden, pat, .. } => Some(quote!(let #pat = #hidden;)),
-        _ => None,
-    });
+    let by_value: Vec<TokenStream> = params
+        .iter()
+        .filter_map(|p| match p {
+            Param::Pattern { hidden, pat, .. } => Some(quote!(let #pat = #hidden;)),
+            _ => None,
+        })
+        .collect();
     let fake_return = match &func.sig.output {
         ReturnType::Type(_, ty) => {
             let fake = Ident::new("__lock_return", m);
@@ -413,6 +496,9 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
             #(#stmts)*
         }
     };
+    if opts.leader.is_some() {
+        return leader(opts, params, &by_ref, name, fut, &ret_ty, ret_span);
+    }
 
     let start = |on_lost: TokenStream| quote!(#private::start(#run_var, #on_lost, #fut).await);
     // Whether a failure to take the lock has an answer other than the error (a `fallback`, or
@@ -464,13 +550,7 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         }
         #run
     }};
-    match syn::parse2(tokens) {
-        Ok(block) => block,
-        Err(e) => syn::Block {
-            brace_token: Default::default(),
-            stmts: vec![syn::Stmt::Expr(syn::Expr::Verbatim(e.into_compile_error()), None)],
-        },
-    }
+    block(tokens)
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ mod template;
 /// # Options
 ///
 /// All are optional: `name`, `wait`, `lease`, `retry`, `hold_at_least`, `skip_if_locked`,
-/// `fallback`, `manager`, `on_lost`, `crate`. Each is checked at compile time, with the error on the offending token; every
+/// `fallback`, `manager`, `on_lost`, `crate`, `mode`, `permits`, `names`, `leader`. Each is checked at compile time, with the error on the offending token; every
 /// problem of a build is reported together.
 ///
 /// ## `name`: which lock
@@ -242,6 +242,44 @@ mod template;
 ///
 /// Without the attribute: `match manager.try_lock("cleanup").await? { Some(guard) => ..,
 /// None => return Default::default() }`.
+///
+/// ## `leader`: a singleton worker
+///
+/// A flag: the fn runs as the leader of the election `name`, through
+/// [`Election::lead`](../lock_runtime/struct.Election.html#method.lead). A call campaigns
+/// (without a bound on the wait), runs the body once elected, and, when leadership is lost (a
+/// lease ran out unrenewed, a session or connection was lost), stops the body at its next
+/// await, campaigns again and runs the body anew. It returns the output of the first body that
+/// runs to its end; the term ends with it (resigned in the background).
+///
+/// - **Arguments:** each term's body gets clones of the arguments (references are copied), so
+///   they must be `Clone`; methods take `&self`.
+/// - **Return type:** `Result<_, E>` with `E: From<LockError>`: an error no campaign can mend
+///   (no manager, an invalid name) is returned through it; a store that cannot be reached is
+///   tried again (100 ms, doubling up to 5 s).
+/// - **Options:** `name`, `manager`, `crate`, and `lease` (each term's fixed lease: leadership
+///   rotates at most that often). `wait`, `retry`, `hold_at_least`, `skip_if_locked`,
+///   `fallback`, `on_lost`, `mode`, `permits` and `names` say something a leader cannot do and
+///   are compile errors.
+/// - Inside, [`current()`](../lock_runtime/fn.current.html) gives the election's name and the
+///   term's fencing token: pass it to the stores the leader writes to.
+///
+/// ```
+/// use lock_runtime::{distributed_locked, LockError, LockManager};
+///
+/// #[distributed_locked(name = "scheduler:{region}", leader)]
+/// async fn schedule(region: String) -> Result<u64, LockError> {
+///     let term = lock_runtime::current().expect("leading");
+///     // ... run the schedule, writing with `term.fencing_token()` ...
+///     Ok(term.fencing_token())
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// # lock_runtime::set_default(LockManager::memory());
+/// assert!(schedule("eu".to_owned()).await? > 0);
+/// # Ok(()) }
+/// ```
+///
+/// Without the attribute: `manager.election("scheduler:eu").lead(|leadership| async move { .. })`.
 ///
 /// ## `fallback`: what to do when the lock cannot be taken
 ///

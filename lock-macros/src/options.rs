@@ -22,10 +22,11 @@ pub(crate) const OPTIONS: &[&str] = &[
     "mode",
     "permits",
     "names",
+    "leader",
 ];
 
 /// The options that are flags (given alone, without `= value`).
-const FLAGS: &[&str] = &["skip_if_locked"];
+const FLAGS: &[&str] = &["skip_if_locked", "leader"];
 
 /// The longest `wait` and `lease` accepted, in milliseconds (`lock_runtime::MAX_WAIT`/`MAX_LEASE`).
 pub(crate) const MAX_MILLIS: u64 = 24 * 60 * 60 * 1000;
@@ -73,6 +74,9 @@ pub(crate) struct Options {
     pub(crate) permits: Option<u32>,
     /// `names = [..]`: every one of these templates (`lock_all`), instead of `name`.
     pub(crate) names: Option<Vec<LitStr>>,
+    /// `leader`: the fn runs as the leader of the election `name` (`Election::lead`); the
+    /// flag's span.
+    pub(crate) leader: Option<Span>,
 }
 
 /// `key = value`, with any expression as the value (interpreted per key afterwards), or a flag
@@ -162,8 +166,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> Options {
         }
         seen.push(key.clone());
         let Some(value) = value else {
-            if k == "skip_if_locked" {
-                options.skip_if_locked = Some(key.span());
+            match k.as_str() {
+                "skip_if_locked" => options.skip_if_locked = Some(key.span()),
+                "leader" => options.leader = Some(key.span()),
+                _ => {}
             }
             continue;
         };
@@ -247,6 +253,23 @@ fn conflicts(seen: &[Ident], errors: &mut Errors) {
         ("mode", "names", "`names` takes exclusive locks; `mode` (a read-write lock) goes with `name`"),
         ("permits", "names", "`names` takes exclusive locks; `permits` (a semaphore) goes with `name`"),
         ("mode", "permits", "a lock is either a read-write lock (`mode`) or a semaphore (`permits`); keep one"),
+        ("leader", "wait", "a leader campaigns until elected, without a bound; leave `wait` out"),
+        ("leader", "retry", "a leader campaigns until elected; leave `retry` out"),
+        (
+            "leader",
+            "hold_at_least",
+            "a leader's term ends when its body ends or leadership is lost; leave `hold_at_least` out",
+        ),
+        ("leader", "skip_if_locked", "a leader waits to be elected instead of skipping; keep one"),
+        ("leader", "fallback", "a leader waits to be elected, so there is nothing to fall back from; keep one"),
+        (
+            "leader",
+            "on_lost",
+            "a leader's body is always stopped when leadership is lost (then it campaigns again); leave `on_lost` out",
+        ),
+        ("leader", "mode", "an election is an exclusive lock; leave `mode` out"),
+        ("leader", "permits", "an election has one leader; leave `permits` out"),
+        ("leader", "names", "an election has one name; give `name`"),
     ];
     let at = |key: &str| seen.iter().position(|s| s == key);
     for (a, b, why) in PAIRS {

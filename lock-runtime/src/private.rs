@@ -256,6 +256,29 @@ pub async fn enter_all<F: Future, M: Borrow<LockManager>>(
     manager.lock_all(names).options(options).enter(run).await
 }
 
+/// Runs a `leader` fn: [`Election::lead`](crate::Election::lead) of the election `name` on
+/// `manager` (the `manager = ..` given, or the default one), its terms with the fixed `lease`
+/// given; the not-configured error without a manager.
+pub async fn lead<M: Borrow<LockManager>, F, Fut>(
+    manager: Option<&M>,
+    name: LockName,
+    lease: Option<Duration>,
+    body: F,
+) -> Result<Fut::Output, LockError>
+where
+    F: FnMut(crate::Leadership) -> Fut,
+    Fut: Future,
+{
+    let Some(manager) = manager.map(Borrow::borrow) else {
+        return Err(LockError::NotConfigured { name: name.as_name().to_owned() });
+    };
+    let mut election = manager.election(name.as_name());
+    if let Some(lease) = lease {
+        election = election.lease(lease);
+    }
+    election.lead(body).await
+}
+
 /// Gives `body` to the `run` that [`enter`] put the lock into: [`Locked::start`], with the
 /// locked fn's `on_lost`.
 #[inline]

@@ -755,3 +755,55 @@ async fn hold_at_least_skips_a_second_run_until_it_has_passed() {
     tokio::time::sleep(Duration::from_millis(450).saturating_sub(started.elapsed())).await;
     assert_eq!(held_at_least(&m, "hold", &runs).await, Some(2), "runs again once the hold is over");
 }
+
+/// Calls of the `leader` fn below, and the fencing tokens their terms saw.
+static LEADER_CALLS: AtomicU32 = AtomicU32::new(0);
+static LEADER_TOKENS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// A singleton worker whose terms last 300 ms: its first body never ends (stopped by the
+/// loss), the second returns at once.
+#[distributed_locked(name = "leader:{shard}", leader, lease = "300ms", manager = m)]
+async fn lead_shard(m: &LockManager, shard: u32, tag: String) -> Result<String, AppError> {
+    let term = lock_runtime::current().expect("inside the term");
+    assert_eq!(term.key(), format!("leader:{shard}"));
+    LEADER_TOKENS.lock().unwrap().push(term.fencing_token());
+    if LEADER_CALLS.fetch_add(1, Ordering::SeqCst) == 0 {
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("{shard}:{tag}"))
+}
+
+/// `leader`: the fn runs as the leader of the election `name`; when leadership is lost (here
+/// the fixed term lease runs out) its body is stopped, it campaigns again and runs the body
+/// anew with the same arguments under a term with a higher token, returning that output; the
+/// term ends with the call (resigned), and nobody leads afterwards.
+#[tokio::test]
+async fn leader_runs_again_after_a_loss_with_the_same_arguments() {
+    let m = LockManager::memory();
+    let out = tokio::time::timeout(BOUND, lead_shard(&m, 7, "x".to_owned())).await.expect("in time").expect("led");
+    assert_eq!(out, "7:x");
+    assert_eq!(LEADER_CALLS.load(Ordering::SeqCst), 2);
+    let tokens = LEADER_TOKENS.lock().unwrap().clone();
+    assert!(tokens[1] > tokens[0], "{tokens:?}");
+    let election = m.election("leader:7");
+    let mut watch = election.observe();
+    while tokio::time::timeout(BOUND, watch.changed()).await.expect("in time").expect("watch").is_some() {}
+}
+
+#[distributed_locked(name = "leader-default", leader)]
+async fn lead_default() -> Result<u64, AppError> {
+    Ok(lock_runtime::current().expect("term").fencing_token())
+}
+
+/// Without a `manager`, a `leader` fn campaigns on the default one.
+#[tokio::test]
+async fn leader_uses_the_default_manager() {
+    let m = default_manager();
+    let held = m.lock("leader-default").await.expect("held first");
+    let call = tokio::spawn(lead_default());
+    tokio::task::yield_now().await;
+    let token = held.fencing_token();
+    held.release().await.expect("release");
+    let led = tokio::time::timeout(BOUND, call).await.expect("in time").expect("task").expect("led");
+    assert!(led > token);
+}
