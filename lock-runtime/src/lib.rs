@@ -66,6 +66,12 @@
 //!   [`is_invalid`](LockError::is_invalid) error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
 //!   none, in one global order, on every backend); the attribute's `mode`, `permits` and
 //!   `names` options.
+//! - [`Election`] ([`LockManager::election`]): leader election on any store, each term
+//!   fenced by its own token: [`campaign`](Election::campaign) for a [`Leadership`],
+//!   [`lead`](Election::lead) for a singleton worker (the attribute's `leader`),
+//!   [`leader`](Election::leader) and [`observe`](Election::observe) to follow who leads.
+//! - [`LockManager::inspect`] and [`list`](LockManager::list): who holds a lock, as the store
+//!   tells it (what `lockctl` prints).
 //! - [`LockError`]: the one error type, classified by `is_*` methods.
 //! - [`current()`]: the innermost lock of the running locked call.
 //! - [`fence`]: fencing enforced downstream: the store refuses a stale holder's write

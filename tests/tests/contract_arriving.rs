@@ -87,3 +87,36 @@ async fn more_redis_backends() -> Result<(), LockError> {
     let _ = LockManager::builder().redlock(&["redis://a:6379", "redis://b:6379", "redis://c:6379"]).await?;
     Ok(())
 }
+
+#[distributed_locked(name = "scheduler", leader, manager = manager)]
+async fn singleton(manager: &LockManager) -> Result<u64, LockError> {
+    Ok(lock_runtime::current().map_or(0, |term| term.fencing_token()))
+}
+
+/// The leader-election names, as the contract lists them.
+#[tokio::test]
+async fn the_election_names_compile_and_work() -> Result<(), LockError> {
+    use lock_runtime::{Election, LeaderInfo, Leadership};
+    let manager = LockManager::builder().label("scheduler-1").memory();
+    let election: Election = manager.election("scheduler");
+    let mut watch = election.observe();
+    assert!(watch.changed().await?.is_none());
+    let leadership: Leadership = election.campaign().await?;
+    let token: u64 = leadership.fencing_token();
+    assert!(election.campaign().wait(Duration::from_millis(10)).await.unwrap_err().is_contended());
+    let now: Option<LeaderInfo> = election.leader().await?;
+    let now = now.expect("leads");
+    assert_eq!(now.holder().to_string(), manager.holder().to_string());
+    assert_eq!(now.fencing_token(), Some(token));
+    let next: Option<LeaderInfo> = watch.changed().await?;
+    assert_eq!(next.and_then(|l| l.fencing_token()), Some(token));
+    tokio::select! {
+        () = leadership.lost() => panic!("not lost"),
+        () = tokio::task::yield_now() => {}
+    }
+    leadership.resign().await?;
+    let out = election.lead(|leadership| async move { leadership.fencing_token() }).await?;
+    assert!(out > token);
+    assert!(singleton(&manager).await? > out);
+    Ok(())
+}

@@ -108,8 +108,8 @@ impl Election {
     /// # drop(leader);
     /// # Ok(()) }
     /// ```
-    pub fn campaign(&self) -> Campaign<'_> {
-        Campaign { election: self, wait: None, lease: self.lease }
+    pub fn campaign(&self) -> Campaign {
+        Campaign { election: self.clone(), wait: None, lease: self.lease }
     }
 
     /// Who leads now, read from the store; `None` while nobody does. Refused with an
@@ -156,15 +156,16 @@ impl Election {
 }
 
 /// A campaign being configured ([`Election::campaign`]): `.await` it for a [`Leadership`].
+/// Owns a handle of its election (no borrow), so it can be kept, configured and spawned.
 #[derive(Debug)]
 #[must_use = "a campaign does nothing until it is awaited"]
-pub struct Campaign<'e> {
-    election: &'e Election,
+pub struct Campaign {
+    election: Election,
     wait: Option<Duration>,
     lease: Option<Duration>,
 }
 
-impl Campaign<'_> {
+impl Campaign {
     /// Gives up after `wait` with an [`is_contended`](LockError::is_contended) error when
     /// someone else still leads (`Duration::ZERO`: one attempt).
     pub fn wait(mut self, wait: Duration) -> Self {
@@ -181,9 +182,9 @@ impl Campaign<'_> {
     }
 }
 
-impl<'e> IntoFuture for Campaign<'e> {
+impl IntoFuture for Campaign {
     type Output = Result<Leadership, LockError>;
-    type IntoFuture = BoxFuture<'e, Result<Leadership, LockError>>;
+    type IntoFuture = BoxFuture<'static, Result<Leadership, LockError>>;
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
@@ -203,7 +204,7 @@ impl<'e> IntoFuture for Campaign<'e> {
                     request = request.lease(lease);
                 }
                 match request.await {
-                    Ok(guard) => return Ok(Leadership::new(election.clone(), guard)),
+                    Ok(guard) => return Ok(Leadership::new(election, guard)),
                     Err(e) if e.is_contended() && deadline.is_none_or(|at| at.is_none()) => continue,
                     Err(e) => return Err(e),
                 }

@@ -136,29 +136,33 @@ impl LeaderWatch {
         let manager = &self.election.manager;
         let inspector = manager.inspector(&self.election.name)?;
         let key = self.election.key();
+        let bound = manager.bound_and_kind().0;
         let mut settle = SETTLE;
         loop {
             // Subscribed before looking: a change between the look and the wait is announced.
             let feed = match &mut self.feed {
                 Some(feed) => feed,
-                None => self
-                    .feed
-                    .insert(manager.bounded(&key, "watch", manager.bound_and_kind().0, inspector.changes(&key)).await?),
+                None => self.feed.insert(manager.bounded(&key, "watch", bound, inspector.changes(&key)).await?),
             };
-            let complete = feed.complete();
-            let now = match manager.bounded(&key, "inspect", manager.bound_and_kind().0, inspector.inspect(&key)).await
-            {
-                Ok(info) => info.map(|info| LeaderInfo::new(&self.election.name, info)),
+            let mut complete = feed.complete();
+            let now = match manager.bounded(&key, "inspect", bound, inspector.inspect(&key)).await {
+                Ok(info) => info,
                 Err(e) => {
                     self.feed = None;
                     return Err(e);
                 }
             };
-            let differs = match &self.last {
-                None => true,
-                Some(None) => now.is_some(),
-                Some(Some(last)) => now.as_ref().is_none_or(|now| !now.same_term(last)),
-            };
+            // Held by someone the store cannot name yet (a lock file whose new holder has not
+            // written its record): looked at again shortly, not reported.
+            let unnamed = now.as_ref().is_some_and(|i| i.holder.is_none() && i.fencing_token.is_none());
+            complete &= !unnamed;
+            let now = now.map(|info| LeaderInfo::new(&self.election.name, info));
+            let differs = !unnamed
+                && match &self.last {
+                    None => true,
+                    Some(None) => now.is_some(),
+                    Some(Some(last)) => now.as_ref().is_none_or(|now| !now.same_term(last)),
+                };
             if differs {
                 self.last = Some(now.clone());
                 return Ok(now);

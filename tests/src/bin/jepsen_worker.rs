@@ -10,7 +10,12 @@
 //!               witness=<postgres url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
 //!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
+//!               [mode=lock|elect]
 //! ```
+//!
+//! `mode=elect` campaigns in the election of the name (`Election::campaign`, bounded by the
+//! `wait`) instead of locking it: each term is logged as a grant, its leadership's `lost()` as
+//! the loss, its resignation as the release, so the checker holds terms to the rules of locks.
 //!
 //! The run ends after `run_ms` or when stdin reaches its end (the harness closes it), whichever
 //! comes first: the current operation is finished first.
@@ -89,6 +94,7 @@ struct Args {
     session: Duration,
     root: String,
     seed: u64,
+    elect: bool,
 }
 
 fn parse_args() -> Args {
@@ -123,6 +129,11 @@ fn parse_args() -> Args {
             .map_or(Duration::from_millis(1500), |v| Duration::from_millis(v.parse().expect("session_ms"))),
         root: args.get("root").cloned().unwrap_or_else(|| "/jepsen".to_owned()),
         seed: get("seed").parse().expect("seed"),
+        elect: match args.get("mode").map(String::as_str) {
+            None | Some("lock") => false,
+            Some("elect") => true,
+            Some(other) => panic!("mode= must be lock or elect, not {other}"),
+        },
     }
 }
 
@@ -262,11 +273,20 @@ async fn main() {
     while running() {
         let name = &args.names[usize::try_from(rng.below(args.names.len() as u64)).expect("index")];
         log(actor, Event::Acquire { name: name.clone(), wait_ms: u64::try_from(args.wait.as_millis()).unwrap() });
-        let mut request = manager.lock(name).wait(args.wait);
-        if let Lease::Fixed(lease) = args.lease {
-            request = request.lease(lease);
-        }
-        let guard = match request.await {
+        let held = if args.elect {
+            let mut campaign = manager.election(name).campaign().wait(args.wait);
+            if let Lease::Fixed(lease) = args.lease {
+                campaign = campaign.lease(lease);
+            }
+            campaign.await.map(Held::Term)
+        } else {
+            let mut request = manager.lock(name).wait(args.wait);
+            if let Lease::Fixed(lease) = args.lease {
+                request = request.lease(lease);
+            }
+            request.await.map(Held::Lock)
+        };
+        let guard = match held {
             Ok(guard) => guard,
             Err(e) => {
                 log(actor, Event::Failed { name: name.clone(), reason: reason(&e).to_owned() });
@@ -327,4 +347,40 @@ async fn alive_after_cleanup() -> u64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     runtime.metrics().num_alive_tasks() as u64
+}
+
+/// What a worker holds: a lock, or a term of an election.
+enum Held {
+    Lock(lock_runtime::LockGuard),
+    Term(lock_runtime::Leadership),
+}
+
+impl Held {
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Held::Lock(guard) => guard.fencing_token(),
+            Held::Term(term) => term.fencing_token(),
+        }
+    }
+
+    async fn lost(&self) {
+        match self {
+            Held::Lock(guard) => guard.lost().await,
+            Held::Term(term) => term.lost().await,
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        match self {
+            Held::Lock(guard) => guard.is_lost(),
+            Held::Term(term) => term.is_lost(),
+        }
+    }
+
+    async fn release(self) -> Result<(), LockError> {
+        match self {
+            Held::Lock(guard) => guard.release().await,
+            Held::Term(term) => term.resign().await,
+        }
+    }
 }

@@ -110,6 +110,9 @@ pub struct Config {
     pub session_timeout: Duration,
     /// The longest hold (`JEPSEN_LONG_HOLD_MS`, else 900 ms).
     pub long_hold: Duration,
+    /// Workers campaign in elections of the names (`Election::campaign`, a term per grant)
+    /// instead of locking them.
+    pub elect: bool,
 }
 
 impl Config {
@@ -131,6 +134,7 @@ impl Config {
                 }
                 Err(_) => Duration::from_millis(900),
             },
+            elect: false,
         }
     }
 }
@@ -698,6 +702,7 @@ impl Nemesis {
             .arg(format!("session_ms={}", ms(c.session_timeout)))
             .arg(format!("root={}", self.root))
             .arg(format!("seed={worker_seed}"))
+            .arg(format!("mode={}", if c.elect { "elect" } else { "lock" }))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
