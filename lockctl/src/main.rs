@@ -1,8 +1,10 @@
-//! `lockctl`: inspect and free the locks of lock-runtime's Redis, ZooKeeper and lock-file
-//! backends.
+//! `lockctl`: inspect and free the locks of lock-runtime's Redis (one server, Cluster,
+//! Sentinel), ZooKeeper, etcd, PostgreSQL and lock-file backends.
 //!
 //! ```text
-//! lockctl (--redis URL | --zookeeper HOSTS [--zk-root PATH] | --postgres URL | --file DIR) [--json]
+//! lockctl (--redis URL | --redis-cluster URLS | --redis-sentinel URLS --master NAME
+//!          | --zookeeper HOSTS [--zk-root PATH] | --etcd ENDPOINTS [--etcd-root PATH]
+//!          | --postgres URL | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
 //!   list [--prefix P]            held locks: holder, fencing token, age, lease left, waiters
@@ -43,6 +45,15 @@
 //!   without a fixed lease is held as long as its holder's session lives (`session`); the age
 //!   of a holder that did not record its grant is counted from when it queued (`≤` marks such
 //!   an upper bound).
+//! - **Redis Cluster and Sentinel** (`--redis-cluster URLS`, `--redis-sentinel URLS --master
+//!   NAME`, URLS comma-separated): as on one server; `list` scans every primary of a Cluster;
+//!   with Sentinel, the primary the sentinels name.
+//! - **etcd** (`--etcd ENDPOINTS`, comma-separated; `user:password@` before them with RBAC on;
+//!   `https://` endpoints with the `--tls-*` settings): a lock's holder is its lowest key, its
+//!   token that key's create revision; waiters are exact (the keys queued behind it); a lock
+//!   lives as long as its holder's lease is kept alive (`session`); the age is not stored
+//!   (`unknown`). `release` deletes the holder's key: the next key holds the lock and its
+//!   waiter is woken. `watch` follows an etcd watch on the prefix.
 //! - **PostgreSQL** (`--postgres URL`): holders are read from `pg_locks` and
 //!   `pg_stat_activity` (each holder's grant query names its lock and process; its token is in
 //!   its session's `application_name`), so the user needs to see other sessions' queries (a
@@ -144,9 +155,22 @@ fn command() -> Command {
     };
     Command::new("lockctl")
         .version(env!("CARGO_PKG_VERSION"))
-        .about("Inspect and free the locks of lock-runtime's Redis, ZooKeeper, PostgreSQL and lock-file backends")
+        .about("Inspect and free the locks of lock-runtime's Redis, ZooKeeper, etcd, PostgreSQL and lock-file backends")
         .after_help(EXIT_CODES)
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
+        .arg(backend(
+            "redis-cluster",
+            "URLS",
+            "Nodes of a Redis Cluster, comma-separated, e.g. redis://a:7000,redis://b:7001",
+        ))
+        .arg(backend("redis-sentinel", "URLS", "Redis sentinels, comma-separated; with --master").requires("master"))
+        .arg(backend("master", "NAME", "The primary's name at the sentinels (with --redis-sentinel)"))
+        .arg(backend(
+            "etcd",
+            "ENDPOINTS",
+            "etcd endpoints, comma-separated, e.g. http://127.0.0.1:2379 (user:password@... with RBAC)",
+        ))
+        .arg(backend("etcd-root", "PATH", "The lock root in etcd (default lock-runtime)"))
         .arg(backend(
             "zookeeper",
             "HOSTS",
@@ -159,7 +183,11 @@ fn command() -> Command {
         .arg(backend("tls-cert", "FILE", "Client certificate (PEM) for mutual TLS; with --tls-key").requires("tls-key"))
         .arg(backend("tls-key", "FILE", "The client certificate's key (PEM); with --tls-cert").requires("tls-cert"))
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
-        .group(ArgGroup::new("store").args(["redis", "zookeeper", "postgres", "file"]).required(true))
+        .group(
+            ArgGroup::new("store")
+                .args(["redis", "redis-cluster", "redis-sentinel", "zookeeper", "etcd", "postgres", "file"])
+                .required(true),
+        )
         .subcommand_required(true)
         .subcommand(Command::new("list").about("Lists the held locks").arg(prefix()))
         .subcommand(Command::new("show").about("Shows one lock in detail").arg(name()))
@@ -232,6 +260,56 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
         #[cfg(not(feature = "redis"))]
         return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
     }
+    if let Some(urls) = matches.get_one::<String>("redis-cluster") {
+        #[cfg(feature = "redis")]
+        {
+            let options = redis_options(matches)?;
+            return Ok(Box::new(lock_runtime::backend::redis::RedisBackend::cluster(list(urls), options).await?));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls}")));
+    }
+    if let Some(urls) = matches.get_one::<String>("redis-sentinel") {
+        let master = matches.get_one::<String>("master").map_or("", String::as_str);
+        #[cfg(feature = "redis")]
+        {
+            let options = redis_options(matches)?;
+            let backend = lock_runtime::backend::redis::RedisBackend::sentinel(list(urls), master, options).await?;
+            return Ok(Box::new(backend));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls} ({master})")));
+    }
+    if let Some(endpoints) = matches.get_one::<String>("etcd") {
+        #[cfg(feature = "etcd")]
+        {
+            use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
+            let mut options = EtcdOptions::new();
+            if let Some(root) = matches.get_one::<String>("etcd-root") {
+                options = options.root(root.as_str());
+            }
+            // `user:password@endpoint,...`: the RBAC user.
+            let endpoints = match endpoints.rsplit_once('@') {
+                Some((credentials, endpoints)) => {
+                    let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+                    options = options.credentials(user, password);
+                    endpoints
+                }
+                None => endpoints.as_str(),
+            };
+            if let Some(tls) = tls_options(matches)? {
+                #[cfg(feature = "tls")]
+                {
+                    options = options.tls(tls);
+                }
+                #[cfg(not(feature = "tls"))]
+                let () = tls;
+            }
+            return Ok(Box::new(EtcdBackend::connect_with(list(endpoints), options).await?));
+        }
+        #[cfg(not(feature = "etcd"))]
+        return Err(Failure::Error(format!("built without the `etcd` feature: cannot use {endpoints}")));
+    }
     if let Some(url) = matches.get_one::<String>("postgres") {
         #[cfg(feature = "postgres")]
         {
@@ -253,7 +331,7 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     }
     if tls_given(matches) {
         return Err(Failure::Error(
-            "--tls-ca, --tls-cert and --tls-key are for --redis and --postgres (ZooKeeper has no TLS yet)".into(),
+            "--tls-ca, --tls-cert and --tls-key are for Redis, etcd and PostgreSQL (ZooKeeper has no TLS yet)".into(),
         ));
     }
     if let Some(dir) = matches.get_one::<String>("file") {
@@ -288,6 +366,12 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
 }
 
+/// The comma-separated items of `text` (URLs, endpoints), trimmed, empty ones left out.
+#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
+fn list(text: &str) -> Vec<&str> {
+    text.split(',').map(str::trim).filter(|item| !item.is_empty()).collect()
+}
+
 /// Whether `--tls-ca` or `--tls-cert` is given.
 fn tls_given(matches: &ArgMatches) -> bool {
     matches.get_one::<String>("tls-ca").is_some() || matches.get_one::<String>("tls-cert").is_some()
@@ -295,7 +379,7 @@ fn tls_given(matches: &ArgMatches) -> bool {
 
 /// The TLS settings of `--tls-ca`, `--tls-cert` and `--tls-key`, if any is given.
 #[cfg(feature = "tls")]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
 fn tls_options(matches: &ArgMatches) -> Result<Option<lock_runtime::TlsOptions>, Failure> {
     if !tls_given(matches) {
         return Ok(None);
@@ -313,7 +397,7 @@ fn tls_options(matches: &ArgMatches) -> Result<Option<lock_runtime::TlsOptions>,
 
 /// Without the feature `tls`, `--tls-*` are refused.
 #[cfg(not(feature = "tls"))]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
 fn tls_options(matches: &ArgMatches) -> Result<Option<()>, Failure> {
     if tls_given(matches) {
         return Err(Failure::Error("built without the `tls` feature: --tls-* cannot be used".into()));

@@ -480,3 +480,104 @@ async fn postgres_list_show_release_and_watch() {
     release_frees_the_lock(&store, guard, &waiter, &key, "ledger").await;
     watch_prints_changes(&store, &manager, &prefix, "other").await;
 }
+
+/// `--etcd ENDPOINTS`: `list` and `show` give the holder (its lowest key's value), the token
+/// (its create revision) and the exact waiters; the age is not stored (`null`); a forced
+/// `release` deletes the holder's key, which hands the lock to the next key's waiter at once
+/// (the holder learns it at its release); `watch` follows the etcd watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_list_show_release_and_watch() {
+    use lock_runtime::backend::etcd::EtcdBackend;
+    let server = lock_tests::etcd_server::shared();
+    let store = Store { flag: "--etcd", address: server.endpoint() };
+    let prefix = format!("{}:", unique("lockctl"));
+    let manager = |label: &'static str| {
+        let endpoint = server.endpoint();
+        let prefix = prefix.clone();
+        async move {
+            let backend = EtcdBackend::connect([endpoint.as_str()]).await.expect("connect");
+            LockManager::builder().prefix(prefix).label(label).backend(backend)
+        }
+    };
+    let (holder_manager, waiter_manager) = (manager(LABEL).await, manager("waiter").await);
+    let key = format!("{prefix}ledger");
+    let guard = holder_manager.lock("ledger").await.expect("lock");
+    let waiting = {
+        let waiter = waiter_manager.clone();
+        tokio::spawn(async move { waiter.lock("ledger").wait(Duration::from_secs(30)).await })
+    };
+    let listed = loop {
+        let list = lockctl(&store.args(&["list", "--prefix", &prefix, "--json"])).await;
+        assert_eq!(list.code, 0, "{}", list.stderr);
+        let locks = list.json()["locks"].as_array().expect("locks").clone();
+        assert_eq!(locks.len(), 1, "{locks:?}");
+        if locks[0]["waiters"] == 1 {
+            break locks[0].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await; // the waiter's key is being put
+    };
+    assert_eq!(listed["name"], key.as_str());
+    assert_eq!(listed["holder"]["pid"], std::process::id());
+    assert_eq!(listed["holder"]["label"], LABEL);
+    assert_eq!(listed["fencing_token"], guard.fencing_token());
+    assert_eq!(listed["age_ms"], Value::Null, "etcd stores no grant time");
+    assert_eq!(listed["session_bound"], true);
+    let show = lockctl(&store.args(&["show", &key])).await;
+    assert!(show.stdout.contains(LABEL) && show.stdout.contains(&guard.fencing_token().to_string()), "{}", show.stdout);
+    free_names_are_not_found(&store, &prefix).await;
+
+    let released = lockctl(&store.args(&["release", &key, "--force", "--json"])).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    assert_eq!(released.json()["holder"]["label"], LABEL);
+    let taken = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("the waiter is woken");
+    let taken = taken.expect("task").expect("the waiter gets the lock");
+    assert!(taken.fencing_token() > guard.fencing_token());
+    assert!(guard.release().await.expect_err("taken away").is_lost());
+    taken.release().await.expect("release");
+    watch_prints_changes(&store, &holder_manager, &prefix, "journal").await;
+}
+
+/// `--redis-cluster URLS`: `list` scans every primary, `show` and a forced `release` work as
+/// on one server, whichever node holds the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_list_show_and_release() {
+    let cluster = lock_tests::redis_cluster::RedisCluster::start(3, 0);
+    let urls = cluster.urls();
+    let store = Store { flag: "--redis-cluster", address: urls.join(",") };
+    let prefix = format!("{}:", unique("lockctl"));
+    let manager = LockManager::builder()
+        .prefix(&prefix)
+        .label(LABEL)
+        .default_lease(Duration::from_millis(900))
+        .redis_cluster(&urls)
+        .await
+        .expect("connect");
+    // Names spread over the slots of every primary.
+    let guards: Vec<LockGuard> = futures_join((0..6).map(|i| manager.lock(format!("order:{i}"))))
+        .await
+        .into_iter()
+        .map(|g| g.expect("lock"))
+        .collect();
+    let list = lockctl(&store.args(&["list", "--prefix", &prefix, "--json"])).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let locks = list.json()["locks"].as_array().expect("locks").clone();
+    assert_eq!(locks.len(), 6, "{locks:?}");
+    for (lock, guard) in locks.iter().zip(&guards) {
+        assert_eq!(lock["fencing_token"], guard.fencing_token(), "{lock}");
+        assert_eq!(lock["holder"]["label"], LABEL);
+    }
+    let key = format!("{prefix}order:3");
+    let released = lockctl(&store.args(&["release", &key, "--force"])).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    let again = manager.lock("order:3").wait(Duration::from_secs(5)).await.expect("free after the release");
+    assert!(again.fencing_token() > guards[3].fencing_token());
+}
+
+/// Awaits every future, one after the other (they are quick).
+async fn futures_join<F: std::future::IntoFuture>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut out = Vec::new();
+    for f in futures {
+        out.push(f.await);
+    }
+    out
+}

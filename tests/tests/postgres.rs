@@ -176,3 +176,33 @@ async fn server_errors_carry_the_message_and_sqlstate() {
     assert!(err.is_backend(), "{text}");
     assert!(text.contains("3D000") && text.contains("does not exist"), "{text}");
 }
+
+/// An election on PostgreSQL: the leader's session terminated (`pg_terminate_backend`, as a
+/// crashed leader's connection ends) deposes it at once (`lost()`), the campaigner queued on the
+/// server is elected with a higher token, and an observer reports the hand-over with the new
+/// leader's label, read from `pg_stat_activity`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_leader_is_replaced_at_once_and_observed() {
+    let server = PgServer::start();
+    let leader_m = LockManager::builder().prefix("e:").label("first").postgres(server.url()).await.expect("connect");
+    let next_m = LockManager::builder().prefix("e:").label("second").postgres(server.url()).await.expect("connect");
+    let admin = raw(&server).await;
+    let leader = leader_m.election("scheduler").campaign().await.expect("lead");
+    let mut watch = next_m.election("scheduler").observe();
+    let seen = watch.changed().await.expect("look").expect("a leader");
+    assert_eq!((seen.holder().label(), seen.fencing_token()), (Some("first"), Some(leader.fencing_token())));
+    let campaign = tokio::spawn(async move { next_m.election("scheduler").campaign().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pid = holder_pid(&admin, "e:scheduler").await;
+    let ok: bool = admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate").get(0);
+    assert!(ok);
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), leader.lost()).await.expect("deposed");
+    let elected = tokio::time::timeout(Duration::from_secs(5), campaign).await.expect("in time").expect("task");
+    let elected = elected.expect("the queued campaigner is elected");
+    assert!(started.elapsed() < Duration::from_secs(2), "hand-over took {:?}", started.elapsed());
+    assert!(elected.fencing_token() > leader.fencing_token());
+    let seen = tokio::time::timeout(Duration::from_secs(5), watch.changed()).await.expect("in time").expect("look");
+    let seen = seen.expect("the new leader");
+    assert_eq!((seen.holder().label(), seen.fencing_token()), (Some("second"), Some(elected.fencing_token())));
+}

@@ -460,3 +460,47 @@ async fn hold_at_least_counts_from_the_reply_on_a_slow_connection() {
     let after = granted.duration_since(replied);
     assert!(after + Duration::from_millis(5) >= hold, "the name was free {after:?} after the reply, before {hold:?}");
 }
+
+/// An election observer across a server restart: while the server is down `changed()` fails
+/// with a backend error within the bound (and the leader is deposed: `lost()` fires); once the
+/// server is back the same watch subscribes again and reports the leader as it is then: nobody
+/// (the term vanished with the restart), then the next leader, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_observer_survives_a_server_restart() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let m = LockManager::builder()
+        .label("leader")
+        .default_lease(Duration::from_millis(900))
+        .backend(backend(&server, timeout).await);
+    let election = m.election("observed");
+    let mut watch = election.observe();
+    assert!(watch.changed().await.expect("look").is_none());
+    let first = election.campaign().await.expect("lead");
+    let seen = watch.changed().await.expect("look").expect("a leader");
+    assert_eq!((seen.fencing_token(), seen.holder().label()), (Some(first.fencing_token()), Some("leader")));
+
+    server.kill();
+    let down = tokio::time::timeout(Duration::from_secs(10), watch.changed()).await.expect("told in time");
+    assert!(down.expect_err("the server is down").is_backend());
+    tokio::time::timeout(Duration::from_secs(5), first.lost()).await.expect("deposed while the server is down");
+    server.restart();
+    let started = Instant::now();
+    let next = loop {
+        match watch.changed().await {
+            Ok(next) => break next,
+            Err(e) if e.is_backend() && started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the watch did not recover: {e}"),
+        }
+    };
+    assert!(next.is_none(), "the term vanished with the restart: {next:?}");
+    let second = lock_after_outage(&m, "warm-up").await;
+    second.release().await.expect("release");
+    let leader = election.campaign().await.expect("lead again");
+    let seen = tokio::time::timeout(Duration::from_secs(5), watch.changed()).await.expect("in time").expect("look");
+    let seen = seen.expect("the new leader");
+    assert_eq!(seen.fencing_token(), Some(leader.fencing_token()));
+    assert!(leader.fencing_token() > first.fencing_token());
+}

@@ -31,10 +31,11 @@ pub struct LockInfo {
     pub remaining_lease: Option<Duration>,
     /// Held for as long as the holder's session lives (ZooKeeper without a fixed lease).
     pub session_bound: bool,
-    /// Acquisitions queued behind the holder, when the store knows them all (ZooKeeper).
+    /// Acquisitions queued behind the holder, when the store knows them all (ZooKeeper, etcd,
+    /// PostgreSQL, memory).
     pub waiters: Option<u64>,
-    /// Whether some acquisition found the lock held and waits for its release (Redis's
-    /// waited-on mark), when the store records it.
+    /// Whether some acquisition found the lock held and waits for its release, or an
+    /// election's observer watches it (Redis's waited-on mark), when the store records it.
     pub waited_on: Option<bool>,
     /// Connections subscribed to the lock's release channel (Redis: processes with a waiter
     /// now, or within their unsubscribe grace), when the store has such a channel.
@@ -73,7 +74,7 @@ pub enum ForceRelease {
 }
 
 /// The inspection capability: a backend whose locks can be listed, shown, released by force
-/// and watched. Implemented by the Redis (one server) and ZooKeeper backends; a tool takes a
+/// and watched. Implemented by every built-in backend but Redlock and MySQL; a tool takes a
 /// `Box<dyn Inspect>` and needs to know no more of the store.
 ///
 /// ```no_run
@@ -107,6 +108,14 @@ pub trait Inspect: Send + Sync + 'static {
 
     /// What tells a live view of the locks under `prefix` to look again.
     fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>>;
+
+    /// What tells a watcher of the one lock `key` to look again (an election's
+    /// [`LeaderWatch`](crate::LeaderWatch)). The default is [`changes`](Self::changes) of `key`
+    /// as a prefix; a store may do better for one lock (Redis subscribes to the lock's own
+    /// channel and has its release announced).
+    fn changes_of<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        self.changes(key)
+    }
 }
 
 /// What tells a live view of the locks under a prefix to look again ([`Inspect::changes`]).

@@ -59,9 +59,15 @@ impl LeaderInfo {
         self.remaining_lease
     }
 
-    /// Whether `other` is the same term.
+    /// Whether `other` is the same term: the same owner id where the store names it (one per
+    /// campaign), else the same token.
     fn same_term(&self, other: &LeaderInfo) -> bool {
-        self.owner == other.owner && self.fencing_token == other.fencing_token
+        let named = |owner: &str| !owner.is_empty() && owner != "unknown";
+        if named(&self.owner) && named(&other.owner) {
+            self.owner == other.owner
+        } else {
+            self.fencing_token == other.fencing_token
+        }
     }
 }
 
@@ -79,6 +85,12 @@ impl LeaderInfo {
 /// not takes; PostgreSQL and lock files announce nothing), it also looks again every
 /// [`relook`](Self::relook) (500 ms by default), and sooner (from 10 ms, doubling) after a
 /// change while the store settles. The staleness per store is stated in `GUARANTEES.md`.
+///
+/// **A grant being recorded.** Some stores record a new holder in two steps (a lock file's
+/// holder writes its record after its lock is granted; a PostgreSQL session puts its token into
+/// its `application_name` after its grant): a leader seen without its token is looked at again
+/// shortly, and reported as it is only if it stays so for a `relook`. A term is known by its
+/// owner id (unique to one campaign), so it is reported once.
 ///
 /// **Errors and reconnection.** A failure to reach the store is returned as it happens; the
 /// watch stays usable: the next call subscribes again and reports the leader as it is then, if
@@ -138,11 +150,12 @@ impl LeaderWatch {
         let key = self.election.key();
         let bound = manager.bound_and_kind().0;
         let mut settle = SETTLE;
+        let mut partial_since: Option<std::time::Instant> = None;
         loop {
             // Subscribed before looking: a change between the look and the wait is announced.
             let feed = match &mut self.feed {
                 Some(feed) => feed,
-                None => self.feed.insert(manager.bounded(&key, "watch", bound, inspector.changes(&key)).await?),
+                None => self.feed.insert(manager.bounded(&key, "watch", bound, inspector.changes_of(&key)).await?),
             };
             let mut complete = feed.complete();
             let now = match manager.bounded(&key, "inspect", bound, inspector.inspect(&key)).await {
@@ -152,9 +165,16 @@ impl LeaderWatch {
                     return Err(e);
                 }
             };
-            // Held by someone the store cannot name yet (a lock file whose new holder has not
-            // written its record): looked at again shortly, not reported.
-            let unnamed = now.as_ref().is_some_and(|i| i.holder.is_none() && i.fencing_token.is_none());
+            // A grant the store has not fully recorded yet (a lock file whose new holder has not
+            // written its record, a PostgreSQL session that has not put its token into its
+            // `application_name`): looked at again shortly, and reported as it is only if it
+            // stays so for a `relook`.
+            let partial = now.as_ref().is_some_and(|i| i.fencing_token.is_none());
+            let since = *partial_since.get_or_insert_with(crate::clock::now);
+            if !partial {
+                partial_since = None;
+            }
+            let unnamed = partial && since.elapsed() < self.relook;
             complete &= !unnamed;
             let now = now.map(|info| LeaderInfo::new(&self.election.name, info));
             let differs = !unnamed

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use redis::Value;
 
 use super::topology::Conn;
-use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, KIND};
+use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, INSPECT, KIND, WATCH};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, LockInfo};
 use crate::error::LockError;
 
@@ -46,26 +46,26 @@ impl RedisBackend {
     /// marked the lock, and [`subscribers`](LockInfo::subscribers) how many connections listen
     /// on its release channel (`PUBSUB NUMSUB`: processes with a waiter, or within their
     /// unsubscribe grace).
+    ///
+    /// The value, lease and time are read at one instant by a script (`inspect.lua`, no
+    /// MULTI: the least ACL of the README runs it); the subscribers beside it, `None` for a
+    /// user whose ACL does not allow `PUBSUB NUMSUB`.
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         let layout = KeyLayout::of(key);
+        let timeout = self.inner.options.command_timeout;
+        let mut invocation = INSPECT.prepare_invoke();
+        invocation.key(&layout.lock);
+        let look = eval::<(Option<String>, i64, (u64, u64))>(&self.inner.conn, timeout, key, "inspect", invocation);
         let mut conn = self.inner.conn.clone();
-        let (value, pttl, time, numsub): (Option<String>, i64, (u64, u64), Vec<Value>) = redis::pipe()
-            .atomic()
-            .cmd("GET")
-            .arg(&layout.lock)
-            .cmd("PTTL")
-            .arg(&layout.lock)
-            .cmd("TIME")
-            .cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&layout.channel)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| LockError::backend(key, KIND, "inspect", e))?;
+        let mut numsub = redis::cmd("PUBSUB");
+        numsub.arg("NUMSUB").arg(&layout.channel);
+        let numsub = tokio::time::timeout(timeout, numsub.query_async::<Vec<Value>>(&mut conn));
+        let (look, numsub) = tokio::join!(look, numsub);
+        let (value, pttl, time) = look?;
         let Some(value) = value else { return Ok(None) };
         let now_ms = time.0.saturating_mul(1000).saturating_add(time.1 / 1000);
-        let subscribers = match numsub.get(1) {
-            Some(Value::Int(n)) => u64::try_from(*n).ok(),
+        let subscribers = match numsub.ok().and_then(Result::ok).as_deref() {
+            Some([_, Value::Int(n)]) => u64::try_from(*n).ok(),
             _ => None,
         };
         Ok(Some(parse_value(key, &value, pttl, now_ms, subscribers)))
@@ -211,6 +211,85 @@ impl crate::backend::Inspect for RedisBackend {
 
     fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(async move { Ok(Box::new(Some(RedisBackend::changes(self, prefix).await?)) as Box<dyn ChangeFeed>) })
+    }
+
+    /// The lock's own release channel (a plain `SUBSCRIBE`, which the least ACL allows), its
+    /// holder marked waited on at each look so that its release is announced, and a wake-up
+    /// when the holder's lease runs out ([`OneLock`]).
+    fn changes_of<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        Box::pin(async move { Ok(Box::new(self.changes_of_one(key).await?) as Box<dyn ChangeFeed>) })
+    }
+}
+
+/// What tells a watcher of one lock to look again ([`Inspect::changes_of`]): its release
+/// announced on its channel (each `changed()` first marks the holder as waited on, as a
+/// waiter's look does, so that its release is published), or its holder's lease running out.
+/// A take is not announced (`complete()` is false).
+///
+/// [`Inspect::changes_of`]: crate::backend::Inspect::changes_of
+struct OneLock {
+    backend: RedisBackend,
+    key: String,
+    layout: KeyLayout,
+    /// `None` once the subscription closed (the server went away): lease ends only then.
+    stream: Option<redis::aio::PubSubStream>,
+}
+
+impl RedisBackend {
+    async fn changes_of_one(&self, key: &str) -> Result<OneLock, LockError> {
+        let layout = KeyLayout::of(key);
+        let timeout = self.inner.options.command_timeout;
+        let subscribe = async {
+            let mut pubsub = self.inner.source.pubsub().await?;
+            pubsub.subscribe(&layout.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(timeout, subscribe).await {
+            Ok(Ok(pubsub)) => {
+                let stream = Some(pubsub.into_on_message());
+                Ok(OneLock { backend: self.clone(), key: key.to_owned(), layout, stream })
+            }
+            Ok(Err(e)) => Err(LockError::backend(key, KIND, "subscribe", e)),
+            Err(_) => Err(LockError::timed_out(key, KIND, "subscribe", timeout)),
+        }
+    }
+}
+
+impl ChangeFeed for OneLock {
+    fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        Box::pin(async move {
+            let mut invocation = WATCH.prepare_invoke();
+            invocation.key(&self.layout.lock);
+            let timeout = self.backend.inner.options.command_timeout;
+            let pttl: i64 = eval(&self.backend.inner.conn, timeout, &self.key, "watch", invocation).await?;
+            // A lease that runs out is not announced: wake up just after it.
+            let lease_end = async {
+                match u64::try_from(pttl) {
+                    Ok(ms) => tokio::time::sleep(Duration::from_millis(ms.saturating_add(1))).await,
+                    Err(_) => std::future::pending().await,
+                }
+            };
+            let message = async {
+                match &mut self.stream {
+                    Some(stream) => stream.next().await.is_some(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                open = message => {
+                    if !open {
+                        self.stream = None;
+                        return Err(LockError::backend(&*self.key, KIND, "watch", "the subscription was closed"));
+                    }
+                }
+                () = lease_end => {}
+            }
+            Ok(())
+        })
+    }
+
+    fn complete(&self) -> bool {
+        false
     }
 }
 

@@ -41,6 +41,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("re
 static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release_after.lua")));
 static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force_release.lua")));
+static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static KIND_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_acquire.lua")));
 static KIND_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_release.lua")));
 static KIND_EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_extend.lua")));
@@ -440,8 +441,9 @@ mod tests {
         ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
-        let watch = include_str!("watch.lua");
-        assert!(watch.contains("KEYS[1]") && watch.contains("Returns"));
+        for src in [include_str!("watch.lua"), include_str!("inspect.lua")] {
+            assert!(src.contains("KEYS[1]") && src.contains("Returns"));
+        }
     }
 
     #[test]
