@@ -38,6 +38,8 @@ struct Shared {
     partitioned: AtomicBool,
     /// Microseconds each forwarded chunk waits first.
     delay_us: AtomicU64,
+    /// Connections accepted while set are silent from the start ([`TcpProxy::silence_new`]).
+    silence_new: AtomicBool,
     changed: Notify,
 }
 
@@ -63,6 +65,7 @@ impl TcpProxy {
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 let conn = Arc::new(Conn::default());
+                conn.silent.store(accepting.silence_new.load(Ordering::SeqCst), Ordering::SeqCst);
                 accepting.conns.lock().unwrap().push(conn.clone());
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
@@ -100,6 +103,13 @@ impl TcpProxy {
             n += 1;
         }
         n
+    }
+
+    /// Connections accepted from now on forward nothing in either direction and are never
+    /// closed towards the server: what a client sends on them never arrives (a request lost on
+    /// the way, such as a cancel request). Earlier connections work normally.
+    pub fn silence_new(&self) {
+        self.shared.silence_new.store(true, Ordering::SeqCst);
     }
 
     /// From now on, what clients send is held instead of forwarded (answers still flow).

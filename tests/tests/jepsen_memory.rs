@@ -83,6 +83,8 @@ impl Rng {
 
 struct Run {
     manager: LockManager,
+    /// Workers campaign in elections of the names (a term per grant) instead of locking them.
+    elect: bool,
     witness: Witness,
     history: Mutex<Vec<Record>>,
     start: Instant,
@@ -110,7 +112,12 @@ async fn worker(run: Arc<Run>, actor: String, mut rng: Rng) -> bool {
     while Instant::now() < run.end {
         let name = format!("jepsen:{}", rng.below(NAMES as u64));
         run.log(&actor, Event::Acquire { name: name.clone(), wait_ms: WAIT.as_millis() as u64 });
-        let guard = match run.manager.lock(&name).wait(WAIT).lease(LEASE).await {
+        let held = if run.elect {
+            run.manager.election(&name).lease(LEASE).campaign().wait(WAIT).await.map(Held::Term)
+        } else {
+            run.manager.lock(&name).wait(WAIT).lease(LEASE).await.map(Held::Lock)
+        };
+        let guard = match held {
             Ok(guard) => guard,
             Err(e) => {
                 let reason = if e.is_contended() {
@@ -169,8 +176,48 @@ async fn worker(run: Arc<Run>, actor: String, mut rng: Rng) -> bool {
     true
 }
 
+/// What a worker holds: a lock, or a term of an election.
+enum Held {
+    Lock(lock_runtime::LockGuard),
+    Term(lock_runtime::Leadership),
+}
+
+impl Held {
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Held::Lock(guard) => guard.fencing_token(),
+            Held::Term(term) => term.fencing_token(),
+        }
+    }
+
+    async fn lost(&self) {
+        match self {
+            Held::Lock(guard) => guard.lost().await,
+            Held::Term(term) => term.lost().await,
+        }
+    }
+
+    async fn release(self) -> Result<(), lock_runtime::LockError> {
+        match self {
+            Held::Lock(guard) => guard.release().await,
+            Held::Term(term) => term.resign().await,
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn jepsen_memory() {
+    run_memory(false, "jepsen_memory").await;
+}
+
+/// The same with leader elections: workers campaign (`Election::campaign`, a fixed term
+/// lease), and each term is held to the rules of a lock.
+#[tokio::test(start_paused = true)]
+async fn jepsen_memory_elections() {
+    run_memory(true, "jepsen_memory_elections").await;
+}
+
+async fn run_memory(elect: bool, test: &str) {
     let seed: u64 = match std::env::var("JEPSEN_SEED") {
         Ok(s) => s.parse().expect("JEPSEN_SEED is a number"),
         Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1,
@@ -181,6 +228,7 @@ async fn jepsen_memory() {
     let start = Instant::now();
     let run = Arc::new(Run {
         manager: LockManager::builder().backend(store.clone()),
+        elect,
         witness: Witness::default(),
         history: Mutex::new(Vec::new()),
         start,
@@ -213,7 +261,7 @@ async fn jepsen_memory() {
         wait_slack: Duration::from_millis(1),
         handoff_bound: Duration::from_millis(1),
     });
-    let path = std::env::temp_dir().join(format!("jepsen-memory-{seed}.history"));
+    let path = std::env::temp_dir().join(format!("{test}-{seed}.history"));
     let text: String = records.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(&path, text).expect("write the history");
     eprintln!("jepsen seed: {seed}; history: {}\n{report}", path.display());
@@ -222,7 +270,7 @@ async fn jepsen_memory() {
     }
     assert!(report.violations().is_empty(), "seed {seed}: {:#?}", report.violations());
     let doc = include_str!("../../GUARANTEES.md");
-    let mismatches = guarantees::verify(&report, doc, "jepsen_memory");
+    let mismatches = guarantees::verify(&report, doc, test);
     assert!(mismatches.is_empty(), "GUARANTEES.md vs this run (seed {seed}): {mismatches:#?}");
     for name in witness.keys() {
         // A crashed (leaked) holder's entry stays until its name is next used, which reaps it:

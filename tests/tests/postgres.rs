@@ -206,3 +206,55 @@ async fn a_terminated_leader_is_replaced_at_once_and_observed() {
     let seen = seen.expect("the new leader");
     assert_eq!((seen.holder().label(), seen.fencing_token()), (Some("second"), Some(elected.fencing_token())));
 }
+
+/// A waiter dropped while it waits on the server, whose cancel request never arrives (lost on
+/// the way, or sent before the server started the query and so for nothing): its session does
+/// not stay queued on the server for the rest of its 60 s `wait`. Its connection is closed at
+/// once, and the server, told to check it during the wait (`client_connection_check_interval`),
+/// ends the session within half a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_whose_cancel_is_lost_leaves_the_server() {
+    use lock_tests::etcd_server::tcp_proxy::TcpProxy;
+    let server = PgServer::start();
+    let proxy = TcpProxy::start(server.port()).await;
+    let holder = LockManager::postgres(server.url()).await.expect("connect");
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let options = PostgresOptions::new().operation_timeout(Duration::from_millis(500));
+    let m = LockManager::builder().backend(PostgresBackend::connect_with(&url, options).await.expect("connect"));
+    let admin = raw(&server).await;
+    let held = holder.lock("queued").await.expect("holder");
+    let count = |sql: &'static str| {
+        let admin = &admin;
+        async move { admin.query_one(sql, &[]).await.expect(sql).get::<_, i64>(0) }
+    };
+    const WAITING: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    const SESSIONS: &str =
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()";
+
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.lock("queued").wait(Duration::from_secs(60)).await.map(drop) })
+    };
+    lock_tests::eventually("the waiter is queued on the server", Duration::from_secs(10), async || {
+        if count(WAITING).await == 1 {
+            Ok(())
+        } else {
+            Err("not queued yet")
+        }
+    })
+    .await;
+    let before = count(SESSIONS).await;
+    proxy.silence_new(); // its cancel request will not arrive
+    waiter.abort();
+    let _ = waiter.await;
+    let dropped = Instant::now();
+    lock_tests::eventually("the dropped waiter's session ends", Duration::from_secs(5), async || {
+        match (count(WAITING).await, count(SESSIONS).await) {
+            (0, now) if now < before => Ok(()),
+            seen => Err(format!("(waiting, sessions) = {seen:?}, {before} sessions before the drop")),
+        }
+    })
+    .await;
+    eprintln!("the dropped waiter's session ended {:?} after the drop", dropped.elapsed());
+    held.release().await.expect("release");
+}

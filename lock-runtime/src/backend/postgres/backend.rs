@@ -88,6 +88,9 @@ struct Conn {
     client: Client,
     /// Becomes `true` when the connection's task ends (closed by either side, or failed).
     closed: watch::Receiver<bool>,
+    /// The connection's task: aborted to close the socket at once (a dropped waiter's, whose
+    /// query would otherwise keep it open until the server answers).
+    task: tokio::task::AbortHandle,
 }
 
 impl Conn {
@@ -103,9 +106,10 @@ struct PgSessions {
     /// The TLS client of the connections and cancel requests (see `tls.rs`).
     tls: Connector,
     options: PostgresOptions,
-    /// The server has `transaction_timeout` (PostgreSQL 17), which a wait turns off too; read
-    /// by the setup.
-    transaction_timeout: std::sync::OnceLock<bool>,
+    /// The server's version (`server_version_num`), read by the setup: a wait turns off
+    /// `transaction_timeout` where the server has it (PostgreSQL 17), and has the server check
+    /// its client's connection (`client_connection_check_interval`, PostgreSQL 14).
+    version: std::sync::OnceLock<u32>,
     /// The connections' `application_name` (printable ASCII, at most 30 bytes, quotes doubled):
     /// a holder's session shows it followed by ` t=<token>` (see `inspect.rs`).
     app_name: String,
@@ -126,13 +130,15 @@ impl PgSessions {
             Err(_) => return Err(LockError::timed_out(name, KIND, "connect", bound)),
         };
         let (tx, closed) = watch::channel(false);
-        tokio::spawn(async move {
+        // Told closed when the task ends, aborted or not (the sender is dropped with it).
+        let task = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a PostgreSQL lock connection ended");
             }
             let _ = tx.send(true);
-        });
-        Ok(Conn { client, closed })
+        })
+        .abort_handle();
+        Ok(Conn { client, closed, task })
     }
 
     /// Runs `sql` (simple protocol) on `conn`: the last row's first value.
@@ -222,12 +228,21 @@ impl Sessions for PgSessions {
                     // Only `lock_timeout` bounds the wait: a `statement_timeout` (or PostgreSQL 17's
                     // `transaction_timeout`) of the server, role, database or URL shorter than
                     // the wait must not cut it. All local to this implicit transaction.
-                    let transaction = match self.transaction_timeout.get() {
-                        Some(true) => "SELECT set_config('transaction_timeout', '0', true); ",
-                        _ => "",
+                    let version = self.version.get().copied().unwrap_or(0);
+                    let transaction = match version >= 170_000 {
+                        true => "SELECT set_config('transaction_timeout', '0', true); ",
+                        false => "",
+                    };
+                    // A waiter dropped while its query is on its way (its cancel request may
+                    // reach the server first, and be lost) closes its connection: the server,
+                    // checking it during the wait, ends the session within the interval
+                    // instead of keeping the request queued for the rest of the wait.
+                    let check = match version >= 140_000 {
+                        true => "SELECT set_config('client_connection_check_interval', '500', true); ",
+                        false => "",
                     };
                     let sql = format!(
-                        "{record}{transaction}SELECT set_config('statement_timeout', '0', true); \
+                        "{record}{transaction}{check}SELECT set_config('statement_timeout', '0', true); \
                          SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock{shared}({a}, {b}); \
                          SELECT {token}"
                     );
@@ -266,10 +281,14 @@ impl Sessions for PgSessions {
         })
     }
 
-    /// Drops the connection after asking the server to cancel its running query (a wait): the
-    /// session then ends, freeing anything it holds.
+    /// Closes the connection at once (its task aborted: the socket closes even with a query
+    /// in flight) and asks the server to cancel its running query (a wait): the session then
+    /// ends, freeing anything it holds. A cancel request that reaches the server before the
+    /// query does is lost; the server then finds the connection closed during the wait
+    /// (`client_connection_check_interval`, PostgreSQL 14 and later).
     fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Conn) {
         let token = conn.client.cancel_token();
+        conn.task.abort();
         drop(conn);
         let (bound, tls) = (pool.sessions.options.operation_timeout, pool.sessions.tls());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -346,7 +365,7 @@ impl PostgresBackend {
             .take(30)
             .collect::<String>()
             .replace('\'', "''");
-        let sessions = PgSessions { config, tls, options, transaction_timeout: Default::default(), app_name };
+        let sessions = PgSessions { config, tls, options, version: Default::default(), app_name };
         let backend = PostgresBackend { pool: Arc::new(Pool::new(sessions)) };
         backend.setup().await?;
         Ok(backend)
@@ -362,7 +381,7 @@ impl PostgresBackend {
             Ok(Err(e)) => return Err(pg_error("", "connect", e)),
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         };
-        let _ = self.pool.sessions.transaction_timeout.set(version >= 170_000);
+        let _ = self.pool.sessions.version.set(version);
         if first != second {
             return Err(LockError::invalid(
                 "",

@@ -215,7 +215,7 @@ impl crate::backend::Inspect for RedisBackend {
 
     /// The lock's own release channel (a plain `SUBSCRIBE`, which the least ACL allows), its
     /// holder marked waited on at each look so that its release is announced, and a wake-up
-    /// when the holder's lease runs out ([`OneLock`]).
+    /// when the holder's lease runs out.
     fn changes_of<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(async move { Ok(Box::new(self.changes_of_one(key).await?) as Box<dyn ChangeFeed>) })
     }
