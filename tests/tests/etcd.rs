@@ -16,7 +16,7 @@ lock_tests::conformance_suite!(
     |builder: lock_runtime::LockManagerBuilder| async move {
         builder.etcd([etcd_server::shared().endpoint()]).await.expect("connect to the test etcd")
     },
-    kinds = [],
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
     inspect = true
 );
 
@@ -223,6 +223,59 @@ async fn one_watch_per_predecessor_and_no_herd() {
     }
     let stats = backend.stats();
     assert_eq!((stats.wakeups, stats.watches, stats.waiting), (3, 3, 0), "{stats:?}");
+}
+
+/// Read-write locks without a herd: readers queued behind a writer each watch that writer and
+/// are all let in by its release (one wake-up each); a writer queued behind them watches only
+/// the reader just ahead of it, and a reader that comes after that writer waits for it (no
+/// writer starvation). A release of a reader the writer does not watch wakes nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_waiters_watch_only_what_blocks_them() {
+    let server = etcd_server::shared();
+    let holder = LockManager::etcd([server.endpoint()]).await.expect("holder");
+    let backend = EtcdBackend::connect_with([server.endpoint()], EtcdOptions::new()).await.expect("waiters");
+    let waiters = LockManager::builder().backend(backend.clone());
+    let name = lock_tests::unique("rw");
+    let writer = holder.write_lock(&name).await.expect("the first writer");
+    let wait = Duration::from_secs(20);
+    let queue = |n: u64| {
+        let backend = backend.clone();
+        async move {
+            lock_tests::eventually("queued", Duration::from_secs(10), async || {
+                lock_tests::reached(backend.stats().waiting, n)
+            })
+            .await
+        }
+    };
+    let (w, n) = (waiters.clone(), name.clone());
+    let r1 = tokio::spawn(async move { w.read_lock(&n).wait(wait).await.expect("reader 1") });
+    queue(1).await;
+    let (w, n) = (waiters.clone(), name.clone());
+    let r2 = tokio::spawn(async move { w.read_lock(&n).wait(wait).await.expect("reader 2") });
+    queue(2).await;
+    let (w, n) = (waiters.clone(), name.clone());
+    let w2 = tokio::spawn(async move { w.write_lock(&n).wait(wait).await.expect("writer 2") });
+    queue(3).await;
+    let (w, n) = (waiters.clone(), name.clone());
+    let r3 = tokio::spawn(async move { w.read_lock(&n).wait(wait).await.expect("reader 3") });
+    queue(4).await;
+    assert_eq!(backend.stats().watches, 4, "{:?}", backend.stats());
+
+    writer.release().await.expect("release");
+    let (r1, r2) = (r1.await.expect("task"), r2.await.expect("task"));
+    assert_eq!(backend.stats().wakeups, 2, "both readers, and only they: {:?}", backend.stats());
+    assert!(!w2.is_finished() && !r3.is_finished(), "the second writer waits, and the reader behind it");
+    r1.release().await.expect("release"); // the writer watches reader 2, not reader 1
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(backend.stats().wakeups, 2, "nobody woken in vain: {:?}", backend.stats());
+    assert!(!r3.is_finished(), "no reader overtakes the waiting writer");
+    r2.release().await.expect("release");
+    let w2 = w2.await.expect("task");
+    assert!(!r3.is_finished(), "the reader behind the writer waits for it");
+    w2.release().await.expect("release");
+    r3.await.expect("task").release().await.expect("release");
+    let stats = backend.stats();
+    assert_eq!((stats.wakeups, stats.waiting), (4, 0), "{stats:?}");
 }
 
 /// Releases, timed-out and cancelled waiters, `try_lock`s and `hold_at_least` leave no key.

@@ -31,6 +31,6 @@ lock_tests::conformance_suite!(
             }
         }
     },
-    kinds = [],
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
     inspect = true
 );

@@ -10,7 +10,7 @@ use super::options::{check_endpoints, EtcdOptions};
 use super::recipe::EtcdAcquisition;
 use super::session::Shared;
 use super::{encode, KIND};
-use crate::backend::{Acquire, Acquisition, LockBackend};
+use crate::backend::{Acquire, Acquisition, LockBackend, LockKind};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
@@ -133,6 +133,12 @@ impl EtcdBackend {
     pub fn lock_prefix(&self, key: &str) -> String {
         format!("{}/{}/", self.shared.options.get_root().trim_matches('/'), encode(key))
     }
+
+    /// The prefix of the read-write lock `key`: the encoded key followed by `%rw` (which no
+    /// encoded key holds: a `%` is always escaped as `%25`), `/` included.
+    pub fn rw_prefix(&self, key: &str) -> String {
+        format!("{}/{}%rw/", self.shared.options.get_root().trim_matches('/'), encode(key))
+    }
 }
 
 impl LockBackend for EtcdBackend {
@@ -140,8 +146,18 @@ impl LockBackend for EtcdBackend {
         KIND
     }
 
+    /// The mutex and read-write locks (see the module docs); semaphores are refused.
+    fn supports(&self, kind: LockKind) -> bool {
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write)
+    }
+
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
-        Box::new(EtcdAcquisition::new(self.shared.clone(), Arc::from(self.lock_prefix(&req.key)), req, lost))
+        let prefix = match req.kind {
+            // A read-write lock's keys live apart from the mutex's of the same name.
+            LockKind::Read | LockKind::Write => self.rw_prefix(&req.key),
+            _ => self.lock_prefix(&req.key),
+        };
+        Box::new(EtcdAcquisition::new(self.shared.clone(), Arc::from(prefix), req, lost))
     }
 
     fn operation_timeout(&self) -> Duration {

@@ -61,6 +61,9 @@ impl EtcdBackend {
             else {
                 continue;
             };
+            if segment.ends_with("%rw") {
+                continue; // a read-write lock: several may hold it, listed as none yet
+            }
             by_key.entry(decode(segment)).or_default().push(kv);
         }
         // Each key's keys, still lowest create revision first.

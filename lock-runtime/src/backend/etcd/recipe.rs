@@ -13,15 +13,46 @@ use tokio::task::JoinHandle;
 
 use super::session::{Session, Shared};
 use super::{etcd_error, KIND};
-use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, Wake};
+use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockKind, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
-/// What a put of the acquisition's key learnt: its create revision, and the create revision of
-/// the lowest key under the lock's prefix.
+/// What a put of the acquisition's key learnt: its create revision, and whether a key ahead of
+/// it blocks it (see [`blocker`]).
 struct Put {
     revision: i64,
-    lowest: i64,
+    blocked: bool,
+}
+
+/// The role of a key of a read-write lock's prefix, from its name's last segment: `r-…` a
+/// reader, `w-…` a writer. A mutex's keys (`<lease>-<owner>`) have none.
+fn is_reader(key: &[u8]) -> bool {
+    key.rsplit(|b| *b == b'/').next().is_some_and(|tail| tail.starts_with(b"r-"))
+}
+
+/// The key ahead of an acquisition of `kind` that blocks it, from the keys ahead of it
+/// (nearest first): for a mutex or a writer the nearest one (its predecessor), for a reader the
+/// nearest writer (readers share; a waiting writer blocks the readers behind it). `None`: it
+/// holds the lock.
+fn blocker(kind: LockKind, ahead_nearest_first: &[etcd_client::KeyValue]) -> Option<&etcd_client::KeyValue> {
+    match kind {
+        LockKind::Read => ahead_nearest_first.iter().find(|kv| !is_reader(kv.key())),
+        _ => ahead_nearest_first.first(),
+    }
+}
+
+/// The keys of the lock's prefix created before `revision`, nearest first (names only); for a
+/// mutex or a writer only the nearest is needed.
+fn ahead(prefix: &str, kind: LockKind, revision: Option<i64>) -> TxnOp {
+    let mut options =
+        GetOptions::new().with_prefix().with_keys_only().with_sort(SortTarget::Create, SortOrder::Descend);
+    if let Some(revision) = revision {
+        options = options.with_max_create_revision(revision - 1);
+    }
+    if kind != LockKind::Read {
+        options = options.with_limit(if revision.is_some() { 1 } else { 2 });
+    }
+    TxnOp::get(prefix, Some(options))
 }
 
 enum State {
@@ -62,11 +93,17 @@ impl EtcdAcquisition {
     async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
         if matches!(self.state, State::Idle) {
             let session = self.shared.session(&self.req.name, "acquire")?;
-            let key = format!("{}{:016x}-{}", self.prefix, session.lease, self.req.owner);
+            let role = match self.req.kind {
+                LockKind::Read => "r-",
+                LockKind::Write => "w-",
+                _ => "",
+            };
+            let key = format!("{}{role}{:016x}-{}", self.prefix, session.lease, self.req.owner);
             let sent = Instant::now();
             let task = tokio::spawn(put(
                 self.shared.client.clone(),
                 self.req.name.clone(),
+                self.req.kind,
                 self.prefix.clone(),
                 key.clone(),
                 self.req.holder.to_string(),
@@ -93,7 +130,7 @@ impl EtcdAcquisition {
                 }
             };
             self.state = State::Queued { key, session, revision: put.revision };
-            if put.lowest == put.revision {
+            if !put.blocked {
                 return Ok(Attempt::Acquired(self.grant(sent)));
             }
             return Ok(Attempt::Busy);
@@ -109,19 +146,17 @@ impl EtcdAcquisition {
         let mut client = self.shared.client.clone();
         let txn = Txn::new().and_then([
             TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(&*self.prefix, Some(lowest_first().with_limit(1))),
+            ahead(&self.prefix, self.req.kind, Some(*revision)),
         ]);
         let resp = tokio::time::timeout(self.bound(), client.txn(txn))
             .await
             .map_err(|_| self.timed_out("acquire"))?
             .map_err(|e| etcd_error(&self.req.name, "acquire", e))?;
-        let revision = *revision;
-        let (ours, lowest) = two_gets(&resp);
-        if ours.is_none() {
+        if get_at(&resp, 0).is_none_or(|kvs| kvs.is_empty()) {
             self.state = State::Idle;
             return Err(self.lease_lost("acquire"));
         }
-        if lowest == Some(revision) {
+        if blocker(self.req.kind, &get_at(&resp, 1).unwrap_or_default()).is_none() {
             return Ok(Attempt::Acquired(self.grant(before)));
         }
         Ok(Attempt::Busy)
@@ -136,20 +171,10 @@ impl EtcdAcquisition {
             let (key, revision) = (key.clone(), *revision);
             let before = Instant::now();
             let mut client = self.shared.client.clone();
-            // Our key, and the key just before ours.
+            // Our key, and the keys before ours (for a mutex or a writer, the one just before).
             let txn = Txn::new().and_then([
                 TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())),
-                TxnOp::get(
-                    &*self.prefix,
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_keys_only()
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_max_create_revision(revision - 1)
-                            .with_limit(1),
-                    ),
-                ),
+                ahead(&self.prefix, self.req.kind, Some(revision)),
             ]);
             let bound = deadline.min(before + self.bound());
             let resp = match tokio::time::timeout_at(bound.into(), client.txn(txn)).await {
@@ -162,7 +187,8 @@ impl EtcdAcquisition {
                 self.state = State::Idle;
                 return Err(self.lease_lost("wait"));
             }
-            let Some(before_us) = get_at(&resp, 1).and_then(|kvs| kvs.first().map(|kv| kv.key().to_vec())) else {
+            let ahead = get_at(&resp, 1).unwrap_or_default();
+            let Some(before_us) = blocker(self.req.kind, &ahead).map(|kv| kv.key().to_vec()) else {
                 return Ok(Wake::Acquired(self.grant(before)));
             };
             let from = resp.header().map_or(0, |h| h.revision()) + 1;
@@ -306,24 +332,22 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// Lowest create revision first, the whole prefix.
-fn lowest_first() -> GetOptions {
-    GetOptions::new().with_prefix().with_keys_only().with_sort(SortTarget::Create, SortOrder::Ascend)
-}
-
 /// Puts `key` with `lease` and reads the lowest key of the lock, in one transaction.
+#[allow(clippy::too_many_arguments)] // one put, its settings spelled out
 async fn put(
     mut client: Client,
     name: Arc<str>,
+    kind: LockKind,
     prefix: Arc<str>,
     key: String,
     value: String,
     lease: i64,
     bound: Duration,
 ) -> Result<Put, LockError> {
+    // The put, then every key of the prefix nearest first: ours, then those ahead of it.
     let txn = Txn::new().and_then([
         TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease))),
-        TxnOp::get(&*prefix, Some(lowest_first().with_limit(1))),
+        ahead(&prefix, kind, None),
     ]);
     let resp = tokio::time::timeout(bound, client.txn(txn))
         .await
@@ -331,10 +355,12 @@ async fn put(
         .map_err(|e| etcd_error(&name, "acquire", e))?;
     // A put of a new key in a transaction: the key's create revision is the transaction's.
     let revision = resp.header().map_or(0, |h| h.revision());
-    let lowest = get_at(&resp, 1).and_then(|kvs| kvs.first().map(|kv| kv.create_revision()));
-    match lowest {
-        Some(lowest) if revision > 0 => Ok(Put { revision, lowest }),
-        _ => Err(LockError::backend(&*name, KIND, "acquire", "etcd answered the put without its revision")),
+    let keys = get_at(&resp, 1).unwrap_or_default();
+    match keys.split_first() {
+        Some((ours, ahead)) if revision > 0 && ours.create_revision() == revision => {
+            Ok(Put { revision, blocked: blocker(kind, ahead).is_some() })
+        }
+        _ => Err(LockError::backend(&*name, KIND, "acquire", "etcd answered the put without its key or revision")),
     }
 }
 
@@ -344,12 +370,6 @@ fn get_at(resp: &TxnResponse, i: usize) -> Option<Vec<etcd_client::KeyValue>> {
         Some(TxnOpResponse::Get(get)) => Some(get.kvs().to_vec()),
         _ => None,
     }
-}
-
-/// Our key's create revision and the lowest one, from a two-get transaction.
-fn two_gets(resp: &TxnResponse) -> (Option<i64>, Option<i64>) {
-    let first = |i| get_at(resp, i).and_then(|kvs| kvs.first().map(|kv| kv.create_revision()));
-    (first(0), first(1))
 }
 
 /// Deletes `key` in a spawned task (retried a few times); when `again`, once more after the
