@@ -61,8 +61,8 @@
 //!   same engine in two steps, [`Locked`] (take the lock, then give the body), is what the
 //!   attribute expands to.
 //! - Lock kinds: [`LockManager::read_lock`] / [`write_lock`](LockManager::write_lock)
-//!   (read-write locks), [`LockManager::semaphore`] (permits), both on memory, Redis and
-//!   ZooKeeper, read-write locks also on PostgreSQL and etcd (a backend that does not offer them refuses them with an
+//!   (read-write locks), [`LockManager::semaphore`] (permits), both on memory, Redis,
+//!   ZooKeeper and etcd, read-write locks also on PostgreSQL (a backend that does not offer them refuses them with an
 //!   [`is_invalid`](LockError::is_invalid) error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
 //!   none, in one global order, on every backend); the attribute's `mode`, `permits` and
 //!   `names` options.

@@ -16,7 +16,11 @@ lock_tests::conformance_suite!(
     |builder: lock_runtime::LockManagerBuilder| async move {
         builder.etcd([etcd_server::shared().endpoint()]).await.expect("connect to the test etcd")
     },
-    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ],
     inspect = true
 );
 
@@ -276,6 +280,52 @@ async fn read_write_waiters_watch_only_what_blocks_them() {
     r3.await.expect("task").release().await.expect("release");
     let stats = backend.stats();
     assert_eq!((stats.wakeups, stats.waiting), (4, 0), "{stats:?}");
+}
+
+/// Semaphores without a herd: of three waiters for two permits, the first watches the lock's
+/// prefix and each later one only its predecessor; a release wakes the first waiter, whose
+/// grant (its key put again) wakes the next one, now first: two wake-ups, however many wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_wakes_two_waiters_at_most() {
+    let server = etcd_server::shared();
+    let holder = LockManager::etcd([server.endpoint()]).await.expect("holder");
+    let backend = EtcdBackend::connect_with([server.endpoint()], EtcdOptions::new()).await.expect("waiters");
+    let waiters = LockManager::builder().backend(backend.clone());
+    let name = lock_tests::unique("sem");
+    let first = holder.semaphore(&name, 2).await.expect("permit 1");
+    let second = holder.semaphore(&name, 2).await.expect("permit 2");
+    let mut queued = Vec::new();
+    for n in 1..=3u64 {
+        let (w, name) = (waiters.clone(), name.clone());
+        queued.push(tokio::spawn(
+            async move { w.semaphore(&name, 2).wait(Duration::from_secs(20)).await.expect("waiter") },
+        ));
+        let backend = backend.clone();
+        lock_tests::eventually("queued", Duration::from_secs(10), async || {
+            lock_tests::reached(backend.stats().waiting, n)
+        })
+        .await;
+    }
+    // (The first waiter also wakes when a later one arrives, under the prefix it watches.)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = backend.stats();
+    first.release().await.expect("release");
+    let granted = queued.remove(0).await.expect("task");
+    let backend2 = backend.clone();
+    lock_tests::eventually("the next waiter watches the prefix", Duration::from_secs(10), async || {
+        lock_tests::reached(backend2.stats().watches, before.watches + 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = backend.stats();
+    assert_eq!((stats.wakeups - before.wakeups, stats.waiting), (2, 2), "{before:?} -> {stats:?}");
+    assert!(queued.iter().all(|t| !t.is_finished()), "two permits held: the others wait");
+    for permit in [granted, second] {
+        permit.release().await.expect("release");
+    }
+    for t in queued {
+        t.await.expect("task").release().await.expect("release");
+    }
 }
 
 /// Releases, timed-out and cancelled waiters, `try_lock`s and `hold_at_least` leave no key.

@@ -134,10 +134,11 @@ impl EtcdBackend {
         format!("{}/{}/", self.shared.options.get_root().trim_matches('/'), encode(key))
     }
 
-    /// The prefix of the read-write lock `key`: the encoded key followed by `%rw` (which no
-    /// encoded key holds: a `%` is always escaped as `%25`), `/` included.
-    pub fn rw_prefix(&self, key: &str) -> String {
-        format!("{}/{}%rw/", self.shared.options.get_root().trim_matches('/'), encode(key))
+    /// The prefix of the read-write lock (`kind` `rw`) or semaphore (`sem`) `key`: the encoded
+    /// key followed by `%rw` or `%sem` (which no encoded key holds: a `%` is always escaped as
+    /// `%25`), `/` included.
+    fn kind_prefix(&self, key: &str, kind: &str) -> String {
+        format!("{}/{}%{kind}/", self.shared.options.get_root().trim_matches('/'), encode(key))
     }
 }
 
@@ -146,15 +147,17 @@ impl LockBackend for EtcdBackend {
         KIND
     }
 
-    /// The mutex and read-write locks (see the module docs); semaphores are refused.
+    /// Every kind: mutexes, read-write locks and semaphores (see the module docs).
     fn supports(&self, kind: LockKind) -> bool {
-        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write)
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
         let prefix = match req.kind {
-            // A read-write lock's keys live apart from the mutex's of the same name.
-            LockKind::Read | LockKind::Write => self.rw_prefix(&req.key),
+            // A read-write lock's and a semaphore's keys live apart from the mutex's of the
+            // same name.
+            LockKind::Read | LockKind::Write => self.kind_prefix(&req.key, "rw"),
+            LockKind::Semaphore { .. } => self.kind_prefix(&req.key, "sem"),
             _ => self.lock_prefix(&req.key),
         };
         Box::new(EtcdAcquisition::new(self.shared.clone(), Arc::from(prefix), req, lost))

@@ -61,8 +61,8 @@ impl EtcdBackend {
             else {
                 continue;
             };
-            if segment.ends_with("%rw") {
-                continue; // a read-write lock: several may hold it, listed as none yet
+            if segment.ends_with("%rw") || segment.ends_with("%sem") {
+                continue; // a read-write lock or a semaphore: several may hold it, listed as none yet
             }
             by_key.entry(decode(segment)).or_default().push(kv);
         }

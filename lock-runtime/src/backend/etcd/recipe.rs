@@ -17,27 +17,66 @@ use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, Held
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
-/// What a put of the acquisition's key learnt: its create revision, and whether a key ahead of
-/// it blocks it (see [`blocker`]).
+/// What a put of the acquisition's key learnt: its create revision, and where it stands.
 struct Put {
     revision: i64,
-    blocked: bool,
+    verdict: Verdict,
 }
 
-/// The role of a key of a read-write lock's prefix, from its name's last segment: `r-…` a
-/// reader, `w-…` a writer. A mutex's keys (`<lease>-<owner>`) have none.
+/// The last segment of a key: its name under the lock's prefix.
+fn tail(key: &[u8]) -> &[u8] {
+    key.rsplit(|b| *b == b'/').next().unwrap_or_default()
+}
+
+/// The role of a key of a read-write lock's prefix, from its name: `r-…` a reader, `w-…` a
+/// writer. A mutex's keys (`<lease>-<owner>`) have none.
 fn is_reader(key: &[u8]) -> bool {
-    key.rsplit(|b| *b == b'/').next().is_some_and(|tail| tail.starts_with(b"r-"))
+    tail(key).starts_with(b"r-")
 }
 
-/// The key ahead of an acquisition of `kind` that blocks it, from the keys ahead of it
-/// (nearest first): for a mutex or a writer the nearest one (its predecessor), for a reader the
-/// nearest writer (readers share; a waiting writer blocks the readers behind it). `None`: it
-/// holds the lock.
-fn blocker(kind: LockKind, ahead_nearest_first: &[etcd_client::KeyValue]) -> Option<&etcd_client::KeyValue> {
+/// The permits a semaphore's key (`s<permits>-<lease>-<owner>`) asked for.
+fn permits_of(key: &[u8]) -> Option<u32> {
+    let rest = tail(key).strip_prefix(b"s")?;
+    let digits = rest.split(|b| *b == b'-').next()?;
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// Where an acquisition stands, from the keys ahead of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    /// It holds the lock.
+    Holds,
+    /// Blocked: wake when this key changes (is deleted, or, a semaphore waiter's, marked granted).
+    Watch(Vec<u8>),
+    /// The first waiter of a semaphore: wake when any key of the prefix changes (a holder
+    /// leaving is what it waits for).
+    WatchPrefix,
+    /// A semaphore acquisition whose `permits` differs from one ahead of it (which asked for
+    /// this many).
+    Mismatch(u32),
+}
+
+/// Where an acquisition of `kind` stands, from the keys ahead of it (nearest first): a mutex
+/// or a writer holds when none is ahead and waits for its predecessor; a reader holds when no
+/// writer is ahead and waits for the nearest writer (readers share; a waiting writer blocks the
+/// readers behind it); a permit holds when fewer than `permits` are ahead; the first waiter
+/// (exactly `permits` ahead) waits for any of them to leave, each later waiter for its
+/// predecessor (which marks its own grant, so that the release of a permit wakes two waiters
+/// at most, however many wait).
+fn verdict(kind: LockKind, ahead_nearest_first: &[etcd_client::KeyValue]) -> Verdict {
+    let watch = |kv: Option<&etcd_client::KeyValue>| kv.map_or(Verdict::Holds, |kv| Verdict::Watch(kv.key().to_vec()));
     match kind {
-        LockKind::Read => ahead_nearest_first.iter().find(|kv| !is_reader(kv.key())),
-        _ => ahead_nearest_first.first(),
+        LockKind::Read => watch(ahead_nearest_first.iter().find(|kv| !is_reader(kv.key()))),
+        LockKind::Semaphore { permits } => {
+            let other = ahead_nearest_first.iter().filter_map(|kv| permits_of(kv.key())).find(|p| *p != permits);
+            match (other, ahead_nearest_first.len()) {
+                (Some(other), _) => Verdict::Mismatch(other),
+                (None, n) if n < permits as usize => Verdict::Holds,
+                (None, n) if n == permits as usize => Verdict::WatchPrefix,
+                (None, _) => watch(ahead_nearest_first.first()),
+            }
+        }
+        _ => watch(ahead_nearest_first.first()),
     }
 }
 
@@ -49,7 +88,7 @@ fn ahead(prefix: &str, kind: LockKind, revision: Option<i64>) -> TxnOp {
     if let Some(revision) = revision {
         options = options.with_max_create_revision(revision - 1);
     }
-    if kind != LockKind::Read {
+    if matches!(kind, LockKind::Exclusive | LockKind::Write) {
         options = options.with_limit(if revision.is_some() { 1 } else { 2 });
     }
     TxnOp::get(prefix, Some(options))
@@ -94,9 +133,10 @@ impl EtcdAcquisition {
         if matches!(self.state, State::Idle) {
             let session = self.shared.session(&self.req.name, "acquire")?;
             let role = match self.req.kind {
-                LockKind::Read => "r-",
-                LockKind::Write => "w-",
-                _ => "",
+                LockKind::Read => "r-".to_owned(),
+                LockKind::Write => "w-".to_owned(),
+                LockKind::Semaphore { permits } => format!("s{permits}-"),
+                _ => String::new(),
             };
             let key = format!("{}{role}{:016x}-{}", self.prefix, session.lease, self.req.owner);
             let sent = Instant::now();
@@ -130,10 +170,11 @@ impl EtcdAcquisition {
                 }
             };
             self.state = State::Queued { key, session, revision: put.revision };
-            if !put.blocked {
-                return Ok(Attempt::Acquired(self.grant(sent)));
-            }
-            return Ok(Attempt::Busy);
+            return match put.verdict {
+                Verdict::Holds => Ok(Attempt::Acquired(self.grant(sent))),
+                Verdict::Mismatch(other) => Err(self.mismatch(other).await),
+                Verdict::Watch(_) | Verdict::WatchPrefix => Ok(Attempt::Busy),
+            };
         }
         // Queued: are we the lowest now?
         let State::Queued { key, session, revision } = &self.state else {
@@ -156,10 +197,14 @@ impl EtcdAcquisition {
             self.state = State::Idle;
             return Err(self.lease_lost("acquire"));
         }
-        if blocker(self.req.kind, &get_at(&resp, 1).unwrap_or_default()).is_none() {
-            return Ok(Attempt::Acquired(self.grant(before)));
+        match verdict(self.req.kind, &get_at(&resp, 1).unwrap_or_default()) {
+            Verdict::Holds => {
+                self.mark_granted().await?;
+                Ok(Attempt::Acquired(self.grant(before)))
+            }
+            Verdict::Mismatch(other) => Err(self.mismatch(other).await),
+            Verdict::Watch(_) | Verdict::WatchPrefix => Ok(Attempt::Busy),
         }
-        Ok(Attempt::Busy)
     }
 
     async fn wait_until(&mut self, deadline: Instant) -> Result<Wake, LockError> {
@@ -188,27 +233,39 @@ impl EtcdAcquisition {
                 return Err(self.lease_lost("wait"));
             }
             let ahead = get_at(&resp, 1).unwrap_or_default();
-            let Some(before_us) = blocker(self.req.kind, &ahead).map(|kv| kv.key().to_vec()) else {
-                return Ok(Wake::Acquired(self.grant(before)));
+            let (watched, prefix) = match verdict(self.req.kind, &ahead) {
+                Verdict::Holds => {
+                    self.mark_granted().await?;
+                    return Ok(Wake::Acquired(self.grant(before)));
+                }
+                Verdict::Mismatch(other) => return Err(self.mismatch(other).await),
+                Verdict::Watch(key) => (key, false),
+                Verdict::WatchPrefix => (self.prefix.as_bytes().to_vec(), true),
             };
             let from = resp.header().map_or(0, |h| h.revision()) + 1;
-            match self.watch_delete(&mut client, before_us, from, deadline).await? {
+            match self.watch_change(&mut client, watched, prefix, from, deadline).await? {
                 true => continue,
                 false => return Ok(Wake::TimedOut),
             }
         }
     }
 
-    /// Waits for the deletion of `key` (from revision `from`) until `deadline`: `true` when it
-    /// was deleted (or the watch ended: look again), `false` when the deadline passed.
-    async fn watch_delete(
+    /// Waits for a change of `key` (of the keys under it when `prefix`), from revision `from`,
+    /// until `deadline`: `true` when it changed (deleted, or a semaphore waiter's key marked
+    /// granted; or the watch ended: look again), `false` when the deadline passed.
+    async fn watch_change(
         &self,
         client: &mut Client,
         key: Vec<u8>,
+        prefix: bool,
         from: i64,
         deadline: Instant,
     ) -> Result<bool, LockError> {
-        let open = client.watch(key, Some(WatchOptions::new().with_start_revision(from)));
+        let mut options = WatchOptions::new().with_start_revision(from);
+        if prefix {
+            options = options.with_prefix();
+        }
+        let open = client.watch(key, Some(options));
         let mut stream = match tokio::time::timeout_at(deadline.min(Instant::now() + self.bound()).into(), open).await {
             Ok(stream) => stream.map_err(|e| etcd_error(&self.req.name, "wait", e))?,
             Err(_) if Instant::now() >= deadline => return Ok(false),
@@ -224,7 +281,7 @@ impl EtcdAcquisition {
             tokio::select! {
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                        if resp.events().iter().any(|e| matches!(e.event_type(), EventType::Delete | EventType::Put)) {
                             self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
                             return Ok(true);
                         }
@@ -239,6 +296,53 @@ impl EtcdAcquisition {
                 _ = tokio::time::sleep_until(deadline.into()) => return Ok(false),
             }
         }
+    }
+
+    /// A semaphore permit granted after waiting marks its key (puts it again, unchanged, while
+    /// it is still ours): the waiter right behind it, which watches it, wakes as the first
+    /// waiter now. Nothing for the other kinds.
+    async fn mark_granted(&mut self) -> Result<(), LockError> {
+        let (LockKind::Semaphore { .. }, State::Queued { key, session, revision }) = (self.req.kind, &self.state)
+        else {
+            return Ok(());
+        };
+        let mut client = self.shared.client.clone();
+        let put =
+            TxnOp::put(key.as_str(), self.req.holder.to_string(), Some(PutOptions::new().with_lease(session.lease)));
+        let txn =
+            Txn::new().when([Compare::create_revision(key.as_str(), CompareOp::Equal, *revision)]).and_then([put]);
+        tokio::time::timeout(self.bound(), client.txn(txn))
+            .await
+            .map_err(|_| self.timed_out("acquire"))?
+            .map_err(|e| etcd_error(&self.req.name, "acquire", e))?;
+        Ok(())
+    }
+
+    /// A semaphore acquisition whose `permits` differs from those ahead of it: its key is
+    /// deleted before the error is returned (a later acquisition must not find it ahead of
+    /// its own and be refused in turn), and the error names both counts.
+    async fn mismatch(&mut self, other: u32) -> LockError {
+        if let State::Queued { key, revision, .. } = std::mem::replace(&mut self.state, State::Idle) {
+            // In a task of its own, so that it runs to its end even if this future is dropped.
+            let (mut client, bound) = (self.shared.client.clone(), self.bound());
+            let delete = tokio::spawn(async move {
+                for _ in 0..3 {
+                    if delete_if(&mut client, &key, revision, bound).await.is_ok() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            let _ = delete.await;
+        }
+        let permits = match self.req.kind {
+            LockKind::Semaphore { permits } => permits,
+            _ => 0,
+        };
+        LockError::invalid(
+            &*self.req.name,
+            format!("the semaphore is used with {other} permits by other holders or waiters, not {permits}"),
+        )
     }
 
     fn lease_lost(&self, operation: &'static str) -> LockError {
@@ -358,7 +462,7 @@ async fn put(
     let keys = get_at(&resp, 1).unwrap_or_default();
     match keys.split_first() {
         Some((ours, ahead)) if revision > 0 && ours.create_revision() == revision => {
-            Ok(Put { revision, blocked: blocker(kind, ahead).is_some() })
+            Ok(Put { revision, verdict: verdict(kind, ahead) })
         }
         _ => Err(LockError::backend(&*name, KIND, "acquire", "etcd answered the put without its key or revision")),
     }
