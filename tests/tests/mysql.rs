@@ -143,3 +143,41 @@ async fn a_wrong_password_is_backend_with_the_server_message() {
     let err = LockManager::mysql(url).await.unwrap_err();
     assert!(err.is_backend() && err.to_string().contains("Access denied"), "{err}");
 }
+
+/// A waiter dropped while it waits on the server, whose `KILL QUERY` never arrives (lost on
+/// the way, or there before the `GET_LOCK` and so for nothing): its `GET_LOCK` does not stay
+/// queued for the rest of its 60 s `wait`. Its connection is closed once the kill is given up
+/// (the operation timeout), and the server ends a `GET_LOCK` whose client closed its socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_whose_kill_is_lost_leaves_the_server() {
+    use lock_tests::etcd_server::tcp_proxy::TcpProxy;
+    let server = MysqlServer::start();
+    let proxy = TcpProxy::start(server.port()).await;
+    let holder = LockManager::builder().mysql(server.url()).await.expect("connect");
+    let url = server.url().replace(&format!(":{}/", server.port()), &format!(":{}/", proxy.port()));
+    let options = MysqlOptions::new().operation_timeout(Duration::from_millis(500));
+    let m = LockManager::builder().backend(MysqlBackend::connect_with(&url, options).await.expect("connect"));
+    let held = holder.lock("queued").await.expect("holder");
+    let mut admin = raw(&server).await;
+    const WAITING: &str =
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%GET_LOCK%' AND ID <> CONNECTION_ID()";
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.lock("queued").wait(Duration::from_secs(60)).await.map(drop) })
+    };
+    let started = Instant::now();
+    while admin.query_first::<i64, _>(WAITING).await.expect("processlist") != Some(1) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the waiter never queued on the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.silence_new(); // the kill goes on a new connection, and will not arrive
+    waiter.abort();
+    let _ = waiter.await;
+    let dropped = Instant::now();
+    while admin.query_first::<i64, _>(WAITING).await.expect("processlist") != Some(0) {
+        assert!(dropped.elapsed() < Duration::from_secs(5), "the dropped waiter is still queued on the server");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("the dropped waiter's GET_LOCK ended {:?} after the drop", dropped.elapsed());
+    held.release().await.expect("release");
+}
