@@ -205,7 +205,13 @@ impl IntoFuture for Campaign {
                 }
                 match request.await {
                     Ok(guard) => return Ok(Leadership::new(election, guard)),
-                    Err(e) if e.is_contended() && deadline.is_none_or(|at| at.is_none()) => continue,
+                    // Unbounded, or bounded beyond the longest single wait: wait again.
+                    Err(e)
+                        if e.is_contended()
+                            && deadline.is_none_or(|at| at.is_none_or(|at| crate::clock::now() < at)) =>
+                    {
+                        continue
+                    }
                     Err(e) => return Err(e),
                 }
             }
