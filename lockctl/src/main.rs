@@ -7,7 +7,7 @@
 //!          | --postgres URL | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
-//!   list [--prefix P]            held locks: holder, fencing token, age, lease left, waiters
+//!   list [--prefix P]            held locks: kind, holder, fencing token, age, lease left, waiters
 //!   show NAME                    one lock in detail
 //!   release NAME --force         frees a lock whose holder is gone
 //!   watch [--prefix P]           a live view, printed again on every change
@@ -97,7 +97,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
-use lock_runtime::backend::{ChangeFeed, ForceRelease, Inspect, LockInfo};
+use lock_runtime::backend::{ChangeFeed, ForceRelease, Inspect, LockInfo, LockKind};
 use lock_runtime::LockError;
 use serde_json::{json, Value};
 
@@ -606,6 +606,17 @@ fn waiters_text(info: &LockInfo) -> String {
     }
 }
 
+/// The kind of lock: `mutex`, `read`, `write`, `semaphore` (of N permits), `unknown`.
+fn kind_text(info: &LockInfo) -> String {
+    match info.kind {
+        Some(LockKind::Exclusive) => "mutex".to_owned(),
+        Some(LockKind::Read) => "read".to_owned(),
+        Some(LockKind::Write) => "write".to_owned(),
+        Some(LockKind::Semaphore { permits }) => format!("semaphore of {permits}"),
+        Some(_) | None => "unknown".to_owned(),
+    }
+}
+
 fn holder_text(info: &LockInfo) -> String {
     match &info.holder {
         Some(h) => h.to_string(),
@@ -615,10 +626,13 @@ fn holder_text(info: &LockInfo) -> String {
 
 /// The `list` table.
 fn table(locks: &[LockInfo]) -> String {
-    let header = ["NAME", "HOLDER", "TOKEN", "AGE", "LEASE LEFT", "WAITERS"].map(str::to_owned);
-    let rows: Vec<[String; 6]> = locks
+    let header = ["NAME", "KIND", "HOLDER", "TOKEN", "AGE", "LEASE LEFT", "WAITERS"].map(str::to_owned);
+    let rows: Vec<[String; 7]> = locks
         .iter()
-        .map(|l| [l.key.clone(), holder_text(l), opt(l.fencing_token), age_text(l), lease_text(l), waiters_text(l)])
+        .map(|l| {
+            let (token, age, lease) = (opt(l.fencing_token), age_text(l), lease_text(l));
+            [l.key.clone(), kind_text(l), holder_text(l), token, age, lease, waiters_text(l)]
+        })
         .collect();
     let mut widths = header.clone().map(|h| h.chars().count());
     for row in &rows {
@@ -642,6 +656,7 @@ fn details(kind: &str, info: &LockInfo) -> String {
     let holder = info.holder.as_ref();
     let mut fields = vec![
         ("name", info.key.clone()),
+        ("kind", kind_text(info)),
         ("store", kind.to_owned()),
         ("owner", info.owner.clone()),
         ("host", opt(holder.map(|h| h.host()))),
@@ -683,6 +698,7 @@ fn millis(d: Option<Duration>) -> Value {
 fn lock_json(info: &LockInfo) -> Value {
     json!({
         "name": info.key,
+        "kind": info.kind.map(|_| kind_text(info)),
         "owner": info.owner,
         "holder": holder_json(info),
         "fencing_token": info.fencing_token,
@@ -723,7 +739,11 @@ mod tests {
             ("unknown".into(), "unknown".into(), "unknown".into())
         );
         let text = table(std::slice::from_ref(&info));
-        assert!(text.starts_with("NAME") && text.contains("unknown (owner 0a-1)"), "{text}");
+        assert!(text.starts_with("NAME  KIND") && text.contains("unknown (owner 0a-1)"), "{text}");
+        assert_eq!(lock_json(&info)["kind"], Value::Null);
+        let mut read = info.clone();
+        read.kind = Some(LockKind::Read);
+        assert_eq!((kind_text(&read), lock_json(&read)["kind"].clone()), ("read".to_owned(), json!("read")));
         assert_eq!(lock_json(&info)["fencing_token"], Value::Null);
         assert_eq!(duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(duration(Duration::from_secs(75)), "1m15s");

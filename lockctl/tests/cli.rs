@@ -91,6 +91,7 @@ async fn list_and_show(store: &Store, guard: &LockGuard, key: &str, prefix: &str
     assert_eq!(locks.len(), 1, "{locks:?}");
     let lock = &locks[0];
     assert_eq!(lock["name"], key);
+    assert_eq!(lock["kind"], "mutex");
     assert_eq!(lock["holder"]["pid"], pid);
     assert_eq!(lock["holder"]["label"], LABEL);
     assert_eq!(lock["holder"]["host"], host());
@@ -479,6 +480,22 @@ async fn postgres_list_show_release_and_watch() {
     let waiter = LockManager::builder().prefix(&prefix).postgres(server.url()).await.expect("connect");
     release_frees_the_lock(&store, guard, &waiter, &key, "ledger").await;
     watch_prints_changes(&store, &manager, &prefix, "other").await;
+    // Two readers of a read-write lock: both listed, each with its kind and token.
+    let (r1, r2) =
+        (manager.read_lock("catalog").await.expect("read"), manager.read_lock("catalog").await.expect("read"));
+    let list = lockctl(&store.args(&["list", "--prefix", &prefix, "--json"])).await;
+    let locks = list.json()["locks"].as_array().expect("locks").clone();
+    let kinds: Vec<&Value> = locks.iter().map(|l| &l["kind"]).collect();
+    assert_eq!(kinds, [&json_str("read"), &json_str("read")], "{locks:?}");
+    let mut tokens: Vec<u64> = locks.iter().filter_map(|l| l["fencing_token"].as_u64()).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, [r1.fencing_token(), r2.fencing_token()]);
+    let text = lockctl(&store.args(&["list", "--prefix", &prefix])).await;
+    assert!(text.stdout.lines().filter(|l| l.contains(" read ")).count() == 2, "{}", text.stdout);
+}
+
+fn json_str(text: &str) -> Value {
+    Value::String(text.to_owned())
 }
 
 /// `--etcd ENDPOINTS`: `list` and `show` give the holder (its lowest key's value), the token

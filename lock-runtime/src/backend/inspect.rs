@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{BoxFuture, Holder};
+use super::{BoxFuture, Holder, LockKind};
 use crate::error::LockError;
 
 /// What a store can tell about one held lock, for inspection tools (`lockctl`). A field the
@@ -19,6 +19,9 @@ pub struct LockInfo {
     pub owner: String,
     /// The holding process, when it stored one (older versions did not).
     pub holder: Option<Holder>,
+    /// Which kind of lock the holder took (a mutex, the read or write side of a read-write
+    /// lock, a permit of a semaphore), when the store tells it. An election's term is a mutex.
+    pub kind: Option<LockKind>,
     /// The fencing token the holder was granted.
     pub fencing_token: Option<u64>,
     /// How long ago the lock was granted (by the store's clock where it has one).
@@ -49,6 +52,7 @@ impl LockInfo {
             key: key.into(),
             owner: owner.into(),
             holder: None,
+            kind: None,
             fencing_token: None,
             age: None,
             age_at_most: false,

@@ -7,7 +7,7 @@ use etcd_client::{DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, W
 
 use super::backend::EtcdBackend;
 use super::{encode, etcd_error, KIND};
-use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo};
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
 
 /// `encode`'s inverse, for one path segment.
@@ -40,6 +40,7 @@ impl EtcdBackend {
         let owner = tail.split_once('-').map_or(tail, |(_, owner)| owner);
         let mut info = LockInfo::new(key, owner);
         info.holder = first.value_str().ok().and_then(Holder::parse);
+        info.kind = Some(LockKind::Exclusive); // the mutexes' prefixes only are read
         info.fencing_token = u64::try_from(first.create_revision()).ok();
         // Held while the manager's etcd lease is kept alive.
         info.session_bound = true;

@@ -59,6 +59,7 @@ fn look(path: &Path) -> io::Result<Option<LockInfo>> {
         return Ok(Some(info));
     };
     let mut info = LockInfo::new(key, owner);
+    info.kind = Some(crate::backend::LockKind::Exclusive); // lock files are mutexes
     info.holder = Holder::parse(holder);
     info.fencing_token = token.parse().ok();
     let granted: Option<u64> = granted.parse().ok();

@@ -35,6 +35,7 @@ impl MemoryBackend {
         }
         let mut info = LockInfo::new(key, holder.owner.to_string());
         info.holder = Some(holder.process.clone());
+        info.kind = Some(crate::backend::LockKind::Exclusive); // the mutexes' table only is read
         info.fencing_token = Some(holder.token);
         info.remaining_lease = holder.expires_at.map(|at| at.saturating_duration_since(now));
         // A watchdog-leased mutex lives exactly as long as its guard.

@@ -35,10 +35,10 @@ pub(super) fn token(application_name: &str) -> Option<u64> {
     application_name.rsplit_once(" t=")?.1.parse().ok()
 }
 
-/// The key, owner and holder in a grant query's comment.
-fn parse(query: &str) -> Option<(String, String, Option<Holder>)> {
+/// The key, owner, holder and kind in a grant query's comment.
+fn parse(query: &str) -> Option<(String, String, Option<Holder>, Option<LockKind>)> {
     let inside = query.strip_prefix("/* lock-runtime ")?.split(" */").next()?;
-    let (mut key, mut owner, mut holder) = (None, None, None);
+    let (mut key, mut owner, mut holder, mut kind) = (None, None, None, None);
     for field in inside.split(' ') {
         match field.split_once('=') {
             Some(("k", hex)) => {
@@ -49,10 +49,18 @@ fn parse(query: &str) -> Option<(String, String, Option<Holder>)> {
             }
             Some(("o", o)) => owner = Some(o.to_owned()),
             Some(("h", h)) => holder = Holder::parse(h),
+            Some(("m", m)) => {
+                kind = match m {
+                    "read" => Some(LockKind::Read),
+                    "write" => Some(LockKind::Write),
+                    "mutex" => Some(LockKind::Exclusive),
+                    _ => None,
+                }
+            }
             _ => {}
         }
     }
-    Some((key?, owner.unwrap_or_default(), holder))
+    Some((key?, owner.unwrap_or_default(), holder, kind))
 }
 
 /// Every granted advisory lock of a lock-runtime session: pid, application name, query, seconds
@@ -70,9 +78,10 @@ impl PostgresBackend {
         let mut locks = Vec::new();
         for row in self.rows(HELD).await? {
             let field = |i: usize| row.get(i).unwrap_or_default();
-            let Some((key, owner, holder)) = parse(field(2)) else { continue };
+            let Some((key, owner, holder, kind)) = parse(field(2)) else { continue };
             let mut info = LockInfo::new(key, owner);
             info.holder = holder;
+            info.kind = kind;
             info.fencing_token = token(field(1));
             info.age = field(3).parse::<f64>().ok().filter(|s| *s >= 0.0).map(Duration::from_secs_f64);
             info.session_bound = true;
@@ -148,9 +157,11 @@ mod tests {
         };
         let text = record(&req);
         assert_eq!(text.matches("*/").count(), 1, "{text}");
-        let (key, read_owner, read_holder) = parse(&format!("{text}SELECT 1")).expect("parses");
+        let (key, read_owner, read_holder, kind) = parse(&format!("{text}SELECT 1")).expect("parses");
         assert_eq!((key.as_str(), read_owner), ("app:order:1 */ DROP", owner.to_string()));
-        assert_eq!(read_holder, Some(holder));
+        assert_eq!((read_holder, kind), (Some(holder), Some(LockKind::Exclusive)));
+        let reader = record(&Acquire { kind: LockKind::Read, ..req });
+        assert_eq!(parse(&reader).map(|r| r.3), Some(Some(LockKind::Read)));
         assert_eq!(token("lock-runtime t=42"), Some(42));
         assert_eq!(token("my app t=x t=7"), Some(7));
         assert_eq!(token("lock-runtime"), None);

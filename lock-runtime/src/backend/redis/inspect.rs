@@ -166,6 +166,7 @@ fn parse_value(key: &str, value: &str, pttl: i64, now_ms: u64, subscribers: Opti
     let (owner, fields) = value.split_once('#').unwrap_or((value, ""));
     let mut info = LockInfo::new(key, owner);
     info.holder = owner.split_once('@').and_then(|(_, holder)| Holder::parse(holder));
+    info.kind = Some(crate::backend::LockKind::Exclusive); // a plain lock key: a mutex
     let mut fields = fields.split('#');
     info.fencing_token = fields.next().and_then(|t| t.parse().ok());
     let granted_ms: Option<u64> = fields.next().and_then(|t| t.parse().ok());

@@ -99,6 +99,7 @@ async fn inspect(client: &Client, dir: &str, key: &str) -> Result<Option<LockInf
 fn info(key: &str, node: &str, data: &[u8], stat: &Stat, waiters: u64, now_ms: i64) -> LockInfo {
     let mut info = LockInfo::new(key, owner_of(node));
     info.holder = holder_of(data);
+    info.kind = Some(crate::backend::LockKind::Exclusive); // the mutexes' containers only are read
     info.fencing_token = u64::try_from(stat.czxid).ok();
     info.waiters = Some(waiters);
     let record = LeaseRecord::parse(data);
