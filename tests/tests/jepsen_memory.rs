@@ -15,6 +15,7 @@ use lock_runtime::backend::memory::MemoryBackend;
 use lock_runtime::LockManager;
 use lock_tests::jepsen::checker::{check, CheckInput};
 use lock_tests::jepsen::guarantees;
+use lock_tests::jepsen::held::Held;
 use lock_tests::jepsen::history::{Event, ReadOutcome, Record, WriteOutcome};
 use tokio::time::Instant;
 
@@ -174,35 +175,6 @@ async fn worker(run: Arc<Run>, actor: String, mut rng: Rng) -> bool {
     }
     run.log(&actor, Event::Exit { alive_tasks: 0 });
     true
-}
-
-/// What a worker holds: a lock, or a term of an election.
-enum Held {
-    Lock(lock_runtime::LockGuard),
-    Term(lock_runtime::Leadership),
-}
-
-impl Held {
-    fn fencing_token(&self) -> u64 {
-        match self {
-            Held::Lock(guard) => guard.fencing_token(),
-            Held::Term(term) => term.fencing_token(),
-        }
-    }
-
-    async fn lost(&self) {
-        match self {
-            Held::Lock(guard) => guard.lost().await,
-            Held::Term(term) => term.lost().await,
-        }
-    }
-
-    async fn release(self) -> Result<(), lock_runtime::LockError> {
-        match self {
-            Held::Lock(guard) => guard.release().await,
-            Held::Term(term) => term.resign().await,
-        }
-    }
 }
 
 #[tokio::test(start_paused = true)]

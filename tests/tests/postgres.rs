@@ -192,7 +192,14 @@ async fn a_terminated_leader_is_replaced_at_once_and_observed() {
     let seen = watch.changed().await.expect("look").expect("a leader");
     assert_eq!((seen.holder().label(), seen.fencing_token()), (Some("first"), Some(leader.fencing_token())));
     let campaign = tokio::spawn(async move { next_m.election("scheduler").campaign().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock_tests::eventually("the campaign queued on the server", Duration::from_secs(10), async || {
+        let sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        match admin.query_one(sql, &[]).await.expect("pg_locks").get::<_, i64>(0) {
+            1 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
     let pid = holder_pid(&admin, "e:scheduler").await;
     let ok: bool = admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate").get(0);
     assert!(ok);

@@ -105,8 +105,8 @@ pub async fn bounded_campaign_is_contended(make: &impl Factory) {
 }
 
 /// A watch reports how it is at once (nobody leads), then every change: a leader (with its
-/// manager's label and its token), nobody once it resigns, the next term (a higher token), and
-/// nobody once that one's leadership is dropped. (One manager: a factory may build each
+/// manager's label and its token), nobody once it resigns, the next term (a higher token),
+/// nobody once that one's leadership is dropped, and nobody once a term's fixed lease runs out. (One manager: a factory may build each
 /// manager on a store of its own, as the in-process one does.)
 pub async fn observe_sees_every_change(make: &impl Factory) {
     let a = make(builder().default_lease(Duration::from_secs(30)).label("a")).await;
@@ -129,6 +129,14 @@ pub async fn observe_sees_every_change(make: &impl Factory) {
     assert!(second.fencing_token() > first_token);
     drop(second); // resigns in the background
     assert!(next(&mut watch, "the end of the dropped term").await.is_none());
+
+    // A term whose fixed lease runs out, never resigned: the watch sees it end (no store
+    // announces that at once; the watch looks again at the lease's end).
+    let third = a.election("observed").lease(Duration::from_millis(300)).campaign().await.expect("a leads");
+    let seen = next(&mut watch, "a's leased term").await.expect("a leads");
+    assert_eq!(seen.fencing_token(), Some(third.fencing_token()));
+    assert!(next(&mut watch, "the end of the leased term").await.is_none());
+    third.lost().await;
 }
 
 /// `lead` runs its body as leader, stops it when leadership is lost (here a fixed term lease

@@ -188,13 +188,21 @@ impl LeaderWatch {
                 return Ok(now);
             }
             let Some(feed) = &mut self.feed else { continue };
-            if complete {
-                if let Err(e) = feed.changed().await {
-                    self.feed = None;
-                    return Err(e);
+            // A lease that runs out is a change no store announces at once (Redis expires the
+            // key silently; in memory it is taken away at the next look): look again just after.
+            let lease_end = now.as_ref().and_then(LeaderInfo::remaining_lease);
+            let lease_end = async {
+                match lease_end {
+                    Some(left) => tokio::time::sleep(left + Duration::from_millis(1)).await,
+                    None => std::future::pending().await,
                 }
-                continue;
-            }
+            };
+            let relook = async {
+                match complete {
+                    true => std::future::pending().await,
+                    false => tokio::time::sleep(settle.min(self.relook)).await,
+                }
+            };
             tokio::select! {
                 changed = feed.changed() => {
                     if let Err(e) = changed {
@@ -203,7 +211,8 @@ impl LeaderWatch {
                     }
                     settle = SETTLE; // a change: the store may settle on a leader soon
                 }
-                () = tokio::time::sleep(settle.min(self.relook)) => settle = settle.saturating_mul(2),
+                () = lease_end => {}
+                () = relook => settle = settle.saturating_mul(2),
             }
         }
     }

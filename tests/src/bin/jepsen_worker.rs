@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{LockError, LockManager};
+use lock_tests::jepsen::held::Held;
 use lock_tests::jepsen::history::{Event, ReadOutcome, Record, WriteOutcome};
 use lock_tests::jepsen::witness::Witness;
 
@@ -347,40 +348,4 @@ async fn alive_after_cleanup() -> u64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     runtime.metrics().num_alive_tasks() as u64
-}
-
-/// What a worker holds: a lock, or a term of an election.
-enum Held {
-    Lock(lock_runtime::LockGuard),
-    Term(lock_runtime::Leadership),
-}
-
-impl Held {
-    fn fencing_token(&self) -> u64 {
-        match self {
-            Held::Lock(guard) => guard.fencing_token(),
-            Held::Term(term) => term.fencing_token(),
-        }
-    }
-
-    async fn lost(&self) {
-        match self {
-            Held::Lock(guard) => guard.lost().await,
-            Held::Term(term) => term.lost().await,
-        }
-    }
-
-    fn is_lost(&self) -> bool {
-        match self {
-            Held::Lock(guard) => guard.is_lost(),
-            Held::Term(term) => term.is_lost(),
-        }
-    }
-
-    async fn release(self) -> Result<(), LockError> {
-        match self {
-            Held::Lock(guard) => guard.release().await,
-            Held::Term(term) => term.resign().await,
-        }
-    }
 }

@@ -3,6 +3,7 @@
 
 pub mod checker;
 pub mod guarantees;
+pub mod held;
 pub mod history;
 #[cfg(all(feature = "redis", feature = "postgres"))]
 pub mod nemesis;

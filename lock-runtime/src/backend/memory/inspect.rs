@@ -5,8 +5,6 @@
 //! The feed costs the lock path one relaxed load while nobody watches: a change of holder is
 //! counted only while a feed is open. Read-write locks and semaphores are not listed.
 
-use std::time::Duration;
-
 use super::{lock, MemoryBackend, Shard};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Inspect, LockInfo};
 use crate::error::LockError;
@@ -110,56 +108,28 @@ impl Inspect for MemoryBackend {
     }
 
     fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
-        let feed = Changes { store: self.clone(), seen: self.inner.changes.subscribe() };
+        let feed = Changes { seen: self.inner.changes.subscribe() };
         Box::pin(std::future::ready(Ok(Box::new(feed) as Box<dyn ChangeFeed>)))
     }
 }
 
-/// Every change of a mutex's holder in the store (whatever its name), as it happens; a lease
-/// that runs out is announced when it is taken away, which a waiter or a look does at once
-/// (see [`MemoryBackend`]), or at the latest when the feed wakes its reader at the lease end
-/// ([`ChangeFeed::changed`] does not wait past the earliest lease end it knows).
+/// Every change of a mutex's holder in the store (whatever its name), as it happens. A fixed
+/// lease that runs out with nobody waiting is taken away, and announced, at the next look at
+/// its name: a watcher that knows a lease (`LockInfo::remaining_lease`) looks again at its end.
 struct Changes {
-    store: MemoryBackend,
     seen: tokio::sync::watch::Receiver<u64>,
 }
 
 impl ChangeFeed for Changes {
     fn changed(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        // The sender lives as long as the store, which the manager keeps: never closed here.
         Box::pin(async move {
-            // A fixed lease that runs out with nobody waiting is taken away only by the next
-            // look: wake the reader then.
-            let next_end = self.store.earliest_lease_end();
-            let changed = self.seen.changed();
-            match next_end {
-                Some(at) => {
-                    let _ = tokio::time::timeout_at(at.into(), changed).await;
-                }
-                None => {
-                    let _ = changed.await;
-                }
-            }
+            let _ = self.seen.changed().await;
             Ok(())
         })
     }
 
     fn complete(&self) -> bool {
         true
-    }
-}
-
-impl MemoryBackend {
-    /// The earliest end of a fixed lease held now, if any.
-    fn earliest_lease_end(&self) -> Option<std::time::Instant> {
-        let mut earliest: Option<std::time::Instant> = None;
-        for shard in self.inner.shards.iter() {
-            let shard = lock(shard);
-            for entry in shard.entries.iter() {
-                if let Some(at) = entry.holder.as_ref().and_then(|h| h.expires_at) {
-                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
-                }
-            }
-        }
-        earliest.map(|at| at + Duration::from_millis(1))
     }
 }

@@ -215,8 +215,7 @@ impl crate::backend::Inspect for RedisBackend {
     }
 
     /// The lock's own release channel (a plain `SUBSCRIBE`, which the least ACL allows), its
-    /// holder marked waited on at each look so that its release is announced, and a wake-up
-    /// when the holder's lease runs out.
+    /// holder marked waited on at each look so that its release is announced.
     fn changes_of<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(async move { Ok(Box::new(self.changes_of_one(key).await?) as Box<dyn ChangeFeed>) })
     }
@@ -224,8 +223,8 @@ impl crate::backend::Inspect for RedisBackend {
 
 /// What tells a watcher of one lock to look again ([`Inspect::changes_of`]): its release
 /// announced on its channel (each `changed()` first marks the holder as waited on, as a
-/// waiter's look does, so that its release is published), or its holder's lease running out.
-/// A take is not announced (`complete()` is false).
+/// waiter's look does, so that its release is published). Neither a take nor a lease running
+/// out is announced (`complete()` is false; the watcher knows the lease left from its look).
 ///
 /// [`Inspect::changes_of`]: crate::backend::Inspect::changes_of
 struct OneLock {
@@ -262,28 +261,14 @@ impl ChangeFeed for OneLock {
             let mut invocation = WATCH.prepare_invoke();
             invocation.key(&self.layout.lock);
             let timeout = self.backend.inner.options.command_timeout;
-            let pttl: i64 = eval(&self.backend.inner.conn, timeout, &self.key, "watch", invocation).await?;
-            // A lease that runs out is not announced: wake up just after it.
-            let lease_end = async {
-                match u64::try_from(pttl) {
-                    Ok(ms) => tokio::time::sleep(Duration::from_millis(ms.saturating_add(1))).await,
-                    Err(_) => std::future::pending().await,
-                }
+            let _pttl: i64 = eval(&self.backend.inner.conn, timeout, &self.key, "watch", invocation).await?;
+            let open = match &mut self.stream {
+                Some(stream) => stream.next().await.is_some(),
+                None => std::future::pending().await,
             };
-            let message = async {
-                match &mut self.stream {
-                    Some(stream) => stream.next().await.is_some(),
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                open = message => {
-                    if !open {
-                        self.stream = None;
-                        return Err(LockError::backend(&*self.key, KIND, "watch", "the subscription was closed"));
-                    }
-                }
-                () = lease_end => {}
+            if !open {
+                self.stream = None;
+                return Err(LockError::backend(&*self.key, KIND, "watch", "the subscription was closed"));
             }
             Ok(())
         })
