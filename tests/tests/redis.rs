@@ -254,6 +254,70 @@ async fn killed_and_restarted_server_is_survived() {
     waiter.await.expect("task").expect("woken by the release, not the 60 s lease");
 }
 
+/// Issue 24, item 5: a restart without persistence drops every lock, and each holder is told
+/// at once (its `lost()` fires within the reconnect time), not at its next renewal (20 s for
+/// these watchdog leases of 60 s) or at the end of a fixed lease (60 s): mutexes, readers and
+/// permits, each with a waiter in another process. A lock the server still has when only the
+/// connection was lost is not reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_tells_every_holder_at_once() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let holder = LockManager::builder().default_lease(Duration::from_secs(60)).backend(backend(&server, timeout).await);
+    let other = LockManager::builder().backend(backend(&server, timeout).await);
+    let mut guards = Vec::new();
+    let mut waiters = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let name = format!("told:{i}");
+        let guard = if i % 2 == 0 {
+            holder.lock(&name).await.expect("lock")
+        } else {
+            holder.lock(&name).lease(Duration::from_secs(60)).await.expect("lock with a fixed lease")
+        };
+        guards.push(guard);
+        let other = other.clone();
+        waiters.spawn(async move { other.lock(&name).wait(Duration::from_secs(30)).await.map(drop) });
+    }
+    guards.push(holder.read_lock("told:rw").await.expect("read lock"));
+    guards.push(holder.semaphore("told:sem", 2).await.expect("permit"));
+    let mut conn = raw(&server).await;
+    for i in 0..8 {
+        await_numsub(&mut conn, &KeyLayout::of(&format!("told:{i}")).channel, 1).await;
+    }
+    drop(conn);
+    server.restart();
+    let restarted = Instant::now();
+    for (i, guard) in guards.iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(10), guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("lock {i} not told within 10 s of the restart"));
+    }
+    let told = restarted.elapsed();
+    assert!(told < Duration::from_secs(10), "told {told:?} after the restart");
+    eprintln!("every holder told {told:?} after the restart began");
+    while let Some(waiter) = waiters.join_next().await {
+        waiter.expect("task").expect("the waiter took the lock the restart dropped");
+    }
+    for guard in guards {
+        let err = guard.release().await.expect_err("vanished with the restart");
+        assert!(err.is_lost() && err.to_string().contains("no longer holds it"), "{err}");
+    }
+
+    // Only the connection lost (the server keeps its data): the check finds the lock kept held
+    // and the one deleted gone, and tells only the latter.
+    let kept = holder.lock("kept").await.expect("lock");
+    let deleted = holder.lock("deleted").await.expect("lock");
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("DEL").arg(&KeyLayout::of("deleted").lock).query_async(&mut conn).await.expect("DEL");
+    let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").query_async(&mut conn).await.expect("KILL");
+    // Its next command finds the connection dropped (the answer may be that error, or the
+    // reconnected connection's).
+    let _ = holder.try_lock("probe").await;
+    tokio::time::timeout(Duration::from_secs(10), deleted.lost()).await.expect("the deleted lock told by the check");
+    assert!(!kept.is_lost(), "a lock the server still has was reported lost");
+    kept.release().await.expect("still held");
+}
+
 /// A waiter whose attempt falls while the server is down (a restart, a failover: the holder's
 /// lease ran out meanwhile) keeps waiting, with backoff, and is granted once the server is back,
 /// within its `wait`; it does not end its call with the outage's error.

@@ -12,6 +12,7 @@ use super::waiters::{Before, Capture, Outage, Slot, Step};
 use super::{bounded, lease_millis, KeyLayout, RedisBackend, ACQUIRE, KIND, KIND_ACQUIRE, WATCH};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, LockKind, Wake};
 use crate::error::LockError;
+use crate::lost::LostSignal;
 
 /// One `lock()`, `read_lock()`, `write_lock()` or `semaphore()` call on Redis: owns its place
 /// in the local queue (once it has one), any acquire in flight and (a writer) its intent.
@@ -29,6 +30,9 @@ pub(super) struct RedisAcquisition {
     intent: bool,
     /// This waiter's attempts or looks failing (a restart, a failover): retried with backoff.
     outage: Outage,
+    /// What tells the holder that the lock was lost (fired at once when a check after a lost
+    /// connection finds it gone: see `holdings.rs`).
+    lost: LostSignal,
 }
 
 /// The mode argument of `kind_acquire.lua` and the permits of `kind`; `None` for a mutex.
@@ -43,7 +47,7 @@ fn mode(kind: LockKind) -> Option<(&'static str, u32)> {
 
 impl RedisAcquisition {
     /// Begins an acquisition of `req`, for `owner` (`<owner id>@<holder>`).
-    pub(super) fn new(backend: &RedisBackend, req: Acquire, owner: Arc<str>) -> Self {
+    pub(super) fn new(backend: &RedisBackend, req: Acquire, owner: Arc<str>, lost: LostSignal) -> Self {
         let layout = KeyLayout::of_kind(&req.key, req.kind);
         let backend = backend.clone();
         RedisAcquisition {
@@ -55,6 +59,7 @@ impl RedisAcquisition {
             in_flight: false,
             intent: false,
             outage: Outage::default(),
+            lost,
         }
     }
 
@@ -180,13 +185,17 @@ impl RedisAcquisition {
     }
 
     fn grant(&self, token: i64, sent: Instant) -> Grant {
+        let key: Arc<str> = self.layout.lock.as_str().into();
+        let mutex = self.req.kind == LockKind::Exclusive;
+        let holding = self.backend.inner.holdings.register(&self.req.name, &key, &self.owner, mutex, &self.lost);
         let lock = RedisHeld {
             backend: self.backend.clone(),
             name: self.req.name.clone(),
-            key: self.layout.lock.as_str().into(),
+            key,
             channel: self.layout.channel.as_str().into(),
             owner: self.owner.clone(),
             kind: self.req.kind,
+            holding,
         };
         Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Held::new(lock) }
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::Script;
 
+use super::holdings::Holding;
 use super::{
     bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, KIND, KIND_EXTEND, KIND_RELEASE, RELEASE,
     RELEASE_AFTER,
@@ -133,6 +134,9 @@ pub(super) struct RedisHeld {
     pub(super) channel: Arc<str>,
     pub(super) owner: Arc<str>,
     pub(super) kind: LockKind,
+    /// Its registration among the locks checked after a lost connection; removed when its
+    /// release begins (the release reports what it finds).
+    pub(super) holding: Option<Holding>,
 }
 
 impl RedisHeld {
@@ -176,12 +180,14 @@ pub(super) fn release_call(
 
 impl HeldLock for RedisHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
+        drop(self.holding.take());
         self.call(None).release()
     }
 
     fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
         // Local waiters look again (and learn the new expiry), as remote ones do from the
         // publication.
+        drop(self.holding.take());
         self.call(Some(lease_millis(remaining))).release()
     }
 

@@ -3,6 +3,7 @@
 mod acquire;
 pub mod cluster;
 mod held;
+mod holdings;
 mod inspect;
 pub(crate) mod layout;
 mod pubsub;
@@ -216,6 +217,8 @@ struct Inner {
     /// The scripts loaded (`SCRIPT LOAD`) before their first pipeline with `WAIT`, by hash: a
     /// `NOSCRIPT` answer inside that pipeline would make the call wait for the replicas twice.
     loaded: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The locks held through this backend, checked at once after a lost connection.
+    holdings: Arc<holdings::Holdings>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -280,11 +283,11 @@ impl RedisBackend {
     ) -> Self {
         let timings =
             Timings { timeout: options.command_timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
-        let waiters = Waiters::start(runtime, source.clone(), timings);
+        let holdings = holdings::Holdings::new(conn.clone(), options.command_timeout, runtime.clone());
+        let waiters = Waiters::start(runtime, source.clone(), timings, holdings.clone());
         let runtime = runtime.clone();
-        RedisBackend {
-            inner: Arc::new(Inner { conn, source, waiters, options, url, runtime, loaded: Default::default() }),
-        }
+        let loaded = Default::default();
+        RedisBackend { inner: Arc::new(Inner { conn, source, waiters, options, url, runtime, loaded, holdings }) }
     }
 
     /// The options this backend was created with.
@@ -310,7 +313,16 @@ impl RedisBackend {
         operation: &'static str,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        eval(&self.inner.conn, self.inner.options.command_timeout, name, operation, invocation).await
+        let mut conn = self.inner.conn.clone();
+        invocation.invoke_async(&mut conn).await.map_err(|e| self.failed(name, operation, e))
+    }
+
+    /// The error of a failed command; a connection found lost has every held lock checked.
+    fn failed(&self, name: &str, operation: &'static str, e: redis::RedisError) -> LockError {
+        if holdings::connection_lost(&e) {
+            self.inner.holdings.suspect();
+        }
+        command_error(name, operation, self.inner.options.command_timeout, e)
     }
 
     /// `script` and then `WAIT <replicas> <timeout>` in one pipeline, so both go on the same
@@ -328,13 +340,7 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.add_command(evalsha).cmd("WAIT").arg(replicas).arg(lease_millis(timeout));
         let mut conn = self.inner.conn.clone();
-        let map = |e: redis::RedisError| {
-            if e.is_timeout() {
-                LockError::timed_out(name, KIND, operation, self.inner.options.command_timeout)
-            } else {
-                LockError::backend(name, KIND, operation, e)
-            }
-        };
+        let map = |e: redis::RedisError| self.failed(name, operation, e);
         let loaded = |hash: &str| self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner).contains(hash);
         if !loaded(script.get_hash()) {
             // Once per script and backend; a server that lost it later answers NOSCRIPT below.
@@ -373,10 +379,15 @@ async fn eval<T: FromRedisValue>(
     invocation: ScriptInvocation<'_>,
 ) -> Result<T, LockError> {
     let mut conn = conn.clone();
-    match invocation.invoke_async(&mut conn).await {
-        Ok(value) => Ok(value),
-        Err(e) if e.is_timeout() => Err(LockError::timed_out(name, KIND, operation, timeout)),
-        Err(e) => Err(LockError::backend(name, KIND, operation, e)),
+    invocation.invoke_async(&mut conn).await.map_err(|e| command_error(name, operation, timeout, e))
+}
+
+/// The error of a failed command: timed out past `timeout`, or the server's or connection's.
+fn command_error(name: &str, operation: &'static str, timeout: Duration, e: redis::RedisError) -> LockError {
+    if e.is_timeout() {
+        LockError::timed_out(name, KIND, operation, timeout)
+    } else {
+        LockError::backend(name, KIND, operation, e)
     }
 }
 
@@ -411,9 +422,9 @@ impl LockBackend for RedisBackend {
         matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
     }
 
-    fn begin(&self, req: Acquire, _lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
+    fn begin(&self, req: Acquire, lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
         let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
-        Box::new(acquire::RedisAcquisition::new(self, req, owner))
+        Box::new(acquire::RedisAcquisition::new(self, req, owner, lost))
     }
 
     fn operation_timeout(&self) -> Duration {
@@ -441,7 +452,7 @@ mod tests {
         ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
-        for src in [include_str!("watch.lua"), include_str!("inspect.lua")] {
+        for src in [include_str!("watch.lua"), include_str!("inspect.lua"), include_str!("check.lua")] {
             assert!(src.contains("KEYS[1]") && src.contains("Returns"));
         }
     }

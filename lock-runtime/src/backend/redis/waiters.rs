@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
+use super::holdings::Holdings;
 use super::pubsub::{self, Change, Subscriptions, Timings};
 use super::topology::Source;
 use crate::backend::Wake;
@@ -200,10 +201,15 @@ pub(super) struct Slot {
 
 impl Waiters {
     /// Starts the pub/sub task (on `runtime`); it stops when this and every slot are dropped.
-    pub(super) fn start(runtime: &tokio::runtime::Handle, source: Source, timings: Timings) -> Self {
+    pub(super) fn start(
+        runtime: &tokio::runtime::Handle,
+        source: Source,
+        timings: Timings,
+        holdings: Arc<Holdings>,
+    ) -> Self {
         let state = Arc::new(Mutex::new(State::default()));
         let (poke, rx) = mpsc::unbounded_channel();
-        runtime.spawn(pubsub::serve(Queues(state.clone()), source, rx, timings));
+        runtime.spawn(pubsub::serve(Queues(state.clone(), holdings), source, rx, timings));
         Waiters { state, poke }
     }
 
@@ -426,7 +432,9 @@ impl Drop for Slot {
 
 /// The one-server waiters' bookkeeping, served by [`pubsub::serve`]: a message is a release,
 /// a confirmation makes the heads look at the lock again.
-struct Queues(Arc<Mutex<State>>);
+/// The waiters' state, and the held locks to check when the pub/sub connection is lost (a
+/// restart shows there first when nothing else is being sent).
+struct Queues(Arc<Mutex<State>>, Arc<Holdings>);
 
 impl Subscriptions for Queues {
     fn next_change(&self, grace: Duration) -> (Option<Change>, Option<Instant>) {
@@ -442,6 +450,7 @@ impl Subscriptions for Queues {
     }
 
     fn lost(&self) {
+        self.1.suspect();
         let mut guard = lock(&self.0);
         let st = &mut *guard;
         st.wanted.clear();
