@@ -21,7 +21,11 @@ lock_tests::conformance_suite!(
             async move { builder.postgres(url).await.expect("connect") }
         }
     },
-    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ],
     inspect = true
 );
 
@@ -145,6 +149,86 @@ async fn dropped_waiter_leaves_the_server_queue() {
     })
     .await;
     holder.release().await.expect("release");
+}
+
+/// The server pid of the session whose grant drew `token` (its `application_name`).
+async fn pid_of_token(client: &tokio_postgres::Client, token: u64) -> i32 {
+    let pattern = format!("% t={token}");
+    let row = client.query_one("SELECT pid FROM pg_stat_activity WHERE application_name LIKE $1", &[&pattern]).await;
+    row.unwrap_or_else(|e| panic!("no session drew token {token}: {e}")).get(0)
+}
+
+/// Semaphores on PostgreSQL: the waiter at the head of the queue waits on every permit, so it
+/// is granted as soon as any holder goes, whichever it is and however (a session ended by
+/// `pg_terminate_backend`, a release); the next waiter queues on the server behind it and takes
+/// the following permit. Nothing stays queued on the server afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_is_granted_when_any_holder_goes() {
+    let server = PgServer::start();
+    let m = LockManager::postgres(server.url()).await.expect("connect");
+    let admin = raw(&server).await;
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        holders.push(m.semaphore("pool", 3).await.expect("permit"));
+    }
+    assert!(m.try_semaphore("pool", 3).await.expect("try").is_none(), "three permits only");
+    let first = tokio::spawn({
+        let m = m.clone();
+        async move { m.semaphore("pool", 3).wait(Duration::from_secs(20)).await }
+    });
+    // The head waits on the three permits, each on a connection of its own.
+    lock_tests::eventually("the head waiting on every permit", Duration::from_secs(5), async || {
+        lock_tests::reached(queued(&admin).await, 3)
+    })
+    .await;
+    let second = tokio::spawn({
+        let m = m.clone();
+        async move { m.semaphore("pool", 3).wait(Duration::from_secs(20)).await }
+    });
+    // The next waiter queues behind it, on the queue key.
+    lock_tests::eventually("the next waiter queued", Duration::from_secs(5), async || {
+        lock_tests::reached(queued(&admin).await, 4)
+    })
+    .await;
+    let middle = holders.remove(1);
+    let pid = pid_of_token(&admin, middle.fencing_token()).await;
+    let ended: bool = admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate").get(0);
+    assert!(ended);
+    let started = Instant::now();
+    let got = first.await.expect("task").expect("granted when the middle holder's session ended");
+    assert!(started.elapsed() < Duration::from_secs(2), "granted after {:?}", started.elapsed());
+    assert!(got.fencing_token() > middle.fencing_token());
+    tokio::time::timeout(Duration::from_secs(5), middle.lost()).await.expect("the ended holder told");
+    // The second waiter is the head now: a release lets it in.
+    holders.remove(0).release().await.expect("release");
+    let next = second.await.expect("task").expect("granted at the release");
+    lock_tests::eventually("nothing queued on the server", Duration::from_secs(5), async || {
+        lock_tests::reached(queued(&admin).await, 0)
+    })
+    .await;
+    // Listed as permits of three, each with its holder's token.
+    let listed = m.list("pool").await.expect("list");
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    for info in &listed {
+        assert_eq!(info.kind, Some(lock_runtime::backend::LockKind::Semaphore { permits: 3 }), "{info:?}");
+        assert!(info.fencing_token.is_some(), "{info:?}");
+    }
+    for permit in [got, next, holders.remove(0)] {
+        permit.release().await.expect("release");
+    }
+    assert!(m.list("pool").await.expect("list").is_empty());
+}
+
+/// A semaphore of more permits than a head waiter can watch is refused at once, naming the
+/// limit.
+#[tokio::test]
+async fn a_semaphore_beyond_the_permit_limit_is_invalid() {
+    let server = PgServer::start();
+    let m = LockManager::postgres(server.url()).await.expect("connect");
+    let max = lock_runtime::backend::postgres::MAX_PERMITS;
+    let err = m.semaphore("wide", max + 1).await.expect_err("too many permits");
+    assert!(err.is_invalid() && err.to_string().contains(&max.to_string()), "{err}");
+    m.semaphore("wide", max).await.expect("the limit itself").release().await.expect("release");
 }
 
 /// Regression (issue 24's audit): a `statement_timeout` shorter than the `wait` (here the

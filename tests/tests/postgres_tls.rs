@@ -34,7 +34,11 @@ lock_tests::conformance_suite!(
             }
         }
     },
-    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    kinds = [
+        lock_runtime::backend::LockKind::Read,
+        lock_runtime::backend::LockKind::Write,
+        lock_runtime::backend::LockKind::Semaphore { permits: 1 }
+    ],
     inspect = true
 );
 

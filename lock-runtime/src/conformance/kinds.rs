@@ -360,6 +360,20 @@ pub async fn semaphore_permits_mismatch_is_invalid(make: &impl Factory) {
     two.release().await.expect("release");
 }
 
+/// A permit waiter (every permit taken) dropped after any of its polls leaves nothing behind:
+/// when a holder releases, another caller gets the permit at once.
+pub async fn semaphore_waiter_cancelled_after_any_poll_leaves_nothing(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30))).await;
+    if !offers(&m, LockKind::Semaphore { permits: 2 }) {
+        return;
+    }
+    let kept = m.semaphore("cs", 2).await.expect("first permit");
+    let held = m.semaphore("cs", 2).await.expect("second permit");
+    let wait = || m.semaphore("cs", 2).wait(Duration::from_secs(20)).into_future();
+    dropped_after_any_poll("a permit waiter", held, wait, wait).await;
+    kept.release().await.expect("release");
+}
+
 /// A read waiter (behind a writer) dropped after any of its polls leaves nothing behind: when
 /// the writer releases, a writer gets the lock at once.
 pub async fn kind_waiter_cancelled_after_any_poll_leaves_nothing(make: &impl Factory) {
@@ -367,22 +381,37 @@ pub async fn kind_waiter_cancelled_after_any_poll_leaves_nothing(make: &impl Fac
     if !offers(&m, LockKind::Write) {
         return;
     }
-    let mut held = m.write_lock("cw").await.expect("writer");
+    let held = m.write_lock("cw").await.expect("writer");
+    let reader = || m.read_lock("cw").wait(Duration::from_secs(20)).into_future();
+    let writer = || m.write_lock("cw").wait(Duration::from_secs(20)).into_future();
+    dropped_after_any_poll("a reader", held, reader, writer).await;
+}
+
+/// Drops a `waiter` (of what `held` keeps it from) after 1, 2, … polls, until one parks; after
+/// each, releases `held` and has `retake` take it again at once (within 2 s): the dropped
+/// waiter left nothing behind and was granted nothing.
+async fn dropped_after_any_poll<W, R>(
+    what: &str,
+    mut held: crate::LockGuard,
+    waiter: impl Fn() -> W,
+    retake: impl Fn() -> R,
+) where
+    W: std::future::Future<Output = Result<crate::LockGuard, crate::LockError>>,
+    R: std::future::Future<Output = Result<crate::LockGuard, crate::LockError>>,
+{
     for polls in 1..=64 {
-        let waiter = m.read_lock("cw").wait(Duration::from_secs(20)).into_future();
-        let (got, parked) = poll_then_drop(waiter, polls).await;
-        assert!(got.is_none(), "a reader got a written lock (poll {polls})");
+        let (got, parked) = poll_then_drop(waiter(), polls).await;
+        assert!(got.is_none(), "{what} was granted what is held (poll {polls})");
         let released_at = Instant::now();
         held.release().await.expect("release");
-        held =
-            m.write_lock("cw").wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
-                panic!("after dropping a reader at poll {polls}, the released lock stayed taken: {e}")
-            });
+        held = retake()
+            .await
+            .unwrap_or_else(|e| panic!("after dropping {what} at poll {polls}, the released lock stayed taken: {e}"));
         assert!(released_at.elapsed() < Duration::from_secs(2), "took {:?}", released_at.elapsed());
         if parked {
             break;
         }
-        assert!(polls < 64, "a reader was still being polled after 64 polls without parking");
+        assert!(polls < 64, "{what} was still being polled after 64 polls without parking");
     }
     held.release().await.expect("release");
 }

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
+use super::semaphore::Sem;
 use super::tls::{self, Connector};
 use super::{advisory_key, pg_error, KIND, SEQUENCE};
 use crate::backend::session::{Failure, Pool, Sessions};
@@ -84,24 +85,27 @@ impl PostgresOptions {
 }
 
 /// One connection (one server session).
-struct Conn {
-    client: Client,
+pub(super) struct Conn {
+    pub(super) client: Client,
     /// Becomes `true` when the connection's task ends (closed by either side, or failed).
     closed: watch::Receiver<bool>,
     /// The connection's task: aborted to close the socket at once (a dropped waiter's, whose
     /// query would otherwise keep it open until the server answers).
     task: tokio::task::AbortHandle,
+    /// The permit and the count's marker a semaphore holder's session holds (see
+    /// `semaphore.rs`), for its release.
+    pub(super) semaphore: Option<((i32, i32), (i32, i32))>,
 }
 
 impl Conn {
-    fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.client.is_closed() || *self.closed.borrow()
     }
 }
 
 /// How PostgreSQL takes, releases and watches a lock on one connection (see `session.rs` for
 /// the rest).
-struct PgSessions {
+pub(super) struct PgSessions {
     config: Config,
     /// The TLS client of the connections and cancel requests (see `tls.rs`).
     tls: Connector,
@@ -122,7 +126,7 @@ impl PgSessions {
         self.tls.clone()
     }
 
-    async fn connect_once(&self, name: &str) -> Result<Conn, LockError> {
+    pub(super) async fn connect_once(&self, name: &str) -> Result<Conn, LockError> {
         let bound = self.options.operation_timeout;
         let (client, connection) = match tokio::time::timeout(bound, self.config.connect(self.tls())).await {
             Ok(Ok(pair)) => pair,
@@ -138,7 +142,52 @@ impl PgSessions {
             let _ = tx.send(true);
         })
         .abort_handle();
-        Ok(Conn { client, closed, task })
+        Ok(Conn { client, closed, task, semaphore: None })
+    }
+
+    /// The expression that draws a grant's token into the session's `application_name`
+    /// (`<name> t=<token>`), where `lockctl` reads it.
+    pub(super) fn token_sql(&self) -> String {
+        format!("set_config('application_name', '{} t=' || nextval('{SEQUENCE}'), false)", self.app_name)
+    }
+
+    /// The statements that bound the wait of the implicit transaction they start to `wait`:
+    /// only `lock_timeout` does (at least 1 ms: 0 would mean no limit). A `statement_timeout`
+    /// (or PostgreSQL 17's `transaction_timeout`) of the server, role, database or URL shorter
+    /// than the wait must not cut it. A waiter dropped while its query is on its way (its
+    /// cancel request may reach the server first, and be lost) closes its connection: the
+    /// server, checking it during the wait (`client_connection_check_interval`, PostgreSQL 14),
+    /// ends the session within the interval instead of keeping the request queued.
+    pub(super) fn wait_settings(&self, wait: Duration) -> String {
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128);
+        let version = self.version.get().copied().unwrap_or(0);
+        let transaction = match version >= 170_000 {
+            true => "SELECT set_config('transaction_timeout', '0', true); ",
+            false => "",
+        };
+        let check = match version >= 140_000 {
+            true => "SELECT set_config('client_connection_check_interval', '500', true); ",
+            false => "",
+        };
+        format!(
+            "{transaction}{check}SELECT set_config('statement_timeout', '0', true); \
+             SELECT set_config('lock_timeout', '{ms}ms', true); "
+        )
+    }
+
+    /// Closes `conn` at once (its task aborted: the socket closes even with a query in flight)
+    /// and asks the server to cancel its running query (a wait): the session then ends,
+    /// freeing anything it holds.
+    pub(super) fn close_now(&self, conn: Conn) {
+        let token = conn.client.cancel_token();
+        conn.task.abort();
+        drop(conn);
+        let (bound, tls) = (self.options.operation_timeout, self.tls());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(bound, token.cancel_query(tls)).await;
+            });
+        }
     }
 
     /// Runs `sql` (simple protocol) on `conn`: the last row's first value.
@@ -153,14 +202,16 @@ impl PgSessions {
 
 /// A lock's advisory key, with its name for errors.
 #[derive(Clone)]
-struct PgKey {
-    name: Arc<str>,
+pub(super) struct PgKey {
+    pub(super) name: Arc<str>,
     key: (i32, i32),
     /// The shared side of a read-write lock (`pg_advisory_lock_shared`).
     shared: bool,
     /// The comment the grant's query starts with, which `lockctl` reads back from
     /// `pg_stat_activity` (see `inspect.rs`).
-    record: Arc<str>,
+    pub(super) record: Arc<str>,
+    /// A semaphore's keys (`key` is then its queue).
+    sem: Option<Arc<Sem>>,
 }
 
 /// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
@@ -191,8 +242,13 @@ impl Sessions for PgSessions {
                 key: advisory_key(&format!("{}{RW_SUFFIX}", req.key)),
                 shared: req.kind == LockKind::Read,
                 record,
+                sem: None,
             },
-            _ => PgKey { name: req.name.clone(), key: advisory_key(&req.key), shared: false, record },
+            LockKind::Semaphore { permits } => {
+                let sem = Sem::new(&req.key, permits);
+                PgKey { name: req.name.clone(), key: sem.queue, shared: false, record, sem: Some(Arc::new(sem)) }
+            }
+            _ => PgKey { name: req.name.clone(), key: advisory_key(&req.key), shared: false, record, sem: None },
         }
     }
 
@@ -211,42 +267,22 @@ impl Sessions for PgSessions {
         wait: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
         Box::pin(async move {
+            if let Some(sem) = &key.sem {
+                return super::semaphore::lock(self, conn, key, sem, wait).await;
+            }
             let (a, b) = key.key;
             let shared = if key.shared { "_shared" } else { "" };
             // The token goes out as the session's `application_name` (`<name> t=<token>`), where
             // `lockctl` reads it; the query's leading comment stays in `pg_stat_activity`.
-            let (record, app) = (&key.record, &self.app_name);
-            let token = format!("set_config('application_name', '{app} t=' || nextval('{SEQUENCE}'), false)");
+            let (record, token) = (&key.record, self.token_sql());
             let (sql, operation) = match wait {
                 None => (
                     format!("{record}SELECT CASE WHEN pg_try_advisory_lock{shared}({a}, {b}) THEN {token} END"),
                     "attempt",
                 ),
                 Some(wait) => {
-                    // `lock_timeout = 0` would mean "no limit": at least 1 ms.
-                    let ms = wait.as_millis().clamp(1, i32::MAX as u128);
-                    // Only `lock_timeout` bounds the wait: a `statement_timeout` (or PostgreSQL 17's
-                    // `transaction_timeout`) of the server, role, database or URL shorter than
-                    // the wait must not cut it. All local to this implicit transaction.
-                    let version = self.version.get().copied().unwrap_or(0);
-                    let transaction = match version >= 170_000 {
-                        true => "SELECT set_config('transaction_timeout', '0', true); ",
-                        false => "",
-                    };
-                    // A waiter dropped while its query is on its way (its cancel request may
-                    // reach the server first, and be lost) closes its connection: the server,
-                    // checking it during the wait, ends the session within the interval
-                    // instead of keeping the request queued for the rest of the wait.
-                    let check = match version >= 140_000 {
-                        true => "SELECT set_config('client_connection_check_interval', '500', true); ",
-                        false => "",
-                    };
-                    let sql = format!(
-                        "{record}{transaction}{check}SELECT set_config('statement_timeout', '0', true); \
-                         SELECT set_config('lock_timeout', '{ms}ms', true); SELECT pg_advisory_lock{shared}({a}, {b}); \
-                         SELECT {token}"
-                    );
-                    (sql, "wait")
+                    let settings = self.wait_settings(wait);
+                    (format!("{record}{settings}SELECT pg_advisory_lock{shared}({a}, {b}); SELECT {token}"), "wait")
                 }
             };
             match conn.client.simple_query(&sql).await {
@@ -272,11 +308,19 @@ impl Sessions for PgSessions {
 
     fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
         Box::pin(async move {
-            let (a, b) = key.key;
-            let shared = if key.shared { "_shared" } else { "" };
             let app = &self.app_name;
-            let sql =
-                format!("SELECT pg_advisory_unlock{shared}({a}, {b}), set_config('application_name', '{app}', false)");
+            let unlock = match (&key.sem, conn.semaphore.take()) {
+                (None, _) => {
+                    let (a, b) = key.key;
+                    let shared = if key.shared { "_shared" } else { "" };
+                    format!("pg_advisory_unlock{shared}({a}, {b})")
+                }
+                (Some(_), Some(((a, b), (m0, m1)))) => {
+                    format!("pg_advisory_unlock({a}, {b}) AND pg_advisory_unlock_shared({m0}, {m1})")
+                }
+                (Some(_), None) => return Ok(false),
+            };
+            let sql = format!("SELECT {unlock}, set_config('application_name', '{app}', false)");
             Ok(Self::query(conn, &key.name, "release", &sql).await?.as_deref() == Some("t"))
         })
     }
@@ -287,15 +331,7 @@ impl Sessions for PgSessions {
     /// query does is lost; the server then finds the connection closed during the wait
     /// (`client_connection_check_interval`, PostgreSQL 14 and later).
     fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Conn) {
-        let token = conn.client.cancel_token();
-        conn.task.abort();
-        drop(conn);
-        let (bound, tls) = (pool.sessions.options.operation_timeout, pool.sessions.tls());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = tokio::time::timeout(bound, token.cancel_query(tls)).await;
-            });
-        }
+        pool.sessions.close_now(conn);
     }
 
     fn closed<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, ()> {
@@ -456,7 +492,7 @@ async fn backend_pid(conn: &Conn, bound: Duration) -> Result<Option<String>, Loc
 }
 
 /// The first column of the last row of a simple query's answer.
-fn last_value(rows: &[SimpleQueryMessage]) -> Option<String> {
+pub(super) fn last_value(rows: &[SimpleQueryMessage]) -> Option<String> {
     rows.iter().rev().find_map(|m| match m {
         SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
         _ => None,
@@ -468,10 +504,11 @@ impl LockBackend for PostgresBackend {
         KIND
     }
 
-    /// Mutexes and read-write locks (`pg_advisory_lock` and `pg_advisory_lock_shared`);
-    /// semaphores are refused.
+    /// Every kind: mutexes and read-write locks (`pg_advisory_lock` and
+    /// `pg_advisory_lock_shared`), semaphores of up to [`MAX_PERMITS`](super::MAX_PERMITS)
+    /// permits (advisory keys tried in turn).
     fn supports(&self, kind: LockKind) -> bool {
-        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write)
+        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {

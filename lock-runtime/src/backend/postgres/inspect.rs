@@ -23,9 +23,10 @@ use crate::error::LockError;
 pub(super) fn record(req: &Acquire) -> String {
     let hex: String = req.key.bytes().map(|b| format!("{b:02x}")).collect();
     let mode = match req.kind {
-        LockKind::Read => "read",
-        LockKind::Write => "write",
-        _ => "mutex",
+        LockKind::Read => "read".to_owned(),
+        LockKind::Write => "write".to_owned(),
+        LockKind::Semaphore { permits } => format!("semaphore n={permits}"),
+        _ => "mutex".to_owned(),
     };
     format!("/* lock-runtime k={hex} o={} h={} m={mode} */ ", req.owner, req.holder)
 }
@@ -38,7 +39,7 @@ pub(super) fn token(application_name: &str) -> Option<u64> {
 /// The key, owner, holder and kind in a grant query's comment.
 fn parse(query: &str) -> Option<(String, String, Option<Holder>, Option<LockKind>)> {
     let inside = query.strip_prefix("/* lock-runtime ")?.split(" */").next()?;
-    let (mut key, mut owner, mut holder, mut kind) = (None, None, None, None);
+    let (mut key, mut owner, mut holder, mut kind, mut permits) = (None, None, None, None, None);
     for field in inside.split(' ') {
         match field.split_once('=') {
             Some(("k", hex)) => {
@@ -54,23 +55,30 @@ fn parse(query: &str) -> Option<(String, String, Option<Holder>, Option<LockKind
                     "read" => Some(LockKind::Read),
                     "write" => Some(LockKind::Write),
                     "mutex" => Some(LockKind::Exclusive),
+                    "semaphore" => Some(LockKind::Semaphore { permits: 0 }),
                     _ => None,
                 }
             }
+            Some(("n", n)) => permits = n.parse().ok(),
             _ => {}
         }
+    }
+    if let (Some(LockKind::Semaphore { .. }), Some(permits)) = (kind, permits) {
+        kind = Some(LockKind::Semaphore { permits });
     }
     Some((key?, owner.unwrap_or_default(), holder, kind))
 }
 
-/// Every granted advisory lock of a lock-runtime session: pid, application name, query, seconds
+/// Every granted advisory lock of a lock-runtime session (but a semaphore holder's marker of
+/// its permit count, a shared lock beside its permit): pid, application name, query, seconds
 /// since the grant, waiters on the same key.
 const HELD: &str = "SELECT a.pid::text, coalesce(a.application_name, ''), coalesce(a.query, ''), \
      extract(epoch FROM now() - a.state_change)::float8::text, \
      (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND NOT w.granted \
         AND w.classid = l.classid AND w.objid = l.objid AND w.objsubid = 2)::text \
      FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND a.query LIKE '/* lock-runtime %'";
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND a.query LIKE '/* lock-runtime %' \
+     AND NOT (l.mode = 'ShareLock' AND a.query LIKE '/* lock-runtime % m=semaphore %')";
 
 impl PostgresBackend {
     /// The held locks, with their holders' server pids.
@@ -160,8 +168,10 @@ mod tests {
         let (key, read_owner, read_holder, kind) = parse(&format!("{text}SELECT 1")).expect("parses");
         assert_eq!((key.as_str(), read_owner), ("app:order:1 */ DROP", owner.to_string()));
         assert_eq!((read_holder, kind), (Some(holder), Some(LockKind::Exclusive)));
-        let reader = record(&Acquire { kind: LockKind::Read, ..req });
+        let reader = record(&Acquire { kind: LockKind::Read, ..req.clone() });
         assert_eq!(parse(&reader).map(|r| r.3), Some(Some(LockKind::Read)));
+        let permit = record(&Acquire { kind: LockKind::Semaphore { permits: 3 }, ..req });
+        assert_eq!(parse(&permit).map(|r| r.3), Some(Some(LockKind::Semaphore { permits: 3 })));
         assert_eq!(token("lock-runtime t=42"), Some(42));
         assert_eq!(token("my app t=x t=7"), Some(7));
         assert_eq!(token("lock-runtime"), None);

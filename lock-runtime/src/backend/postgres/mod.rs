@@ -4,9 +4,11 @@ use crate::error::LockError;
 
 mod backend;
 mod inspect;
+mod semaphore;
 mod tls;
 
 pub use backend::{PostgresBackend, PostgresOptions};
+pub use semaphore::MAX_PERMITS;
 
 const KIND: &str = "postgres";
 /// The sequence the fencing tokens are drawn from.

@@ -1,0 +1,285 @@
+//! Semaphores of N permits on PostgreSQL: N advisory keys tried in turn, a queue key the
+//! waiters line up on, and a marker of the permit count that every holder keeps (see the
+//! *Semaphores* section of the [module docs](super)).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+
+use super::advisory_key;
+use super::backend::{last_value, Conn, PgKey, PgSessions};
+use super::{pg_error, KIND};
+use crate::backend::session::Failure;
+use crate::error::LockError;
+
+/// The most permits a PostgreSQL semaphore may have: the waiter at the head of the queue waits
+/// on every permit with a connection of its own.
+pub const MAX_PERMITS: u32 = 64;
+
+/// Appended to a semaphore's key before it is hashed: its permits (`\0sem`, then `+ i`), its
+/// queue (`\0semq`) and its markers (`\0semn`, then `+ permits`).
+const PERMITS: &str = "\u{0}sem";
+const QUEUE: &str = "\u{0}semq";
+const MARKERS: &str = "\u{0}semn";
+
+/// The advisory keys of one semaphore.
+pub(super) struct Sem {
+    pub(super) permits: u32,
+    /// The waiters' queue: the one holding it is the head, the others wait for it in the
+    /// server's order.
+    pub(super) queue: (i32, i32),
+    /// Permit `i` is `(base.0, base.1 + i)` (wrapping).
+    base: (i32, i32),
+    /// The marker of `permits`: `(markers.0, markers.1 + permits)`, taken shared by every
+    /// holder and by every attempt while it looks, so that an attempt with another count sees
+    /// it in `pg_locks`.
+    markers: (i32, i32),
+}
+
+impl Sem {
+    pub(super) fn new(key: &str, permits: u32) -> Self {
+        Sem {
+            permits,
+            queue: advisory_key(&format!("{key}{QUEUE}")),
+            base: advisory_key(&format!("{key}{PERMITS}")),
+            markers: advisory_key(&format!("{key}{MARKERS}")),
+        }
+    }
+
+    fn permit(&self, i: u32) -> (i32, i32) {
+        (self.base.0, self.base.1.wrapping_add_unsigned(i))
+    }
+
+    pub(super) fn marker(&self) -> (i32, i32) {
+        (self.markers.0, self.markers.1.wrapping_add_unsigned(self.permits))
+    }
+
+    /// One transaction that takes this count's marker for itself (released at its end), then
+    /// answers `mismatch <n>` when a marker of another count `n` is held (by a holder, or an
+    /// attempt looking now), or else tries the permits in turn and takes the first free one
+    /// with the count's marker for the session, drawing the token into the application name
+    /// (`<i> <application name>`), or NULL when every permit is taken. Two attempts with
+    /// different counts cannot both miss each other: each takes its marker before it looks.
+    fn attempt_sql(&self, token: &str) -> String {
+        let (m0, m1) = self.marker();
+        let (b0, b1) = self.base;
+        let (n, max) = (self.permits, MAX_PERMITS);
+        let (c0, c1) = (self.markers.0 as u32, self.markers.1 as u32);
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared({m0}, {m1}); \
+             SELECT COALESCE(\
+               (SELECT 'mismatch ' || d FROM (SELECT ((l.objid::int8 - {c1}) % 4294967296 + 4294967296) % 4294967296 AS d \
+                  FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.classid = {c0} \
+                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) o \
+                WHERE d <> {n} AND d BETWEEN 1 AND {max} LIMIT 1), \
+               (SELECT i || ' ' || pg_try_advisory_lock_shared({m0}, {m1})::text || ' ' || {token} \
+                  FROM generate_series(0, {last}) AS i \
+                  WHERE pg_try_advisory_lock({b0}, ((({b1}::int8 + i + 2147483648) % 4294967296) - 2147483648)::int4) \
+                  LIMIT 1)); \
+             COMMIT",
+            last = n - 1,
+        )
+    }
+}
+
+/// What an attempt's answer says.
+enum Answer {
+    Busy,
+    Granted { permit: u32, token: u64 },
+    Mismatch(String),
+}
+
+fn answer(value: Option<String>) -> Option<Answer> {
+    let Some(value) = value else { return Some(Answer::Busy) };
+    if let Some(other) = value.strip_prefix("mismatch ") {
+        return Some(Answer::Mismatch(other.to_owned()));
+    }
+    let mut parts = value.splitn(3, ' ');
+    let permit = parts.next()?.parse().ok()?;
+    let _marker = parts.next()?;
+    let token = super::inspect::token(parts.next()?)?;
+    Some(Answer::Granted { permit, token })
+}
+
+/// Takes a permit of `sem` on `conn`: at once (`wait` `None`), or waiting at most `wait`. The
+/// waiting side: queue on the server for the queue key; once at its head, try the permits;
+/// if all are taken, wait on every permit at once, each on a connection of its own, and keep
+/// the first granted (its connection replaces `conn`, whose session ends, freeing the queue
+/// for the next waiter). Every other connection is closed, freeing what it may have got.
+pub(super) async fn lock(
+    sessions: &PgSessions,
+    conn: &mut Conn,
+    key: &PgKey,
+    sem: &Sem,
+    wait: Option<Duration>,
+) -> Result<Option<u64>, Failure> {
+    let name = &*key.name;
+    if sem.permits == 0 || sem.permits > MAX_PERMITS {
+        let why = format!(
+            "a PostgreSQL semaphore takes 1 to {MAX_PERMITS} permits (got {}): the waiter at the head of its queue \
+             waits on every permit with a connection of its own",
+            sem.permits
+        );
+        return Err(Failure::Failed(LockError::invalid(name, why)));
+    }
+    let token = sessions.token_sql();
+    let Some(wait) = wait else {
+        let sql = format!("{}{}", key.record, sem.attempt_sql(&token));
+        return granted(conn, key, sem, try_permits(conn, name, &sql).await?);
+    };
+    let deadline = crate::clock::now() + wait;
+    // In line for the queue key (the server's order), then at its head.
+    let (q0, q1) = sem.queue;
+    let queued = format!("{}SELECT pg_advisory_lock({q0}, {q1})", sessions.wait_settings(wait));
+    match conn.client.simple_query(&queued).await {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(None),
+        Err(e) => return Err(failure(conn, name, "wait", e)),
+    }
+    match try_permits(conn, name, &sem.attempt_sql(&token)).await? {
+        Answer::Busy => {}
+        answer => {
+            let granted = granted(conn, key, sem, answer)?;
+            // The grant's query shows its record (for `lockctl`) and lets the next waiter in.
+            let unqueue = format!("{}SELECT pg_advisory_unlock({q0}, {q1})", key.record);
+            if let Err(e) = conn.client.simple_query(&unqueue).await {
+                return Err(failure(conn, name, "wait", e));
+            }
+            return Ok(granted);
+        }
+    }
+    // Every permit taken: wait on all of them at once.
+    let remaining = deadline.saturating_duration_since(crate::clock::now());
+    if remaining.is_zero() {
+        return Ok(None);
+    }
+    type Racing<'a> = Pin<Box<dyn Future<Output = Result<Option<(Conn, u32, u64)>, LockError>> + Send + 'a>>;
+    let mut racers: Vec<Racing<'_>> =
+        (0..sem.permits).map(|i| Box::pin(race(sessions, key, sem, i, remaining)) as Racing<'_>).collect();
+    let mut failed = None;
+    while !racers.is_empty() {
+        let (done, outcome) = std::future::poll_fn(|cx| {
+            for (i, racer) in racers.iter_mut().enumerate() {
+                if let Poll::Ready(outcome) = racer.as_mut().poll(cx) {
+                    return Poll::Ready((i, outcome));
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        drop(racers.swap_remove(done));
+        match outcome {
+            Ok(Some((mut winner, permit, token))) => {
+                winner.semaphore = Some((sem.permit(permit), sem.marker()));
+                // The head's session ends with its connection: the queue goes to the next.
+                let head = std::mem::replace(conn, winner);
+                sessions.close_now(head);
+                return Ok(Some(token));
+            }
+            Ok(None) => {}
+            Err(e) => failed = Some(e),
+        }
+    }
+    match failed {
+        Some(e) => Err(Failure::Failed(e)),
+        None => Ok(None),
+    }
+}
+
+/// Runs an attempt's SQL on `conn` and reads its answer.
+async fn try_permits(conn: &Conn, name: &str, sql: &str) -> Result<Answer, Failure> {
+    let rows = conn.client.simple_query(sql).await.map_err(|e| failure(conn, name, "attempt", e))?;
+    answer(last_value(&rows)).ok_or_else(|| {
+        // Cannot happen with a sane server; closing the connection frees what it took.
+        Failure::Failed(LockError::backend(name, KIND, "attempt", "no permit and fencing token in the answer"))
+    })
+}
+
+/// An attempt's answer as the skeleton takes it: the token of a grant (the permit recorded on
+/// the connection, for its release), `None` when every permit is taken, an error for a count
+/// that differs from another holder's or attempt's.
+fn granted(conn: &mut Conn, key: &PgKey, sem: &Sem, answer: Answer) -> Result<Option<u64>, Failure> {
+    match answer {
+        Answer::Busy => Ok(None),
+        Answer::Granted { permit, token } => {
+            conn.semaphore = Some((sem.permit(permit), sem.marker()));
+            Ok(Some(token))
+        }
+        Answer::Mismatch(other) => Err(Failure::Failed(LockError::invalid(
+            &*key.name,
+            format!(
+                "the semaphore is held or asked for with {other} permits; this call asked for {}: every holder of a \
+                 semaphore must give the same number of permits",
+                sem.permits
+            ),
+        ))),
+    }
+}
+
+/// One connection of the head waiter waiting on permit `i` for at most `wait`: the connection
+/// with its token once granted, `None` when the wait ran out. Dropped before its answer (the
+/// race was won by another permit, or the whole wait was dropped), its connection is closed
+/// at once and its query cancelled.
+async fn race(
+    sessions: &PgSessions,
+    key: &PgKey,
+    sem: &Sem,
+    i: u32,
+    wait: Duration,
+) -> Result<Option<(Conn, u32, u64)>, LockError> {
+    let conn = sessions.connect_once(&key.name).await?;
+    let mut racer = Racer { sessions, conn: Some(conn) };
+    let ((p0, p1), (m0, m1)) = (sem.permit(i), sem.marker());
+    let sql = format!(
+        "{}{}SELECT pg_advisory_lock_shared({m0}, {m1}); SELECT pg_advisory_lock({p0}, {p1}); SELECT {}",
+        key.record,
+        sessions.wait_settings(wait),
+        sessions.token_sql()
+    );
+    let Some(conn) = racer.conn.as_ref() else { return Ok(None) };
+    let outcome = conn.client.simple_query(&sql).await;
+    let conn = racer.conn.take();
+    match (outcome, conn) {
+        (Ok(rows), Some(conn)) => match last_value(&rows).as_deref().and_then(super::inspect::token) {
+            Some(token) => Ok(Some((conn, i, token))),
+            None => {
+                sessions.close_now(conn);
+                Err(LockError::backend(&*key.name, KIND, "wait", "no fencing token in the answer"))
+            }
+        },
+        (Err(e), Some(conn)) => {
+            sessions.close_now(conn);
+            match e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                true => Ok(None),
+                false => Err(pg_error(&key.name, "wait", e)),
+            }
+        }
+        (_, None) => Ok(None),
+    }
+}
+
+/// A racer's connection: closed at once (its query cancelled) when dropped before its answer.
+struct Racer<'a> {
+    sessions: &'a PgSessions,
+    conn: Option<Conn>,
+}
+
+impl Drop for Racer<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.sessions.close_now(conn);
+        }
+    }
+}
+
+/// A failed query on `conn` as the skeleton takes it.
+fn failure(conn: &Conn, name: &str, operation: &'static str, e: tokio_postgres::Error) -> Failure {
+    if e.is_closed() || conn.is_closed() {
+        Failure::Closed(pg_error(name, operation, e))
+    } else {
+        Failure::Failed(pg_error(name, operation, e))
+    }
+}
