@@ -124,7 +124,7 @@ macro_rules! conformance_suite {
             read_lease_expiry_lets_a_writer_in, write_inside_read_is_invalid_at_once,
             semaphore_admits_at_most_permits, semaphore_permits_mismatch_is_invalid,
             kind_waiter_cancelled_after_any_poll_leaves_nothing,
-            semaphore_waiter_cancelled_after_any_poll_leaves_nothing);
+            semaphore_waiter_cancelled_after_any_poll_leaves_nothing, kinds_are_listed_with_each_holder);
         // Leader election (`conformance/elections.rs`): on every backend; the cases that read
         // the leader check that a store without inspection refuses.
         $crate::conformance_suite!(@cases $factory;

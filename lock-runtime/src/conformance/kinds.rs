@@ -360,6 +360,46 @@ pub async fn semaphore_permits_mismatch_is_invalid(make: &impl Factory) {
     two.release().await.expect("release");
 }
 
+/// Where the store can be inspected, every holder of a read-write lock or a semaphore is
+/// listed, each with its kind, token and process (the manager's label); `inspect` of the name
+/// gives one of them, and nothing is listed once they let go.
+pub async fn kinds_are_listed_with_each_holder(make: &impl Factory) {
+    let m = make(builder().default_lease(Duration::from_secs(30)).label("lister")).await;
+    if !m.can_inspect() {
+        return;
+    }
+    let mut held = Vec::new();
+    if offers(&m, LockKind::Read) {
+        held.push((m.read_lock("listed-rw").await.expect("reader"), LockKind::Read));
+        held.push((m.read_lock("listed-rw").await.expect("second reader"), LockKind::Read));
+    }
+    if offers(&m, LockKind::Semaphore { permits: 3 }) {
+        held.push((m.semaphore("listed-sem", 3).await.expect("permit"), LockKind::Semaphore { permits: 3 }));
+    }
+    if held.is_empty() {
+        return;
+    }
+    let listed = m.list("listed-").await.expect("list");
+    assert_eq!(listed.len(), held.len(), "one record per holder: {listed:?}");
+    for (guard, kind) in &held {
+        let token = guard.fencing_token();
+        let info = listed
+            .iter()
+            .find(|i| i.fencing_token == Some(token) && i.key.ends_with(guard.key()))
+            .unwrap_or_else(|| panic!("the holder of token {token} is not listed: {listed:?}"));
+        assert_eq!(info.kind, Some(*kind), "{info:?}");
+        assert_eq!(info.holder.as_ref().and_then(|h| h.label()), Some("lister"), "{info:?}");
+    }
+    let name = held[0].0.key().to_owned();
+    let one = m.inspect(&name).await.expect("inspect").expect("a holder of the name");
+    assert!(held.iter().any(|(g, _)| g.key() == name && Some(g.fencing_token()) == one.fencing_token), "{one:?}");
+    for (guard, _) in held {
+        guard.release().await.expect("release");
+    }
+    let left = m.list("listed-").await.expect("list");
+    assert!(left.is_empty(), "listed after every holder let go: {left:?}");
+}
+
 /// A permit waiter (every permit taken) dropped after any of its polls leaves nothing behind:
 /// when a holder releases, another caller gets the permit at once.
 pub async fn semaphore_waiter_cancelled_after_any_poll_leaves_nothing(make: &impl Factory) {

@@ -137,7 +137,7 @@ impl EtcdBackend {
     /// The prefix of the read-write lock (`kind` `rw`) or semaphore (`sem`) `key`: the encoded
     /// key followed by `%rw` or `%sem` (which no encoded key holds: a `%` is always escaped as
     /// `%25`), `/` included.
-    fn kind_prefix(&self, key: &str, kind: &str) -> String {
+    pub(super) fn kind_prefix(&self, key: &str, kind: &str) -> String {
         format!("{}/{}%{kind}/", self.shared.options.get_root().trim_matches('/'), encode(key))
     }
 }

@@ -40,7 +40,7 @@ impl EtcdBackend {
         let owner = tail.split_once('-').map_or(tail, |(_, owner)| owner);
         let mut info = LockInfo::new(key, owner);
         info.holder = first.value_str().ok().and_then(Holder::parse);
-        info.kind = Some(LockKind::Exclusive); // the mutexes' prefixes only are read
+        info.kind = Some(LockKind::Exclusive); // a mutex's prefix
         info.fencing_token = u64::try_from(first.create_revision()).ok();
         // Held while the manager's etcd lease is kept alive.
         info.session_bound = true;
@@ -48,27 +48,86 @@ impl EtcdBackend {
         Some(info)
     }
 
+    /// The holders of the read-write lock or semaphore `key` (`space` `rw` or `sem`) from its
+    /// keys, lowest create revision first: a writer holds when no key is below its own, a
+    /// reader when no writer's is, a permit when fewer than `permits` are. One record each,
+    /// with the keys that wait behind the last holder as its waiters.
+    fn holders_of(key: &str, space: &str, kvs: &[&etcd_client::KeyValue]) -> Vec<LockInfo> {
+        let mut holders = Vec::new();
+        let mut writer_ahead = false;
+        for (ahead, kv) in kvs.iter().enumerate() {
+            let Ok(name) = kv.key_str() else { continue };
+            let tail = name.rsplit('/').next().unwrap_or("");
+            // `r-<lease>-<owner>`, `w-<lease>-<owner>`, `s<permits>-<lease>-<owner>`
+            let mut parts = tail.splitn(3, '-');
+            let (mode, owner) = (parts.next().unwrap_or(""), parts.nth(1).unwrap_or(""));
+            let (kind, holds) = match (space, mode) {
+                ("rw", "r") => (LockKind::Read, !writer_ahead),
+                ("rw", _) => (LockKind::Write, ahead == 0),
+                (_, mode) => {
+                    let permits = mode.strip_prefix('s').and_then(|p| p.parse().ok()).unwrap_or(0);
+                    (LockKind::Semaphore { permits }, ahead < permits as usize)
+                }
+            };
+            writer_ahead |= kind == LockKind::Write;
+            if !holds {
+                continue;
+            }
+            let mut info = LockInfo::new(key, owner);
+            info.holder = kv.value_str().ok().and_then(Holder::parse);
+            info.kind = Some(kind);
+            info.fencing_token = u64::try_from(kv.create_revision()).ok();
+            info.session_bound = true;
+            holders.push(info);
+        }
+        let waiting = (kvs.len() - holders.len()) as u64;
+        for info in &mut holders {
+            info.waiters = Some(waiting);
+        }
+        holders
+    }
+
     async fn inspect_key(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         let kvs = self.get(&self.lock_prefix(key), key).await?;
-        Ok(Self::info_of(key, &kvs.iter().collect::<Vec<_>>()))
+        if let Some(info) = Self::info_of(key, &kvs.iter().collect::<Vec<_>>()) {
+            return Ok(Some(info));
+        }
+        // A name held as a read-write lock or a semaphore: its first holder.
+        for space in ["rw", "sem"] {
+            let kvs = self.get(&self.kind_prefix(key, space), key).await?;
+            if let Some(first) = Self::holders_of(key, space, &kvs.iter().collect::<Vec<_>>()).into_iter().next() {
+                return Ok(Some(first));
+            }
+        }
+        Ok(None)
     }
 
     async fn list_prefix(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
         let root = self.root();
         let kvs = self.get(&format!("{root}{}", encode(prefix)), prefix).await?;
-        let mut by_key: std::collections::BTreeMap<String, Vec<&etcd_client::KeyValue>> = Default::default();
+        // By key and space (`""` a mutex, `rw`, `sem`), each key's keys still lowest create
+        // revision first.
+        let mut by_key: std::collections::BTreeMap<(String, &str), Vec<&etcd_client::KeyValue>> = Default::default();
         for kv in &kvs {
             let Some(segment) = kv.key_str().ok().and_then(|k| k.strip_prefix(&root)).and_then(|k| k.split('/').next())
             else {
                 continue;
             };
-            if segment.ends_with("%rw") || segment.ends_with("%sem") {
-                continue; // a read-write lock or a semaphore: several may hold it, listed as none yet
-            }
-            by_key.entry(decode(segment)).or_default().push(kv);
+            let (segment, space) = match (segment.strip_suffix("%rw"), segment.strip_suffix("%sem")) {
+                (Some(rw), _) => (rw, "rw"),
+                (_, Some(sem)) => (sem, "sem"),
+                _ => (segment, ""),
+            };
+            by_key.entry((decode(segment), space)).or_default().push(kv);
         }
-        // Each key's keys, still lowest create revision first.
-        Ok(by_key.iter().filter_map(|(key, kvs)| Self::info_of(key, kvs)).collect())
+        let mut locks = Vec::new();
+        for ((key, space), kvs) in &by_key {
+            match *space {
+                "" => locks.extend(Self::info_of(key, kvs)),
+                space => locks.extend(Self::holders_of(key, space, kvs)),
+            }
+        }
+        Ok(locks)
     }
 
     async fn force_release_key(&self, key: &str, expected_owner: Option<&str>) -> Result<ForceRelease, LockError> {

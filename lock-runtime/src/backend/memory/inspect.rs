@@ -3,7 +3,9 @@
 //! releases, and a change feed that announces every change of holder.
 //!
 //! The feed costs the lock path one relaxed load while nobody watches: a change of holder is
-//! counted only while a feed is open. Read-write locks and semaphores are not listed.
+//! counted only while a feed is open. Read-write locks and semaphores are listed (one record
+//! per holder) and shown (the first holder, for a name held as no mutex); the feed does not
+//! announce their changes.
 
 use super::{lock, MemoryBackend, Shard};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Inspect, LockInfo};
@@ -57,19 +59,24 @@ impl Inspect for MemoryBackend {
             );
         }
         keys.sort_unstable();
-        let locks = keys
+        let mut locks: Vec<LockInfo> = keys
             .iter()
             .filter_map(|key| {
                 let (hash, shard) = self.shard(key);
                 self.info(key, &shard, hash)
             })
             .collect();
+        locks.extend(self.inner.kinds.list(prefix));
+        locks.sort_by(|a, b| a.key.cmp(&b.key).then(a.fencing_token.cmp(&b.fencing_token)));
         Box::pin(std::future::ready(Ok(locks)))
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
         let (hash, shard) = self.shard(key);
-        Box::pin(std::future::ready(Ok(self.info(key, &shard, hash))))
+        let info = self.info(key, &shard, hash);
+        drop(shard);
+        let info = info.or_else(|| self.inner.kinds.list(key).into_iter().find(|i| i.key == key));
+        Box::pin(std::future::ready(Ok(info)))
     }
 
     /// Takes the mutex `key` from its holder and hands it to its longest waiter. The holder is

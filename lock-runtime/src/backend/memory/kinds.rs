@@ -84,12 +84,16 @@ impl Shard {
 struct Holder {
     token: u64,
     want: Want,
+    /// Who holds it, for inspection: the acquisition and its process (an interned text).
+    owner: OwnerId,
+    process: crate::backend::Holder,
     /// `None` for a watchdog lease: an in-process holding lives as long as its guard.
     expires_at: Option<Instant>,
 }
 
 struct Waiter {
     owner: OwnerId,
+    process: crate::backend::Holder,
     lease: Lease,
     want: Want,
     grant: oneshot::Sender<Handed>,
@@ -124,7 +128,8 @@ impl Entry {
     fn hand_off(&mut self, tokens: &mut u64, now: Instant) {
         while self.waiters.front().is_some_and(|w| self.can_grant(w.want)) {
             let Some(waiter) = self.waiters.pop_front() else { break };
-            let (holder, handed) = holder_for(tokens, waiter.want, waiter.lease, now);
+            let who = (waiter.owner, waiter.process.clone());
+            let (holder, handed) = holder_for(tokens, waiter.want, who, waiter.lease, now);
             if waiter.grant.send(handed).is_ok() {
                 self.holders.push(holder);
             }
@@ -157,17 +162,50 @@ impl Entry {
     }
 }
 
-fn holder_for(tokens: &mut u64, want: Want, lease: Lease, now: Instant) -> (Holder, Handed) {
+fn holder_for(
+    tokens: &mut u64,
+    want: Want,
+    (owner, process): (OwnerId, crate::backend::Holder),
+    lease: Lease,
+    now: Instant,
+) -> (Holder, Handed) {
     let token = *tokens;
     *tokens += 1;
     let (expires_at, granted_at) = match lease {
         Lease::Fixed(d) => (now.checked_add(d), Some(now)),
         Lease::Renewed(_) => (None, Some(now)),
     };
-    (Holder { token, want, expires_at }, Handed { token, granted_at })
+    (Holder { token, want, owner, process, expires_at }, Handed { token, granted_at })
 }
 
 impl Kinds {
+    /// Every holder of a read-write lock or semaphore whose key starts with `prefix`, within
+    /// its lease: one record each, with the waiters queued on its name.
+    pub(super) fn list(&self, prefix: &str) -> Vec<crate::backend::LockInfo> {
+        let now = crate::clock::now();
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for (key, entry) in shard.rw.iter().chain(shard.sem.iter()).filter(|(k, _)| k.starts_with(prefix)) {
+                for holder in entry.holders.iter().filter(|h| h.expires_at.is_none_or(|at| now < at)) {
+                    let mut info = crate::backend::LockInfo::new(&**key, holder.owner.to_string());
+                    info.holder = Some(holder.process.clone());
+                    info.kind = Some(match holder.want {
+                        Want::Read => LockKind::Read,
+                        Want::Write => LockKind::Write,
+                        Want::Permit => LockKind::Semaphore { permits: entry.permits },
+                    });
+                    info.fencing_token = Some(holder.token);
+                    info.remaining_lease = holder.expires_at.map(|at| at.saturating_duration_since(now));
+                    info.session_bound = holder.expires_at.is_none();
+                    info.waiters = Some(entry.waiters.len() as u64);
+                    out.push(info);
+                }
+            }
+        }
+        out
+    }
+
     pub(super) fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s)).map(|s| s.rw.len() + s.sem.len()).sum()
     }
@@ -189,7 +227,7 @@ impl Kinds {
         let entry = match map.get_mut(&*req.key) {
             Some(entry) => entry,
             None => {
-                let (holder, handed) = holder_for(next_token, want, req.lease, now);
+                let (holder, handed) = holder_for(next_token, want, (req.owner, req.holder.clone()), req.lease, now);
                 let entry = Entry { permits, holders: vec![holder], waiters: VecDeque::new() };
                 map.insert(req.key.clone(), entry);
                 return Ok(Ok(handed));
@@ -200,7 +238,7 @@ impl Kinds {
             entry.hand_off(next_token, now);
         }
         if entry.waiters.is_empty() && entry.can_grant(want) {
-            let (holder, handed) = holder_for(next_token, want, req.lease, now);
+            let (holder, handed) = holder_for(next_token, want, (req.owner, req.holder.clone()), req.lease, now);
             entry.holders.push(holder);
             return Ok(Ok(handed));
         }
@@ -304,7 +342,8 @@ impl Table for Kinds {
             return Ok(None);
         }
         let expiry = entry.earliest_expiry();
-        entry.waiters.push_back(Waiter { owner: req.owner, lease: req.lease, want, grant, head_changed });
+        let process = req.holder.clone();
+        entry.waiters.push_back(Waiter { owner: req.owner, process, lease: req.lease, want, grant, head_changed });
         Ok(Some(expiry))
     }
 

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use redis::Value;
 
 use super::topology::Conn;
-use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, INSPECT, KIND, WATCH};
+use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, INSPECT, INSPECT_KINDS, KIND, WATCH};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, LockInfo};
 use crate::error::LockError;
 
@@ -20,23 +20,48 @@ impl RedisBackend {
     /// every primary's in turn), so a busy server is not blocked; a lock taken or released
     /// during the scan may or may not be listed.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {
-        let pattern = format!("lock:{{{}*", glob_escape(prefix));
-        let found = match &self.inner.conn {
-            // A cluster's keys are spread over its primaries: each is scanned.
-            Conn::Cluster(cluster) => super::cluster::scan_primaries(cluster, &pattern, SCAN_COUNT).await,
-            conn => scan(conn, &pattern).await,
-        };
-        let found = found.map_err(|e| LockError::backend(prefix, KIND, "list", e))?;
-        let mut keys: Vec<String> = found.iter().filter_map(|k| KeyLayout::key_of(k)).map(str::to_owned).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let mut locks = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some(info) = self.inspect(&key).await? {
+        let mut locks = Vec::new();
+        for key in self.scan_keys(&format!("lock:{{{}*", glob_escape(prefix)), "lock:{", prefix).await? {
+            if let Some(info) = self.inspect_mutex(&key).await? {
                 locks.push(info);
             }
         }
+        // Read-write locks and semaphores: one entry per holder.
+        for space in ["rw", "sem"] {
+            let start = format!("lock:{space}:{{");
+            for key in self.scan_keys(&format!("{start}{}*", glob_escape(prefix)), &start, prefix).await? {
+                locks.extend(self.kind_holders(&format!("{start}{key}}}"), &key).await?);
+            }
+        }
+        locks.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(locks)
+    }
+
+    /// The backend keys of the Redis keys matching `pattern` that are `<start><key>}`, sorted.
+    async fn scan_keys(&self, pattern: &str, start: &str, prefix: &str) -> Result<Vec<String>, LockError> {
+        let found = match &self.inner.conn {
+            // A cluster's keys are spread over its primaries: each is scanned.
+            Conn::Cluster(cluster) => super::cluster::scan_primaries(cluster, pattern, SCAN_COUNT).await,
+            conn => scan(conn, pattern).await,
+        };
+        let found = found.map_err(|e| LockError::backend(prefix, KIND, "list", e))?;
+        let mut keys: Vec<String> =
+            found.iter().filter_map(|k| k.strip_prefix(start)?.strip_suffix('}')).map(str::to_owned).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    /// The holders of the read-write lock or semaphore whose state is `state`, for backend key
+    /// `key` (`inspect_kinds.lua`).
+    async fn kind_holders(&self, state: &str, key: &str) -> Result<Vec<LockInfo>, LockError> {
+        let timeout = self.inner.options.command_timeout;
+        let mut invocation = INSPECT_KINDS.prepare_invoke();
+        invocation.key(state);
+        let (fields, _pttl, (secs, micros)) =
+            eval::<(Vec<String>, i64, (u64, u64))>(&self.inner.conn, timeout, key, "inspect", invocation).await?;
+        let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
+        Ok(parse_kind_state(key, &fields, now_ms))
     }
 
     /// The lock of backend key `key` (the manager prefix followed by the name), if it is held.
@@ -50,7 +75,24 @@ impl RedisBackend {
     /// The value, lease and time are read at one instant by a script (`inspect.lua`, no
     /// MULTI: the least ACL of the README runs it); the subscribers beside it, `None` for a
     /// user whose ACL does not allow `PUBSUB NUMSUB`.
+    ///
+    /// A name held as a read-write lock or a semaphore (and not as a mutex) gives its first
+    /// holder; [`list`](Self::list) gives each.
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        if let Some(info) = self.inspect_mutex(key).await? {
+            return Ok(Some(info));
+        }
+        for kind in [crate::backend::LockKind::Read, crate::backend::LockKind::Semaphore { permits: 1 }] {
+            let state = KeyLayout::of_kind(key, kind).lock;
+            if let Some(first) = self.kind_holders(&state, key).await?.into_iter().next() {
+                return Ok(Some(first));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The mutex of backend key `key`, if it is held.
+    async fn inspect_mutex(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         let layout = KeyLayout::of(key);
         let timeout = self.inner.options.command_timeout;
         let mut invocation = INSPECT.prepare_invoke();
@@ -175,6 +217,40 @@ fn parse_value(key: &str, value: &str, pttl: i64, now_ms: u64, subscribers: Opti
     info.waited_on = Some(waited_on);
     info.subscribers = subscribers;
     info
+}
+
+/// Reads a read-write lock's or semaphore's state (see kind_acquire.lua): one record per holder
+/// within its lease (`h:<owner>` = `<expiry ms>#<R|W|S>#<token>#<granted ms>`), sorted by
+/// token; waited on when marked or a writer's intent lives.
+fn parse_kind_state(key: &str, fields: &[String], now_ms: u64) -> Vec<LockInfo> {
+    let pairs: Vec<(&str, &str)> = fields.chunks_exact(2).map(|p| (p[0].as_str(), p[1].as_str())).collect();
+    let permits = pairs.iter().find(|(f, _)| *f == "permits").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let live = |v: &str| v.split('#').next().and_then(|e| e.parse::<u64>().ok()).filter(|e| *e > now_ms);
+    let waited_on = pairs.iter().any(|(f, v)| *f == "mark" || (f.starts_with("w:") && live(v).is_some()));
+    let mut holders: Vec<LockInfo> = pairs
+        .iter()
+        .filter_map(|(f, v)| {
+            let owner = f.strip_prefix("h:")?;
+            let expiry = live(v)?;
+            let mut parts = v.split('#').skip(1);
+            let mut info = LockInfo::new(key, owner);
+            info.holder = owner.split_once('@').and_then(|(_, holder)| Holder::parse(holder));
+            info.kind = match parts.next()? {
+                "R" => Some(crate::backend::LockKind::Read),
+                "W" => Some(crate::backend::LockKind::Write),
+                "S" => Some(crate::backend::LockKind::Semaphore { permits }),
+                _ => None,
+            };
+            info.fencing_token = parts.next().and_then(|t| t.parse().ok());
+            let granted_ms: Option<u64> = parts.next().and_then(|t| t.parse().ok());
+            info.age = granted_ms.map(|g| Duration::from_millis(now_ms.saturating_sub(g)));
+            info.remaining_lease = Some(Duration::from_millis(expiry - now_ms));
+            info.waited_on = Some(waited_on);
+            Some(info)
+        })
+        .collect();
+    holders.sort_by_key(|h| h.fencing_token);
+    holders
 }
 
 /// `text` with Redis glob's special characters escaped.
@@ -321,6 +397,32 @@ mod tests {
         let old = parse_value("k", "0a-1+", -1, 0, None);
         assert_eq!((old.owner.as_str(), old.holder, old.fencing_token, old.age), ("0a-1", None, None, None));
         assert_eq!((old.remaining_lease, old.waited_on), (None, Some(true)));
+    }
+
+    #[test]
+    fn kind_states_are_read_back() {
+        let fields: Vec<String> = [
+            ("h:0a-1@db-1/42/api", "1700000002000#R#17#1700000000000"),
+            ("h:0a-2@db-2/7", "1700000000500#R#18#1700000000100"), // expired
+            ("w:0a-3@db-3/9", "1700000003000"),
+            ("h:0a-4@db-1/43", "1700000002500#W#16#1700000000600"),
+        ]
+        .iter()
+        .flat_map(|(f, v)| [f.to_string(), v.to_string()])
+        .collect();
+        let holders = parse_kind_state("doc", &fields, 1700000001000);
+        assert_eq!(holders.len(), 2, "{holders:?}");
+        let (writer, reader) = (&holders[0], &holders[1]);
+        assert_eq!((writer.kind, writer.fencing_token), (Some(crate::backend::LockKind::Write), Some(16)));
+        assert_eq!((reader.kind, reader.fencing_token), (Some(crate::backend::LockKind::Read), Some(17)));
+        assert_eq!(reader.holder.as_ref().and_then(|h| h.label()), Some("api"));
+        assert_eq!((reader.age, reader.remaining_lease), (Some(Duration::from_secs(1)), Some(Duration::from_secs(1))));
+        assert_eq!(reader.waited_on, Some(true), "a writer's intent lives");
+        let permits: Vec<String> =
+            ["permits", "3", "h:0b-1@h/1", "1700000002000#S#5#1700000000000"].iter().map(|s| s.to_string()).collect();
+        let holders = parse_kind_state("pool", &permits, 1700000001000);
+        assert_eq!(holders[0].kind, Some(crate::backend::LockKind::Semaphore { permits: 3 }));
+        assert_eq!(holders[0].waited_on, Some(false));
     }
 
     #[test]

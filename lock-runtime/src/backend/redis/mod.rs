@@ -43,6 +43,7 @@ static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_st
 static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force_release.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
+static INSPECT_KINDS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect_kinds.lua")));
 static KIND_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_acquire.lua")));
 static KIND_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_release.lua")));
 static KIND_EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_extend.lua")));
@@ -452,7 +453,12 @@ mod tests {
         ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
-        for src in [include_str!("watch.lua"), include_str!("inspect.lua"), include_str!("check.lua")] {
+        for src in [
+            include_str!("watch.lua"),
+            include_str!("inspect.lua"),
+            include_str!("check.lua"),
+            include_str!("inspect_kinds.lua"),
+        ] {
             assert!(src.contains("KEYS[1]") && src.contains("Returns"));
         }
     }

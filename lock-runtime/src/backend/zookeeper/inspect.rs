@@ -6,9 +6,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use super::backend::ZookeeperBackend;
+use super::kinds::{self, Role};
 use super::recipe::{decode, holder_of, queue, LeaseRecord};
 use super::{zk_error, KIND, NODE_PREFIX};
-use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, LockInfo};
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, LockInfo, LockKind};
 use crate::error::LockError;
 
 /// Looks at a lock again when its holder's node went away between the listing and the read.
@@ -96,10 +97,50 @@ async fn inspect(client: &Client, dir: &str, key: &str) -> Result<Option<LockInf
     Err(LockError::backend(key, KIND, OP, "the lock changed hands too often to be inspected"))
 }
 
+/// The holders of a read-write lock's or semaphore's container `dir` (see `kinds.rs`): a
+/// writer holds when its node is the lowest, a reader when no writer's is below its own, a
+/// permit when fewer than `permits` nodes are. One record each; the nodes not holding are
+/// their waiters.
+async fn kind_holders(client: &Client, dir: &str, key: &str) -> Result<Vec<LockInfo>, LockError> {
+    let children = match client.list_children(dir).await {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(e) => return Err(zk_error(key, "inspect", e)),
+    };
+    let nodes = kinds::queue(children);
+    let mut holders = Vec::new();
+    for (index, (_, node)) in nodes.iter().enumerate() {
+        let kind = match kinds::role(node) {
+            Some((Role::Read, _)) => LockKind::Read,
+            Some((Role::Write, _)) => LockKind::Write,
+            Some((Role::Permit(permits), _)) => LockKind::Semaphore { permits },
+            None => continue,
+        };
+        if !kinds::holds(kind, index, &nodes) {
+            continue;
+        }
+        let (data, stat) = match client.get_data(&format!("{dir}/{node}")).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => continue, // released since the listing
+            Err(e) => return Err(zk_error(key, "inspect", e)),
+        };
+        let mut held = info(key, node, &data, &stat, 0, now_ms());
+        // `read-<owner id>-<sequence>`, `write-…`, `sem<permits>-…`
+        held.owner = node.split_once('-').and_then(|(_, rest)| rest.rsplit_once('-')).map_or("", |(o, _)| o).to_owned();
+        held.kind = Some(kind);
+        holders.push(held);
+    }
+    let waiting = (nodes.len() - holders.len()) as u64;
+    for held in &mut holders {
+        held.waiters = Some(waiting);
+    }
+    Ok(holders)
+}
+
 fn info(key: &str, node: &str, data: &[u8], stat: &Stat, waiters: u64, now_ms: i64) -> LockInfo {
     let mut info = LockInfo::new(key, owner_of(node));
     info.holder = holder_of(data);
-    info.kind = Some(crate::backend::LockKind::Exclusive); // the mutexes' containers only are read
+    info.kind = Some(LockKind::Exclusive); // a mutex's container (the kinds' set theirs)
     info.fencing_token = u64::try_from(stat.czxid).ok();
     info.waiters = Some(waiters);
     let record = LeaseRecord::parse(data);
@@ -139,13 +180,26 @@ impl crate::backend::Inspect for ZookeeperBackend {
                 Err(ZkError::NoNode) => Vec::new(),
                 Err(e) => return Err(zk_error(prefix, "list", e)),
             };
-            let mut keys: Vec<String> =
-                dirs.iter().filter_map(|d| decode(d)).filter(|k| k.starts_with(prefix)).collect();
-            keys.sort_unstable();
-            let mut locks = Vec::with_capacity(keys.len());
-            for key in keys {
-                if let Some(info) = inspect(&client, &self.lock_path(&key), &key).await? {
-                    locks.push(info);
+            // `<encoded key>` a mutex's container, `<encoded key>.rw` and `.sem` the kinds' (a
+            // `.` is always encoded, so no key's container ends so).
+            let mut found: Vec<(String, &str)> = dirs
+                .iter()
+                .filter_map(|d| {
+                    let (encoded, suffix) = [".rw", ".sem"]
+                        .iter()
+                        .find_map(|s| d.strip_suffix(s).map(|e| (e, *s)))
+                        .unwrap_or((d.as_str(), ""));
+                    Some((decode(encoded)?, suffix))
+                })
+                .filter(|(k, _)| k.starts_with(prefix))
+                .collect();
+            found.sort_unstable();
+            let mut locks = Vec::with_capacity(found.len());
+            for (key, suffix) in found {
+                let dir = format!("{}{suffix}", self.lock_path(&key));
+                match suffix {
+                    "" => locks.extend(inspect(&client, &dir, &key).await?),
+                    _ => locks.extend(kind_holders(&client, &dir, &key).await?),
                 }
             }
             Ok(locks)
@@ -165,7 +219,17 @@ impl crate::backend::Inspect for ZookeeperBackend {
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
         Box::pin(async move {
             let client = self.client(key, "inspect").await?;
-            inspect(&client, &self.lock_path(key), key).await
+            if let Some(info) = inspect(&client, &self.lock_path(key), key).await? {
+                return Ok(Some(info));
+            }
+            // A name held as a read-write lock or a semaphore: its first holder.
+            for suffix in [".rw", ".sem"] {
+                let dir = format!("{}{suffix}", self.lock_path(key));
+                if let Some(first) = kind_holders(&client, &dir, key).await?.into_iter().next() {
+                    return Ok(Some(first));
+                }
+            }
+            Ok(None)
         })
     }
 
