@@ -14,9 +14,11 @@
 #![cfg(all(feature = "redis", feature = "postgres"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lock_tests::jepsen::nemesis::{self, Backend, Config};
+
+mod jepsen_support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_redis() {
@@ -35,28 +37,7 @@ async fn jepsen_redis() {
         nemesis::run_and_check(config, "jepsen_redis", wait_slack, handoff_bound, Duration::from_secs(120)).await;
 
     // Nothing left once every worker exited: no key but the fencing counters (which are kept
-    // on purpose, see the backend's key layout), no channel.
-    let client = redis::Client::open(run.redis_url().expect("a Redis run")).expect("url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("connect to the lock server");
-    let started = Instant::now();
-    loop {
-        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("KEYS");
-        let left: Vec<&String> = keys.iter().filter(|k| !k.starts_with("lock:fence:")).collect();
-        let channels: Vec<String> =
-            redis::cmd("PUBSUB").arg("CHANNELS").query_async(&mut conn).await.expect("PUBSUB CHANNELS");
-        if left.is_empty() && channels.is_empty() {
-            break;
-        }
-        // Keys of a killed holder expire with their lease (bounded by it, past the run's tail).
-        assert!(
-            started.elapsed() < config_lease_bound(),
-            "left behind ({replay}): keys {left:?}, channels {channels:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// How long a key of a killed holder may outlive the run: its lease, with room.
-fn config_lease_bound() -> Duration {
-    Duration::from_secs(3)
+    // on purpose, see the backend's key layout), no channel; keys of a killed holder expire
+    // with their lease.
+    jepsen_support::nothing_left_on(&[run.redis_url().expect("a Redis run")], &replay).await;
 }

@@ -6,11 +6,13 @@
 //! the kill survives.
 //!
 //! ```text
-//! jepsen_worker backend=redis|zookeeper|postgres|file|mysql addr=<redis url | zk hosts | postgres url | lock dir | mysql url>
+//! jepsen_worker backend=redis|redlock|redis-cluster|redis-sentinel|zookeeper|postgres|file|mysql
+//!               addr=<redis url | redis urls or sentinel urls, comma-separated | zk hosts |
+//!                     postgres url | lock dir | mysql url>
 //!               witness=<postgres url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
 //!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
-//!               [mode=lock|elect]
+//!               [mode=lock|elect] [replicas=<n>]
 //! ```
 //!
 //! `mode=elect` campaigns in the election of the name (`Election::campaign`, bounded by the
@@ -96,6 +98,8 @@ struct Args {
     root: String,
     seed: u64,
     elect: bool,
+    /// `RedisOptions::wait_for_replicas` with this many replicas (0: not set).
+    replicas: usize,
 }
 
 fn parse_args() -> Args {
@@ -135,6 +139,7 @@ fn parse_args() -> Args {
             Some("elect") => true,
             Some(other) => panic!("mode= must be lock or elect, not {other}"),
         },
+        replicas: args.get("replicas").map_or(0, |v| v.parse().expect("replicas")),
     }
 }
 
@@ -202,6 +207,27 @@ async fn connect(args: &Args) -> Result<LockManager, LockError> {
             use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
             let options = RedisOptions::default().command_timeout(args.op_timeout);
             Ok(builder.backend(RedisBackend::connect_with(&args.addr, options).await?))
+        }
+        "redis-cluster" => {
+            use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+            let options = RedisOptions::default().command_timeout(args.op_timeout);
+            let urls: Vec<&str> = args.addr.split(',').collect();
+            Ok(builder.backend(RedisBackend::cluster(urls, options).await?))
+        }
+        "redis-sentinel" => {
+            use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+            let mut options = RedisOptions::default().command_timeout(args.op_timeout);
+            if args.replicas > 0 {
+                options = options.wait_for_replicas(args.replicas, args.op_timeout / 2);
+            }
+            let urls: Vec<&str> = args.addr.split(',').collect();
+            Ok(builder.backend(RedisBackend::sentinel(urls, lock_tests::redis_sentinel::MASTER, options).await?))
+        }
+        "redlock" => {
+            use lock_runtime::backend::redis::{RedisOptions, RedlockBackend};
+            let options = RedisOptions::default().command_timeout(args.op_timeout);
+            let urls: Vec<&str> = args.addr.split(',').collect();
+            Ok(builder.backend(RedlockBackend::connect(urls, options).await?))
         }
         #[cfg(feature = "zookeeper")]
         "zookeeper" => {

@@ -57,6 +57,12 @@ const FIRST_GRANT_BOUND: Duration = Duration::from_secs(30);
 pub enum Backend {
     /// `redis-server`, without persistence.
     Redis,
+    /// Redlock over three `redis-server` primaries, without persistence.
+    Redlock,
+    /// A Redis Cluster of three primaries with a replica each, without persistence.
+    RedisCluster,
+    /// A primary with two replicas and three Sentinels, without persistence.
+    RedisSentinel,
     /// A standalone ZooKeeper server, with its data directory.
     Zookeeper,
     /// Lock files in a directory of this host (no server).
@@ -77,6 +83,9 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Redis => "redis",
+            Backend::Redlock => "redlock",
+            Backend::RedisCluster => "redis-cluster",
+            Backend::RedisSentinel => "redis-sentinel",
             Backend::Zookeeper => "zookeeper",
             Backend::File => "file",
             Backend::Postgres => "postgres",
@@ -113,6 +122,9 @@ pub struct Config {
     /// Workers campaign in elections of the names (`Election::campaign`, a term per grant)
     /// instead of locking them.
     pub elect: bool,
+    /// Workers wait for this many replicas to acknowledge each grant and renewal
+    /// (`RedisOptions::wait_for_replicas`, a Sentinel run).
+    pub wait_for_replicas: Option<usize>,
 }
 
 impl Config {
@@ -135,6 +147,7 @@ impl Config {
                 Err(_) => Duration::from_millis(900),
             },
             elect: false,
+            wait_for_replicas: None,
         }
     }
 }
@@ -212,6 +225,17 @@ pub enum Fault {
     Delay,
     /// ZooKeeper: one worker black-holed past its session timeout, then healed.
     SessionExpiry,
+    /// Redlock: one node killed, kept down for longer than a lease (as its docs ask of an
+    /// operator), then started again empty.
+    NodeRestart,
+    /// Redlock: one node stopped (SIGSTOP) past a lease, then resumed.
+    NodePause,
+    /// Redis Cluster or Sentinel: the primary (of a run's lock name) killed; the run waits until
+    /// a replica is promoted, starts the old primary again (it rejoins as a replica) and waits
+    /// until it is in sync.
+    Failover,
+    /// Redis Cluster: the slot of one of the run's lock names moved to another primary.
+    Resharding,
 }
 
 impl Fault {
@@ -225,6 +249,10 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::Delay => "delay",
             Fault::SessionExpiry => "session-expiry",
+            Fault::NodeRestart => "node-restart",
+            Fault::NodePause => "node-pause",
+            Fault::Failover => "failover",
+            Fault::Resharding => "resharding",
         }
     }
 
@@ -250,6 +278,12 @@ impl Fault {
                     Fault::SessionExpiry,
                 ]
             }
+            Backend::Redlock => {
+                vec![Fault::Kill, Fault::Pause, Fault::NodeRestart, Fault::NodePause, Fault::Partition, Fault::Delay]
+            }
+            // The clients learn the nodes' own addresses: no proxy to cut or delay them.
+            Backend::RedisCluster => vec![Fault::Kill, Fault::Pause, Fault::Failover, Fault::Resharding],
+            Backend::RedisSentinel => vec![Fault::Kill, Fault::Pause, Fault::Failover],
             // No server, no network: a process dies or stops.
             Backend::File => vec![Fault::Kill, Fault::Pause],
             Backend::Postgres => vec![Fault::Kill, Fault::Pause, Fault::ServerRestart, Fault::Partition, Fault::Delay],
@@ -278,6 +312,15 @@ impl Fault {
                 (Fault::Partition, Fault::Kill),
             ],
             Backend::File => vec![(Fault::Pause, Fault::Kill)],
+            Backend::RedisCluster => vec![(Fault::Pause, Fault::Failover), (Fault::Kill, Fault::Resharding)],
+            Backend::RedisSentinel => vec![(Fault::Pause, Fault::Failover), (Fault::Kill, Fault::Failover)],
+            // One node at a time: a minority.
+            Backend::Redlock => vec![
+                (Fault::Pause, Fault::NodePause),
+                (Fault::Kill, Fault::NodeRestart),
+                (Fault::Partition, Fault::NodePause),
+                (Fault::Delay, Fault::NodeRestart),
+            ],
             #[cfg(feature = "etcd")]
             Backend::Etcd => vec![
                 (Fault::Pause, Fault::Partition),
@@ -345,6 +388,12 @@ pub fn schedule(backend: Backend, rng: &mut Rng, steps_beyond: usize) -> Vec<Ste
 pub enum LockServer {
     /// A `redis-server` without persistence.
     Redis(RedisServer),
+    /// Redlock's nodes: `redis-server`s without persistence.
+    Redlock(Vec<RedisServer>),
+    /// A Redis Cluster.
+    Cluster(crate::redis_cluster::RedisCluster),
+    /// A primary, its replicas and Sentinels.
+    Sentinel(crate::redis_sentinel::SentinelSetup),
     /// A ZooKeeper server with its data directory.
     Zookeeper(ZkServer),
     /// The lock directory of a file run (removed on drop).
@@ -370,23 +419,36 @@ impl Drop for LockDir {
 }
 
 impl LockServer {
-    /// The port workers reach it on (through their proxy); none for a directory.
-    fn port(&self) -> u16 {
+    /// The ports workers reach it on (each through a proxy of its own); none for a directory.
+    fn ports(&self) -> Vec<u16> {
         match self {
-            LockServer::Redis(s) => s.port(),
-            LockServer::Zookeeper(s) => s.port(),
-            LockServer::Dir(_) => 0,
-            LockServer::Postgres(s) => s.port(),
+            LockServer::Redis(s) => vec![s.port()],
+            LockServer::Redlock(nodes) => nodes.iter().map(RedisServer::port).collect(),
+            // Workers connect to the nodes directly (clients learn the nodes' addresses).
+            LockServer::Cluster(_) | LockServer::Sentinel(_) => Vec::new(),
+            LockServer::Zookeeper(s) => vec![s.port()],
+            LockServer::Dir(_) => Vec::new(),
+            LockServer::Postgres(s) => vec![s.port()],
             #[cfg(feature = "etcd")]
-            LockServer::Etcd(s) => s.port(),
+            LockServer::Etcd(s) => vec![s.port()],
             #[cfg(feature = "mysql")]
-            LockServer::Mysql(s) => s.port(),
+            LockServer::Mysql(s) => vec![s.port()],
+        }
+    }
+
+    /// Redlock's node `i`.
+    fn node(&mut self, i: usize) -> &mut RedisServer {
+        match self {
+            LockServer::Redlock(nodes) => &mut nodes[i],
+            other => panic!("not a Redlock run: {other:?}"),
         }
     }
 
     fn kill(&mut self) {
         match self {
             LockServer::Redis(s) => s.kill(),
+            LockServer::Redlock(nodes) => nodes.iter_mut().for_each(RedisServer::kill),
+            LockServer::Cluster(_) | LockServer::Sentinel(_) => {}
             LockServer::Zookeeper(s) => s.kill(),
             LockServer::Dir(_) => {}
             LockServer::Postgres(s) => s.kill(),
@@ -400,6 +462,8 @@ impl LockServer {
     fn restart(&mut self) {
         match self {
             LockServer::Redis(s) => s.restart(),
+            LockServer::Redlock(nodes) => nodes.iter_mut().for_each(RedisServer::restart),
+            LockServer::Cluster(_) | LockServer::Sentinel(_) => {}
             LockServer::Zookeeper(s) => s.restart(),
             LockServer::Dir(_) => {}
             LockServer::Postgres(s) => s.restart(),
@@ -426,12 +490,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One worker process and its proxy.
+/// One worker process and its proxies (one per server: Redlock has several).
 #[derive(Debug)]
 struct Worker {
     actor: String,
     child: Child,
-    proxy: Arc<TcpProxy>,
+    proxies: Vec<Arc<TcpProxy>>,
     /// Killed by the nemesis (its history ends at the kill, it has no `exit`).
     killed: bool,
     /// How it ended, once it did.
@@ -461,6 +525,12 @@ pub struct Nemesis {
     seed: u64,
     rng: Mutex<Rng>,
     server: Arc<Mutex<LockServer>>,
+    /// The server's ports (one proxy each per worker), read once: a failover holds the
+    /// server for seconds.
+    ports: Vec<u16>,
+    /// What workers connect to directly (a Cluster's nodes, the Sentinels; the lock directory),
+    /// when they do.
+    direct: Option<String>,
     witness: PgServer,
     names: Vec<String>,
     root: String,
@@ -523,6 +593,23 @@ impl Run {
     pub fn redis_url(&self) -> Option<String> {
         match &*lock(&self.server) {
             LockServer::Redis(s) => Some(s.url()),
+            _ => None,
+        }
+    }
+
+    /// The Redlock nodes' URLs (direct, not through a proxy), for a Redlock run.
+    pub fn redlock_urls(&self) -> Option<Vec<String>> {
+        match &*lock(&self.server) {
+            LockServer::Redlock(nodes) => Some(nodes.iter().map(RedisServer::url).collect()),
+            _ => None,
+        }
+    }
+
+    /// The data nodes' URLs (direct), for a Redis Cluster or Sentinel run.
+    pub fn data_node_urls(&self) -> Option<Vec<String>> {
+        match &*lock(&self.server) {
+            LockServer::Cluster(cluster) => Some(cluster.urls()),
+            LockServer::Sentinel(setup) => Some((0..setup.nodes()).map(|i| setup.node(i).url()).collect()),
             _ => None,
         }
     }
@@ -598,6 +685,9 @@ impl Nemesis {
         let backend = config.backend;
         let server = tokio::task::spawn_blocking(move || match backend {
             Backend::Redis => LockServer::Redis(RedisServer::start()),
+            Backend::Redlock => LockServer::Redlock((0..3).map(|_| RedisServer::start()).collect()),
+            Backend::RedisCluster => LockServer::Cluster(crate::redis_cluster::RedisCluster::start(3, 1)),
+            Backend::RedisSentinel => LockServer::Sentinel(crate::redis_sentinel::SentinelSetup::start(2, 3)),
             Backend::Zookeeper => LockServer::Zookeeper(ZkServer::start()),
             Backend::File => LockServer::Dir(LockDir(crate::server_process::ServerProcess::temp_dir("jepsen-file"))),
             Backend::Postgres => LockServer::Postgres(PgServer::start()),
@@ -615,10 +705,19 @@ impl Nemesis {
         let names = (0..config.names).map(|i| format!("{run}:{i}")).collect();
         let workers_log = std::env::temp_dir().join(format!("{run}-{}-workers.log", backend.name()));
         let log_file = Arc::new(Mutex::new(std::fs::File::create(&workers_log).expect("the workers' log")));
+        let ports = server.ports();
+        let direct = match &server {
+            LockServer::Dir(dir) => Some(dir.0.display().to_string()),
+            LockServer::Cluster(cluster) => Some(cluster.urls().join(",")),
+            LockServer::Sentinel(setup) => Some(setup.sentinel_urls().join(",")),
+            _ => None,
+        };
         let nemesis = Nemesis {
             rng: Mutex::new(Rng::new(seed)),
             seed,
             server: Arc::new(Mutex::new(server)),
+            ports,
+            direct,
             witness,
             names,
             root: format!("/{run}"),
@@ -672,18 +771,22 @@ impl Nemesis {
             *next - 1
         };
         let actor = format!("w{n}");
-        let port = lock(&self.server).port();
-        let proxy = Arc::new(TcpProxy::start(port).await);
+        let mut proxies = Vec::new();
+        for port in &self.ports {
+            proxies.push(Arc::new(TcpProxy::start(*port).await));
+        }
         let c = &self.config;
-        let addr = match (c.backend, &*lock(&self.server)) {
-            (_, LockServer::Dir(dir)) => dir.0.display().to_string(),
-            (Backend::Zookeeper, _) => format!("127.0.0.1:{}", proxy.port()),
-            (Backend::Postgres, _) => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+        let addr = match (c.backend, &self.direct, proxies.first()) {
+            (_, Some(direct), _) => direct.clone(),
+            (Backend::Redlock, ..) => proxies.iter().map(|p| p.redis_url()).collect::<Vec<_>>().join(","),
+            (Backend::Zookeeper, _, Some(proxy)) => format!("127.0.0.1:{}", proxy.port()),
+            (Backend::Postgres, _, Some(proxy)) => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
             #[cfg(feature = "etcd")]
-            (Backend::Etcd, _) => format!("http://127.0.0.1:{}", proxy.port()),
+            (Backend::Etcd, _, Some(proxy)) => format!("http://127.0.0.1:{}", proxy.port()),
             #[cfg(feature = "mysql")]
-            (Backend::Mysql, _) => format!("mysql://app:secret@127.0.0.1:{}/app", proxy.port()),
-            _ => proxy.redis_url(),
+            (Backend::Mysql, _, Some(proxy)) => format!("mysql://app:secret@127.0.0.1:{}/app", proxy.port()),
+            (_, _, Some(proxy)) => proxy.redis_url(),
+            (backend, ..) => panic!("no address for a {backend:?} worker"),
         };
         let lease = if n % 2 == 1 { "watchdog" } else { "fixed" };
         let ms = |d: Duration| d.as_millis().to_string();
@@ -703,6 +806,7 @@ impl Nemesis {
             .arg(format!("root={}", self.root))
             .arg(format!("seed={worker_seed}"))
             .arg(format!("mode={}", if c.elect { "elect" } else { "lock" }))
+            .arg(format!("replicas={}", c.wait_for_replicas.unwrap_or(0)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -744,7 +848,8 @@ impl Nemesis {
                 let _ = writeln!(lock(&file), "{who}: {line}");
             }
         });
-        lock(&self.workers).push(Worker { actor, child, proxy, killed: false, status: None, readers: vec![out, err] });
+        let readers = vec![out, err];
+        lock(&self.workers).push(Worker { actor, child, proxies, killed: false, status: None, readers });
     }
 
     /// Waits until `condition` holds (checked on every history line), for at most `bound`.
@@ -807,8 +912,9 @@ impl Nemesis {
         lock(&self.busy).remove(actor);
     }
 
-    fn proxy_of(&self, actor: &str) -> Arc<TcpProxy> {
-        lock(&self.workers).iter().find(|w| w.actor == actor).map(|w| w.proxy.clone()).expect("worker")
+    /// The proxies of `actor`'s connections (one per server).
+    fn proxies_of(&self, actor: &str) -> Vec<Arc<TcpProxy>> {
+        lock(&self.workers).iter().find(|w| w.actor == actor).map(|w| w.proxies.clone()).expect("worker")
     }
 
     fn signal(&self, actor: &str, signal: &str) {
@@ -829,6 +935,12 @@ impl Nemesis {
     pub async fn target(&self, fault: Fault) -> Option<String> {
         match fault {
             Fault::ServerRestart | Fault::ClientKillNormal | Fault::ClientKillPubsub => Some("server".to_owned()),
+            // One Redlock node, drawn.
+            Fault::NodeRestart | Fault::NodePause => {
+                let nodes = self.ports.len() as u64;
+                Some(format!("node{}", self.rng().below(nodes)))
+            }
+            Fault::Failover | Fault::Resharding => Some("primary".to_owned()),
             Fault::Kill | Fault::Pause | Fault::Partition | Fault::Delay | Fault::SessionExpiry => self.pick().await,
         }
     }
@@ -874,6 +986,69 @@ impl Nemesis {
                 tokio::task::spawn_blocking(move || lock(&server).restart()).await.expect("restart the lock server");
                 self.note(kind, "server", false);
             }
+            Fault::NodeRestart | Fault::NodePause => {
+                let i: usize = target.trim_start_matches("node").parse().expect("a node target");
+                self.note(kind, target, true);
+                if fault == Fault::NodePause {
+                    // Past a lease: its keys expire on it while it is stopped.
+                    let pause = c.lease * 2 + self.rng().between(Duration::ZERO, c.lease);
+                    lock(&self.server).node(i).pause();
+                    tokio::time::sleep(pause).await;
+                    lock(&self.server).node(i).resume();
+                } else {
+                    // Down for longer than a lease, so that nothing it granted is still held
+                    // when it comes back empty (the Redlock docs' rule for a node that lost its
+                    // data; without it two emptied nodes in a row could form a second quorum).
+                    let down = c.lease + self.rng().between(Duration::from_millis(300), Duration::from_millis(1000));
+                    lock(&self.server).node(i).kill();
+                    tokio::time::sleep(down).await;
+                    let server = self.server.clone();
+                    tokio::task::spawn_blocking(move || lock(&server).node(i).restart())
+                        .await
+                        .expect("restart the node");
+                }
+                self.note(kind, target, false);
+            }
+            Fault::Failover | Fault::Resharding => {
+                let name = self.names[usize::try_from(self.rng().below(self.names.len() as u64)).unwrap()].clone();
+                let draw = self.rng().next_u64();
+                self.note(kind, target, true);
+                let server = self.server.clone();
+                let bound = Duration::from_secs(30);
+                let moved = tokio::task::spawn_blocking(move || match (fault, &mut *lock(&server)) {
+                    (Fault::Failover, LockServer::Cluster(cluster)) => {
+                        let old = cluster.primary_of(&name);
+                        cluster.kill(old);
+                        let new = cluster.wait_for_failover(old, bound);
+                        cluster.restart(old);
+                        cluster.wait_healthy(bound);
+                        format!(
+                            "{name}'s primary: node {old} killed, node {new} promoted, node {old} back as a replica"
+                        )
+                    }
+                    (Fault::Failover, LockServer::Sentinel(setup)) => {
+                        let old = setup.primary_index();
+                        setup.kill(old);
+                        let new = setup.wait_for_new_primary(old);
+                        setup.restart(old);
+                        setup.wait_for_replica(old);
+                        format!("node {old} killed, node {new} promoted, node {old} back as a replica")
+                    }
+                    (_, LockServer::Cluster(cluster)) => {
+                        let slot = crate::redis_cluster::slot_of(&name);
+                        let from = cluster.slot_owner(slot);
+                        let others: Vec<usize> = cluster.primaries().into_iter().filter(|&p| p != from).collect();
+                        let to = others[usize::try_from(draw % others.len() as u64).unwrap()];
+                        cluster.migrate_slot(slot, from, to);
+                        format!("{name}'s slot {slot} moved from node {from} to node {to}")
+                    }
+                    (fault, other) => panic!("{fault:?} does not apply to {other:?}"),
+                })
+                .await
+                .expect("the failover or resharding");
+                eprintln!("nemesis: {kind}: {moved}");
+                self.note(kind, target, false);
+            }
             Fault::ClientKillNormal | Fault::ClientKillPubsub => {
                 let which = if fault == Fault::ClientKillNormal { "normal" } else { "pubsub" };
                 let url = match &*lock(&self.server) {
@@ -886,7 +1061,7 @@ impl Nemesis {
             }
             Fault::Partition | Fault::SessionExpiry => {
                 let actor = target.to_owned();
-                let proxy = self.proxy_of(&actor);
+                let proxies = self.proxies_of(&actor);
                 let length = match (fault, c.backend) {
                     // Past the client's own disconnect grace (half the session), within the session.
                     (Fault::Partition, Backend::Zookeeper) => {
@@ -899,21 +1074,21 @@ impl Nemesis {
                     _ => c.session_timeout * 2 + self.rng().between(Duration::ZERO, c.session_timeout),
                 };
                 self.note(kind, &actor, true);
-                proxy.partition();
+                proxies.iter().for_each(|p| p.partition());
                 tokio::time::sleep(length).await;
-                proxy.heal();
+                proxies.iter().for_each(|p| p.heal());
                 self.note(kind, &actor, false);
                 self.done_with(&actor);
             }
             Fault::Delay => {
                 let actor = target.to_owned();
-                let proxy = self.proxy_of(&actor);
+                let proxies = self.proxies_of(&actor);
                 let delay = self.rng().between(Duration::from_millis(20), Duration::from_millis(120));
                 let length = self.rng().between(Duration::from_millis(1500), Duration::from_millis(2500));
                 self.note(kind, &actor, true);
-                proxy.set_delay(delay);
+                proxies.iter().for_each(|p| p.set_delay(delay));
                 tokio::time::sleep(length).await;
-                proxy.set_delay(Duration::ZERO);
+                proxies.iter().for_each(|p| p.set_delay(Duration::ZERO));
                 self.note(kind, &actor, false);
                 self.done_with(&actor);
             }
@@ -959,8 +1134,10 @@ impl Nemesis {
     /// assembles the history.
     async fn finish(self) -> Run {
         for w in lock(&self.workers).iter() {
-            w.proxy.heal();
-            w.proxy.set_delay(Duration::ZERO);
+            for proxy in &w.proxies {
+                proxy.heal();
+                proxy.set_delay(Duration::ZERO);
+            }
         }
         tokio::time::sleep(TAIL).await;
         lock(&self.stdins).clear(); // EOF: stop
