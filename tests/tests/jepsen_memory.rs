@@ -16,7 +16,7 @@ use lock_runtime::LockManager;
 use lock_tests::jepsen::checker::{check, CheckInput};
 use lock_tests::jepsen::guarantees;
 use lock_tests::jepsen::held::Held;
-use lock_tests::jepsen::history::{Event, ReadOutcome, Record, WriteOutcome};
+use lock_tests::jepsen::history::{Event, Mode, ReadOutcome, Record, WriteOutcome};
 use tokio::time::Instant;
 
 const NAMES: usize = 3;
@@ -133,7 +133,7 @@ async fn worker(run: Arc<Run>, actor: String, mut rng: Rng) -> bool {
             }
         };
         let token = guard.fencing_token();
-        run.log(&actor, Event::Granted { name: name.clone(), token });
+        run.log(&actor, Event::Granted { name: name.clone(), token, mode: Mode::Exclusive });
         let fate = match rng.below(100) {
             0..=4 => Fate::Stall,
             5..=6 => Fate::Crash,

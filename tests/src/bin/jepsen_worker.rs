@@ -12,8 +12,13 @@
 //!               witness=<postgres url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
 //!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
-//!               [mode=lock|elect] [replicas=<n>]
+//!               [mode=lock|elect] [replicas=<n>] [kinds=<mutex|rw|sem<n>,..>]
 //! ```
+//!
+//! `kinds=` gives each name of `names=` its kind: `mutex` (the default), `rw` (two acquisitions
+//! in three take a read lock, the others a write lock) or `sem<n>` (a permit of a semaphore of
+//! `n`). Only mutex and write holders read-modify-write the witness; readers and permit holders
+//! just hold.
 //!
 //! `mode=elect` campaigns in the election of the name (`Election::campaign`, bounded by the
 //! `wait`) instead of locking it: each term is logged as a grant, its leadership's `lost()` as
@@ -38,7 +43,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{LockError, LockManager};
 use lock_tests::jepsen::held::Held;
-use lock_tests::jepsen::history::{Event, ReadOutcome, Record, WriteOutcome};
+use lock_tests::jepsen::history::{Event, Mode, ReadOutcome, Record, WriteOutcome};
 use lock_tests::jepsen::witness::Witness;
 
 /// How long the worker gives the library's background tasks to stop after the manager is
@@ -100,6 +105,18 @@ struct Args {
     elect: bool,
     /// `RedisOptions::wait_for_replicas` with this many replicas (0: not set).
     replicas: usize,
+    /// The kind of lock each name is (`kinds=`, beside `names=`; all mutexes by default).
+    kinds: Vec<Kind>,
+}
+
+/// The kind of lock a name is taken as.
+#[derive(Clone, Copy)]
+enum Kind {
+    Mutex,
+    /// Read-write: two acquisitions in three read, the others write.
+    ReadWrite,
+    /// A semaphore of this many permits.
+    Semaphore(u32),
 }
 
 fn parse_args() -> Args {
@@ -140,6 +157,19 @@ fn parse_args() -> Args {
             Some(other) => panic!("mode= must be lock or elect, not {other}"),
         },
         replicas: args.get("replicas").map_or(0, |v| v.parse().expect("replicas")),
+        kinds: match args.get("kinds") {
+            None => vec![Kind::Mutex; get("names").split(',').count()],
+            Some(kinds) => kinds
+                .split(',')
+                .map(|k| match k {
+                    "mutex" => Kind::Mutex,
+                    "rw" => Kind::ReadWrite,
+                    k => Kind::Semaphore(
+                        k.strip_prefix("sem").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("kind {k}?")),
+                    ),
+                })
+                .collect(),
+        },
     }
 }
 
@@ -298,7 +328,14 @@ async fn main() {
         return;
     };
     while running() {
-        let name = &args.names[usize::try_from(rng.below(args.names.len() as u64)).expect("index")];
+        let index = usize::try_from(rng.below(args.names.len() as u64)).expect("index");
+        let name = &args.names[index];
+        let mode = match args.kinds.get(index).copied().unwrap_or(Kind::Mutex) {
+            Kind::Mutex => Mode::Exclusive,
+            Kind::ReadWrite if rng.below(3) == 0 => Mode::Write,
+            Kind::ReadWrite => Mode::Read,
+            Kind::Semaphore(permits) => Mode::Permit(permits),
+        };
         log(actor, Event::Acquire { name: name.clone(), wait_ms: u64::try_from(args.wait.as_millis()).unwrap() });
         let held = if args.elect {
             let mut campaign = manager.election(name).campaign().wait(args.wait);
@@ -307,7 +344,13 @@ async fn main() {
             }
             campaign.await.map(Held::Term)
         } else {
-            let mut request = manager.lock(name).wait(args.wait);
+            let mut request = match mode {
+                Mode::Exclusive => manager.lock(name),
+                Mode::Write => manager.write_lock(name),
+                Mode::Read => manager.read_lock(name),
+                Mode::Permit(permits) => manager.semaphore(name, permits),
+            }
+            .wait(args.wait);
             if let Lease::Fixed(lease) = args.lease {
                 request = request.lease(lease);
             }
@@ -322,7 +365,7 @@ async fn main() {
             }
         };
         let token = guard.fencing_token();
-        log(actor, Event::Granted { name: name.clone(), token });
+        log(actor, Event::Granted { name: name.clone(), token, mode });
         // Mostly a few ms. One in ten 50..200 ms, long enough for a fault to catch the holder;
         // one in ten 300..long_hold_ms, across watchdog renewals (every third of the lease), and
         // past a fixed lease's end when long_hold_ms exceeds it.
@@ -332,6 +375,11 @@ async fn main() {
             _ => 1 + rng.below(10),
         });
         let work = async {
+            // Readers and permit holders share the name: they hold, and touch no fenced state.
+            if matches!(mode, Mode::Read | Mode::Permit(_)) {
+                tokio::time::sleep(hold).await;
+                return;
+            }
             let read = witness.read(name, token).await;
             log(actor, Event::Read { name: name.clone(), token, outcome: read });
             tokio::time::sleep(hold).await;

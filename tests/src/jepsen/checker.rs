@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::history::{Event, ReadOutcome, Record, WriteOutcome};
+use super::history::{Event, Mode, ReadOutcome, Record, WriteOutcome};
 
 /// What the checker is given.
 #[derive(Debug, Clone, Copy)]
@@ -297,6 +297,7 @@ struct Grant {
     actor: String,
     name: String,
     token: u64,
+    mode: Mode,
     t: u64,
     pos: usize,
     acquire_pos: usize,
@@ -375,7 +376,7 @@ impl<'r> Run<'r> {
                     });
                     open_acquisitions.insert(key, run.acquisitions.len() - 1);
                 }
-                Event::Granted { name, token } => {
+                Event::Granted { name, token, mode } => {
                     let key = (r.actor.clone(), name.clone());
                     close(&mut run.grants, &mut open_grants, &key, HoldingEnd::NextAcquire);
                     let acquire_pos = match open_acquisitions.remove(&key) {
@@ -389,6 +390,7 @@ impl<'r> Run<'r> {
                         actor: r.actor.clone(),
                         name: name.clone(),
                         token: *token,
+                        mode: *mode,
                         t,
                         pos,
                         acquire_pos,
@@ -607,51 +609,37 @@ fn check_witness(run: &Run<'_>, witness: &BTreeMap<String, Vec<(u64, u64)>>, rep
 fn check_overlaps_and_margins(run: &Run<'_>, report: &mut Report) {
     for name in run.names() {
         let grants: Vec<&Grant> = run.grants_of(name).collect();
-        for (i, a) in grants.iter().enumerate() {
-            for b in &grants[i + 1..] {
-                if b.pos >= a.end_pos {
-                    break;
+        for (j, &b) in grants.iter().enumerate() {
+            // The holdings still open at b's grant. Holdings are half-open, [grant, end): a grant
+            // at the very instant a holding ended (its lease ran out, its lost() fired) does not
+            // overlap it, whichever of the two records was written first.
+            let open: Vec<&Grant> = grants[..j]
+                .iter()
+                .copied()
+                .filter(|a| b.pos < a.end_pos && !(b.t >= a.end_t && a.end != HoldingEnd::History))
+                .collect();
+            // Those b may not hold beside: any but readers beside a reader; for a permit, the
+            // permits beyond the semaphore's count (the one a fault explains, if any: the stale one).
+            let conflicting: Vec<&Grant> = match b.mode {
+                Mode::Permit(permits) => {
+                    let holders: Vec<&Grant> = open.iter().copied().filter(|a| a.mode.shares_with(b.mode)).collect();
+                    let mut beyond: Vec<&Grant> =
+                        open.iter().copied().filter(|a| !a.mode.shares_with(b.mode)).collect();
+                    if holders.len() >= permits as usize {
+                        let explained = holders.iter().find(|a| classify(run, &a.actor, a.t, b.t) != "unexplained");
+                        beyond.push(explained.copied().unwrap_or(holders[0]));
+                    }
+                    beyond
                 }
-                if b.t >= a.end_t && a.end != HoldingEnd::History {
-                    // Holdings are half-open, [grant, end): a grant at the very instant the
-                    // holding ended (its lease ran out, its lost() fired) does not overlap it,
-                    // whichever of the two records was written first.
-                    continue;
-                }
-                let mut class = classify(run, &a.actor, a.t, b.t);
-                if class == "unexplained" && b.token < a.token {
-                    // The later record has the lower token: b was granted first and its record came
-                    // late, which a fault on b's own process (a pause before it logged) explains.
-                    let acquired = run.sorted.get(b.acquire_pos).map_or(b.t, |r| r.t_us);
-                    class = classify(run, &b.actor, acquired, b.t);
-                }
-                let overlap = Overlap {
-                    name: name.to_string(),
-                    holder: a.actor.clone(),
-                    holder_token: a.token,
-                    holder_granted_us: a.t,
-                    next: b.actor.clone(),
-                    next_token: b.token,
-                    next_granted_us: b.t,
-                    class,
-                    holder_end: a.end,
-                };
-                if overlap.class == "unexplained" {
-                    let until = if a.end == HoldingEnd::History {
-                        "the end of the history (never released)".to_string()
-                    } else {
-                        format!("t={} ({}, {} after the second grant)", a.end_t, a.end.describe(), ms(a.end_t - b.t))
-                    };
-                    report.violations.push(format!(
-                        "{name}: {} was granted token {} at t={} while {} still held token {} (granted t={}, held \
-                         until {until}); no fault explains the overlap",
-                        b.actor, b.token, b.t, a.actor, a.token, a.t
-                    ));
-                }
-                report.overlaps.push(overlap);
+                mode => open.iter().copied().filter(|a| !a.mode.shares_with(mode)).collect(),
+            };
+            for a in conflicting {
+                overlap(run, name, a, b, report);
             }
+        }
+        for (i, a) in grants.iter().enumerate() {
             if a.end == HoldingEnd::Lost {
-                if let Some(next) = grants.get(i + 1) {
+                if let Some(next) = grants.get(i + 1).filter(|next| !a.mode.shares_with(next.mode)) {
                     report.lost_margins_us.push(next.t as i64 - a.end_t as i64);
                 }
             }
@@ -665,6 +653,46 @@ fn check_overlaps_and_margins(run: &Run<'_>, report: &mut Report) {
         }
     }
     report.overlaps.sort_by_key(|o| o.next_granted_us);
+}
+
+/// Records that `b` was granted while `a` held what b may not hold beside, classified by the
+/// faults that explain it; a violation when none does.
+fn overlap(run: &Run<'_>, name: &str, a: &Grant, b: &Grant, report: &mut Report) {
+    let mut class = classify(run, &a.actor, a.t, b.t);
+    if class == "unexplained" && b.token < a.token {
+        // The later record has the lower token: b was granted first and its record came
+        // late, which a fault on b's own process (a pause before it logged) explains.
+        let acquired = run.sorted.get(b.acquire_pos).map_or(b.t, |r| r.t_us);
+        class = classify(run, &b.actor, acquired, b.t);
+    }
+    let overlap = Overlap {
+        name: name.to_string(),
+        holder: a.actor.clone(),
+        holder_token: a.token,
+        holder_granted_us: a.t,
+        next: b.actor.clone(),
+        next_token: b.token,
+        next_granted_us: b.t,
+        class,
+        holder_end: a.end,
+    };
+    if overlap.class == "unexplained" {
+        let until = if a.end == HoldingEnd::History {
+            "the end of the history (never released)".to_string()
+        } else {
+            format!("t={} ({}, {} after the second grant)", a.end_t, a.end.describe(), ms(a.end_t - b.t))
+        };
+        let beside = match b.mode {
+            Mode::Permit(n) => format!(" beyond the {n} permits"),
+            _ => String::new(),
+        };
+        report.violations.push(format!(
+            "{name}: {} was granted token {}{} at t={}{beside} while {} still held token {}{} (granted t={}, held \
+             until {until}); no fault explains the overlap",
+            b.actor, b.token, b.mode, b.t, a.actor, a.token, a.mode, a.t
+        ));
+    }
+    report.overlaps.push(overlap);
 }
 
 fn check_tokens(run: &Run<'_>, report: &mut Report) {
@@ -977,6 +1005,38 @@ mod tests {
         5100 w1 release a 1
         9000 w1 exit 0
         9000 w2 exit 0";
+
+    /// Readers hold beside readers, and permits beside permits within their count; a writer beside a
+    /// reader, or a permit beyond the count, is an overlap (here unexplained: no fault).
+    #[test]
+    fn readers_share_and_permits_count() {
+        let readers = "\
+            1000 w1 acquire rw 1000
+            1100 w1 granted rw 1 read
+            1200 w2 acquire rw 1000
+            1300 w2 granted rw 2 read
+            2000 w1 release rw 1
+            2100 w2 release rw 2
+            2200 w3 acquire sem 1000
+            2300 w3 granted sem 3 permit/2
+            2400 w4 acquire sem 1000
+            2500 w4 granted sem 4 permit/2
+            3000 w3 release sem 3
+            3100 w4 release sem 4
+            9000 w1 exit 0
+            9000 w2 exit 0
+            9000 w3 exit 0
+            9000 w4 exit 0";
+        let report = run(readers);
+        assert_clean(&report);
+        assert!(report.overlaps().is_empty(), "{:?}", report.overlaps());
+        let writer = readers.replace("1300 w2 granted rw 2 read", "1300 w2 granted rw 2 write");
+        assert_violation(&run(&writer), "w2 was granted token 2 write at t=1300 while w1 still held token 1 read");
+        let third = format!(
+            "{readers}\n2600 w5 acquire sem 1000\n2700 w5 granted sem 5 permit/2\n2800 w5 release sem 5\n9000 w5 exit 0"
+        );
+        assert_violation(&run(&third), "w5 was granted token 5 permit/2 at t=2700 beyond the 2 permits");
+    }
 
     #[test]
     fn an_overlap_without_a_fault_is_unexplained() {

@@ -9,6 +9,7 @@
 //! ```text
 //! 1763850000000000 w3 acquire jepsen:0 2000          # lock("jepsen:0").wait(2000 ms) starts
 //! 1763850000001200 w3 granted jepsen:0 17             # ... returned a guard with token 17
+//! 1763850000001300 w5 granted jepsen:1 18 read        # a read lock (also `write`, `permit/<n>`)
 //! 1763850000001900 w3 read jepsen:0 17 41             # witness read under token 17: value 41
 //! 1763850000002500 w3 write jepsen:0 17 42 accepted   # witness write of 42 under token 17
 //! 1763850000002600 w3 release jepsen:0 17             # guard.release() starts
@@ -45,13 +46,46 @@ pub enum WriteOutcome {
     Error,
 }
 
+/// What a grant holds: the name alone (a mutex, a term, a write lock) or a share of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A mutex or an election's term: no other holder at once.
+    Exclusive,
+    /// A write lock: no other holder at once.
+    Write,
+    /// A read lock: beside other readers only.
+    Read,
+    /// A permit of a semaphore of this many permits: at most that many holders at once.
+    Permit(u32),
+}
+
+impl Mode {
+    /// Whether a holding in this mode and one in `other` may overlap (two readers; two permits,
+    /// within their count, which the checker counts).
+    pub fn shares_with(self, other: Mode) -> bool {
+        matches!((self, other), (Mode::Read, Mode::Read) | (Mode::Permit(_), Mode::Permit(_)))
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Exclusive => Ok(()),
+            Mode::Write => f.write_str(" write"),
+            Mode::Read => f.write_str(" read"),
+            Mode::Permit(n) => write!(f, " permit/{n}"),
+        }
+    }
+}
+
 /// One event of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// `acquire <name> <wait_ms>`: an acquisition with this `wait` starts.
     Acquire { name: String, wait_ms: u64 },
-    /// `granted <name> <token>`: it returned a guard.
-    Granted { name: String, token: u64 },
+    /// `granted <name> <token> [write|read|permit/<n>]`: it returned a guard (of a mutex or a
+    /// term when no mode follows).
+    Granted { name: String, token: u64, mode: Mode },
     /// `failed <name> <reason>`: it returned an error; reason is `contended`, `backend`, `lost`,
     /// `invalid` or `other`.
     Failed { name: String, reason: String },
@@ -93,7 +127,7 @@ impl fmt::Display for Record {
         write!(f, "{} {} ", self.t_us, self.actor)?;
         match &self.event {
             Event::Acquire { name, wait_ms } => write!(f, "acquire {name} {wait_ms}"),
-            Event::Granted { name, token } => write!(f, "granted {name} {token}"),
+            Event::Granted { name, token, mode } => write!(f, "granted {name} {token}{mode}"),
             Event::Failed { name, reason } => write!(f, "failed {name} {reason}"),
             Event::Read { name, token, outcome } => match outcome {
                 ReadOutcome::Value(v) => write!(f, "read {name} {token} {v}"),
@@ -132,7 +166,18 @@ impl FromStr for Record {
         let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
         let event = match (*kind, rest) {
             ("acquire", [name, wait]) => Event::Acquire { name: name.to_string(), wait_ms: num(wait)? },
-            ("granted", [name, token]) => Event::Granted { name: name.to_string(), token: num(token)? },
+            ("granted", [name, token]) => {
+                Event::Granted { name: name.to_string(), token: num(token)?, mode: Mode::Exclusive }
+            }
+            ("granted", [name, token, mode]) => Event::Granted {
+                name: name.to_string(),
+                token: num(token)?,
+                mode: match *mode {
+                    "write" => Mode::Write,
+                    "read" => Mode::Read,
+                    m => Mode::Permit(m.strip_prefix("permit/").and_then(|n| n.parse().ok()).ok_or_else(bad)?),
+                },
+            },
             ("failed", [name, reason]) => Event::Failed { name: name.to_string(), reason: reason.to_string() },
             ("read", [name, token, outcome]) => Event::Read {
                 name: name.to_string(),
@@ -195,12 +240,15 @@ mod tests {
         let text = "1 w3 acquire jepsen:0 2000\n2 w3 granted jepsen:0 17\n3 w3 read jepsen:0 17 41\n\
                     4 w3 read jepsen:0 17 refused\n5 w3 write jepsen:0 17 42 accepted\n\
                     6 w3 release jepsen:0 17\n7 w3 released jepsen:0 17 ok\n8 w4 failed jepsen:0 contended\n\
-                    9 w4 lost jepsen:0 18\n10 nemesis fault pause w3 start\n11 w3 exit 0\n";
+                    9 w4 lost jepsen:0 18\n10 nemesis fault pause w3 start\n11 w3 exit 0\n\
+                    12 w5 granted jepsen:1 19 read\n13 w5 granted jepsen:1 20 write\n\
+                    14 w6 granted jepsen:2 21 permit/2\n";
         let records = parse(text).unwrap();
-        assert_eq!(records.len(), 11);
+        assert_eq!(records.len(), 14);
         let again: String = records.iter().map(|r| format!("{r}\n")).collect();
         assert_eq!(again, text);
         assert!(parse("1 w3 granted jepsen:0").is_err());
         assert!(parse("x w3 granted jepsen:0 1").is_err());
+        assert!(parse("1 w3 granted jepsen:0 1 permit/x").is_err());
     }
 }

@@ -125,6 +125,9 @@ pub struct Config {
     /// Workers wait for this many replicas to acknowledge each grant and renewal
     /// (`RedisOptions::wait_for_replicas`, a Sentinel run).
     pub wait_for_replicas: Option<usize>,
+    /// The kind of each name (the worker's `kinds=`: `mutex`, `rw`, `sem<n>`); all mutexes when
+    /// empty.
+    pub kinds: Vec<&'static str>,
 }
 
 impl Config {
@@ -148,7 +151,16 @@ impl Config {
             },
             elect: false,
             wait_for_replicas: None,
+            kinds: Vec::new(),
         }
+    }
+
+    /// Three names: a mutex, a read-write lock (workers read two times in three) and a
+    /// semaphore of two permits; the checker holds each to its kind's rule.
+    pub fn with_kinds(mut self) -> Self {
+        self.kinds = vec!["mutex", "rw", "sem2"];
+        self.names = self.kinds.len();
+        self
     }
 }
 
@@ -807,6 +819,7 @@ impl Nemesis {
             .arg(format!("seed={worker_seed}"))
             .arg(format!("mode={}", if c.elect { "elect" } else { "lock" }))
             .arg(format!("replicas={}", c.wait_for_replicas.unwrap_or(0)))
+            .args((!c.kinds.is_empty()).then(|| format!("kinds={}", c.kinds.join(","))))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
