@@ -1,9 +1,9 @@
 //! `lockctl`: inspect and free the locks of lock-runtime's Redis (one server, Cluster,
-//! Sentinel), ZooKeeper, etcd, PostgreSQL and lock-file backends.
+//! Sentinel, Redlock), ZooKeeper, etcd, PostgreSQL and lock-file backends.
 //!
 //! ```text
 //! lockctl (--redis URL | --redis-cluster URLS | --redis-sentinel URLS --master NAME
-//!          | --zookeeper HOSTS [--zk-root PATH] | --etcd ENDPOINTS [--etcd-root PATH]
+//!          | --redlock URLS | --zookeeper HOSTS [--zk-root PATH] | --etcd ENDPOINTS [--etcd-root PATH]
 //!          | --postgres URL | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
@@ -47,7 +47,13 @@
 //!   an upper bound).
 //! - **Redis Cluster and Sentinel** (`--redis-cluster URLS`, `--redis-sentinel URLS --master
 //!   NAME`, URLS comma-separated): as on one server; `list` scans every primary of a Cluster;
-//!   with Sentinel, the primary the sentinels name.
+//!   with Sentinel, the primary the sentinels name. Read-write locks and semaphores show one
+//!   line per holder (kind `read`, `write`, `semaphore of N`), on every store that has them.
+//! - **Redlock** (`--redlock URLS`, the independent primaries, comma-separated): each node is
+//!   read as a Redis server; a lock is held when a quorum of them (N/2 + 1) names one owner,
+//!   shown with the largest token among them (the quorum's), the oldest grant and the
+//!   shortest lease left; a key fewer nodes name (a lost split vote) is not held. A quorum of
+//!   nodes must answer. `release` frees the key on every node, owner-checked.
 //! - **etcd** (`--etcd ENDPOINTS`, comma-separated; `user:password@` before them with RBAC on;
 //!   `https://` endpoints with the `--tls-*` settings): a lock's holder is its lowest key, its
 //!   token that key's create revision; waiters are exact (the keys queued behind it); a lock
@@ -100,6 +106,9 @@ use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
 use lock_runtime::backend::{ChangeFeed, ForceRelease, Inspect, LockInfo, LockKind};
 use lock_runtime::LockError;
 use serde_json::{json, Value};
+
+#[cfg(feature = "redis")]
+mod redlock;
 
 /// `lockctl --help`'s closing section.
 const EXIT_CODES: &str = "\
@@ -155,7 +164,10 @@ fn command() -> Command {
     };
     Command::new("lockctl")
         .version(env!("CARGO_PKG_VERSION"))
-        .about("Inspect and free the locks of lock-runtime's Redis, ZooKeeper, etcd, PostgreSQL and lock-file backends")
+        .about(
+            "Inspect and free the locks of lock-runtime's Redis, Redlock, ZooKeeper, etcd, PostgreSQL and lock-file \
+             backends",
+        )
         .after_help(EXIT_CODES)
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
         .arg(backend(
@@ -165,6 +177,11 @@ fn command() -> Command {
         ))
         .arg(backend("redis-sentinel", "URLS", "Redis sentinels, comma-separated; with --master").requires("master"))
         .arg(backend("master", "NAME", "The primary's name at the sentinels (with --redis-sentinel)"))
+        .arg(backend(
+            "redlock",
+            "URLS",
+            "Redlock's independent primaries, comma-separated; a lock is held when a quorum names one owner",
+        ))
         .arg(backend(
             "etcd",
             "ENDPOINTS",
@@ -185,7 +202,7 @@ fn command() -> Command {
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
         .group(
             ArgGroup::new("store")
-                .args(["redis", "redis-cluster", "redis-sentinel", "zookeeper", "etcd", "postgres", "file"])
+                .args(["redis", "redis-cluster", "redis-sentinel", "redlock", "zookeeper", "etcd", "postgres", "file"])
                 .required(true),
         )
         .subcommand_required(true)
@@ -279,6 +296,15 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
         }
         #[cfg(not(feature = "redis"))]
         return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls} ({master})")));
+    }
+    if let Some(urls) = matches.get_one::<String>("redlock") {
+        #[cfg(feature = "redis")]
+        {
+            let options = redis_options(matches)?;
+            return Ok(Box::new(redlock::Quorum::connect(&list(urls), options).await?));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls}")));
     }
     if let Some(endpoints) = matches.get_one::<String>("etcd") {
         #[cfg(feature = "etcd")]

@@ -590,6 +590,40 @@ async fn redis_cluster_list_show_and_release() {
     assert!(again.fencing_token() > guards[3].fencing_token());
 }
 
+/// `--redlock URLS`: a lock granted by a quorum is listed and shown with its holder and the
+/// quorum's token; a key only a minority of the nodes holds (a lost split vote) is not; a forced
+/// release frees it on every node, and its holder and a waiter see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_list_show_release_and_minority_keys() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let store = Store { flag: "--redlock", address: urls.join(",") };
+    let prefix = format!("{}:", unique("lockctl"));
+    let manager = || async {
+        LockManager::builder()
+            .prefix(&prefix)
+            .label(LABEL)
+            .default_lease(Duration::from_millis(900))
+            .redlock(&urls)
+            .await
+            .expect("connect")
+    };
+    let (holder_manager, waiter) = (manager().await, manager().await);
+    let guard = holder_manager.lock("order:1").await.expect("lock");
+    let key = format!("{prefix}order:1");
+    list_and_show(&store, &guard, &key, &prefix).await;
+    // A key on one node of three: not held.
+    let stray = format!("{prefix}stray");
+    let one_node = LockManager::builder().prefix(&prefix).label(LABEL).redis(urls[0].as_str()).await.expect("node");
+    let _stray = one_node.lock("stray").await.expect("a lock on one node");
+    let show = lockctl(&store.args(&["show", &stray])).await;
+    assert_eq!(show.code, 3, "a minority's key shown as held: {}", show.stdout);
+    let list = lockctl(&store.args(&["list", "--prefix", &prefix, "--json"])).await;
+    assert_eq!(list.json()["locks"].as_array().map(Vec::len), Some(1), "{}", list.stdout);
+    free_names_are_not_found(&store, &prefix).await;
+    release_frees_the_lock(&store, guard, &waiter, &key, "order:1").await;
+}
+
 /// Awaits every future, one after the other (they are quick).
 async fn futures_join<F: std::future::IntoFuture>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
     let mut out = Vec::new();
