@@ -302,6 +302,42 @@ async fn a_node_restarted_empty_keeps_the_lock_on_the_quorum() {
     next.release().await.expect("release");
 }
 
+/// Regression (issue 24's audit): the counter of a node that answered an attempt without
+/// granting it (it held a stray key of the name) was not raised to the quorum's token, so after
+/// the node whose counter was ahead left and another granting node restarted empty, the next
+/// quorum (the restarted node and the one that had refused) minted far below the token before.
+/// Every node that answers an attempt that wins is raised now: the next token is above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refused_is_raised_too_so_tokens_survive_a_restart_behind_it() {
+    let mut servers = start(3);
+    let m = manager(&servers, Duration::from_secs(1), "raise:").await;
+    let layout = KeyLayout::of("raise:job");
+    let now_us =
+        u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap();
+    let ahead = now_us + 3_600_000_000; // an hour ahead, as a node whose clock ran ahead mints
+    let mut a = raw(&servers[0]).await;
+    let () = redis::cmd("SET").arg(&layout.fence).arg(ahead).query_async(&mut a).await.expect("SET");
+    // C holds a stray key of the name (another owner's, on C alone: a lost split vote).
+    let stray = LockManager::builder()
+        .prefix("raise:")
+        .backend(lock_runtime::backend::redis::RedisBackend::connect(&servers[2].url()).await.expect("C alone"));
+    let stray = stray.lock("job").lease(Duration::from_secs(60)).await.expect("stray key on C");
+    // {A, B} grant, C refuses: the token comes from A's counter.
+    let first = m.lock("job").await.expect("A and B");
+    let t1 = first.fencing_token();
+    assert!(t1 > ahead, "{t1} not above A's counter {ahead}");
+    first.release().await.expect("release");
+    stray.release().await.expect("release the stray key");
+    // B restarts empty; A leaves. The next quorum is {B, C}: B minted from its clock alone, C
+    // only if it was not raised.
+    servers[1].restart();
+    servers[0].kill();
+    let second = lock_tests::lock_after_outage(&m, "job").await;
+    let t2 = second.fencing_token();
+    assert!(t2 > t1, "the token went back by {} s: {t2} after {t1}", (t1 - t2.min(t1)) / 1_000_000);
+    second.release().await.expect("release");
+}
+
 /// `EVALSHA` calls a node has served so far (`INFO commandstats`).
 async fn script_calls(server: &RedisServer) -> u64 {
     let mut conn = raw(server).await;

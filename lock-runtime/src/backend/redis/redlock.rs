@@ -419,7 +419,12 @@ impl RedlockAcquisition {
     }
 
     /// Raises the counters of the granting nodes below the largest token to it (fence.lua);
-    /// the combined token if a quorum is then at or above it, holding our key.
+    /// the combined token if a quorum is then at or above it, holding our key. Every other node
+    /// that answered below the token (one that refused, holding another owner's key; one that
+    /// granted below a top that already had its quorum) is raised too, unchecked (a counter only
+    /// ever goes up), and awaited within the same bound: a later quorum that includes one of them
+    /// mints above this token even if the nodes at the top left or lost their data meanwhile.
+    /// Nothing is sent when every answering node minted the same token.
     async fn fence(&self, got: &Gathered<(i64, i64)>) -> Option<u64> {
         let inner = &*self.backend.inner;
         let (n, quorum, timeout) = (inner.nodes.len(), inner.quorum, inner.options.command_timeout);
@@ -434,16 +439,32 @@ impl RedlockAcquisition {
         let top = tokens.iter().flatten().copied().max()?;
         let at_top = tokens.iter().filter(|t| **t == Some(top)).count();
         let below: Vec<bool> = tokens.iter().map(|t| t.is_some_and(|t| t < top)).collect();
-        if at_top < quorum {
+        // Raised unchecked, not counted: the nodes that refused, and (when the top already has a
+        // quorum) those that granted below it.
+        let refused: Vec<bool> = got
+            .answers
+            .iter()
+            .zip(&tokens)
+            .zip(&below)
+            .map(|((a, t), below)| (matches!(a, Some(Ok(_))) && t.is_none()) || (*below && at_top >= quorum))
+            .collect();
+        let refusing = refused.iter().filter(|r| **r).count();
+        let deadline = crate::clock::now() + timeout;
+        let raise = |checked: bool| {
             let (keys, owner) = (self.keys.clone(), self.owner.clone());
-            let raise = move || {
+            move || {
                 let mut invocation = FENCE.prepare_invoke();
                 invocation.key(&*keys.lock).key(&*keys.fence).arg(&*owner).arg(top);
+                if !checked {
+                    invocation.arg("any");
+                }
                 invocation
-            };
-            let rx = self.backend.send::<i64>(&self.chains, |i| below[i], raise);
+            }
+        };
+        let others = (refusing > 0).then(|| self.backend.send::<i64>(&self.chains, |i| refused[i], raise(false)));
+        if at_top < quorum {
+            let rx = self.backend.send::<i64>(&self.chains, |i| below[i], raise(true));
             let raising = below.iter().filter(|b| **b).count();
-            let deadline = crate::clock::now() + timeout;
             let done = gather(rx, n, deadline, |g| {
                 let raised = g.count(|v| *v == 1);
                 let finished = g.answers.iter().filter(|a| a.is_some()).count();
@@ -453,6 +474,9 @@ impl RedlockAcquisition {
             if at_top + done.count(|v| *v == 1) < quorum {
                 return None;
             }
+        }
+        if let Some(rx) = others {
+            gather(rx, n, deadline, |g| g.answers.iter().filter(|a| a.is_some()).count() == refusing).await;
         }
         u64::try_from(top).ok()
     }
