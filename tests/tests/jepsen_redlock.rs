@@ -1,14 +1,16 @@
 //! The fault suite against Redlock over three `redis-server` primaries (no persistence): worker
 //! processes lock, read-modify-write a counter in the fenced witness store and release, while
 //! the nemesis kills, pauses, partitions and delays workers (each worker's connections to all
-//! three nodes at once) and faults one node at a time: stopped past a lease (`node-pause`), or
+//! three nodes at once) and faults one node at a time: stopped past a lease (`node-pause`),
 //! killed and started again empty after more than a lease (`node-restart`, as the Redlock docs
-//! ask of a node that lost its data). The checker then reads the histories against
-//! GUARANTEES.md's Redlock rows; nothing but the fencing counters may be left on any node.
+//! ask of a node that lost its data), or its counters set ahead (`node-skew`). The checker
+//! then reads the histories against GUARANTEES.md's Redlock rows; nothing but the fencing
+//! counters may be left on any node.
 //! `JEPSEN_SEED=<n>` replays a run, `JEPSEN_SECS=<n>` makes it longer.
 //!
-//! Not run here: a node whose clock is skewed (this machine has one clock and no faketime);
-//! the module docs bound what skew does to tokens.
+//! A node whose clock runs ahead is stood for by its fencing counters set an hour ahead
+//! (`node-skew`): that is what a clock ahead does to the tokens it mints (leases are counted
+//! on each node's own clock, in durations); libfaketime cannot run redis-server here.
 #![cfg(all(feature = "redis", feature = "postgres"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -242,6 +242,10 @@ pub enum Fault {
     NodeRestart,
     /// Redlock: one node stopped (SIGSTOP) past a lease, then resumed.
     NodePause,
+    /// Redlock: one node's fencing counters for the run's names set an hour ahead, as a node
+    /// whose clock ran ahead mints (this machine has one clock; libfaketime and redis-server's
+    /// allocator do not get along).
+    NodeSkew,
     /// Redis Cluster or Sentinel: the primary (of a run's lock name) killed; the run waits until
     /// a replica is promoted, starts the old primary again (it rejoins as a replica) and waits
     /// until it is in sync.
@@ -263,6 +267,7 @@ impl Fault {
             Fault::SessionExpiry => "session-expiry",
             Fault::NodeRestart => "node-restart",
             Fault::NodePause => "node-pause",
+            Fault::NodeSkew => "node-skew",
             Fault::Failover => "failover",
             Fault::Resharding => "resharding",
         }
@@ -291,7 +296,15 @@ impl Fault {
                 ]
             }
             Backend::Redlock => {
-                vec![Fault::Kill, Fault::Pause, Fault::NodeRestart, Fault::NodePause, Fault::Partition, Fault::Delay]
+                vec![
+                    Fault::Kill,
+                    Fault::Pause,
+                    Fault::NodeRestart,
+                    Fault::NodePause,
+                    Fault::NodeSkew,
+                    Fault::Partition,
+                    Fault::Delay,
+                ]
             }
             // The clients learn the nodes' own addresses: no proxy to cut or delay them.
             Backend::RedisCluster => vec![Fault::Kill, Fault::Pause, Fault::Failover, Fault::Resharding],
@@ -332,6 +345,7 @@ impl Fault {
                 (Fault::Kill, Fault::NodeRestart),
                 (Fault::Partition, Fault::NodePause),
                 (Fault::Delay, Fault::NodeRestart),
+                (Fault::Kill, Fault::NodeSkew),
             ],
             #[cfg(feature = "etcd")]
             Backend::Etcd => vec![
@@ -949,7 +963,7 @@ impl Nemesis {
         match fault {
             Fault::ServerRestart | Fault::ClientKillNormal | Fault::ClientKillPubsub => Some("server".to_owned()),
             // One Redlock node, drawn.
-            Fault::NodeRestart | Fault::NodePause => {
+            Fault::NodeRestart | Fault::NodePause | Fault::NodeSkew => {
                 let nodes = self.ports.len() as u64;
                 Some(format!("node{}", self.rng().below(nodes)))
             }
@@ -998,6 +1012,19 @@ impl Nemesis {
                 let server = self.server.clone();
                 tokio::task::spawn_blocking(move || lock(&server).restart()).await.expect("restart the lock server");
                 self.note(kind, "server", false);
+            }
+            Fault::NodeSkew => {
+                let i: usize = target.trim_start_matches("node").parse().expect("a node target");
+                let url = lock(&self.server).node(i).url();
+                self.note(kind, target, true);
+                let ahead = now_us() + 3_600_000_000;
+                for name in &self.names {
+                    let fence = lock_runtime::backend::redis::KeyLayout::of(name).fence;
+                    if let Err(e) = raise_counter(&url, &fence, ahead).await {
+                        eprintln!("nemesis: node-skew on {target}: {e}");
+                    }
+                }
+                self.note(kind, target, false);
             }
             Fault::NodeRestart | Fault::NodePause => {
                 let i: usize = target.trim_start_matches("node").parse().expect("a node target");
@@ -1224,6 +1251,17 @@ fn write_history(path: &Path, seed: u64, backend: Backend, records: &[Record]) {
         text.push('\n');
     }
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Raises the counter `fence` on the Redis server at `url` to `ahead` (never lowers it).
+async fn raise_counter(url: &str, fence: &str, ahead: u64) -> Result<(), String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
+    let have: Option<u64> = redis::cmd("GET").arg(fence).query_async(&mut conn).await.map_err(|e| e.to_string())?;
+    if have.is_none_or(|h| h < ahead) {
+        let () = redis::cmd("SET").arg(fence).arg(ahead).query_async(&mut conn).await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// `CLIENT KILL TYPE <which>` on the server itself (not through a proxy); how many it killed.
