@@ -590,6 +590,55 @@ async fn redis_cluster_list_show_and_release() {
     assert!(again.fencing_token() > guards[3].fencing_token());
 }
 
+/// `--redis-sentinel URLS --master NAME`: the primary the Sentinels name is listed and shown,
+/// with the holder and its token, and a forced release frees the lock there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_list_show_and_release() {
+    let setup = lock_tests::redis_sentinel::SentinelSetup::start(1, 1);
+    let sentinels = setup.sentinel_urls();
+    let master = lock_tests::redis_sentinel::MASTER;
+    let prefix = format!("{}:", unique("lockctl"));
+    let store = Store { flag: "--redis-sentinel", address: sentinels.join(",") };
+    let args = |rest: &[&'static str]| {
+        let mut all = vec!["--master".to_owned(), master.to_owned()];
+        all.extend(store.args(&[]).into_iter().map(str::to_owned));
+        all.extend(rest.iter().map(|a| a.to_string()));
+        all
+    };
+    let manager = LockManager::builder()
+        .prefix(&prefix)
+        .label(LABEL)
+        .default_lease(Duration::from_millis(900))
+        .redis_sentinel(&sentinels, master)
+        .await
+        .expect("connect");
+    let guard = manager.lock("order:1").await.expect("lock");
+    let key = format!("{prefix}order:1");
+    let run = |extra: Vec<String>| async move {
+        let refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+        lockctl(&refs).await
+    };
+    let mut list = args(&["list", "--json"]);
+    list.extend(["--prefix".to_owned(), prefix.clone()]);
+    let list = run(list).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let locks = list.json()["locks"].as_array().expect("locks").clone();
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    assert_eq!(locks[0]["fencing_token"], guard.fencing_token());
+    assert_eq!(locks[0]["holder"]["label"], LABEL);
+    let mut show = args(&["show"]);
+    show.push(key.clone());
+    let show = run(show).await;
+    assert_eq!(show.code, 0, "{}", show.stderr);
+    assert!(show.stdout.contains(&guard.fencing_token().to_string()), "{}", show.stdout);
+    let mut release = args(&["release", "--force"]);
+    release.push(key.clone());
+    let released = run(release).await;
+    assert_eq!(released.code, 0, "{} {}", released.stdout, released.stderr);
+    let again = manager.lock("order:1").wait(Duration::from_secs(5)).await.expect("free after the release");
+    assert!(again.fencing_token() > guard.fencing_token());
+}
+
 /// `--redlock URLS`: a lock granted by a quorum is listed and shown with its holder and the
 /// quorum's token; a key only a minority of the nodes holds (a lost split vote) is not; a forced
 /// release frees it on every node, and its holder and a waiter see it.
