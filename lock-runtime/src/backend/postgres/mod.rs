@@ -3,11 +3,14 @@
 use crate::error::LockError;
 
 mod backend;
+mod conn;
 mod inspect;
+mod options;
 mod semaphore;
 mod tls;
 
-pub use backend::{PostgresBackend, PostgresOptions};
+pub use backend::PostgresBackend;
+pub use options::PostgresOptions;
 pub use semaphore::MAX_PERMITS;
 
 const KIND: &str = "postgres";

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 
 use super::advisory_key;
-use super::backend::{last_value, Conn, PgKey, PgSessions};
+use super::conn::{last_value, Conn, PgSessions};
 use super::{pg_error, KIND};
 use crate::backend::session::Failure;
 use crate::error::LockError;
@@ -112,11 +112,10 @@ fn answer(value: Option<String>) -> Option<Answer> {
 pub(super) async fn lock(
     sessions: &PgSessions,
     conn: &mut Conn,
-    key: &PgKey,
+    (name, record): (&str, &str),
     sem: &Sem,
     wait: Option<Duration>,
 ) -> Result<Option<u64>, Failure> {
-    let name = &*key.name;
     if sem.permits == 0 || sem.permits > MAX_PERMITS {
         let why = format!(
             "a PostgreSQL semaphore takes 1 to {MAX_PERMITS} permits (got {}): the waiter at the head of its queue \
@@ -127,8 +126,8 @@ pub(super) async fn lock(
     }
     let token = sessions.token_sql();
     let Some(wait) = wait else {
-        let sql = format!("{}{}", key.record, sem.attempt_sql(&token));
-        return granted(conn, key, sem, try_permits(conn, name, &sql).await?);
+        let sql = format!("{record}{}", sem.attempt_sql(&token));
+        return granted(conn, name, sem, try_permits(conn, name, &sql).await?);
     };
     let deadline = crate::clock::now() + wait;
     // In line for the queue key (the server's order), then at its head.
@@ -142,9 +141,9 @@ pub(super) async fn lock(
     match try_permits(conn, name, &sem.attempt_sql(&token)).await? {
         Answer::Busy => {}
         answer => {
-            let granted = granted(conn, key, sem, answer)?;
+            let granted = granted(conn, name, sem, answer)?;
             // The grant's query shows its record (for `lockctl`) and lets the next waiter in.
-            let unqueue = format!("{}SELECT pg_advisory_unlock({q0}, {q1})", key.record);
+            let unqueue = format!("{record}SELECT pg_advisory_unlock({q0}, {q1})");
             if let Err(e) = conn.client.simple_query(&unqueue).await {
                 return Err(failure(conn, name, "wait", e));
             }
@@ -158,7 +157,7 @@ pub(super) async fn lock(
     }
     type Racing<'a> = Pin<Box<dyn Future<Output = Result<Option<(Conn, u32, u64)>, LockError>> + Send + 'a>>;
     let mut racers: Vec<Racing<'_>> =
-        (0..sem.permits).map(|i| Box::pin(race(sessions, key, sem, i, remaining)) as Racing<'_>).collect();
+        (0..sem.permits).map(|i| Box::pin(race(sessions, (name, record), sem, i, remaining)) as Racing<'_>).collect();
     let mut failed = None;
     while !racers.is_empty() {
         let (done, outcome) = std::future::poll_fn(|cx| {
@@ -201,7 +200,7 @@ async fn try_permits(conn: &Conn, name: &str, sql: &str) -> Result<Answer, Failu
 /// An attempt's answer as the skeleton takes it: the token of a grant (the permit recorded on
 /// the connection, for its release), `None` when every permit is taken, an error for a count
 /// that differs from another holder's or attempt's.
-fn granted(conn: &mut Conn, key: &PgKey, sem: &Sem, answer: Answer) -> Result<Option<u64>, Failure> {
+fn granted(conn: &mut Conn, name: &str, sem: &Sem, answer: Answer) -> Result<Option<u64>, Failure> {
     match answer {
         Answer::Busy => Ok(None),
         Answer::Granted { permit, token } => {
@@ -209,7 +208,7 @@ fn granted(conn: &mut Conn, key: &PgKey, sem: &Sem, answer: Answer) -> Result<Op
             Ok(Some(token))
         }
         Answer::Mismatch(other) => Err(Failure::Failed(LockError::invalid(
-            &*key.name,
+            name,
             format!(
                 "the semaphore is held or asked for with {other} permits; this call asked for {}: every holder of a \
                  semaphore must give the same number of permits",
@@ -225,17 +224,16 @@ fn granted(conn: &mut Conn, key: &PgKey, sem: &Sem, answer: Answer) -> Result<Op
 /// at once and its query cancelled.
 async fn race(
     sessions: &PgSessions,
-    key: &PgKey,
+    (name, record): (&str, &str),
     sem: &Sem,
     i: u32,
     wait: Duration,
 ) -> Result<Option<(Conn, u32, u64)>, LockError> {
-    let conn = sessions.connect_once(&key.name).await?;
+    let conn = sessions.connect_once(name).await?;
     let mut racer = Racer { sessions, conn: Some(conn) };
     let ((p0, p1), (m0, m1)) = (sem.permit(i), sem.marker());
     let sql = format!(
-        "{}{}SELECT pg_advisory_lock_shared({m0}, {m1}); SELECT pg_advisory_lock({p0}, {p1}); SELECT {}",
-        key.record,
+        "{record}{}SELECT pg_advisory_lock_shared({m0}, {m1}); SELECT pg_advisory_lock({p0}, {p1}); SELECT {}",
         sessions.wait_settings(wait),
         sessions.token_sql()
     );
@@ -247,14 +245,14 @@ async fn race(
             Some(token) => Ok(Some((conn, i, token))),
             None => {
                 sessions.close_now(conn);
-                Err(LockError::backend(&*key.name, KIND, "wait", "no fencing token in the answer"))
+                Err(LockError::backend(name, KIND, "wait", "no fencing token in the answer"))
             }
         },
         (Err(e), Some(conn)) => {
             sessions.close_now(conn);
             match e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
                 true => Ok(None),
-                false => Err(pg_error(&key.name, "wait", e)),
+                false => Err(pg_error(name, "wait", e)),
             }
         }
         (_, None) => Ok(None),

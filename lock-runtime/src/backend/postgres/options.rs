@@ -1,0 +1,68 @@
+//! [`PostgresOptions`]: the settings of a [`PostgresBackend`](super::PostgresBackend).
+
+use std::time::Duration;
+
+/// Options of a [`PostgresBackend`](super::PostgresBackend).
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::backend::postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::new().operation_timeout(Duration::from_secs(2)).max_idle(4);
+/// assert_eq!(options.get_operation_timeout(), Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    pub(super) operation_timeout: Duration,
+    pub(super) max_idle: usize,
+    #[cfg(feature = "tls")]
+    pub(super) tls: Option<crate::tls::TlsOptions>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            operation_timeout: Duration::from_secs(5),
+            max_idle: 16,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// The defaults: operation timeout 5 s, 16 idle connections.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The longest one operation (connect, attempt, release) may take; a wait is bounded by
+    /// its remaining time plus this. More than zero.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// How many idle connections (from released locks) are kept for the next acquisitions.
+    pub fn max_idle(mut self, max_idle: usize) -> Self {
+        self.max_idle = max_idle;
+        self
+    }
+
+    /// The operation timeout.
+    pub fn get_operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    crate::options::tls_setters!(
+        "The server's certificate and host name are checked (`verify-full`) unless the URL's \
+         `sslmode` says otherwise; the URL's `sslrootcert`, `sslcert` and `sslkey` are added to \
+         the settings. See the [module docs](super) for each mode.\n\n\
+         ```\n\
+         use lock_runtime::backend::postgres::PostgresOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let options = PostgresOptions::new().tls(TlsOptions::new().ca_file(\"/etc/ssl/rds-ca.pem\"));\n\
+         assert!(options.get_tls().is_some());\n\
+         ```"
+    );
+}
