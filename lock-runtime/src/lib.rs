@@ -62,7 +62,7 @@
 //!   attribute expands to.
 //! - Lock kinds: [`LockManager::read_lock`] / [`write_lock`](LockManager::write_lock)
 //!   (read-write locks), [`LockManager::semaphore`] (permits), both on memory, Redis,
-//!   ZooKeeper and etcd, read-write locks also on PostgreSQL (a backend that does not offer them refuses them with an
+//!   ZooKeeper, etcd and PostgreSQL (a backend that does not offer them refuses them with an
 //!   [`is_invalid`](LockError::is_invalid) error; see [`LockManager::supports`]), and [`LockManager::lock_all`] (several names or
 //!   none, in one global order, on every backend); the attribute's `mode`, `permits` and
 //!   `names` options.
