@@ -232,11 +232,32 @@ impl SentinelSetup {
     }
 
     /// Waits (bounded, polling) until the node at `index` reports itself a replica in sync.
+    /// Panics with what the node and each sentinel say of it after `SETTLE` (a failure seen
+    /// once under load, not understood yet: the views tell the next reader more).
     pub fn wait_for_replica(&self, index: usize) {
-        settle("the node to be a replica in sync", || {
-            query::<String>(self.nodes[index].port(), redis::cmd("INFO").arg("replication"))
-                .is_ok_and(|info| info.contains("role:slave") && info.contains("master_link_status:up"))
-        });
+        let port = self.nodes[index].port();
+        let info = || query::<String>(port, redis::cmd("INFO").arg("replication"));
+        let started = Instant::now();
+        while !info().is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up")) {
+            if started.elapsed() > SETTLE {
+                let views: Vec<String> = self
+                    .sentinels
+                    .iter()
+                    .map(|s| {
+                        let master = query::<Vec<String>>(s.port, redis::cmd("SENTINEL").arg("master").arg(MASTER));
+                        let replicas =
+                            query::<Vec<Vec<String>>>(s.port, redis::cmd("SENTINEL").arg("replicas").arg(MASTER));
+                        format!("sentinel {}: master {master:?}; replicas {replicas:?}", s.port)
+                    })
+                    .collect();
+                panic!(
+                    "node {index} (port {port}) is not a replica in sync within {SETTLE:?}: INFO replication {:?}\n{}",
+                    info(),
+                    views.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
