@@ -219,6 +219,29 @@ async fn a_semaphore_waiter_is_granted_when_any_holder_goes() {
     assert!(m.list("pool").await.expect("list").is_empty());
 }
 
+/// Regression: a semaphore waiter whose wait ran out at the head of the queue gave its
+/// connection back to the idle set still holding the queue key, so waiters of other processes
+/// queued behind an idle connection forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_semaphore_waiter_leaves_the_queue() {
+    let server = PgServer::start();
+    let holder = LockManager::postgres(server.url()).await.expect("connect");
+    let timed_out = LockManager::postgres(server.url()).await.expect("connect");
+    let other = LockManager::postgres(server.url()).await.expect("connect");
+    let permit = holder.semaphore("q", 1).await.expect("permit");
+    let err = timed_out.semaphore("q", 1).wait(Duration::from_millis(300)).await.expect_err("all taken");
+    assert!(err.is_contended(), "{err}");
+    let admin = raw(&server).await;
+    let next = tokio::spawn(async move { other.semaphore("q", 1).wait(Duration::from_secs(5)).await });
+    lock_tests::eventually("the next waiter queued on the server", Duration::from_secs(5), async || {
+        lock_tests::reached(queued(&admin).await, 1)
+    })
+    .await;
+    permit.release().await.expect("release");
+    let next = next.await.expect("task").expect("the next waiter gets the freed permit");
+    next.release().await.expect("release");
+}
+
 /// A semaphore of more permits than a head waiter can watch is refused at once, naming the
 /// limit.
 #[tokio::test]

@@ -153,7 +153,7 @@ pub(super) async fn lock(
     // Every permit taken: wait on all of them at once.
     let remaining = deadline.saturating_duration_since(crate::clock::now());
     if remaining.is_zero() {
-        return Ok(None);
+        return leave_queue(conn, name, sem).await;
     }
     type Racing<'a> = Pin<Box<dyn Future<Output = Result<Option<(Conn, u32, u64)>, LockError>> + Send + 'a>>;
     let mut racers: Vec<Racing<'_>> =
@@ -184,7 +184,17 @@ pub(super) async fn lock(
     }
     match failed {
         Some(e) => Err(Failure::Failed(e)),
-        None => Ok(None),
+        None => leave_queue(conn, name, sem).await,
+    }
+}
+
+/// The head's wait ran out: it lets go of the queue key before its connection goes back to the
+/// idle set (else the next waiter of any process would queue behind an idle connection).
+async fn leave_queue(conn: &Conn, name: &str, sem: &Sem) -> Result<Option<u64>, Failure> {
+    let (q0, q1) = sem.queue;
+    match conn.client.simple_query(&format!("SELECT pg_advisory_unlock({q0}, {q1})")).await {
+        Ok(_) => Ok(None),
+        Err(e) => Err(failure(conn, name, "wait", e)),
     }
 }
 
