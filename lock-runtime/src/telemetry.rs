@@ -190,9 +190,10 @@ impl Telemetry {
         Acquiring {
             span: if spans_on() { self.acquire_span(name) } else { None },
             #[cfg(feature = "metrics")]
-            handles: self.metrics.handles(name, self.names),
-            #[cfg(feature = "metrics")]
-            waited: Duration::ZERO,
+            metrics: self
+                .metrics
+                .handles(name, self.names)
+                .map(|handles| Box::new(AcquireMetrics { handles, waited: Duration::ZERO })),
         }
     }
 
@@ -252,10 +253,15 @@ impl Telemetry {
 pub(crate) struct Acquiring {
     /// `None` when no subscriber wants the span. Boxed: the acquisition is small when unseen.
     span: Option<Box<AcquireSpan>>,
+    /// `None` without a recorder. Boxed, as the span: the acquisition is small when unseen.
     #[cfg(feature = "metrics")]
-    handles: Option<Handles>,
+    metrics: Option<Box<AcquireMetrics>>,
+}
+
+#[cfg(feature = "metrics")]
+struct AcquireMetrics {
+    handles: Handles,
     /// How long the call waited (zero when granted on its first, immediate attempt).
-    #[cfg(feature = "metrics")]
     waited: Duration,
 }
 
@@ -282,9 +288,7 @@ impl Acquiring {
         let done = Acquiring {
             span: None,
             #[cfg(feature = "metrics")]
-            handles: None,
-            #[cfg(feature = "metrics")]
-            waited: Duration::ZERO,
+            metrics: None,
         };
         std::mem::replace(self, done)
     }
@@ -301,8 +305,8 @@ impl Acquiring {
     #[inline(always)]
     pub(crate) fn waited_since(&mut self, started: Instant) {
         #[cfg(feature = "metrics")]
-        if self.handles.is_some() {
-            self.waited = crate::clock::now().saturating_duration_since(started);
+        if let Some(m) = &mut self.metrics {
+            m.waited = crate::clock::now().saturating_duration_since(started);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = started;
@@ -313,9 +317,9 @@ impl Acquiring {
     pub(crate) fn waiting(&self) -> Waiting {
         #[cfg(feature = "metrics")]
         {
-            Waiting(self.handles.as_ref().map(|h| {
-                h.waiting.increment(1.0);
-                h.waiting.clone()
+            Waiting(self.metrics.as_ref().map(|m| {
+                m.handles.waiting.increment(1.0);
+                m.handles.waiting.clone()
             }))
         }
         #[cfg(not(feature = "metrics"))]
@@ -332,10 +336,10 @@ impl Acquiring {
             s.end(outcome);
         }
         #[cfg(feature = "metrics")]
-        if let Some(h) = &self.handles {
-            h.outcome(outcome).increment(1);
+        if let Some(m) = &self.metrics {
+            m.handles.outcome(outcome).increment(1);
             if outcome != "invalid" {
-                h.wait.record(self.waited);
+                m.handles.wait.record(m.waited);
             }
         }
     }
@@ -361,11 +365,12 @@ impl Acquiring {
         let holding = Holding {
             traced,
             #[cfg(feature = "metrics")]
-            metrics: self.handles.take().map(|h| {
-                h.acquired.increment(1);
-                h.wait.record(self.waited);
-                h.held.increment(1.0);
-                HeldMetrics { since: granted_at.unwrap_or_else(crate::clock::now), handles: h }
+            metrics: self.metrics.take().map(|m| {
+                let AcquireMetrics { handles, waited } = *m;
+                handles.acquired.increment(1);
+                handles.wait.record(waited);
+                handles.held.increment(1.0);
+                Box::new(HeldMetrics { since: granted_at.unwrap_or_else(crate::clock::now), handles })
             }),
         };
         if self.span.is_none() {
@@ -387,7 +392,7 @@ impl Acquiring {
             names,
             lost,
             #[cfg(feature = "metrics")]
-            lost_total: self.handles.as_ref().map(|h| h.lost.clone()),
+            lost_total: self.metrics.as_ref().map(|m| m.handles.lost.clone()),
             reports_on_drop: true,
         })
     }
@@ -460,8 +465,9 @@ pub(crate) struct Holding {
     /// lock cannot be lost (an in-process lock kept by its guard). Boxed, so that a guard stays
     /// small on the uncontended path.
     traced: Option<Box<Traced>>,
+    /// Boxed: only a lock recorded by a recorder carries it (see `metrics_support::recording`).
     #[cfg(feature = "metrics")]
-    metrics: Option<HeldMetrics>,
+    metrics: Option<Box<HeldMetrics>>,
 }
 
 #[cfg(feature = "metrics")]
@@ -754,12 +760,21 @@ mod metrics_support {
         metrics::counter!(FALLBACKS, labels).increment(1);
     }
 
-    /// A manager's handles: one set without a name label, else one per label value.
+    /// A manager's handles: one set without a name label, else one per label value; none at
+    /// all when no recorder is installed at the first acquisition (see `recording`).
     pub(crate) struct Registry {
         kind: &'static str,
-        plain: OnceLock<Arc<Handles>>,
+        plain: OnceLock<Option<Arc<Handles>>>,
         name_label: Option<NameLabel>,
         by_label: Mutex<HashMap<Box<str>, Arc<Handles>>>,
+    }
+
+    /// Whether a recorder is installed (global, or local to this thread): the `metrics`
+    /// facade's stand-in when none is, `NoopRecorder`, is zero-sized, and every recorder
+    /// that keeps what it is given has state. Without one, a lock reads no clock and keeps no
+    /// handle for its metrics: it costs what it costs without the `metrics` feature.
+    fn recording() -> bool {
+        metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
     }
 
     impl Registry {
@@ -769,24 +784,28 @@ mod metrics_support {
 
         #[inline(always)]
         pub(super) fn handles(&self, name: &str, names: TelemetryNames) -> Option<Arc<Handles>> {
+            let plain = self.plain()?;
             match &self.name_label {
-                None => Some(self.plain()),
-                Some(label) => self.labelled(label(name), names),
+                None => Some(plain.clone()),
+                Some(label) => self.labelled(label(name), names, plain),
             }
         }
 
+        /// The handles without a name label; `None` without a recorder.
         #[inline(always)]
-        fn plain(&self) -> Arc<Handles> {
+        fn plain(&self) -> Option<&Arc<Handles>> {
             let kind = self.kind;
             self.plain
-                .get_or_init(|| Arc::new(Handles::register(vec![Label::from_static_parts("backend", kind)])))
-                .clone()
+                .get_or_init(|| {
+                    recording().then(|| Arc::new(Handles::register(vec![Label::from_static_parts("backend", kind)])))
+                })
+                .as_ref()
         }
 
         #[cold]
-        fn labelled(&self, value: &str, names: TelemetryNames) -> Option<Arc<Handles>> {
+        fn labelled(&self, value: &str, names: TelemetryNames, plain: &Arc<Handles>) -> Option<Arc<Handles>> {
             let Some(shown) = names.render(value) else {
-                return Some(self.plain());
+                return Some(plain.clone());
             };
             let mut map = self.by_label.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(h) = map.get(&*shown) {
@@ -804,6 +823,60 @@ mod metrics_support {
                 })
                 .clone();
             Some(h)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString};
+
+        use super::{Registry, TelemetryNames};
+
+        /// A recorder with state (as every real one has): counts the series registered.
+        #[derive(Default)]
+        struct Counting(AtomicUsize);
+
+        impl Recorder for Counting {
+            fn describe_counter(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
+            fn describe_gauge(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
+            fn describe_histogram(&self, _: KeyName, _: Option<metrics::Unit>, _: SharedString) {}
+            fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Counter::noop()
+            }
+            fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Gauge::noop()
+            }
+            fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                Histogram::noop()
+            }
+        }
+
+        #[test]
+        fn without_a_recorder_no_handles_are_kept() {
+            let registry = Registry::new("memory", None);
+            assert!(registry.handles("a", TelemetryNames::Plain).is_none());
+            // Decided once per manager: a recorder installed later is not seen by it.
+            let recorder = Counting::default();
+            metrics::with_local_recorder(&recorder, || {
+                assert!(registry.handles("a", TelemetryNames::Plain).is_none());
+            });
+            assert_eq!(recorder.0.load(Ordering::Relaxed), 0);
+        }
+
+        #[test]
+        fn with_a_recorder_the_series_are_registered_once() {
+            let recorder = Counting::default();
+            let registry = Registry::new("memory", None);
+            metrics::with_local_recorder(&recorder, || {
+                assert!(registry.handles("a", TelemetryNames::Plain).is_some());
+                assert!(registry.handles("b", TelemetryNames::Plain).is_some());
+            });
+            assert_eq!(recorder.0.load(Ordering::Relaxed), 12);
         }
     }
 }
