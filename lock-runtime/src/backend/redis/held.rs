@@ -77,15 +77,25 @@ impl ReleaseCall {
     }
 
     /// A holder's release: `Ok` when the script found the lock still the owner's. Local
-    /// waiters are told however it ends. Dropped before its answer (the caller's `select!` or
-    /// timeout gave up), it still completes in the background: see [`Unabandoned`].
+    /// waiters are told as soon as the script is on the wire, so that the head's attempt
+    /// follows it on the same connection and is granted in the same round trip (a hand-off
+    /// within this process in one round trip); and however it ends, if it ends first.
+    /// Dropped before its answer (the caller's `select!` or timeout gave up), it still
+    /// completes in the background: see [`Unabandoned`].
     pub(super) fn release(self) -> BoxFuture<'static, Result<(), LockError>> {
         let runtime = self.backend.inner.runtime.clone();
         let timeout = self.backend.inner.options.command_timeout;
         let name = self.name.clone();
         let release = Box::pin(async move {
-            let _tell = Tell(&self);
-            still_held(&self.name, self.call().await?)
+            let mut tell = Some(Tell(&self));
+            let mut call = std::pin::pin!(self.call());
+            let status = std::future::poll_fn(|cx| {
+                let polled = std::future::Future::poll(call.as_mut(), cx);
+                drop(tell.take()); // sent (or over): the head attempts behind it
+                polled
+            })
+            .await;
+            still_held(&self.name, status?)
         });
         Box::pin(Unabandoned::new(release, runtime, (timeout, KIND), name))
     }

@@ -261,6 +261,9 @@ impl Waiters {
         if let Some(ks) = st.keys.get_mut(&key) {
             ks.idle_since = None;
             ks.look(sent, pttl);
+            // As in `Slot::busy`: a release told before it ran must wake the queue when it is
+            // announced.
+            ks.last_release = None;
             ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone() });
             // A release observed while this attempt was in flight and nobody was queued may
             // have been this lock's: the head attempts now. (A key state made since the capture
@@ -351,6 +354,10 @@ impl Slot {
     pub(super) fn busy(&self, sent: Instant, pttl: i64) {
         self.with(|ks, pos| {
             ks.look(sent, pttl);
+            // A release told before it ran (a local one is told once it is sent) may still be
+            // announced: that announcement must wake the queue again, not be taken for the
+            // same release seen twice.
+            ks.last_release = None;
             let Some(entry) = ks.queue.get_mut(pos) else { return };
             entry.phase = if entry.again { Phase::Woken } else { Phase::Waiting };
             entry.again = false;
@@ -661,6 +668,32 @@ mod tests {
         on_release(&w.state, CHANNEL, "b"); // arrives while the attempt is in flight
         head.busy(crate::clock::now(), 30_000); // the attempt found the lock held
         assert!(matches!(head.step(), Step::Attempt), "the release was lost");
+    }
+
+    /// A local release is told as soon as it is sent, so it may run after the attempt it woke:
+    /// its announcement must then wake the queue again, not be taken for the release told.
+    #[test]
+    fn a_release_told_before_it_ran_wakes_the_queue_when_announced() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        w.released(CHANNEL, "a"); // told when sent
+        assert!(matches!(head.step(), Step::Attempt));
+        head.attempting();
+        head.busy(crate::clock::now(), 30_000); // the attempt ran first
+        assert!(matches!(head.step(), Step::Sleep(..)));
+        on_release(&w.state, CHANNEL, "a"); // the release ran, and is announced
+        assert!(matches!(head.step(), Step::Attempt), "the head slept through the release");
+
+        // The same for the first attempt of an acquisition (no slot yet; the key's state kept
+        // from an earlier waiter).
+        let (w, _rx) = waiters();
+        drop(settled_head(&w));
+        w.released(CHANNEL, "b");
+        let Before::Attempt(capture) = w.before_attempt(CHANNEL, false) else { panic!("nobody queued") };
+        let slot = w.busy(CHANNEL, capture, crate::clock::now(), 30_000, false);
+        assert!(matches!(slot.step(), Step::Sleep(..)));
+        on_release(&w.state, CHANNEL, "b");
+        assert!(matches!(slot.step(), Step::Attempt), "the new waiter slept through the release");
     }
 
     #[test]
