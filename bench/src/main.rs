@@ -189,8 +189,11 @@ async fn run(args: Args) -> Result<(), String> {
     // ---------------------------------------------------------------- Redis
     // Last: the in-process figures are taken on a fresh process (the Redis clients' background
     // tasks and allocations are not there yet).
-    let (redis_rows, ceiling, ceiling_pipelined) =
-        if args.memory_only { (Vec::new(), 0.0, 0.0) } else { redis_part(&url, args.port, &mut probe, plan).await? };
+    let (redis_rows, ceiling, ceiling_pipelined, rtt_ping) = if args.memory_only {
+        (Vec::new(), 0.0, 0.0, Duration::ZERO)
+    } else {
+        redis_part(&url, args.port, &mut probe, plan).await?
+    };
     // The same comparison where it matters in production: over Redis round trips.
     #[cfg(all(feature = "attribute", feature = "ours-redis"))]
     let attribute_redis = if args.memory_only {
@@ -211,6 +214,7 @@ async fn run(args: Args) -> Result<(), String> {
         redis: redis_rows,
         ceiling_rps: ceiling,
         ceiling_pipelined_rps: ceiling_pipelined,
+        rtt_ping,
         memory: memory_rows,
         attribute,
         attribute_redis,
@@ -243,7 +247,7 @@ async fn redis_part(
     port: u16,
     probe: &mut server::Probe,
     plan: Plan,
-) -> Result<(Vec<RedisRow>, f64, f64), String> {
+) -> Result<(Vec<RedisRow>, f64, f64, Duration), String> {
     #[cfg(feature = "ours-redis")]
     let ours = Arc::new(Ours::redis(url).await?);
     let rslock = Arc::new(Rslock::new(url));
@@ -253,15 +257,15 @@ async fn redis_part(
     // Uncontended: alternating rounds, best kept. The two naive loops only differ when they
     // have to wait, so the 10 ms one is not run uncontended.
     #[cfg(feature = "ours-redis")]
-    let mut best_ours = (0.0, 0.0);
-    let (mut best_rslock, mut best_naive) = ((0.0, 0.0), (0.0, 0.0));
+    let mut best_ours = Uncontended::default();
+    let (mut best_rslock, mut best_naive) = (Uncontended::default(), Uncontended::default());
     for round in 0..REDIS_ROUNDS {
         eprintln!("redis: uncontended round {}/{REDIS_ROUNDS} ...", round + 1);
         let warm = round == 0;
         #[cfg(feature = "ours-redis")]
-        keep_best(&mut best_ours, redis_uncontended(&ours, "ours", plan, warm).await?);
-        keep_best(&mut best_rslock, redis_uncontended(&rslock, "rslock", plan, warm).await?);
-        keep_best(&mut best_naive, redis_uncontended(&naive1, "naive", plan, warm).await?);
+        best_ours.keep_best(redis_uncontended(&ours, "ours", probe, plan, warm).await?);
+        best_rslock.keep_best(redis_uncontended(&rslock, "rslock", probe, plan, warm).await?);
+        best_naive.keep_best(redis_uncontended(&naive1, "naive", probe, plan, warm).await?);
     }
 
     let mut redis_rows = Vec::new();
@@ -273,23 +277,56 @@ async fn redis_part(
         .push(redis_row("naive SET NX PX, 1 ms sleep", false, &naive1, probe, plan, "naive1", Some(best_naive)).await?);
     redis_rows.push(redis_row("naive SET NX PX, 10 ms sleep", false, &naive10, probe, plan, "naive10", None).await?);
 
+    eprintln!("redis: round trip (PING) ...");
+    let rtt_ping = probe.ping_rtt(500).await?;
+
     eprintln!("redis-benchmark EVALSHA, 50 clients ...");
     let sha = probe.script_load(server::CEILING_SCRIPT).await?;
     let ceiling = server::ceiling(port, &sha, plan.ceiling_requests, 1)?;
     let ceiling_pipelined = server::ceiling(port, &sha, plan.ceiling_requests * 2, 16)?;
 
-    Ok((redis_rows, ceiling, ceiling_pipelined))
+    Ok((redis_rows, ceiling, ceiling_pipelined, rtt_ping))
 }
 
-/// One window of 1 task and one of `MANY` tasks on distinct names: cycles per second of each.
-async fn redis_uncontended<C: Contender>(c: &Arc<C>, tag: &str, plan: Plan, warm: bool) -> Result<(f64, f64), String> {
+/// The uncontended Redis figures of a contender: cycles per second of 1 task and of `MANY`
+/// tasks, and the server's CPU time per cycle during the `MANY` tasks' window.
+#[derive(Default, Clone, Copy)]
+struct Uncontended {
+    one: f64,
+    many: f64,
+    server_us_per_cycle: f64,
+}
+
+impl Uncontended {
+    /// Keeps the best cycle rates over rounds, and the server CPU of the best `MANY` round.
+    fn keep_best(&mut self, got: Uncontended) {
+        self.one = self.one.max(got.one);
+        if got.many > self.many {
+            self.many = got.many;
+            self.server_us_per_cycle = got.server_us_per_cycle;
+        }
+    }
+}
+
+/// One window of 1 task and one of `MANY` tasks on distinct names, with the server's CPU time
+/// around the second.
+async fn redis_uncontended<C: Contender>(
+    c: &Arc<C>,
+    tag: &str,
+    probe: &mut server::Probe,
+    plan: Plan,
+    warm: bool,
+) -> Result<Uncontended, String> {
     let one_key = keys(&format!("bench:{tag}:one:"), 1);
     if warm {
         scenario::cycles(c, &one_key, plan.warm, Clock::Wall).await?;
     }
     let one = scenario::cycles(c, &one_key, plan.redis_cycles, Clock::Wall).await?;
+    let cpu = probe.cpu_seconds().await?;
     let many = scenario::cycles(c, &keys(&format!("bench:{tag}:many:"), MANY), plan.redis_cycles, Clock::Wall).await?;
-    Ok((one.per_sec, many.per_sec))
+    let cpu = probe.cpu_seconds().await? - cpu;
+    let cycles = many.per_sec * plan.redis_cycles.as_secs_f64();
+    Ok(Uncontended { one: one.per_sec, many: many.per_sec, server_us_per_cycle: cpu * 1e6 / cycles.max(1.0) })
 }
 
 /// The contended run (with the server's command counts around it) and the row.
@@ -300,7 +337,7 @@ async fn redis_row<C: Contender>(
     probe: &mut server::Probe,
     plan: Plan,
     tag: &str,
-    uncontended: Option<(f64, f64)>,
+    uncontended: Option<Uncontended>,
 ) -> Result<RedisRow, String> {
     eprintln!("redis: {label}, contended ...");
     let before = probe.command_calls().await?;
@@ -311,8 +348,9 @@ async fn redis_row<C: Contender>(
     Ok(RedisRow {
         label,
         ours,
-        one: uncontended.map(|(one, _)| Cycles { per_sec: one }),
-        many: uncontended.map(|(_, many)| Cycles { per_sec: many }),
+        one: uncontended.map(|u| Cycles { per_sec: u.one }),
+        many: uncontended.map(|u| Cycles { per_sec: u.many }),
+        server_us_per_cycle: uncontended.map(|u| u.server_us_per_cycle),
         contended,
         commands_per_acquisition: commands as f64 / acquisitions,
         per_command: per_command.into_iter().map(|(k, v)| (k, v as f64 / acquisitions)).collect(),

@@ -40,6 +40,27 @@ impl Probe {
         Ok(calls)
     }
 
+    /// The server's CPU time so far (`used_cpu_user` + `used_cpu_sys`), in seconds.
+    pub async fn cpu_seconds(&mut self) -> Result<f64, String> {
+        let text = self.info("cpu").await?;
+        let field = |name: &str| {
+            text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+        };
+        Ok(field("used_cpu_user:") + field("used_cpu_sys:"))
+    }
+
+    /// The median of `n` `PING` round trips on the probe's connection.
+    pub async fn ping_rtt(&mut self, n: usize) -> Result<std::time::Duration, String> {
+        let mut rtts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let sent = std::time::Instant::now();
+            let _: String = redis::cmd("PING").query_async(&mut self.con).await.map_err(|e| format!("PING: {e}"))?;
+            rtts.push(sent.elapsed());
+        }
+        rtts.sort_unstable();
+        Ok(rtts.get(n / 2).copied().unwrap_or_default())
+    }
+
     pub async fn version(&mut self) -> Result<String, String> {
         let text = self.info("server").await?;
         Ok(text.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_string())

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::backend::redis::{KeyLayout, RedisBackend, RedisOptions};
 use lock_runtime::LockManager;
-use lock_tests::redis_server::RedisServer;
+use lock_tests::redis_server::{command_calls, RedisServer};
 use redis_support::*;
 
 /// `CLIENT KILL TYPE pubsub` while tasks wait: they still get the lock once it is free, both
@@ -59,13 +59,75 @@ async fn a_release_wakes_one_local_waiter() {
     const WAITERS: u64 = 8;
     let (evalsha, pttl) = hand_through(&server, 1, WAITERS).await;
     // 1 + 8 first attempts (fewer: a task that finds others queued joins them without one),
-    // one look at the lock once the channel is subscribed, 8 successful attempts, 9 releases;
-    // a herd would add up to 28 more.
-    let expected = 1 + WAITERS + 1 + WAITERS + (WAITERS + 1);
+    // one look at the lock once the channel is subscribed, and 9 releases, 8 of which hand
+    // the lock to the next waiter in their own script (no attempt of the waiter's: that was 8
+    // calls more before hand-offs); a herd would add up to 28 more.
+    let expected = 1 + WAITERS + 1 + (WAITERS + 1);
     assert!(evalsha <= expected + 2, "evalsha calls: {evalsha} (expected {expected})");
     // `pttl` counts the acquire script's own call on each busy attempt, plus at most one
     // re-check per waiter once the channel subscription is confirmed.
     assert!(pttl <= 2 * WAITERS, "pttl calls: {pttl}");
+}
+
+/// A waiter of the releasing process is granted the lock in the release's own script; one
+/// dropped while that script is on the wire, or after the grant but before taking it, leaves
+/// nothing: the grant is undone (after it ran), and the lock is free at once. (A current-thread
+/// runtime: the waiter's task runs only when this one yields, so each case is the one named.)
+#[tokio::test]
+async fn a_waiter_dropped_during_its_hand_off_leaves_nothing() {
+    let server = RedisServer::start();
+    let store = backend(&server, Duration::from_secs(2)).await;
+    let m = LockManager::builder().backend(store.clone());
+    let mut conn = raw(&server).await;
+    for on_the_wire in [true, false] {
+        let name = format!("handoff-{on_the_wire}");
+        let layout = KeyLayout::of(&name);
+        let held = m.lock(&name).lease(Duration::from_secs(60)).await.expect("lock");
+        let waiter = {
+            let (m, name) = (m.clone(), name.clone());
+            tokio::spawn(async move {
+                let _guard = m.lock(&name).wait(Duration::from_secs(30)).lease(Duration::from_secs(60)).await;
+                std::future::pending::<()>().await;
+            })
+        };
+        // Asleep at the head of the queue: its attempt and its look at the lock (once the
+        // channel is subscribed) each read the lease left.
+        let before = command_calls(&mut conn).await;
+        let pttl = |calls: &BTreeMap<String, u64>| calls.get("pttl").copied().unwrap_or(0);
+        await_numsub(&mut conn, &layout.channel, 1).await;
+        lock_tests::eventually("the waiter asleep", Duration::from_secs(10), async || {
+            lock_tests::reached(pttl(&command_calls(&mut conn).await) - pttl(&before) >= 2, true)
+        })
+        .await;
+        assert_eq!(store.local_waiters(), 1);
+        let sets = |calls: &BTreeMap<String, u64>| calls.get("set").copied().unwrap_or(0);
+        let before = command_calls(&mut conn).await;
+        if on_the_wire {
+            let mut release = std::pin::pin!(held.release());
+            std::future::poll_fn(|cx| {
+                assert!(std::future::Future::poll(release.as_mut(), cx).is_pending(), "answered before it was sent");
+                std::task::Poll::Ready(())
+            })
+            .await;
+            waiter.abort();
+            assert!(waiter.await.expect_err("aborted").is_cancelled());
+            release.await.expect("release");
+        } else {
+            held.release().await.expect("release");
+            waiter.abort();
+            assert!(waiter.await.expect_err("aborted").is_cancelled());
+        }
+        // The release granted the waiter the lock in its own script (the counter and the
+        // lock set), and the waiter made no attempt of its own.
+        let after = command_calls(&mut conn).await;
+        assert_eq!(sets(&after) - sets(&before), 2, "no hand-off ({on_the_wire})");
+        let started = Instant::now();
+        let again = m.lock(&name).wait(Duration::from_secs(10)).await.expect("free once the grant is undone");
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?} ({on_the_wire})", started.elapsed());
+        again.release().await.expect("release");
+        let left: bool = redis::cmd("EXISTS").arg(&layout.lock).query_async(&mut conn).await.expect("EXISTS");
+        assert!(!left, "the lock key was left ({on_the_wire})");
+    }
 }
 
 /// With waiters in two processes, each release costs at most one attempt per process.

@@ -1,6 +1,10 @@
 -- acquire.lua: one attempt to take a lock, minting its fencing token; an attempt that finds
 -- the lock held marks it as waited on, so that its release is announced.
 --
+-- Defines `acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)`, `now` the server's
+-- `TIME`: the script sent alone ends with that call (see mod.rs); handoff.lua calls it after a
+-- release, for the next waiter of the releasing process.
+--
 -- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, followed by
 --          `+` once someone waits for it; expires with the lease. `<owner>` is ARGV[1] of the
 --          acquisition holding it, `<token>` its fencing token, `<granted ms>` the server's
@@ -30,29 +34,30 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 
-local holder = redis.call('get', KEYS[1])
-local mine = ARGV[1] .. '#'
-if holder == false or string.sub(holder, 1, #mine) == mine then
-  -- The next token: one above the counter, but never below the server's clock in
-  -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
-  -- eviction, a failover to a replica that had not received it) thus restarts above every
-  -- token handed out before, as long as the server's clock has not been set back past them.
-  -- (2^53 microseconds, the largest integer a Lua number holds exactly, is reached in the
-  -- year 2255.)
-  local now = redis.call('time')
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local token = math.max((tonumber(redis.call('get', KEYS[2])) or 0) + 1, clock, tonumber(ARGV[3]) or 0)
-  local minted = string.format('%d', token)
-  redis.call('set', KEYS[2], minted)
-  local mark = ''
-  if holder ~= false and string.sub(holder, -1) == '+' then
-    mark = '+'
+local function acquire(lock, fence, owner, lease, floor, now)
+  local holder = redis.call('get', lock)
+  local mine = owner .. '#'
+  if holder == false or string.sub(holder, 1, #mine) == mine then
+    -- The next token: one above the counter, but never below the server's clock in
+    -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
+    -- eviction, a failover to a replica that had not received it) thus restarts above every
+    -- token handed out before, as long as the server's clock has not been set back past them.
+    -- (2^53 microseconds, the largest integer a Lua number holds exactly, is reached in the
+    -- year 2255.)
+    local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, clock, tonumber(floor) or 0)
+    local minted = string.format('%d', token)
+    redis.call('set', fence, minted)
+    local mark = ''
+    if holder ~= false and string.sub(holder, -1) == '+' then
+      mark = '+'
+    end
+    local granted = string.format('%d', math.floor(clock / 1000))
+    redis.call('set', lock, mine .. minted .. '#' .. granted .. mark, 'PX', lease)
+    return {1, token}
   end
-  local granted = string.format('%d', math.floor(clock / 1000))
-  redis.call('set', KEYS[1], mine .. minted .. '#' .. granted .. mark, 'PX', ARGV[2])
-  return {1, token}
+  if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
+    redis.call('append', lock, '+')
+  end
+  return {0, redis.call('pttl', lock)}
 end
-if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
-  redis.call('append', KEYS[1], '+')
-end
-return {0, redis.call('pttl', KEYS[1])}

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::handoff::{Handed, Ticket};
 use super::held::{release_call, undo_dropped, RedisHeld};
 use super::waiters::{Before, Capture, Outage, Slot, Step};
 use super::{bounded, lease_millis, KeyLayout, RedisBackend, ACQUIRE, KIND, KIND_ACQUIRE, WATCH};
@@ -33,6 +34,9 @@ pub(super) struct RedisAcquisition {
     /// What tells the holder that the lock was lost (fired at once when a check after a lost
     /// connection finds it gone: see `holdings.rs`).
     lost: LostSignal,
+    /// A waiting mutex's offer to be granted the lock by a release of this process (see
+    /// `handoff.rs`); made when it first waits.
+    ticket: Option<Arc<Ticket>>,
 }
 
 /// The mode argument of `kind_acquire.lua` and the permits of `kind`; `None` for a mutex.
@@ -60,7 +64,30 @@ impl RedisAcquisition {
             intent: false,
             outage: Outage::default(),
             lost,
+            ticket: None,
         }
+    }
+
+    /// Offers `slot` a ticket (a mutex without `wait_for_replicas`): a release of this process
+    /// may grant it the lock in the release's own script.
+    fn offer(&mut self, slot: &Slot) {
+        if self.req.kind != LockKind::Exclusive || self.backend.inner.options.wait_for_replicas.is_some() {
+            return;
+        }
+        let ticket = self.ticket.get_or_insert_with(|| {
+            Ticket::new(self.owner.clone(), self.layout.fence.as_str().into(), lease_millis(self.req.lease.duration()))
+        });
+        slot.offer(ticket.clone());
+    }
+
+    /// The lock granted by a release of this process (`handoff.lua`), with `token`, by a
+    /// release sent at `sent`.
+    fn handed(&mut self, token: i64, sent: Instant) -> Attempt {
+        let lease_end = sent.checked_add(self.req.lease.duration());
+        if let Some(slot) = self.slot.take() {
+            slot.granted(lease_end);
+        }
+        Attempt::Acquired(self.grant(token, sent))
     }
 
     async fn attempt_inner(&mut self) -> Result<Attempt, LockError> {
@@ -70,6 +97,13 @@ impl RedisAcquisition {
         let mode = mode(self.req.kind);
         let writer = self.req.kind == LockKind::Write;
         let waiters = &self.backend.inner.waiters;
+        if let Some(ticket) = &self.ticket {
+            // Granted by a release of this process: no attempt of its own. (After a failed
+            // hand-off, the attempt below is granted again if the hand-off was.)
+            if let Handed::Granted { token, sent } = ticket.take() {
+                return Ok(self.handed(token, sent));
+            }
+        }
         let capture = match &self.slot {
             Some(slot) => {
                 slot.attempting();
@@ -79,6 +113,7 @@ impl RedisAcquisition {
                 Before::Queued(slot) => {
                     // Local FIFO: behind this process's waiters (a waiting writer among them
                     // keeps a reader out), without racing their head.
+                    self.offer(&slot);
                     self.slot = Some(slot);
                     return Ok(Attempt::Busy);
                 }
@@ -176,7 +211,9 @@ impl RedisAcquisition {
                     (Some(slot), _) => slot.busy(sent, value),
                     (None, capture) => {
                         let capture = capture.unwrap_or(Capture::NONE);
-                        self.slot = Some(waiters.busy(&self.layout.channel, capture, sent, value, writer));
+                        let slot = waiters.busy(&self.layout.channel, capture, sent, value, writer);
+                        self.offer(&slot);
+                        self.slot = Some(slot);
                     }
                 }
                 Ok(Attempt::Busy)
@@ -294,7 +331,10 @@ impl Drop for RedisAcquisition {
     fn drop(&mut self) {
         // Leave the queue first: a wake-up this acquisition held goes to the next waiter now.
         drop(self.slot.take());
-        if !self.in_flight && !self.intent {
+        // A grant by a release of this process that this acquisition did not take (one still
+        // on the wire is undone by that release, once answered).
+        let handed = self.ticket.take().is_some_and(|ticket| ticket.abandon().may_hold());
+        if !self.in_flight && !self.intent && !handed {
             return;
         }
         // An acquire whose answer was never seen may have taken the lock, and a waiting writer

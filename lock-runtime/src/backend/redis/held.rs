@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use redis::Script;
 
+use super::handoff::{Handed, Ticket};
 use super::holdings::Holding;
 use super::{
-    bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, KIND, KIND_EXTEND, KIND_RELEASE, RELEASE,
-    RELEASE_AFTER,
+    bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, HANDOFF, KIND, KIND_EXTEND, KIND_RELEASE,
+    RELEASE, RELEASE_AFTER,
 };
 use crate::backend::{BoxFuture, HeldLock, LockKind, Renewal};
 use crate::background::{finish_in_background, Unabandoned};
@@ -87,6 +88,11 @@ impl ReleaseCall {
         let timeout = self.backend.inner.options.command_timeout;
         let name = self.name.clone();
         let release = Box::pin(async move {
+            if std::ptr::eq(self.script, &*RELEASE) {
+                if let Some(ticket) = self.backend.inner.waiters.hand_off(&self.channel, &self.owner) {
+                    return self.hand_off(ticket).await;
+                }
+            }
             let mut tell = Some(Tell(&self));
             let mut call = std::pin::pin!(self.call());
             let status = std::future::poll_fn(|cx| {
@@ -98,6 +104,54 @@ impl ReleaseCall {
             still_held(&self.name, status?)
         });
         Box::pin(Unabandoned::new(release, runtime, (timeout, KIND), name))
+    }
+}
+
+impl ReleaseCall {
+    /// The release as `handoff.lua`: the lock granted, in the same script, to the waiter of
+    /// this process whose `ticket` it took (see `handoff.rs`).
+    async fn hand_off(&self, ticket: Arc<Ticket>) -> Result<(), LockError> {
+        // Answered however it ends (dropped first: the grant may have been made).
+        let mut answer = Answer { call: self, ticket: &ticket, handed: Handed::Maybe };
+        let sent = crate::clock::now();
+        let mut invocation = HANDOFF.prepare_invoke();
+        invocation.key(&*self.key).key(&*ticket.fence);
+        invocation.arg(&*self.owner).arg(&*self.channel).arg(&*ticket.owner).arg(ticket.lease);
+        let reply = self.backend.eval::<(i64, i64, i64)>(&self.name, "release", invocation).await;
+        answer.handed = match &reply {
+            Ok((_, 1, token)) if *token > 0 => Handed::Granted { token: *token, sent },
+            Ok(_) => Handed::Open,
+            Err(_) => Handed::Maybe,
+        };
+        drop(answer);
+        let (released, _, _) = reply?;
+        still_held(&self.name, released)
+    }
+}
+
+/// Gives a hand-off's ticket its outcome when dropped, wakes its waiter, and undoes the grant
+/// of a waiter gone meanwhile.
+struct Answer<'a> {
+    call: &'a ReleaseCall,
+    ticket: &'a Arc<Ticket>,
+    handed: Handed,
+}
+
+impl Drop for Answer<'_> {
+    fn drop(&mut self) {
+        let call = self.call;
+        if self.ticket.answer(self.handed) && self.handed.may_hold() {
+            let undo = ReleaseCall::new(
+                &call.backend,
+                &RELEASE,
+                &call.name,
+                call.key.clone(),
+                call.channel.clone(),
+                &self.ticket.owner,
+            );
+            undo_dropped(undo, false);
+        }
+        call.backend.inner.waiters.handed(&call.channel, self.ticket);
     }
 }
 

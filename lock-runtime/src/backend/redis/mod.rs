@@ -2,6 +2,7 @@
 
 mod acquire;
 pub mod cluster;
+mod handoff;
 mod held;
 mod holdings;
 mod inspect;
@@ -36,9 +37,21 @@ const KIND: &str = "redis";
 /// The largest accepted [`RedisOptions`] duration.
 const MAX_OPTION: Duration = Duration::from_secs(3600);
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
+/// `acquire.lua`'s function, called on its own.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("acquire.lua"),
+        "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], redis.call('time'))\n"
+    ))
+});
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+/// `release.lua`'s function, called on its own.
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!(include_str!("release.lua"), "return release(KEYS[1], ARGV[1], ARGV[2])\n")));
+/// A release that grants the lock to the releasing process's next waiter (`handoff.lua`).
+static HANDOFF: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(include_str!("release.lua"), include_str!("acquire.lua"), include_str!("handoff.lua")))
+});
 static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release_after.lua")));
 static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
 static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force_release.lua")));
@@ -450,6 +463,7 @@ mod tests {
             include_str!("release.lua"),
             include_str!("release_after.lua"),
             include_str!("force_release.lua"),
+            include_str!("handoff.lua"),
         ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }

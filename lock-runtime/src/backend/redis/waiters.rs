@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
+use super::handoff::{Handed, Ticket};
 use super::holdings::Holdings;
 use super::pubsub::{self, Change, Subscriptions, Timings};
 use super::topology::Source;
@@ -78,6 +79,9 @@ struct Entry {
     /// A release observed while busy: attempt again if the attempt found the lock held.
     again: bool,
     notify: Arc<Notify>,
+    /// A mutex acquisition's offer to be granted the lock by a release of this process (see
+    /// `handoff.rs`).
+    ticket: Option<Arc<Ticket>>,
 }
 
 impl KeyState {
@@ -227,7 +231,7 @@ impl Waiters {
         let id = st.next_id;
         let notify = Arc::new(Notify::new());
         if let Some(ks) = st.keys.get_mut(&key) {
-            ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone() });
+            ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone(), ticket: None });
         }
         Before::Queued(self.slot(key, id, notify))
     }
@@ -264,7 +268,7 @@ impl Waiters {
             // As in `Slot::busy`: a release told before it ran must wake the queue when it is
             // announced.
             ks.last_release = None;
-            ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone() });
+            ks.enqueue(Entry { id, writer, phase: Phase::Waiting, again: false, notify: notify.clone(), ticket: None });
             // A release observed while this attempt was in flight and nobody was queued may
             // have been this lock's: the head attempts now. (A key state made since the capture
             // counts from zero. Before the subscription is confirmed nothing is observed, and
@@ -294,6 +298,38 @@ impl Waiters {
         }
     }
 
+    /// A release of `owner`'s lock of this key is about to be sent: the ticket of the head of
+    /// the queue, if it sleeps and offers one, now pending (`handoff.lua` grants it the lock
+    /// with the release). The head sleeps until [`handed`](Self::handed); the release's
+    /// announcement is not taken for another release.
+    pub(super) fn hand_off(&self, channel: &str, owner: &str) -> Option<Arc<Ticket>> {
+        let mut guard = lock(&self.state);
+        let ks = guard.keys.get_mut(channel)?;
+        let head = ks.queue.front_mut()?;
+        let ticket = head.ticket.clone()?;
+        if head.phase != Phase::Waiting || head.again {
+            return None;
+        }
+        head.phase = Phase::Busy;
+        ticket.pend();
+        ks.last_release = Some(owner.into());
+        Some(ticket)
+    }
+
+    /// The release that took `ticket` was answered (the ticket says how): its waiter, if still
+    /// queued, attempts next (taking a grant, or attempting as usual).
+    pub(super) fn handed(&self, channel: &str, ticket: &Arc<Ticket>) {
+        let mut guard = lock(&self.state);
+        let Some(ks) = guard.keys.get_mut(channel) else { return };
+        let Some(entry) = ks.queue.iter_mut().find(|e| e.ticket.as_ref().is_some_and(|t| Arc::ptr_eq(t, ticket)))
+        else {
+            return;
+        };
+        entry.phase = Phase::Woken;
+        entry.again = false;
+        entry.notify.notify_one();
+    }
+
     /// Tasks queued right now, all keys together.
     pub(super) fn queued(&self) -> usize {
         lock(&self.state).keys.values().map(|ks| ks.queue.len()).sum()
@@ -313,11 +349,24 @@ impl Slot {
         Some(f(ks, pos))
     }
 
+    /// Offers `ticket`: a release of this process may grant this acquisition the lock.
+    pub(super) fn offer(&self, ticket: Arc<Ticket>) {
+        self.with(|ks, pos| {
+            if let Some(entry) = ks.queue.get_mut(pos) {
+                entry.ticket = Some(ticket);
+            }
+        });
+    }
+
     /// What to do next.
     pub(super) fn step(&self) -> Step {
         let now = crate::clock::now();
         let step = self.with(|ks, pos| {
             let Some(entry) = ks.queue.get_mut(pos) else { return Step::Attempt };
+            if entry.ticket.as_ref().is_some_and(|t| t.get() == Handed::Pending) {
+                // A release is granting it the lock: until it is answered.
+                return Step::Sleep(entry.notify.clone(), None);
+            }
             if entry.phase == Phase::Woken || entry.again {
                 entry.phase = Phase::Woken;
                 entry.again = false;
