@@ -411,6 +411,8 @@ impl Results {
             Some((lo, hi, n)) => {
                 let unit = match t.key {
                     "handoff_p99_ms" => " ms",
+                    "metrics_no_recorder_ns" => " ns",
+                    "handoff_p50_rtts" => " round trips",
                     k if k.ends_with("_pct") => "%",
                     "fairness" => "",
                     _ => "x",
