@@ -325,8 +325,10 @@ impl Waiters {
         else {
             return;
         };
+        // Woken, and `again` too: a look of its own in flight (begun once the ticket was
+        // answered) must not put it back to sleep when it finds the lock held.
         entry.phase = Phase::Woken;
-        entry.again = false;
+        entry.again = true;
         entry.notify.notify_one();
     }
 
@@ -363,9 +365,17 @@ impl Slot {
         let now = crate::clock::now();
         let step = self.with(|ks, pos| {
             let Some(entry) = ks.queue.get_mut(pos) else { return Step::Attempt };
-            if entry.ticket.as_ref().is_some_and(|t| t.get() == Handed::Pending) {
+            match entry.ticket.as_ref().map(|t| t.get()) {
                 // A release is granting it the lock: until it is answered.
-                return Step::Sleep(entry.notify.clone(), None);
+                Some(Handed::Pending) => return Step::Sleep(entry.notify.clone(), None),
+                // Answered, and maybe granted: take it (or attempt) now, even before the
+                // release's `handed` (it follows) marks it woken.
+                Some(handed) if handed.may_hold() => {
+                    entry.phase = Phase::Woken;
+                    entry.again = false;
+                    return Step::Attempt;
+                }
+                _ => {}
             }
             if entry.phase == Phase::Woken || entry.again {
                 entry.phase = Phase::Woken;
@@ -743,6 +753,37 @@ mod tests {
         assert!(matches!(slot.step(), Step::Sleep(..)));
         on_release(&w.state, CHANNEL, "b");
         assert!(matches!(slot.step(), Step::Attempt), "the new waiter slept through the release");
+    }
+
+    /// A hand-off's ticket is answered before its release marks the waiter woken
+    /// (`handed`): a waiter that looks in between takes the grant at once, and a look of its
+    /// own that finds the lock held afterwards does not put it back to sleep (it slept until
+    /// the holder's lease ran out: 10 s with a grant waiting for it).
+    #[test]
+    fn a_waiter_handed_the_lock_takes_it_whatever_it_was_doing() {
+        let ticket = || Ticket::new(Arc::from("owner"), Arc::from("lock:fence:{k}"), 30_000);
+        // Granted: between the answer and `handed`, the waiter attempts (takes it).
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let t = ticket();
+        head.offer(t.clone());
+        assert!(w.hand_off(CHANNEL, "holder").is_some_and(|h| Arc::ptr_eq(&h, &t)));
+        assert!(matches!(head.step(), Step::Sleep(_, None)), "pending: it waits for the answer");
+        assert!(!t.answer(Handed::Granted { token: 7, sent: crate::clock::now() }));
+        assert!(matches!(head.step(), Step::Attempt), "granted, and it waits for `handed`");
+
+        // Not granted: a look begun before `handed` finds the lock held; it attempts anyway.
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let t = ticket();
+        head.offer(t.clone());
+        assert!(w.hand_off(CHANNEL, "holder").is_some());
+        assert!(!t.answer(Handed::Open));
+        lock(&w.state).keys.get_mut(CHANNEL).expect("key").looked = None; // it looks next
+        assert!(matches!(head.step(), Step::Check));
+        w.handed(CHANNEL, &t);
+        head.busy(crate::clock::now(), 30_000); // the look found the lock held
+        assert!(matches!(head.step(), Step::Attempt), "back to sleep after a hand-off");
     }
 
     #[test]
