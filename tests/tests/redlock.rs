@@ -357,32 +357,44 @@ async fn an_uncontended_cycle_is_two_script_calls_per_node() {
     let servers = start(3);
     let m = manager(&servers, Duration::from_secs(1), "cost:").await;
     m.lock("job").await.expect("warm-up").release().await.expect("release"); // scripts loaded
-    let mut before = Vec::new();
-    for s in &servers {
-        before.push(script_calls(s).await);
+                                                                             // A node that runs its acquire late under load (past the proposed token's clock) mints a
+                                                                             // higher token, and the others are raised to it: up to three tries of 10 cycles, one of
+                                                                             // which must cost exactly two script calls per node (a protocol that always raised, or
+                                                                             // sent more, fails all three).
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut before = Vec::new();
+        for s in &servers {
+            before.push(script_calls(s).await);
+        }
+        let mut last = 0;
+        for _ in 0..10 {
+            let g = m.lock("job").await.expect("acquire");
+            assert!(g.fencing_token() > last);
+            last = g.fencing_token();
+            g.release().await.expect("release");
+        }
+        // A release decides on a quorum: the last one may still be running on a node. Wait
+        // (bounded) until every node served at least the 20 calls, then count.
+        let mut calls = Vec::new();
+        for (s, b) in servers.iter().zip(&before) {
+            lock_tests::eventually("every node served the 20 calls", Duration::from_secs(5), async || {
+                let calls = script_calls(s).await - b;
+                if calls >= 20 {
+                    Ok(())
+                } else {
+                    Err(calls)
+                }
+            })
+            .await;
+            calls.push(script_calls(s).await - b);
+        }
+        if calls.iter().all(|&c| c == 20) {
+            return;
+        }
+        seen.push(calls);
     }
-    let mut last = 0;
-    for _ in 0..10 {
-        let g = m.lock("job").await.expect("acquire");
-        assert!(g.fencing_token() > last);
-        last = g.fencing_token();
-        g.release().await.expect("release");
-    }
-    // A release decides on a quorum: the last one may still be running on a node. Wait
-    // (bounded) until every node served at least the 20 calls, then check it served no more.
-    for (s, b) in servers.iter().zip(&before) {
-        lock_tests::eventually("every node served the 20 calls", Duration::from_secs(5), async || {
-            let calls = script_calls(s).await - b;
-            if calls >= 20 {
-                Ok(())
-            } else {
-                Err(calls)
-            }
-        })
-        .await;
-        let calls = script_calls(s).await - b;
-        assert_eq!(calls, 20, "{}: {calls} script calls for 10 cycles", s.url());
-    }
+    panic!("script calls per node for 10 cycles, three tries: {seen:?} (20 each expected)");
 }
 
 /// Polls `fut` until it is ready or has been polled `polls` times, then drops it.
