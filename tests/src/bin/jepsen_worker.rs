@@ -12,8 +12,14 @@
 //!               witness=<postgres url> actor=w3
 //!               names=<n1,n2,..> run_ms=<ms> wait_ms=<ms> lease=watchdog:<ms>|fixed:<ms>
 //!               op_timeout_ms=<ms> long_hold_ms=<ms> [session_ms=<ms> root=</znode>] seed=<u64>
-//!               [mode=lock|elect] [replicas=<n>] [kinds=<mutex|rw|sem<n>,..>]
+//!               [mode=lock|elect] [replicas=<n>] [kinds=<mutex|rw|sem<n>,..>] [tasks=<n>]
 //! ```
+//!
+//! `tasks=<n>` runs `n` loops in the process, on one manager, as the actors `w3.0` .. `w3.<n-1>`
+//! (`lock_tests::jepsen::history::process_of` maps them back to the process `w3`, the target of
+//! the nemesis' faults): tasks of one process contending for a name take the paths a single
+//! task never does (its waiters' queue, the hand-offs of a release to the next of them). Each
+//! logs its own `exit` once all are done and the manager is dropped.
 //!
 //! `kinds=` gives each name of `names=` its kind: `mutex` (the default), `rw` (two acquisitions
 //! in three take a read lock, the others a write lock) or `sem<n>` (a permit of a semaphore of
@@ -107,6 +113,8 @@ struct Args {
     replicas: usize,
     /// The kind of lock each name is (`kinds=`, beside `names=`; all mutexes by default).
     kinds: Vec<Kind>,
+    /// Loops run by this process on its one manager (`tasks=`, 1 by default).
+    tasks: usize,
 }
 
 /// The kind of lock a name is taken as.
@@ -170,6 +178,7 @@ fn parse_args() -> Args {
                 })
                 .collect(),
         },
+        tasks: args.get("tasks").map_or(1, |v| v.parse().expect("tasks")),
     }
 }
 
@@ -302,7 +311,11 @@ async fn main() {
     let args = parse_args();
     let actor = args.actor.as_str();
     let started = Instant::now();
-    let mut rng = Rng::new(args.seed);
+    let actors: Vec<String> = match args.tasks {
+        0 => panic!("tasks= must be at least 1"),
+        1 => vec![actor.to_owned()],
+        n => (0..n).map(|i| format!("{actor}.{i}")).collect(),
+    };
     let witness = WitnessClient::connect(&args.witness).await;
     // Stdin's end is the signal to stop (read on a plain thread, not a tokio task, so that it
     // is not counted at exit).
@@ -324,9 +337,35 @@ async fn main() {
     let Some(manager) = manager else {
         eprintln!("{actor}: could not connect to the lock server during the run");
         witness.shutdown();
-        log(actor, Event::Exit { alive_tasks: alive_after_cleanup().await });
+        let alive_tasks = alive_after_cleanup().await;
+        for actor in &actors {
+            log(actor, Event::Exit { alive_tasks });
+        }
         return;
     };
+    let loops = actors.iter().enumerate().map(|(i, actor)| {
+        let rng = Rng::new(args.seed.wrapping_add(i as u64));
+        work(actor, &args, &manager, &witness, rng, &running)
+    });
+    futures_util::future::join_all(loops).await;
+    witness.shutdown();
+    drop(manager);
+    let alive_tasks = alive_after_cleanup().await;
+    for actor in &actors {
+        log(actor, Event::Exit { alive_tasks });
+    }
+}
+
+/// One loop of the process (its actor `actor`): lock a name, work on the witness under the
+/// token, release, until the run ends.
+async fn work(
+    actor: &str,
+    args: &Args,
+    manager: &LockManager,
+    witness: &WitnessClient,
+    mut rng: Rng,
+    running: &impl Fn() -> bool,
+) {
     while running() {
         let index = usize::try_from(rng.below(args.names.len() as u64)).expect("index");
         let name = &args.names[index];
@@ -409,9 +448,6 @@ async fn main() {
         log(actor, Event::Released { name: name.clone(), token, ok: released.is_ok() });
         tokio::time::sleep(Duration::from_millis(rng.below(15))).await;
     }
-    witness.shutdown();
-    drop(manager);
-    log(actor, Event::Exit { alive_tasks: alive_after_cleanup().await });
 }
 
 /// The tokio tasks still alive on this runtime once they stopped, or after [`CLEANUP_BOUND`].

@@ -28,12 +28,16 @@
 //!   measured; outside fault windows it must stay within the hand-off bound. A waiter killed (or
 //!   exited) stops waiting there.
 //! - **Exit.** Every worker that was not killed ends with `exit 0`.
+//!
+//! Faults target processes: the tasks of a worker that runs several (`w3.0`, `w3.1`, see
+//! [`process_of`]) are each an actor of their own, and a pause or kill of `w3` acts on all of
+//! them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use super::history::{Event, Mode, ReadOutcome, Record, WriteOutcome};
+use super::history::{process_of, Event, Mode, ReadOutcome, Record, WriteOutcome};
 
 /// What the checker is given.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +97,10 @@ pub struct Counts {
     pub stale_writes_refused: usize,
     /// `lost` records.
     pub lost_signals: usize,
+    /// Grants to a task of a worker that waited while another task of the same process held
+    /// the name and released it (`tasks=<n>`): the successions a release may hand on within
+    /// its process.
+    pub successions_within_process: usize,
 }
 
 /// Lost-signal margins (how long before the next grant the holder's `lost()` fired).
@@ -204,6 +212,9 @@ impl fmt::Display for Report {
             }
         };
         writeln!(f, "faults: {}", list(self.faults()))?;
+        if c.successions_within_process > 0 {
+            writeln!(f, "successions between tasks of one process: {}", c.successions_within_process)?;
+        }
         writeln!(
             f,
             "stale operations refused: {} ({} reads, {} writes)",
@@ -441,15 +452,17 @@ impl<'r> Run<'r> {
                         }
                         if kind == "kill" {
                             run.killed.insert(target.clone());
-                            let keys: Vec<_> = open_grants.keys().filter(|(a, _)| a == target).cloned().collect();
+                            // Every task of the process (`w3.0`, `w3.1`) dies with it.
+                            let of_target = |a: &String| process_of(a) == target;
+                            let keys: Vec<_> = open_grants.keys().filter(|(a, _)| of_target(a)).cloned().collect();
                             for key in keys {
                                 close(&mut run.grants, &mut open_grants, &key, HoldingEnd::Kill);
                             }
                             open_acquisitions.retain(|(a, _), &mut i| {
-                                if a == target {
+                                if of_target(a) {
                                     run.acquisitions[i].abandoned = Some((t, pos));
                                 }
-                                a != target
+                                !of_target(a)
                             });
                         }
                     } else if let Some(open) = open_faults.get_mut(&key) {
@@ -498,6 +511,7 @@ fn classify(run: &Run<'_>, holder: &str, from: u64, to: u64) -> String {
     // A fault on the server acts on every holder, and so does a failover of the primary the
     // locks live on (GUARANTEES.md: a grant the promoted replica had not received is granted
     // again). A resharding explains nothing: a key is on one node at a time.
+    let holder = process_of(holder);
     let on_holder =
         |f: &&&FaultSpan| f.target == holder || f.target == "server" || (f.target == "primary" && f.kind == "failover");
     if active.iter().any(|f| f.kind == "pause" && f.target == holder) {
@@ -546,6 +560,19 @@ fn count(run: &Run<'_>, input: &CheckInput<'_>, report: &mut Report) {
         }
     }
     c.witness_writes = input.witness.values().map(Vec::len).sum();
+    for name in run.names() {
+        let grants: Vec<&Grant> = run.grants_of(name).collect();
+        c.successions_within_process += grants
+            .windows(2)
+            .filter(|w| {
+                let (a, b) = (w[0], w[1]);
+                a.actor != b.actor
+                    && process_of(&a.actor) == process_of(&b.actor)
+                    && matches!(a.end, HoldingEnd::Release)
+                    && b.acquire_pos < a.end_pos
+            })
+            .count();
+    }
 }
 
 fn check_witness(run: &Run<'_>, witness: &BTreeMap<String, Vec<(u64, u64)>>, report: &mut Report) {
@@ -596,7 +623,7 @@ fn check_witness(run: &Run<'_>, witness: &BTreeMap<String, Vec<(u64, u64)>>, rep
             // A killed worker may have written before its records reached the history.
             let holder = run.grants_of(name).find(|g| g.token == token).map(|g| g.actor.as_str());
             let explained = match holder {
-                Some(actor) => run.killed.contains(actor),
+                Some(actor) => run.killed.contains(process_of(actor)),
                 None => !run.killed.is_empty(),
             };
             if !explained {
@@ -755,7 +782,9 @@ fn check_waits(run: &Run<'_>, slack: Duration, report: &mut Report) {
         if a.result.is_some_and(|(t, _, _)| t <= due) {
             continue;
         }
-        let exempt = run.faults_in(a.t, until).any(|f| (f.kind == "pause" || f.kind == "kill") && f.target == a.actor);
+        let exempt = run
+            .faults_in(a.t, until)
+            .any(|f| (f.kind == "pause" || f.kind == "kill") && f.target == process_of(&a.actor));
         if exempt {
             continue;
         }
@@ -870,7 +899,7 @@ fn check_exits(run: &Run<'_>, report: &mut Report) {
         }
     }
     for (actor, r) in last {
-        if run.killed.contains(actor) {
+        if run.killed.contains(process_of(actor)) {
             continue;
         }
         match (exits.get(actor), &r.event) {
@@ -1059,6 +1088,63 @@ mod tests {
         assert_eq!(report.silent_overlap_classes(), vec!["pause".to_string()]);
         assert!(report.to_string().contains("overlaps: pause 1"), "{report}");
         assert!(report.to_string().contains("stale operations refused: 1 (0 reads, 1 writes)"), "{report}");
+    }
+
+    /// A worker running several tasks (`w1.0`, `w1.1`) is one process: a pause or kill of `w1`
+    /// acts on each of them, and a task of a process that was not faulted is not excused.
+    #[test]
+    fn faults_on_a_process_act_on_each_of_its_tasks() {
+        let tasks = OVERLAP.replace("w1 ", "w1.1 ").replace("9000 w1.1 exit 0", "9000 w1.0 exit 0\n9000 w1.1 exit 0");
+        let paused = tasks.replace("{FAULT}", "2500 nemesis fault pause w1 start\n4500 nemesis fault pause w1 end");
+        let report = run_with(&paused, &[("a", &[(2, 1)])]);
+        assert_clean(&report);
+        assert_eq!(report.overlap_classes(), vec![("pause".to_string(), 1)]);
+        // The same pause on another process explains nothing.
+        let other = tasks.replace("{FAULT}", "2500 nemesis fault pause w3 start\n4500 nemesis fault pause w3 end");
+        assert_violation(
+            &run_with(&other, &[("a", &[(2, 1)])]),
+            "w2 was granted token 2 at t=4000 while w1.1 still held",
+        );
+        // A killed process's tasks need no exit, and their holdings end with the kill.
+        let killed = tasks
+            .replace("{FAULT}", "2500 nemesis fault kill w1 start")
+            .replace("5000 w1.1 write a 1 1 refused\n", "")
+            .replace("5100 w1.1 release a 1\n", "")
+            .replace("9000 w1.0 exit 0\n9000 w1.1 exit 0", "");
+        let report = run_with(&killed, &[("a", &[(2, 1)])]);
+        assert_clean(&report);
+        assert!(report.overlap_classes().is_empty(), "{:?}", report.overlap_classes());
+        // A task that never exited, of a process that was not killed, is reported.
+        let missing = tasks.replace("{FAULT}", "2500 nemesis fault pause w1 start\n4500 nemesis fault pause w1 end");
+        let missing = missing.replace("\n9000 w1.1 exit 0", "");
+        assert_violation(&run_with(&missing, &[("a", &[(2, 1)])]), "worker w1.1 never exited");
+    }
+
+    #[test]
+    fn successions_between_tasks_of_one_process_are_counted() {
+        let history = "\
+            1000 w1.0 acquire a 1000
+            1100 w1.0 granted a 1
+            1200 w1.1 acquire a 1000
+            1300 w2 acquire a 1000
+            2000 w1.0 release a 1
+            2100 w1.0 released a 1 ok
+            2200 w1.1 granted a 2
+            2300 w1.1 release a 2
+            2400 w1.1 released a 2 ok
+            2500 w2 granted a 3
+            2600 w2 release a 3
+            9000 w1.0 exit 0
+            9000 w1.1 exit 0
+            9000 w2 exit 0";
+        let report = run(history);
+        assert_clean(&report);
+        // w1.0 -> w1.1 is one; w1.1 -> w2 crosses processes.
+        assert_eq!(report.counts().successions_within_process, 1);
+        assert!(report.to_string().contains("successions between tasks of one process: 1"), "{report}");
+        // A task that asked only after the release took a free lock: no succession.
+        let late = history.replace("1200 w1.1 acquire a 1000", "2150 w1.1 acquire a 1000");
+        assert_eq!(run(&late).counts().successions_within_process, 0);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! One line per record, space separated: `<t_us> <actor> <event> <fields...>`, where `t_us` is
 //! microseconds on the run's clock (wall clock since the Unix epoch for process runs, which all
 //! share this machine's clock; virtual time since the start for in-process runs) and `actor` is
-//! a worker (`w3`) or `nemesis`. Lock names and fault targets contain no spaces.
+//! a worker (`w3`), a task of a worker that runs several (`w3.1`, see [`process_of`]) or
+//! `nemesis`. Lock names and fault targets contain no spaces.
 //!
 //! ```text
 //! 1763850000000000 w3 acquire jepsen:0 2000          # lock("jepsen:0").wait(2000 ms) starts
@@ -23,6 +24,20 @@
 
 use std::fmt;
 use std::str::FromStr;
+
+/// The worker process an actor belongs to: `w3` for `w3` and for its tasks `w3.0`, `w3.1`, ..
+/// (a worker started with `tasks=<n>`). Faults target processes: a kill or a pause of `w3` acts
+/// on every task of it.
+///
+/// ```
+/// use lock_tests::jepsen::history::process_of;
+///
+/// assert_eq!(process_of("w3.1"), "w3");
+/// assert_eq!(process_of("w3"), "w3");
+/// ```
+pub fn process_of(actor: &str) -> &str {
+    actor.split_once('.').map_or(actor, |(process, _)| process)
+}
 
 /// What a witness read returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

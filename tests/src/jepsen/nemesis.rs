@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-use super::history::{Event, Record};
+use super::history::{process_of, Event, Record};
 #[cfg(feature = "mysql")]
 use crate::mysql_server::MysqlServer;
 use crate::pg_server::PgServer;
@@ -128,6 +128,9 @@ pub struct Config {
     /// The kind of each name (the worker's `kinds=`: `mutex`, `rw`, `sem<n>`); all mutexes when
     /// empty.
     pub kinds: Vec<&'static str>,
+    /// Loops each worker process runs on its one manager (the worker's `tasks=`; 1 by default):
+    /// with more, tasks of one process contend for a name and hand it to each other.
+    pub tasks: usize,
 }
 
 impl Config {
@@ -152,6 +155,7 @@ impl Config {
             elect: false,
             wait_for_replicas: None,
             kinds: Vec::new(),
+            tasks: 1,
         }
     }
 
@@ -160,6 +164,12 @@ impl Config {
     pub fn with_kinds(mut self) -> Self {
         self.kinds = vec!["mutex", "rw", "sem2"];
         self.names = self.kinds.len();
+        self
+    }
+
+    /// Each worker process runs `tasks` loops on its one manager (see [`Config::tasks`]).
+    pub fn with_tasks(mut self, tasks: usize) -> Self {
+        self.tasks = tasks;
         self
     }
 }
@@ -833,6 +843,7 @@ impl Nemesis {
             .arg(format!("seed={worker_seed}"))
             .arg(format!("mode={}", if c.elect { "elect" } else { "lock" }))
             .arg(format!("replicas={}", c.wait_for_replicas.unwrap_or(0)))
+            .arg(format!("tasks={}", c.tasks))
             .args((!c.kinds.is_empty()).then(|| format!("kinds={}", c.kinds.join(","))))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -915,7 +926,9 @@ impl Nemesis {
         let holders = |shared: &Shared, since: Duration| -> Vec<String> {
             let holding = lock(&shared.holding);
             let long = |h: &BTreeMap<String, Instant>| h.values().any(|t| t.elapsed() >= since);
-            candidates.iter().filter(|a| holding.get(*a).is_some_and(long)).cloned().collect()
+            // Keyed by actor: a worker's tasks (`w3.0`, `w3.1`) hold for their process `w3`.
+            let holds = |worker: &String| holding.iter().any(|(a, h)| process_of(a) == worker && long(h));
+            candidates.iter().filter(|a| holds(a)).cloned().collect()
         };
         // Re-checked on every history line (the other workers write many a second).
         self.wait_for(Duration::from_secs(3), |s| !holders(s, LONG_HOLD).is_empty()).await;
@@ -987,7 +1000,7 @@ impl Nemesis {
                     w.status = w.child.wait().ok();
                     w.killed = true;
                 }
-                lock(&self.shared.holding).remove(&actor);
+                lock(&self.shared.holding).retain(|a, _| process_of(a) != actor);
                 self.done_with(&actor);
                 self.spawn_worker().await;
             }
@@ -1291,7 +1304,7 @@ pub async fn run_and_check(
     handoff_bound: Duration,
     extra: Duration,
 ) -> (Run, String) {
-    let backend = config.backend.name();
+    let (backend, tasks) = (config.backend.name(), config.tasks);
     let bound = Duration::from_secs(fault_secs()) + extra;
     let run = tokio::time::timeout(bound, run(config))
         .await
@@ -1316,6 +1329,12 @@ pub async fn run_and_check(
         "{} violations ({replay}):\n{}",
         report.violations().len(),
         report.violations().join("\n")
+    );
+    // Workers of several tasks are there to exercise successions within a process.
+    assert!(
+        tasks == 1 || report.counts().successions_within_process > 0,
+        "workers ran {tasks} tasks each, but no task was granted a name another task of its process released \
+         while it waited ({replay})"
     );
     let mismatches = super::guarantees::verify(&report, include_str!("../../../GUARANTEES.md"), test);
     assert!(mismatches.is_empty(), "the run contradicts GUARANTEES.md ({replay}):\n{}", mismatches.join("\n"));
