@@ -39,9 +39,49 @@ impl OwnerId {
     }
 }
 
+impl OwnerId {
+    /// `<owner id>@<holder>`, as the networked backends store it: built by hand, without the
+    /// formatting machinery (one of the costs of every acquisition).
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_holder(&self, holder: &Holder) -> Arc<str> {
+        let mut text = String::with_capacity(32 + 1 + 16 + 1 + holder.as_str().len());
+        self.push_to(&mut text);
+        text.push('@');
+        text.push_str(holder.as_str());
+        text.into()
+    }
+
+    /// Appends the [`Display`](fmt::Display) form: 32 hex digits, `-`, the sequence in hex.
+    fn push_to(&self, out: &mut String) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0u8; 32 + 1 + 16];
+        for (i, d) in digits[..32].iter_mut().enumerate() {
+            *d = HEX[((self.process >> (4 * (31 - i))) & 0xf) as usize];
+        }
+        digits[32] = b'-';
+        let mut seq = self.seq;
+        let mut len = 0;
+        let mut rev = [0u8; 16];
+        loop {
+            rev[len] = HEX[(seq & 0xf) as usize];
+            len += 1;
+            seq >>= 4;
+            if seq == 0 {
+                break;
+            }
+        }
+        for (d, r) in digits[33..33 + len].iter_mut().zip(rev[..len].iter().rev()) {
+            *d = *r;
+        }
+        out.push_str(std::str::from_utf8(&digits[..33 + len]).unwrap_or_default());
+    }
+}
+
 impl fmt::Display for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}-{:x}", self.process, self.seq)
+        let mut text = String::with_capacity(49);
+        self.push_to(&mut text);
+        f.write_str(&text)
     }
 }
 
@@ -243,4 +283,24 @@ fn host_name() -> &'static str {
             name
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner text is stored in Redis and compared by scripts: built by hand, it must stay
+    /// exactly the formatted one.
+    #[test]
+    fn owner_text_is_the_formatted_one() {
+        let holder = Holder::of_process(Some("worker-1"));
+        for (process, seq) in [(0, 0), (u128::MAX, u64::MAX), (0x0123_4567_89ab_cdef, 0x10), (process_id(), 1 << 40)] {
+            let owner = OwnerId { process, seq };
+            let formatted = format!("{process:032x}-{seq:x}");
+            assert_eq!(owner.to_string(), formatted);
+            #[cfg(feature = "redis")]
+            assert_eq!(&*owner.with_holder(&holder), format!("{formatted}@{holder}"));
+            let _ = &holder;
+        }
+    }
 }

@@ -107,7 +107,10 @@ impl Holdings {
         if !lost.can_fire() {
             return None;
         }
-        let owner: Arc<str> = format!("{}{owner}", if mutex { 'M' } else { 'K' }).into();
+        let mut tagged = String::with_capacity(1 + owner.len());
+        tagged.push(if mutex { 'M' } else { 'K' });
+        tagged.push_str(owner);
+        let owner: Arc<str> = tagged.into();
         let entry = Entry { name: name.clone(), key: key.clone(), owner, lost: lost.clone() };
         let mut entries = lock(&self.entries);
         let id = entries.next;

@@ -36,8 +36,13 @@ pub struct KeyLayout {
 impl KeyLayout {
     /// The names used for the backend key `key` (the manager prefix followed by the lock name).
     pub fn of(key: &str) -> Self {
-        let lock = format!("lock:{{{key}}}");
-        let channel = format!("{lock}:released");
+        Self::in_space("lock:{", key)
+    }
+
+    /// The names of `<space>{<key>}`: built by hand (every acquisition builds them).
+    fn in_space(space: &str, key: &str) -> Self {
+        let lock = concat(&[space, key, "}"]);
+        let channel = concat(&[&lock, ":released"]);
         let fence = fence_of(&lock);
         KeyLayout { lock, channel, fence }
     }
@@ -51,13 +56,10 @@ impl KeyLayout {
     pub fn of_kind(key: &str, kind: LockKind) -> Self {
         let space = match kind {
             LockKind::Exclusive => return Self::of(key),
-            LockKind::Semaphore { .. } => "sem",
-            _ => "rw",
+            LockKind::Semaphore { .. } => "lock:sem:{",
+            _ => "lock:rw:{",
         };
-        let lock = format!("lock:{space}:{{{key}}}");
-        let channel = format!("{lock}:released");
-        let fence = fence_of(&lock);
-        KeyLayout { lock, channel, fence }
+        Self::in_space(space, key)
     }
 
     /// The backend key of a lock key (`lock:{<key>}` gives `<key>`); `None` for any other
@@ -78,7 +80,14 @@ impl KeyLayout {
 /// script that mints a token from it touches `key` and the counter in one slot, whatever hash
 /// tag `key` has (an empty one, `{}`, hashes the whole key).
 pub(super) fn fence_of(key: &str) -> String {
-    format!("lock:fence:{{{}}}", slot_tag(key_slot(key.as_bytes())))
+    concat(&["lock:fence:{", slot_tag(key_slot(key.as_bytes())), "}"])
+}
+
+/// `parts` joined, allocated once.
+fn concat(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    parts.iter().for_each(|p| out.push_str(p));
+    out
 }
 
 /// A short string of the hash slot of the Redis key `key`, to give a key of one's own that
@@ -100,51 +109,136 @@ pub fn key_slot(key: &[u8]) -> u16 {
     (crc16(hashed) as usize % SLOTS) as u16
 }
 
-/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), the checksum of Redis Cluster.
+/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), the checksum of Redis Cluster; a byte
+/// at a time, from [`CRC16_TABLE`].
 fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
+    data.iter().fold(0u16, |crc, &byte| (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ byte)])
 }
 
-/// A short string whose hash slot is `slot`: the first base-36 number that lands there.
+/// The CRC-16/XMODEM of each byte value, computed at compile time.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// A short string whose hash slot is `slot`: the first base-36 number that lands there. (The
+/// tags name the fencing counters in Redis, so they never change: see `tags_never_change`.)
 fn slot_tag(slot: u16) -> &'static str {
-    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
-    let tags = TAGS.get_or_init(|| {
-        let mut tags = vec![String::new(); SLOTS];
+    static TAGS: OnceLock<SlotTags> = OnceLock::new();
+    TAGS.get_or_init(SlotTags::find).get(slot)
+}
+
+/// Every slot's tag, in one string: tag `slot` ends at `ends[slot]` and starts where the one
+/// before ends.
+struct SlotTags {
+    text: String,
+    ends: Box<[u32]>,
+}
+
+impl SlotTags {
+    /// Tries 0, 1, 2, .. in base 36 until every slot has its first (about 170,000 numbers),
+    /// each in a buffer on the stack: a few milliseconds once per process, where a string per
+    /// number took about ten.
+    fn find() -> Self {
+        let mut first = vec![u32::MAX; SLOTS];
         let mut missing = SLOTS;
-        let mut n: u64 = 0;
+        let mut digits = Base36::default();
+        let mut n: u32 = 0;
         while missing > 0 {
-            let tag = base36(n);
-            let slot = (crc16(tag.as_bytes()) as usize) % SLOTS;
-            if tags[slot].is_empty() {
-                tags[slot] = tag;
+            let slot = usize::from(crc16(digits.as_bytes())) % SLOTS;
+            if first[slot] == u32::MAX {
+                first[slot] = n;
                 missing -= 1;
             }
+            digits.increment();
             n += 1;
         }
-        tags
-    });
-    &tags[usize::from(slot) % SLOTS]
+        let mut text = String::with_capacity(SLOTS * 4);
+        let ends = first
+            .iter()
+            .map(|&n| {
+                text.push_str(Base36::of(n).as_str());
+                u32::try_from(text.len()).unwrap_or(u32::MAX)
+            })
+            .collect();
+        SlotTags { text, ends }
+    }
+
+    fn get(&self, slot: u16) -> &str {
+        let slot = usize::from(slot) % SLOTS;
+        let start = slot.checked_sub(1).map_or(0, |before| self.ends[before] as usize);
+        self.text.get(start..self.ends[slot] as usize).unwrap_or_default()
+    }
 }
 
-fn base36(mut n: u64) -> String {
+/// A number in base 36 (`0`-`9`, `a`-`z`), most significant digit first, at the end of a
+/// buffer on the stack.
+struct Base36 {
+    buf: [u8; 8],
+    start: usize,
+}
+
+impl Default for Base36 {
+    /// Zero.
+    fn default() -> Self {
+        Base36 { buf: [b'0'; 8], start: 7 }
+    }
+}
+
+impl Base36 {
     const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut out = Vec::new();
-    loop {
-        out.push(DIGITS[(n % 36) as usize]);
-        n /= 36;
-        if n == 0 {
-            break;
+
+    fn of(mut n: u32) -> Self {
+        let mut out = Base36::default();
+        let mut i = out.buf.len();
+        loop {
+            i -= 1;
+            out.buf[i] = Self::DIGITS[(n % 36) as usize];
+            n /= 36;
+            if n == 0 {
+                break;
+            }
+        }
+        out.start = i;
+        out
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    /// Adds one (36^8 - 1 is never reached: the tags end below 36^4).
+    fn increment(&mut self) {
+        let mut i = self.buf.len();
+        while i > 0 {
+            i -= 1;
+            match self.buf[i] {
+                b'z' => self.buf[i] = b'0',
+                b'9' => return self.set(i, b'a'),
+                d => return self.set(i, d + 1),
+            }
         }
     }
-    out.reverse();
-    String::from_utf8_lossy(&out).into_owned()
+
+    fn set(&mut self, i: usize, digit: u8) {
+        self.buf[i] = digit;
+        self.start = self.start.min(i);
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +253,51 @@ mod tests {
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"{user1000}.followers"));
         assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
         assert_eq!(key_slot(b"{}a"), (crc16(b"{}a") as usize % SLOTS) as u16);
+    }
+
+    /// The tags name the fencing counters in Redis: every version must find the same ones (a
+    /// process of another version would mint tokens from another counter). The reference is
+    /// the first way they were found: a string per number, CRC16 a bit at a time.
+    #[test]
+    fn tags_never_change() {
+        fn crc16_bitwise(data: &[u8]) -> u16 {
+            let mut crc: u16 = 0;
+            for &byte in data {
+                crc ^= u16::from(byte) << 8;
+                for _ in 0..8 {
+                    crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+                }
+            }
+            crc
+        }
+        fn base36(mut n: u64) -> String {
+            let mut out = Vec::new();
+            loop {
+                out.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+                n /= 36;
+                if n == 0 {
+                    break;
+                }
+            }
+            out.reverse();
+            String::from_utf8(out).unwrap()
+        }
+        let mut tags = vec![String::new(); SLOTS];
+        let (mut missing, mut n) = (SLOTS, 0u64);
+        while missing > 0 {
+            let tag = base36(n);
+            let slot = usize::from(crc16_bitwise(tag.as_bytes())) % SLOTS;
+            assert_eq!(crc16(tag.as_bytes()), crc16_bitwise(tag.as_bytes()), "{tag}");
+            if tags[slot].is_empty() {
+                tags[slot] = tag;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        for (slot, tag) in tags.iter().enumerate() {
+            assert_eq!(slot_tag(slot as u16), tag, "slot {slot}");
+        }
+        assert_eq!((slot_tag(0), slot_tag(12182), slot_tag(16383)), ("1bz", "foo", "hia"));
     }
 
     #[test]

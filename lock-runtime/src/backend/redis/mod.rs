@@ -437,7 +437,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn begin(&self, req: Acquire, lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
-        let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
+        let owner = req.owner.with_holder(&req.holder);
         Box::new(acquire::RedisAcquisition::new(self, req, owner, lost))
     }
 

@@ -641,7 +641,7 @@ impl LockBackend for RedlockBackend {
     }
 
     fn begin(&self, req: Acquire, _lost: crate::lost::LostSignal) -> Box<dyn Acquisition> {
-        let owner: Arc<str> = format!("{}@{}", req.owner, req.holder).into();
+        let owner = req.owner.with_holder(&req.holder);
         let layout = KeyLayout::of(&req.key);
         let keys =
             Arc::new(Keys { lock: layout.lock.into(), channel: layout.channel.into(), fence: layout.fence.into() });
