@@ -344,7 +344,10 @@ async fn main() {
         return;
     };
     let loops = actors.iter().enumerate().map(|(i, actor)| {
-        let rng = Rng::new(args.seed.wrapping_add(i as u64));
+        // Task 0 keeps the worker's seed (a one-task run replays as before); the others mix
+        // their index in, so no two tasks of the run (the nemesis numbers workers' seeds
+        // consecutively) draw the same sequence.
+        let rng = Rng::new(args.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         work(actor, &args, &manager, &witness, rng, &running)
     });
     futures_util::future::join_all(loops).await;
