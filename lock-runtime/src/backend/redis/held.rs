@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::handoff::{Handed, Ticket};
-use super::holdings::Holding;
+use super::holdings::{connection_lost, Holding};
 use super::{
     bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, HANDOFF, KIND, KIND_EXTEND, KIND_RELEASE,
     RELEASE, RELEASE_AFTER,
@@ -56,15 +56,40 @@ impl ReleaseCall {
         self
     }
 
-    /// Sends the script; its answer.
+    /// Sends the script; its answer. One that meets a lost connection is sent again once, on
+    /// the connection made anew (see [`again_after`](Self::again_after)).
     async fn call(&self) -> Result<i64, LockError> {
+        match self.send().await {
+            Err(e) if connection_lost(&e) => self.again_after(e).await.map(|()| 1),
+            answer => answer.map_err(|e| self.backend.failed(&self.name, "release", e)),
+        }
+    }
+
+    async fn send(&self) -> Result<i64, redis::RedisError> {
         let mut invocation = self.script.prepare_invoke();
         invocation.key(&*self.key).arg(&*self.owner);
         if let Some(millis) = self.millis {
             invocation.arg(millis);
         }
         invocation.arg(&*self.channel);
-        self.backend.eval::<i64>(&self.name, "release", invocation).await
+        self.backend.eval_raw::<i64>(invocation).await
+    }
+
+    /// The script met a lost connection (`lost`: killed, the server restarted, a failover):
+    /// it may or may not have run. Sent again once, so that a lock still held is freed now
+    /// rather than when its lease runs out; released by this second call, it is `Ok` (the
+    /// local queue told). Any other answer cannot tell whether the first call ran (the key
+    /// gone: released by it, or expired; another owner's: granted after it, or after the
+    /// lease), so the verdict is the first call's error.
+    async fn again_after(&self, lost: redis::RedisError) -> Result<(), LockError> {
+        let lost = self.backend.failed(&self.name, "release", lost);
+        match self.send().await {
+            Ok(1) => {
+                self.tell();
+                Ok(())
+            }
+            _ => Err(lost),
+        }
     }
 
     /// Tells the local queue of the lock that its holder let go (or may have).
@@ -117,15 +142,19 @@ impl ReleaseCall {
         let mut invocation = HANDOFF.prepare_invoke();
         invocation.key(&*self.key).key(&*ticket.fence);
         invocation.arg(&*self.owner).arg(&*self.channel).arg(&*ticket.owner).arg(ticket.lease);
-        let reply = self.backend.eval::<(i64, i64, i64)>(&self.name, "release", invocation).await;
+        let reply = self.backend.eval_raw::<(i64, i64, i64)>(invocation).await;
         answer.handed = match &reply {
             Ok((_, 1, token)) if *token > 0 => Handed::Granted { token: *token, sent },
             Ok(_) => Handed::Open,
             Err(_) => Handed::Maybe,
         };
         drop(answer);
-        let (released, _, _) = reply?;
-        still_held(&self.name, released)
+        match reply {
+            Ok((released, _, _)) => still_held(&self.name, released),
+            // The waiter attempts on its own (`Maybe`): the lock is released as by `call`.
+            Err(e) if connection_lost(&e) => self.again_after(e).await,
+            Err(e) => Err(self.backend.failed(&self.name, "release", e)),
+        }
     }
 }
 

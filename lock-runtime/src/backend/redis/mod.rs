@@ -327,8 +327,13 @@ impl RedisBackend {
         operation: &'static str,
         invocation: ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
+        self.eval_raw(invocation).await.map_err(|e| self.failed(name, operation, e))
+    }
+
+    /// [`eval`](Self::eval) with the connection's own error, for a caller that looks at it.
+    async fn eval_raw<T: FromRedisValue>(&self, invocation: ScriptInvocation<'_>) -> Result<T, redis::RedisError> {
         let mut conn = self.inner.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(|e| self.failed(name, operation, e))
+        invocation.invoke_async(&mut conn).await
     }
 
     /// The error of a failed command; a connection found lost has every held lock checked.
