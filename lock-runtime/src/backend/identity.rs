@@ -44,44 +44,37 @@ impl OwnerId {
     /// formatting machinery (one of the costs of every acquisition).
     #[cfg(feature = "redis")]
     pub(crate) fn with_holder(&self, holder: &Holder) -> Arc<str> {
-        let mut text = String::with_capacity(32 + 1 + 16 + 1 + holder.as_str().len());
-        self.push_to(&mut text);
+        let mut buf = [0; OWNER_TEXT_MAX];
+        let id = self.text(&mut buf);
+        let mut text = String::with_capacity(id.len() + 1 + holder.as_str().len());
+        text.push_str(id);
         text.push('@');
         text.push_str(holder.as_str());
         text.into()
     }
 
-    /// Appends the [`Display`](fmt::Display) form: 32 hex digits, `-`, the sequence in hex.
-    fn push_to(&self, out: &mut String) {
+    /// The [`Display`](fmt::Display) form in `buf`: 32 hex digits, `-`, the sequence in hex.
+    fn text<'b>(&self, buf: &'b mut [u8; OWNER_TEXT_MAX]) -> &'b str {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut digits = [0u8; 32 + 1 + 16];
-        for (i, d) in digits[..32].iter_mut().enumerate() {
-            *d = HEX[((self.process >> (4 * (31 - i))) & 0xf) as usize];
+        let digit = |v: u128, at: usize| HEX[((v >> (4 * at)) & 0xf) as usize];
+        for (i, d) in buf[..32].iter_mut().enumerate() {
+            *d = digit(self.process, 31 - i);
         }
-        digits[32] = b'-';
-        let mut seq = self.seq;
-        let mut len = 0;
-        let mut rev = [0u8; 16];
-        loop {
-            rev[len] = HEX[(seq & 0xf) as usize];
-            len += 1;
-            seq >>= 4;
-            if seq == 0 {
-                break;
-            }
+        buf[32] = b'-';
+        let seq_digits = (16 - self.seq.leading_zeros() as usize / 4).max(1);
+        for (i, d) in buf[33..33 + seq_digits].iter_mut().enumerate() {
+            *d = digit(u128::from(self.seq), seq_digits - 1 - i);
         }
-        for (d, r) in digits[33..33 + len].iter_mut().zip(rev[..len].iter().rev()) {
-            *d = *r;
-        }
-        out.push_str(std::str::from_utf8(&digits[..33 + len]).unwrap_or_default());
+        std::str::from_utf8(&buf[..33 + seq_digits]).unwrap_or_default()
     }
 }
 
+/// The longest [`OwnerId`] text: 32 hex digits, `-`, 16 hex digits.
+const OWNER_TEXT_MAX: usize = 32 + 1 + 16;
+
 impl fmt::Display for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut text = String::with_capacity(49);
-        self.push_to(&mut text);
-        f.write_str(&text)
+        f.write_str(self.text(&mut [0; OWNER_TEXT_MAX]))
     }
 }
 

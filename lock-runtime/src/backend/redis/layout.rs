@@ -148,20 +148,18 @@ struct SlotTags {
 
 impl SlotTags {
     /// Tries 0, 1, 2, .. in base 36 until every slot has its first (about 170,000 numbers),
-    /// each in a buffer on the stack: a few milliseconds once per process, where a string per
+    /// each in a buffer on the stack: under a millisecond once per process, where a string per
     /// number took about ten.
     fn find() -> Self {
         let mut first = vec![u32::MAX; SLOTS];
         let mut missing = SLOTS;
-        let mut digits = Base36::default();
         let mut n: u32 = 0;
         while missing > 0 {
-            let slot = usize::from(crc16(digits.as_bytes())) % SLOTS;
+            let slot = usize::from(crc16(Base36::of(n).as_bytes())) % SLOTS;
             if first[slot] == u32::MAX {
                 first[slot] = n;
                 missing -= 1;
             }
-            digits.increment();
             n += 1;
         }
         let mut text = String::with_capacity(SLOTS * 4);
@@ -185,33 +183,22 @@ impl SlotTags {
 /// A number in base 36 (`0`-`9`, `a`-`z`), most significant digit first, at the end of a
 /// buffer on the stack.
 struct Base36 {
-    buf: [u8; 8],
+    buf: [u8; 7],
     start: usize,
 }
 
-impl Default for Base36 {
-    /// Zero.
-    fn default() -> Self {
-        Base36 { buf: [b'0'; 8], start: 7 }
-    }
-}
-
 impl Base36 {
-    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-
     fn of(mut n: u32) -> Self {
-        let mut out = Base36::default();
-        let mut i = out.buf.len();
+        const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+        let mut out = Base36 { buf: [0; 7], start: 7 };
         loop {
-            i -= 1;
-            out.buf[i] = Self::DIGITS[(n % 36) as usize];
+            out.start -= 1;
+            out.buf[out.start] = DIGITS[(n % 36) as usize];
             n /= 36;
             if n == 0 {
-                break;
+                return out;
             }
         }
-        out.start = i;
-        out
     }
 
     fn as_bytes(&self) -> &[u8] {
@@ -220,24 +207,6 @@ impl Base36 {
 
     fn as_str(&self) -> &str {
         std::str::from_utf8(self.as_bytes()).unwrap_or_default()
-    }
-
-    /// Adds one (36^8 - 1 is never reached: the tags end below 36^4).
-    fn increment(&mut self) {
-        let mut i = self.buf.len();
-        while i > 0 {
-            i -= 1;
-            match self.buf[i] {
-                b'z' => self.buf[i] = b'0',
-                b'9' => return self.set(i, b'a'),
-                d => return self.set(i, d + 1),
-            }
-        }
-    }
-
-    fn set(&mut self, i: usize, digit: u8) {
-        self.buf[i] = digit;
-        self.start = self.start.min(i);
     }
 }
 
