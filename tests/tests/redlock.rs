@@ -356,11 +356,12 @@ async fn script_calls(server: &RedisServer) -> u64 {
 async fn an_uncontended_cycle_is_two_script_calls_per_node() {
     let servers = start(3);
     let m = manager(&servers, Duration::from_secs(1), "cost:").await;
-    m.lock("job").await.expect("warm-up").release().await.expect("release"); // scripts loaded
-                                                                             // A node that runs its acquire late under load (past the proposed token's clock) mints a
-                                                                             // higher token, and the others are raised to it: up to three tries of 10 cycles, one of
-                                                                             // which must cost exactly two script calls per node (a protocol that always raised, or
-                                                                             // sent more, fails all three).
+    // Scripts loaded by a first cycle.
+    m.lock("job").await.expect("warm-up").release().await.expect("release");
+    // A node that runs its acquire late under load (past the proposed token's clock) mints a
+    // higher token, and the others are raised to it: up to three tries of 10 cycles, one of
+    // which must cost exactly two script calls per node (a protocol that always raised, or
+    // sent more, fails all three).
     let mut seen = Vec::new();
     for _ in 0..3 {
         let mut before = Vec::new();
