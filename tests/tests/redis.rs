@@ -189,6 +189,37 @@ async fn killed_holder_process_frees_the_lock_within_the_lease() {
     guard.release().await.expect("release");
 }
 
+/// A waiter process granted the lock server-side (from the lock's queue in Redis) and killed
+/// before it claimed it holds the lock for its claim window, not a lease: a waiter of another
+/// process takes it once the grant runs out (2 s, against a 30 s lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_granted_the_lock_and_killed_before_claiming_it_stalls_it_for_the_claim_window_only() {
+    let server = RedisServer::start();
+    let lease = Duration::from_secs(30);
+    let m = LockManager::builder().default_lease(lease).backend(backend(&server, Duration::from_secs(1)).await);
+    let mut conn = raw(&server).await;
+    let held = m.lock("claim").await.expect("lock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redis_worker"))
+        .args([&server.url(), "hold", "claim", &lease.as_millis().to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn worker");
+    await_queued(&mut conn, "claim", 1).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    held.release().await.expect("release");
+    // Granted to the dead process's entry: its owner holds the key, until the claim deadline.
+    let layout = KeyLayout::of("claim");
+    let value: Option<String> = redis::cmd("GET").arg(&layout.lock).query_async(&mut conn).await.expect("GET");
+    let pttl: i64 = redis::cmd("PTTL").arg(&layout.lock).query_async(&mut conn).await.expect("PTTL");
+    assert!(value.is_some() && (1..=2000).contains(&pttl), "not granted from the queue: {value:?}, pttl {pttl}");
+    let started = Instant::now();
+    let guard = m.lock("claim").wait(Duration::from_secs(20)).await.expect("the lock moved on");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "the lock moved on after {took:?}");
+    guard.release().await.expect("release");
+}
+
 /// The server frozen (SIGSTOP) past the lease, then resumed: clear errors meanwhile, the lost
 /// lock reported lost, and new locks work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -325,3 +325,78 @@ async fn a_silently_dead_pubsub_connection_is_noticed_and_replaced() {
     assert!(took < Duration::from_secs(10), "woken {took:?} after the release");
     guard.release().await.expect("release");
 }
+
+/// Waiters of three processes (three backends) queue in the lock's queue in Redis, one entry
+/// per process, in the order their first attempts found the lock held; each release grants
+/// the lock server-side to the first one queued, so they hold it in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_hold_the_lock_in_the_order_they_queued() {
+    let server = RedisServer::start();
+    let holder = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    let held = holder.lock("fifo").lease(Duration::from_secs(60)).await.expect("lock");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..3u64 {
+        let m = kinds_manager(&server).await;
+        let tx = tx.clone();
+        tasks.push(tokio::spawn(async move {
+            // Two waiters per process: one entry per process (the second follows its head).
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let (m, tx) = (m.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let lease = Duration::from_secs(60);
+                        let g = m.lock("fifo").wait(Duration::from_secs(20)).lease(lease).await.expect("waiter");
+                        tx.send(i).expect("send");
+                        g.release().await.expect("release");
+                    })
+                })
+                .collect();
+            for w in waiters {
+                w.await.expect("waiter");
+            }
+        }));
+        await_queued(&mut conn, "fifo", i + 1).await;
+    }
+    held.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("task");
+    }
+    drop(tx);
+    let mut order = Vec::new();
+    while let Some(i) = rx.recv().await {
+        order.push(i);
+    }
+    // A process's second waiter is handed the lock by its first (local FIFO) unless another
+    // process queued earlier: each release serves the earliest entry of the queue.
+    assert_eq!(order.len(), 6, "{order:?}");
+    assert_eq!(order[0], 0, "the process queued first did not go first: {order:?}");
+    let firsts: Vec<u64> = order.iter().fold(Vec::new(), |mut seen, &i| {
+        if !seen.contains(&i) {
+            seen.push(i);
+        }
+        seen
+    });
+    assert_eq!(firsts, [0, 1, 2], "processes served out of their queue order: {order:?}");
+    let queue: u64 =
+        redis::cmd("EXISTS").arg(KeyLayout::of("fifo").queue()).query_async(&mut conn).await.expect("EXISTS");
+    assert_eq!(queue, 0, "a queue left behind");
+}
+
+/// A waiting acquisition dropped (its future cancelled) removes its entry from the lock's
+/// queue in Redis: a release does not grant the lock to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_leaves_the_queue() {
+    let server = RedisServer::start();
+    let holder = kinds_manager(&server).await;
+    let waiter = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    let held = holder.lock("left").lease(Duration::from_secs(60)).await.expect("lock");
+    let task = tokio::spawn(async move { waiter.lock("left").wait(Duration::from_secs(20)).await.map(drop) });
+    await_queued(&mut conn, "left", 1).await;
+    task.abort();
+    await_queued(&mut conn, "left", 0).await;
+    held.release().await.expect("release");
+    assert!(!key_exists(&mut conn, "left").await, "the lock was granted to a dropped waiter");
+}

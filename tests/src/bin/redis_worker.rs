@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! redis_worker <url> increment <lock> <counter-key> <times>   # non-atomic GET/SET increments under the lock
-//! redis_worker <url> hold <lock> <default-lease-ms>            # takes the lock (watchdog), prints `held <token>`, sleeps
+//! redis_worker <url> hold <lock> <default-lease-ms>            # takes the lock (waiting up to 60 s; watchdog), prints `held <token>`, sleeps
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -40,7 +40,7 @@ async fn main() {
         ("hold", [lock, lease_ms]) => {
             let lease = Duration::from_millis(lease_ms.parse().expect("lease"));
             let manager = LockManager::builder().default_lease(lease).redis(url).await.expect("connect");
-            let guard = manager.lock(lock).await.expect("lock");
+            let guard = manager.lock(lock).wait(Duration::from_secs(60)).await.expect("lock");
             println!("held {}", guard.fencing_token());
             std::io::stdout().flush().expect("flush");
             tokio::time::sleep(Duration::from_secs(3600)).await;

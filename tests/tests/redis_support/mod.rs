@@ -65,6 +65,18 @@ pub(crate) async fn await_key_gone(conn: &mut redis::aio::MultiplexedConnection,
     .await;
 }
 
+/// Polls the server (no signal exists for a registration) until the lock `name`'s queue in
+/// Redis holds `want` waiting processes.
+pub(crate) async fn await_queued(conn: &mut redis::aio::MultiplexedConnection, name: &str, want: u64) {
+    let queue = KeyLayout::of(name).queue();
+    let what = format!("{want} process(es) in {queue}");
+    lock_tests::eventually(&what, Duration::from_secs(10), async || {
+        let n: u64 = redis::cmd("HLEN").arg(&queue).query_async(conn).await.expect("HLEN");
+        lock_tests::reached(n, want)
+    })
+    .await;
+}
+
 /// The key of a read-write lock's state (see the kinds module docs).
 pub(crate) fn rw_state(name: &str) -> String {
     format!("lock:rw:{{{name}}}")

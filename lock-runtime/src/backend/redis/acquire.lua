@@ -2,8 +2,9 @@
 -- the lock held marks it as waited on, so that its release is announced.
 --
 -- Defines `acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)`, `now` the server's
--- `TIME`: the script sent alone ends with that call (see mod.rs); handoff.lua calls it after a
--- release, for the next waiter of the releasing process.
+-- `TIME`: the script sent alone ends with that call, then, given a queue, queue.lua's
+-- `queued` (see mod.rs); handoff.lua calls it after a release, for the next waiter of the
+-- releasing process, and queue.lua's `grant_next` for the first waiting process queued.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, followed by
 --          `+` once someone waits for it; expires with the lease. `<owner>` is ARGV[1] of the
@@ -13,8 +14,11 @@
 -- ARGV[1]  the owner: unique to this acquisition (`<owner id>@<host>/<pid>[/<label>]`, without
 --          `#` or `+`)
 -- ARGV[2]  the lease in milliseconds
--- ARGV[3]  optional: a floor for the token (Redlock proposes one, so that the nodes of a quorum
---          mint the same token; see redlock.rs)
+-- ARGV[3]  optional (or ''): a floor for the token (Redlock proposes one, so that the nodes of
+--          a quorum mint the same token; see redlock.rs)
+-- KEYS[3]  sent alone, optional: the lock's queue (queue.lua); an attempt that finds the lock
+--          held registers its owner there (ARGV[4], the claim window in ms, or '' for none),
+--          one granted removes its entry when ARGV[5] is '1' (it may have one)
 --
 -- Returns  {1, token}  acquired: `token` is strictly greater than every token handed out
 --                      before for any key of this slot, and never below the server's clock in

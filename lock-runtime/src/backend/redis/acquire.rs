@@ -37,6 +37,12 @@ pub(super) struct RedisAcquisition {
     /// A waiting mutex's offer to be granted the lock by a release of this process (see
     /// `handoff.rs`); made when it first waits.
     ticket: Option<Arc<Ticket>>,
+    /// A mutex's claim window in milliseconds, when it registers in the lock's queue while it
+    /// waits (see `handoff.rs`), and the queue's name once it does.
+    queue: Option<(u64, Option<String>)>,
+    /// An attempt that may have registered it in the queue was sent (and no grant since):
+    /// the entry is removed when it is granted, or undone when it is dropped.
+    registered: bool,
 }
 
 /// The mode argument of `kind_acquire.lua` and the permits of `kind`; `None` for a mutex.
@@ -54,6 +60,10 @@ impl RedisAcquisition {
     pub(super) fn new(backend: &RedisBackend, req: Acquire, owner: Arc<str>, lost: LostSignal) -> Self {
         let layout = KeyLayout::of_kind(&req.key, req.kind);
         let backend = backend.clone();
+        let queue = match (req.kind, backend.inner.options.wait_for_replicas) {
+            (LockKind::Exclusive, None) if backend.queues() => claim_window(req.lease.duration()).map(|w| (w, None)),
+            _ => None,
+        };
         RedisAcquisition {
             backend,
             req,
@@ -65,6 +75,8 @@ impl RedisAcquisition {
             outage: Outage::default(),
             lost,
             ticket: None,
+            queue,
+            registered: false,
         }
     }
 
@@ -74,8 +86,10 @@ impl RedisAcquisition {
         if self.req.kind != LockKind::Exclusive || self.backend.inner.options.wait_for_replicas.is_some() {
             return;
         }
+        let window = self.queue.as_ref().map(|(window, _)| *window);
         let ticket = self.ticket.get_or_insert_with(|| {
-            Ticket::new(self.owner.clone(), self.layout.fence.as_str().into(), lease_millis(self.req.lease.duration()))
+            let (fence, lease) = (self.layout.fence.as_str().into(), lease_millis(self.req.lease.duration()));
+            Ticket::new(self.owner.clone(), fence, lease, window)
         });
         slot.offer(ticket.clone());
     }
@@ -83,6 +97,9 @@ impl RedisAcquisition {
     /// The lock granted by a release of this process (`handoff.lua`), with `token`, by a
     /// release sent at `sent`.
     fn handed(&mut self, token: i64, sent: Instant) -> Attempt {
+        // `handoff.lua` removed its queue entry; nothing of the ticket is left to undo.
+        self.registered = false;
+        self.ticket = None;
         let lease_end = sent.checked_add(self.req.lease.duration());
         if let Some(slot) = self.slot.take() {
             slot.granted(lease_end);
@@ -103,6 +120,7 @@ impl RedisAcquisition {
             if let Handed::Granted { token, sent } = ticket.take() {
                 return Ok(self.handed(token, sent));
             }
+            self.registered |= ticket.take_queued();
         }
         let capture = match &self.slot {
             Some(slot) => {
@@ -125,6 +143,17 @@ impl RedisAcquisition {
         let script = if mode.is_some() { &*KIND_ACQUIRE } else { &*ACQUIRE };
         self.in_flight = true;
         let wait = self.backend.inner.options.wait_for_replicas;
+        // A waiter's attempts register it in the lock's queue (not a first attempt, which may
+        // be a `try_lock`'s: a waiter registers once it has waited a third of its window).
+        let with_queue = match (&self.slot, &mut self.queue) {
+            (Some(_), Some((_, name))) => {
+                name.get_or_insert_with(|| self.layout.queue());
+                true
+            }
+            _ => false,
+        };
+        let registered = self.registered;
+        self.registered |= with_queue;
         let call = async {
             let (lock, fence, owner) = (self.layout.lock.as_str(), self.layout.fence.as_str(), &*self.owner);
             match wait {
@@ -133,6 +162,9 @@ impl RedisAcquisition {
                     invocation.key(lock).key(fence).arg(owner).arg(lease_millis(lease));
                     if let Some((mode, permits)) = mode {
                         invocation.arg(mode).arg(permits);
+                    }
+                    if let (true, Some((window, Some(queue)))) = (with_queue, &self.queue) {
+                        invocation.key(queue.as_str()).arg("").arg(*window).arg(if registered { "1" } else { "0" });
                     }
                     Ok((self.backend.eval(&self.req.name, "acquire", invocation).await?, None))
                 }
@@ -179,6 +211,8 @@ impl RedisAcquisition {
                     return Err(LockError::backend(&*self.req.name, KIND, "acquire", why));
                 }
                 self.intent = false; // the grant removed it
+                self.registered = false; // and the queue entry
+                self.ticket = None; // nothing of it is left to undo
                 if let (Some(acked), Some((replicas, timeout))) = (acked, wait) {
                     if acked < replicas {
                         return Err(self.undo_short_grant(acked, replicas, timeout).await);
@@ -215,6 +249,9 @@ impl RedisAcquisition {
                         self.offer(&slot);
                         self.slot = Some(slot);
                     }
+                }
+                if let (true, Some(ticket)) = (with_queue, &self.ticket) {
+                    ticket.registered(sent);
                 }
                 Ok(Attempt::Busy)
             }
@@ -277,9 +314,11 @@ impl RedisAcquisition {
                 continue;
             }
             let (notify, until) = match step {
-                // The other kinds look by attempting (their attempt marks the state).
+                // The other kinds look by attempting (their attempt marks the state), and so
+                // does a mutex waiter that queues in Redis: a grant from the queue announced
+                // before its channel was subscribed is its own, which its attempt claims.
                 Step::Attempt => return Ok(Wake::Retry),
-                Step::Check if self.req.kind != LockKind::Exclusive => return Ok(Wake::Retry),
+                Step::Check if self.req.kind != LockKind::Exclusive || self.queue.is_some() => return Ok(Wake::Retry),
                 Step::Check => {
                     let sent = crate::clock::now();
                     let mut invocation = WATCH.prepare_invoke();
@@ -333,14 +372,25 @@ impl Drop for RedisAcquisition {
         drop(self.slot.take());
         // A grant by a release of this process that this acquisition did not take (one still
         // on the wire is undone by that release, once answered).
-        let handed = self.ticket.take().is_some_and(|ticket| ticket.abandon().may_hold());
-        if !self.in_flight && !self.intent && !handed {
+        let handed = self.ticket.take().is_some_and(|ticket| {
+            let (handed, queued) = ticket.abandon();
+            handed.may_hold() || queued
+        });
+        if !self.in_flight && !self.intent && !handed && !self.registered {
             return;
         }
-        // An acquire whose answer was never seen may have taken the lock, and a waiting writer
-        // keeps readers out: undo both (only if it did: the release is owner-checked). A mutex's
-        // local waiters are told when it was undone (or may have been), not when the lock is
+        // An acquire whose answer was never seen may have taken the lock, a waiting writer
+        // keeps readers out, and a queue entry may be granted the lock: undo all three (only
+        // what there is: the release is owner-checked, and removes the entry). A mutex's local
+        // waiters are told when it was undone (or may have been), not when the lock is
         // someone else's: that holder's release tells them; the other kinds' always are.
         undo_dropped(self.undo(), self.req.kind != LockKind::Exclusive);
     }
+}
+
+/// The claim window of a mutex acquisition with `lease` (how long a grant from the lock's
+/// queue waits to be claimed, and how long its queue entry lives unrenewed): at most 2 s, and
+/// at most the lease; none below 300 ms (such a waiter does not register; see `handoff.rs`).
+fn claim_window(lease: Duration) -> Option<u64> {
+    (lease >= Duration::from_millis(300)).then(|| lease_millis(lease.min(Duration::from_secs(2))))
 }

@@ -1,20 +1,27 @@
 -- handoff.lua: a holder's release that grants the lock, in the same atomic step, to the next
 -- waiter of the holder's own process (see handoff.rs), so that the waiter holds it one round
--- trip after the release was sent instead of two. Composed after release.lua and acquire.lua,
--- whose functions it calls: the release is exactly release.lua's (owner-checked, announced if
--- someone waits), and the grant exactly acquire.lua's (a token of its own, never below the
--- server's clock in microseconds).
+-- trip after the release was sent instead of two. Composed after acquire.lua, queue.lua and
+-- release.lua, whose functions it calls: the release is exactly release.lua's (owner-checked,
+-- granted to the queue's first live entry or announced if someone waits), and the grant
+-- exactly acquire.lua's (a token of its own, never below the server's clock in microseconds).
+-- A waiter of another process queued in the lock's slot thus goes first (the waiter here is
+-- queued, or has its entry renewed, instead); the queue's entry of the waiter here is granted
+-- again at once.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}`
 -- KEYS[2]  the fencing counter of its hash slot (acquire.lua's KEYS[2])
+-- KEYS[3]  optional: the lock's queue (queue.lua; not on a Cluster, see cluster.md)
 -- ARGV[1]  the releasing owner (release.lua's ARGV[1])
 -- ARGV[2]  the lock's release channel (release.lua's ARGV[2])
 -- ARGV[3]  the waiter's owner (acquire.lua's ARGV[1])
 -- ARGV[4]  the waiter's lease in milliseconds (acquire.lua's ARGV[2])
+-- ARGV[5]  the waiter's claim window in milliseconds (queue.lua's `window`), or '' (none)
 --
 -- Returns  {released, status, value}: `released` release.lua's answer (1, 0 or -1), then
 --          acquire.lua's answer for the waiter: {1, token} granted, {0, pttl} held by someone
---          else (when the release found the lock another owner's)
-local released = release(KEYS[1], ARGV[1], ARGV[2])
-local granted = acquire(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, redis.call('time'))
+--          else (when the release found the lock another owner's, or granted it from the queue)
+local released = release(KEYS[1], ARGV[1], ARGV[2], KEYS[3], KEYS[2])
+local now = redis.call('time')
+local granted = acquire(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
+queued(KEYS[3], ARGV[3], granted, ARGV[5], '1', now)
 return {released, granted[1], granted[2]}

@@ -17,11 +17,11 @@
 //!   maybe, undoes the grant with an owner-checked release, as it undoes an attempt whose answer
 //!   it never saw: the release goes after the script on the same connection.
 //! - Only mutexes, and not with `wait_for_replicas` (its grants wait for replicas, which a
-//!   release does not); waiters of other processes are woken by the release's announcement as
-//!   before, and find the lock taken.
+//!   release does not).
+#![doc = include_str!("queue.md")]
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A waiting mutex acquisition's offer to be granted the lock by a release of this process.
 pub(super) struct Ticket {
@@ -31,8 +31,19 @@ pub(super) struct Ticket {
     pub(super) fence: Arc<str>,
     /// Its lease in milliseconds.
     pub(super) lease: u64,
-    /// Where it stands, and whether its acquisition is gone.
-    state: Mutex<(Handed, bool)>,
+    /// Its claim window in milliseconds, if it registers in the lock's queue (see below).
+    pub(super) window: Option<u64>,
+    state: Mutex<State>,
+}
+
+struct State {
+    handed: Handed,
+    /// The acquisition is gone.
+    gone: bool,
+    /// When its queue entry is renewed next (`None`: not asked yet).
+    renew_at: Option<Instant>,
+    /// A release not granting it the lock may have queued it (`handoff.lua` does).
+    queued: bool,
 }
 
 /// Where a ticket stands.
@@ -56,51 +67,80 @@ impl Handed {
 }
 
 impl Ticket {
-    pub(super) fn new(owner: Arc<str>, fence: Arc<str>, lease: u64) -> Arc<Self> {
-        Arc::new(Ticket { owner, fence, lease, state: Mutex::new((Handed::Open, false)) })
+    pub(super) fn new(owner: Arc<str>, fence: Arc<str>, lease: u64, window: Option<u64>) -> Arc<Self> {
+        let state = State { handed: Handed::Open, gone: false, renew_at: None, queued: false };
+        Arc::new(Ticket { owner, fence, lease, window, state: Mutex::new(state) })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, (Handed, bool)> {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn get(&self) -> Handed {
-        self.state().0
+        self.state().handed
+    }
+
+    /// An attempt sent at `sent` registered (or renewed) the acquisition's queue entry: it is
+    /// renewed a third of the window later, while the acquisition waits at the head.
+    pub(super) fn registered(&self, sent: Instant) {
+        if let Some(window) = self.window {
+            self.state().renew_at = sent.checked_add(Duration::from_millis(window / 3));
+        }
+    }
+
+    /// When the waiter at the head attempts to renew its queue entry (or, never registered,
+    /// to register: a third of the window after it first asks).
+    pub(super) fn renew_at(&self, now: Instant) -> Option<Instant> {
+        let window = self.window?;
+        let mut state = self.state();
+        Some(*state.renew_at.get_or_insert_with(|| now.checked_add(Duration::from_millis(window / 3)).unwrap_or(now)))
+    }
+
+    /// Whether a release that did not grant it the lock may have queued it since last asked.
+    pub(super) fn take_queued(&self) -> bool {
+        std::mem::take(&mut self.state().queued)
     }
 
     /// A release takes it (`handoff.lua` about to be sent).
     pub(super) fn pend(&self) {
-        self.state().0 = Handed::Pending;
+        self.state().handed = Handed::Pending;
     }
 
     /// The release's outcome. `true` when the acquisition is gone meanwhile: the caller undoes
-    /// a grant (`handed.may_hold()`) itself, now that the script has run.
+    /// a grant (`handed.may_hold()`) or a queue entry ([`queues`](Self::queues)) itself, now
+    /// that the script has run.
     #[must_use]
     pub(super) fn answer(&self, handed: Handed) -> bool {
         let mut state = self.state();
-        if state.1 {
+        if state.gone {
             return true;
         }
-        state.0 = handed;
+        state.queued |= self.queues(handed);
+        state.handed = handed;
         false
+    }
+
+    /// Whether a release answered `handed` may have queued the acquisition in the lock's queue.
+    pub(super) fn queues(&self, handed: Handed) -> bool {
+        self.window.is_some() && !matches!(handed, Handed::Granted { .. })
     }
 
     /// The acquisition takes a grant or a failed release's doubt, leaving it open; a pending
     /// release is left as it is.
     pub(super) fn take(&self) -> Handed {
         let mut state = self.state();
-        match state.0 {
+        match state.handed {
             Handed::Pending => Handed::Pending,
-            _ => std::mem::replace(&mut state.0, Handed::Open),
+            _ => std::mem::replace(&mut state.handed, Handed::Open),
         }
     }
 
     /// The acquisition is dropped: where the ticket stood. A release still pending undoes its
     /// grant itself once answered (see [`answer`](Self::answer)); a grant already in is the
     /// acquisition's to undo.
-    pub(super) fn abandon(&self) -> Handed {
+    pub(super) fn abandon(&self) -> (Handed, bool) {
         let mut state = self.state();
-        state.1 = true;
-        state.0
+        state.gone = true;
+        (state.handed, state.queued)
     }
 }

@@ -9,6 +9,7 @@ use redis::Script;
 
 use super::handoff::{Handed, Ticket};
 use super::holdings::{connection_lost, Holding};
+use super::layout::{fence_of, queue_of};
 use super::{
     bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, HANDOFF, KIND, KIND_EXTEND, KIND_RELEASE,
     RELEASE, RELEASE_AFTER,
@@ -68,6 +69,11 @@ impl ReleaseCall {
     async fn send(&self) -> Result<i64, redis::RedisError> {
         let mut invocation = self.script.prepare_invoke();
         invocation.key(&*self.key).arg(&*self.owner);
+        if std::ptr::eq(self.script, &*RELEASE) && self.backend.queues() {
+            // A mutex's: granted from its queue if someone waits there, its entry removed if
+            // this is a dropped waiter's undo.
+            invocation.key(queue_of(&self.key)).key(fence_of(&self.key));
+        }
         if let Some(millis) = self.millis {
             invocation.arg(millis);
         }
@@ -141,7 +147,14 @@ impl ReleaseCall {
         let sent = crate::clock::now();
         let mut invocation = HANDOFF.prepare_invoke();
         invocation.key(&*self.key).key(&*ticket.fence);
+        if self.backend.queues() {
+            invocation.key(queue_of(&self.key));
+        }
         invocation.arg(&*self.owner).arg(&*self.channel).arg(&*ticket.owner).arg(ticket.lease);
+        match ticket.window {
+            Some(window) => invocation.arg(window),
+            None => invocation.arg(""),
+        };
         let reply = self.backend.eval_raw::<(i64, i64, i64)>(invocation).await;
         answer.handed = match &reply {
             Ok((_, 1, token)) if *token > 0 => Handed::Granted { token: *token, sent },
@@ -169,7 +182,7 @@ struct Answer<'a> {
 impl Drop for Answer<'_> {
     fn drop(&mut self) {
         let call = self.call;
-        if self.ticket.answer(self.handed) && self.handed.may_hold() {
+        if self.ticket.answer(self.handed) && (self.handed.may_hold() || self.ticket.queues(self.handed)) {
             let undo = ReleaseCall::new(
                 &call.backend,
                 &RELEASE,

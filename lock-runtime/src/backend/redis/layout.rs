@@ -74,6 +74,31 @@ impl KeyLayout {
     pub fn key_of(lock: &str) -> Option<&str> {
         lock.strip_prefix("lock:{")?.strip_suffix('}')
     }
+
+    /// The mutex's queue of waiting processes, in the lock key's slot: a hash from each
+    /// waiting acquisition's owner to when it registered and when its entry runs out, from
+    /// which a release grants the lock server-side. `lock:{<key>}:queue`; for a key beginning
+    /// with `}` (the lock key's hash tag is empty, so the whole key is hashed),
+    /// `lock:queue:{<tag>}` followed by the lock key, `<tag>` one of the lock key's slot.
+    ///
+    /// ```
+    /// use lock_runtime::backend::redis::{key_slot, KeyLayout};
+    /// assert_eq!(KeyLayout::of("order/42").queue(), "lock:{order/42}:queue");
+    /// let odd = KeyLayout::of("}order");
+    /// assert_eq!(key_slot(odd.queue().as_bytes()), key_slot(odd.lock.as_bytes()));
+    /// ```
+    pub fn queue(&self) -> String {
+        queue_of(&self.lock)
+    }
+}
+
+/// The queue of the lock key `lock` (see [`KeyLayout::queue`]).
+pub(super) fn queue_of(lock: &str) -> String {
+    let tag = lock.find('{').map(|open| &lock[open + 1..]);
+    match tag {
+        Some(rest) if !rest.starts_with('}') && rest.contains('}') => concat(&[lock, ":queue"]),
+        _ => concat(&["lock:queue:{", slot_tag(key_slot(lock.as_bytes())), "}", lock]),
+    }
 }
 
 /// The fencing counter of the hash slot of the Redis key `key`, `lock:fence:{<tag>}`: every
@@ -227,6 +252,18 @@ mod tests {
     /// The tags name the fencing counters in Redis: every version must find the same ones (a
     /// process of another version would mint tokens from another counter). The reference is
     /// the first way they were found: a string per number, CRC16 a bit at a time.
+    /// Every script that takes the queue names it with the lock key: one slot, whatever the
+    /// name's braces (an empty hash tag, none, one never closed).
+    #[test]
+    fn the_queue_shares_the_lock_keys_slot() {
+        for name in ["order/42", "}tag", "}{tag}", "{}tag", "a}tag{", "{", "}", "a{b}c", "{{}}"] {
+            let layout = KeyLayout::of(name);
+            let queue = layout.queue();
+            assert_ne!(queue, layout.lock);
+            assert_eq!(key_slot(queue.as_bytes()), key_slot(layout.lock.as_bytes()), "{name}: {queue}");
+        }
+    }
+
     #[test]
     fn tags_never_change() {
         fn crc16_bitwise(data: &[u8]) -> u16 {

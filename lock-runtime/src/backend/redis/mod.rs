@@ -37,20 +37,35 @@ const KIND: &str = "redis";
 /// The largest accepted [`RedisOptions`] duration.
 const MAX_OPTION: Duration = Duration::from_secs(3600);
 
-/// `acquire.lua`'s function, called on its own.
+/// `acquire.lua`'s function, called on its own, then (given a queue) `queue.lua`'s `queued`.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("acquire.lua"),
-        "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], redis.call('time'))\n"
+        include_str!("queue.lua"),
+        "local now = redis.call('time')\n",
+        "local answer = acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)\n",
+        "if KEYS[3] then queued(KEYS[3], ARGV[1], answer, ARGV[4], ARGV[5], now) end\n",
+        "return answer\n"
     ))
 });
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
 /// `release.lua`'s function, called on its own.
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(concat!(include_str!("release.lua"), "return release(KEYS[1], ARGV[1], ARGV[2])\n")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("acquire.lua"),
+        include_str!("queue.lua"),
+        include_str!("release.lua"),
+        "return release(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])\n"
+    ))
+});
 /// A release that grants the lock to the releasing process's next waiter (`handoff.lua`).
 static HANDOFF: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(include_str!("release.lua"), include_str!("acquire.lua"), include_str!("handoff.lua")))
+    Script::new(concat!(
+        include_str!("acquire.lua"),
+        include_str!("queue.lua"),
+        include_str!("release.lua"),
+        include_str!("handoff.lua")
+    ))
 });
 static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release_after.lua")));
 static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
@@ -242,6 +257,13 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
+    /// Whether mutex waiters queue in Redis and releases grant from that queue (see
+    /// `handoff.rs`): not on a Cluster, where a release declares the lock's key only, so that
+    /// it runs while the slot migrates (see `cluster.rs`).
+    fn queues(&self) -> bool {
+        !matches!(self.inner.conn, Conn::Cluster(_))
+    }
+
     /// Connects to the server at `url` (`redis://[[user]:password@]host[:port][/db]`, or
     /// `redis+unix:///path`) with default [`RedisOptions`].
     ///

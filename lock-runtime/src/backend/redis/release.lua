@@ -1,30 +1,41 @@
--- release.lua: releases a held lock, for its owner only, and announces it if someone waits.
+-- release.lua: releases a held lock, for its owner only, and announces it if someone waits;
+-- with a queue, grants it to the first waiting process queued in the lock's slot instead.
 --
--- Defines `release(KEYS[1], ARGV[1], ARGV[2])`: the script sent alone ends with that call (see
--- mod.rs); handoff.lua calls it before granting the lock to the releasing process's next
--- waiter.
+-- Defines `release(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])`: the script sent alone ends
+-- with that call (see mod.rs); handoff.lua calls it before granting the lock to the releasing
+-- process's next waiter. Composed after acquire.lua and queue.lua.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[+]`, see acquire.lua)
+-- KEYS[2]  optional: the lock's queue, `lock:{<key>}:queue` (see queue.lua)
+-- KEYS[3]  with KEYS[2]: the fencing counter of the lock key's hash slot (acquire.lua's KEYS[2])
 -- ARGV[1]  the owner the lock was granted to (acquire.lua's ARGV[1])
 -- ARGV[2]  the lock's release channel, `lock:{<key>}:released` (an argument, not a key: it is no key to
 --          Redis Cluster, so a slot being migrated never refuses the script for it)
 --
 -- Returns  1   released: the key was deleted, and if its value was marked waited on (ending
---              in `+`, see acquire.lua) the owner was published on ARGV[2]
+--              in `+`, see acquire.lua) either granted to the queue's first live entry (and
+--              that grant announced, see queue.lua) or the owner published on ARGV[2]
 --          0   the key is gone (the lease ran out, or it was deleted)
 --          -1  the key holds another owner (left untouched)
-local function release(lock, owner, channel)
+--          With a queue, any entry of ARGV[1] in it is removed (an acquisition dropped while
+--          it waited undoes its entry with this script).
+local function release(lock, owner, channel, queue, fence)
   local holder = redis.call('get', lock)
-  if holder == false then
-    return 0
-  end
   local mine = owner .. '#'
-  if string.sub(holder, 1, #mine) ~= mine then
+  if holder == false or string.sub(holder, 1, #mine) ~= mine then
+    if queue then
+      redis.call('hdel', queue, owner)
+    end
+    if holder == false then
+      return 0
+    end
     return -1
   end
   redis.call('del', lock)
   if string.sub(holder, -1) == '+' then
-    redis.call('publish', channel, owner)
+    if not (queue and grant_next(lock, fence, queue, channel, owner, redis.call('time'))) then
+      redis.call('publish', channel, owner)
+    end
   end
   return 1
 end

@@ -151,6 +151,31 @@ impl KeyState {
         self.deliver();
     }
 
+    /// A release of `releaser`'s lock granted it from the lock's queue to `grantee` until its
+    /// claim deadline, `left` ms from now (see `handoff.rs`): a waiter of this process granted
+    /// attempts now (its attempt claims the grant); otherwise the head attempts at the claim
+    /// deadline (an unclaimed grant runs out then, unannounced) or when the grantee's release
+    /// is announced.
+    fn granted_from_queue(&mut self, releaser: &str, grantee: &str, left: u64) {
+        self.last_release = Some(releaser.into());
+        let ours = self.queue.iter_mut().find(|e| e.ticket.as_ref().is_some_and(|t| *t.owner == *grantee));
+        match ours {
+            Some(entry) => match entry.phase {
+                Phase::Busy => entry.again = true,
+                _ => {
+                    entry.phase = Phase::Woken;
+                    entry.notify.notify_one();
+                }
+            },
+            None => {
+                self.ttl_at = crate::clock::now().checked_add(Duration::from_millis(left));
+                if let Some(head) = self.queue.front().filter(|e| e.phase == Phase::Waiting) {
+                    head.notify.notify_one(); // sleeps until the new deadline
+                }
+            }
+        }
+    }
+
     fn look(&mut self, sent: Instant, pttl: i64) {
         self.looked = self.looked.max(Some(sent));
         self.ttl_at =
@@ -391,11 +416,17 @@ impl Slot {
                     return Step::Check;
                 }
             }
-            if ks.ttl_at.is_some_and(|t| now >= t) {
+            // Its queue entry is renewed (or made) by an attempt, a third of its window ahead.
+            let renew_at = entry.ticket.as_ref().and_then(|t| t.renew_at(now));
+            let until = match (ks.ttl_at, renew_at) {
+                (Some(ttl), Some(renew)) => Some(ttl.min(renew)),
+                (ttl, renew) => ttl.or(renew),
+            };
+            if until.is_some_and(|t| now >= t) {
                 entry.phase = Phase::Woken;
                 return Step::Attempt;
             }
-            Step::Sleep(entry.notify.clone(), ks.ttl_at)
+            Step::Sleep(entry.notify.clone(), until)
         });
         step.unwrap_or(Step::Attempt)
     }
@@ -507,8 +538,8 @@ impl Subscriptions for Queues {
         next_change(&self.0, grace)
     }
 
-    fn message(&self, channel: &str, owner: &str) {
-        on_release(&self.0, channel, owner);
+    fn message(&self, channel: &str, payload: &str) {
+        on_release(&self.0, channel, payload);
     }
 
     fn confirmed(&self, channels: &[Arc<str>]) {
@@ -599,10 +630,19 @@ fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
     }
 }
 
-/// `owner`'s release was announced on `channel`.
-fn on_release(state: &Mutex<State>, channel: &str, owner: &str) {
-    if let Some(ks) = lock(state).keys.get_mut(channel) {
-        ks.released(owner);
+/// A release was announced on `channel`: `payload` is the releasing owner, or
+/// `<releaser>#<grantee>#<ms>` when the release granted the lock from its queue (owners hold
+/// no `#`).
+fn on_release(state: &Mutex<State>, channel: &str, payload: &str) {
+    let mut guard = lock(state);
+    let Some(ks) = guard.keys.get_mut(channel) else { return };
+    let grant = payload.split_once('#').and_then(|(releaser, rest)| {
+        let (grantee, left) = rest.rsplit_once('#')?;
+        Some((releaser, grantee, left.parse::<u64>().ok()?))
+    });
+    match grant {
+        Some((releaser, grantee, left)) => ks.granted_from_queue(releaser, grantee, left),
+        None => ks.released(payload),
     }
 }
 
@@ -761,7 +801,7 @@ mod tests {
     /// the holder's lease ran out: 10 s with a grant waiting for it).
     #[test]
     fn a_waiter_handed_the_lock_takes_it_whatever_it_was_doing() {
-        let ticket = || Ticket::new(Arc::from("owner"), Arc::from("lock:fence:{k}"), 30_000);
+        let ticket = || Ticket::new(Arc::from("owner"), Arc::from("lock:fence:{k}"), 30_000, None);
         // Granted: between the answer and `handed`, the waiter attempts (takes it).
         let (w, _rx) = waiters();
         let head = settled_head(&w);
@@ -784,6 +824,25 @@ mod tests {
         w.handed(CHANNEL, &t);
         head.busy(crate::clock::now(), 30_000); // the look found the lock held
         assert!(matches!(head.step(), Step::Attempt), "back to sleep after a hand-off");
+    }
+
+    /// A release that granted the lock from the lock's queue wakes the waiter it was granted
+    /// to (here not the head), and for another process's grantee wakes nobody but moves the
+    /// head's next attempt to the claim deadline (an unclaimed grant runs out unannounced).
+    #[test]
+    fn a_grant_from_the_queue_wakes_its_grantee_only() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let second = queued(&w);
+        second.offer(Ticket::new(Arc::from("second"), Arc::from("lock:fence:{k}"), 30_000, Some(2_000)));
+        on_release(&w.state, CHANNEL, "holder#elsewhere#1500");
+        match head.step() {
+            Step::Sleep(_, Some(until)) => assert!(until <= crate::clock::now() + Duration::from_millis(1500)),
+            _ => panic!("the head did not sleep until the claim deadline"),
+        }
+        on_release(&w.state, CHANNEL, "elsewhere#second#2000");
+        assert!(matches!(second.step(), Step::Attempt), "the grantee slept through its grant");
+        assert!(matches!(head.step(), Step::Sleep(..)), "the head woke for another's grant");
     }
 
     #[test]
