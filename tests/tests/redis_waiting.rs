@@ -400,3 +400,27 @@ async fn a_dropped_waiter_leaves_the_queue() {
     held.release().await.expect("release");
     assert!(!key_exists(&mut conn, "left").await, "the lock was granted to a dropped waiter");
 }
+
+/// A waiter queued in Redis (it waited a third of its claim window) and handed the lock by a
+/// release of its own process is granted from its queue entry: with its own lease, not the
+/// entry's claim window (which would let the key expire under a holder counting 60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_handed_the_lock_here_holds_it_for_its_own_lease() {
+    let server = RedisServer::start();
+    let m = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    let held = m.lock("own").lease(Duration::from_secs(60)).await.expect("lock");
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.lock("own").wait(Duration::from_secs(20)).lease(Duration::from_secs(60)).await })
+    };
+    await_queued(&mut conn, "own", 1).await;
+    let first = held.fencing_token();
+    held.release().await.expect("release");
+    let next = waiter.await.expect("task").expect("handed the lock");
+    assert!(next.fencing_token() > first);
+    let pttl: i64 = redis::cmd("PTTL").arg(KeyLayout::of("own").lock).query_async(&mut conn).await.expect("PTTL");
+    assert!(pttl > 30_000, "the key expires in {pttl} ms under a 60 s lease");
+    await_queued(&mut conn, "own", 0).await;
+    next.release().await.expect("release");
+}

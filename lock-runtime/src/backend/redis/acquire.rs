@@ -153,7 +153,12 @@ impl RedisAcquisition {
             _ => false,
         };
         let registered = self.registered;
-        self.registered |= with_queue;
+        if with_queue {
+            self.registered = true;
+            if let Some(ticket) = &self.ticket {
+                ticket.registering();
+            }
+        }
         let call = async {
             let (lock, fence, owner) = (self.layout.lock.as_str(), self.layout.fence.as_str(), &*self.owner);
             match wait {
@@ -315,10 +320,10 @@ impl RedisAcquisition {
             }
             let (notify, until) = match step {
                 // The other kinds look by attempting (their attempt marks the state), and so
-                // does a mutex waiter that queues in Redis: a grant from the queue announced
-                // before its channel was subscribed is its own, which its attempt claims.
+                // does a mutex waiter queued in Redis: a grant from the queue announced before
+                // its channel was subscribed (again) may be its own, which its attempt claims.
                 Step::Attempt => return Ok(Wake::Retry),
-                Step::Check if self.req.kind != LockKind::Exclusive || self.queue.is_some() => return Ok(Wake::Retry),
+                Step::Check if self.req.kind != LockKind::Exclusive || self.registered => return Ok(Wake::Retry),
                 Step::Check => {
                     let sent = crate::clock::now();
                     let mut invocation = WATCH.prepare_invoke();

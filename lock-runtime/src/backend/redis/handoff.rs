@@ -44,6 +44,8 @@ struct State {
     renew_at: Option<Instant>,
     /// A release not granting it the lock may have queued it (`handoff.lua` does).
     queued: bool,
+    /// It may have an entry in the lock's queue (registered by an attempt, or queued).
+    entry: bool,
 }
 
 /// Where a ticket stands.
@@ -68,7 +70,7 @@ impl Handed {
 
 impl Ticket {
     pub(super) fn new(owner: Arc<str>, fence: Arc<str>, lease: u64, window: Option<u64>) -> Arc<Self> {
-        let state = State { handed: Handed::Open, gone: false, renew_at: None, queued: false };
+        let state = State { handed: Handed::Open, gone: false, renew_at: None, queued: false, entry: false };
         Arc::new(Ticket { owner, fence, lease, window, state: Mutex::new(state) })
     }
 
@@ -84,8 +86,20 @@ impl Ticket {
     /// renewed a third of the window later, while the acquisition waits at the head.
     pub(super) fn registered(&self, sent: Instant) {
         if let Some(window) = self.window {
-            self.state().renew_at = sent.checked_add(Duration::from_millis(window / 3));
+            let mut state = self.state();
+            state.renew_at = sent.checked_add(Duration::from_millis(window / 3));
+            state.entry = true;
         }
+    }
+
+    /// An attempt that may register it in the lock's queue is about to be sent.
+    pub(super) fn registering(&self) {
+        self.state().entry = true;
+    }
+
+    /// Whether it may have an entry in the lock's queue (a grant by `handoff.lua` removes it).
+    pub(super) fn may_be_queued(&self) -> bool {
+        self.state().entry
     }
 
     /// When the waiter at the head attempts to renew its queue entry (or, never registered,
@@ -115,7 +129,9 @@ impl Ticket {
         if state.gone {
             return true;
         }
-        state.queued |= self.queues(handed);
+        let queues = self.queues(handed);
+        state.queued |= queues;
+        state.entry |= queues;
         state.handed = handed;
         false
     }

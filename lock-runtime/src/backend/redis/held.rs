@@ -155,6 +155,7 @@ impl ReleaseCall {
             Some(window) => invocation.arg(window),
             None => invocation.arg(""),
         };
+        invocation.arg(if ticket.may_be_queued() { "1" } else { "0" });
         let reply = self.backend.eval_raw::<(i64, i64, i64)>(invocation).await;
         answer.handed = match &reply {
             Ok((_, 1, token)) if *token > 0 => Handed::Granted { token: *token, sent },

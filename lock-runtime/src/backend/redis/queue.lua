@@ -13,7 +13,7 @@
 -- ARGV     `window` the entry's life in milliseconds (the claim deadline of a grant to it);
 --          `registered` '1' when the acquisition may have an entry (removed once granted)
 --
--- Returns  `grant_next`: the owner granted, or false (no live entry)
+-- Returns  `grant_next`: the owner granted and its token, or false (no live entry)
 
 local function clock_ms(now)
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -70,8 +70,8 @@ local function grant_next(lock, fence, queue, channel, releaser, now)
   end
   redis.call('hdel', queue, head)
   local left = head_expiry - ms
-  acquire(lock, fence, head, left, nil, now)
+  local granted = acquire(lock, fence, head, left, nil, now)
   redis.call('append', lock, '+')
   redis.call('publish', channel, releaser .. '#' .. head .. '#' .. string.format('%d', left))
-  return head
+  return head, granted[2]
 end

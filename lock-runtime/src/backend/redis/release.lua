@@ -18,7 +18,8 @@
 --          0   the key is gone (the lease ran out, or it was deleted)
 --          -1  the key holds another owner (left untouched)
 --          With a queue, any entry of ARGV[1] in it is removed (an acquisition dropped while
---          it waited undoes its entry with this script).
+--          it waited undoes its entry with this script). `release` returns the owner granted
+--          from the queue and its token after its answer (a script's reply is the first).
 local function release(lock, owner, channel, queue, fence)
   local holder = redis.call('get', lock)
   local mine = owner .. '#'
@@ -33,9 +34,13 @@ local function release(lock, owner, channel, queue, fence)
   end
   redis.call('del', lock)
   if string.sub(holder, -1) == '+' then
-    if not (queue and grant_next(lock, fence, queue, channel, owner, redis.call('time'))) then
-      redis.call('publish', channel, owner)
+    if queue then
+      local grantee, token = grant_next(lock, fence, queue, channel, owner, redis.call('time'))
+      if grantee then
+        return 1, grantee, token
+      end
     end
+    redis.call('publish', channel, owner)
   end
   return 1
 end
