@@ -52,3 +52,37 @@ async fn a_command_the_acl_forbids_is_named() {
     assert!(shown.contains("evalsha") && shown.contains("ACL"), "{shown}");
     assert!(!shown.contains("reachable"), "{shown}");
 }
+
+/// The queue of waiting processes in Redis (`lock:{<key>}:queue`, see the Redis backend's
+/// docs) works as the least ACL's user: a waiter of another backend queues there, and the
+/// release grants it the lock from the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_least_acl_queues_waiting_processes() {
+    use std::time::Duration;
+
+    use lock_runtime::backend::redis::KeyLayout;
+    use lock_runtime::LockManager;
+
+    let server = RedisServer::start();
+    set_user(&server, "locker", LOCK_USER_ACL);
+    let url = format!("redis://locker:lock-secret@127.0.0.1:{}", server.port());
+    let holder = LockManager::redis(url.clone()).await.expect("connect as the lock user");
+    let waiter = LockManager::redis(url).await.expect("connect as the lock user");
+    let lease = Duration::from_secs(30);
+    let held = holder.lock("acl-queue").lease(lease).await.expect("lock");
+    let task = tokio::spawn(async move {
+        waiter.lock("acl-queue").wait(Duration::from_secs(20)).lease(lease).await.map(|g| g.fencing_token())
+    });
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut admin = client.get_multiplexed_async_connection().await.expect("admin connection");
+    let queue = KeyLayout::of("acl-queue").queue();
+    lock_tests::eventually("the waiter queued", Duration::from_secs(10), async || {
+        let n: u64 = redis::cmd("HLEN").arg(&queue).query_async(&mut admin).await.expect("HLEN");
+        lock_tests::reached(n, 1)
+    })
+    .await;
+    let first = held.fencing_token();
+    held.release().await.expect("release");
+    let token = task.await.expect("task").expect("granted from the queue");
+    assert!(token > first, "{token} after {first}");
+}
