@@ -40,9 +40,6 @@ pub(super) struct RedisAcquisition {
     /// A mutex's claim window in milliseconds, when it registers in the lock's queue while it
     /// waits (see `handoff.rs`), and the queue's name once it does.
     queue: Option<(u64, Option<String>)>,
-    /// An attempt that may have registered it in the queue was sent (and no grant since):
-    /// the entry is removed when it is granted, or undone when it is dropped.
-    registered: bool,
 }
 
 /// The mode argument of `kind_acquire.lua` and the permits of `kind`; `None` for a mutex.
@@ -76,7 +73,6 @@ impl RedisAcquisition {
             lost,
             ticket: None,
             queue,
-            registered: false,
         }
     }
 
@@ -98,7 +94,6 @@ impl RedisAcquisition {
     /// release sent at `sent`.
     fn handed(&mut self, token: i64, sent: Instant) -> Attempt {
         // `handoff.lua` removed its queue entry; nothing of the ticket is left to undo.
-        self.registered = false;
         self.ticket = None;
         let lease_end = sent.checked_add(self.req.lease.duration());
         if let Some(slot) = self.slot.take() {
@@ -120,7 +115,6 @@ impl RedisAcquisition {
             if let Handed::Granted { token, sent } = ticket.take() {
                 return Ok(self.handed(token, sent));
             }
-            self.registered |= ticket.take_queued();
         }
         let capture = match &self.slot {
             Some(slot) => {
@@ -145,20 +139,14 @@ impl RedisAcquisition {
         let wait = self.backend.inner.options.wait_for_replicas;
         // A waiter's attempts register it in the lock's queue (not a first attempt, which may
         // be a `try_lock`'s: a waiter registers once it has waited a third of its window).
-        let with_queue = match (&self.slot, &mut self.queue) {
-            (Some(_), Some((_, name))) => {
+        // The ticket says whether it may have an entry already (removed when it is granted).
+        let (with_queue, registered) = match (&self.slot, &mut self.queue, &self.ticket) {
+            (Some(_), Some((_, name)), Some(ticket)) => {
                 name.get_or_insert_with(|| self.layout.queue());
-                true
+                (true, ticket.registering())
             }
-            _ => false,
+            _ => (false, false),
         };
-        let registered = self.registered;
-        if with_queue {
-            self.registered = true;
-            if let Some(ticket) = &self.ticket {
-                ticket.registering();
-            }
-        }
         let call = async {
             let (lock, fence, owner) = (self.layout.lock.as_str(), self.layout.fence.as_str(), &*self.owner);
             match wait {
@@ -216,8 +204,7 @@ impl RedisAcquisition {
                     return Err(LockError::backend(&*self.req.name, KIND, "acquire", why));
                 }
                 self.intent = false; // the grant removed it
-                self.registered = false; // and the queue entry
-                self.ticket = None; // nothing of it is left to undo
+                self.ticket = None; // the grant removed its queue entry: nothing of it is left to undo
                 if let (Some(acked), Some((replicas, timeout))) = (acked, wait) {
                     if acked < replicas {
                         return Err(self.undo_short_grant(acked, replicas, timeout).await);
@@ -261,6 +248,11 @@ impl RedisAcquisition {
                 Ok(Attempt::Busy)
             }
         }
+    }
+
+    /// Whether it may have an entry in the lock's queue (see `handoff.rs`).
+    fn queued(&self) -> bool {
+        self.ticket.as_ref().is_some_and(|ticket| ticket.may_be_queued())
     }
 
     fn grant(&self, token: i64, sent: Instant) -> Grant {
@@ -323,7 +315,7 @@ impl RedisAcquisition {
                 // does a mutex waiter queued in Redis: a grant from the queue announced before
                 // its channel was subscribed (again) may be its own, which its attempt claims.
                 Step::Attempt => return Ok(Wake::Retry),
-                Step::Check if self.req.kind != LockKind::Exclusive || self.registered => return Ok(Wake::Retry),
+                Step::Check if self.req.kind != LockKind::Exclusive || self.queued() => return Ok(Wake::Retry),
                 Step::Check => {
                     let sent = crate::clock::now();
                     let mut invocation = WATCH.prepare_invoke();
@@ -381,7 +373,7 @@ impl Drop for RedisAcquisition {
             let (handed, queued) = ticket.abandon();
             handed.may_hold() || queued
         });
-        if !self.in_flight && !self.intent && !handed && !self.registered {
+        if !self.in_flight && !self.intent && !handed {
             return;
         }
         // An acquire whose answer was never seen may have taken the lock, a waiting writer

@@ -42,9 +42,9 @@ struct State {
     gone: bool,
     /// When its queue entry is renewed next (`None`: not asked yet).
     renew_at: Option<Instant>,
-    /// A release not granting it the lock may have queued it (`handoff.lua` does).
-    queued: bool,
-    /// It may have an entry in the lock's queue (registered by an attempt, or queued).
+    /// It may have an entry in the lock's queue (an attempt registering it was sent, or a
+    /// release not granting it the lock queued it: `handoff.lua` does). A grant removes it,
+    /// and the acquisition then drops its ticket.
     entry: bool,
 }
 
@@ -70,7 +70,7 @@ impl Handed {
 
 impl Ticket {
     pub(super) fn new(owner: Arc<str>, fence: Arc<str>, lease: u64, window: Option<u64>) -> Arc<Self> {
-        let state = State { handed: Handed::Open, gone: false, renew_at: None, queued: false, entry: false };
+        let state = State { handed: Handed::Open, gone: false, renew_at: None, entry: false };
         Arc::new(Ticket { owner, fence, lease, window, state: Mutex::new(state) })
     }
 
@@ -86,15 +86,14 @@ impl Ticket {
     /// renewed a third of the window later, while the acquisition waits at the head.
     pub(super) fn registered(&self, sent: Instant) {
         if let Some(window) = self.window {
-            let mut state = self.state();
-            state.renew_at = sent.checked_add(Duration::from_millis(window / 3));
-            state.entry = true;
+            self.state().renew_at = sent.checked_add(Duration::from_millis(window / 3));
         }
     }
 
-    /// An attempt that may register it in the lock's queue is about to be sent.
-    pub(super) fn registering(&self) {
-        self.state().entry = true;
+    /// An attempt that may register it in the lock's queue is about to be sent: whether it
+    /// may have had an entry before.
+    pub(super) fn registering(&self) -> bool {
+        std::mem::replace(&mut self.state().entry, true)
     }
 
     /// Whether it may have an entry in the lock's queue (a grant by `handoff.lua` removes it).
@@ -108,11 +107,6 @@ impl Ticket {
         let window = self.window?;
         let mut state = self.state();
         Some(*state.renew_at.get_or_insert_with(|| now.checked_add(Duration::from_millis(window / 3)).unwrap_or(now)))
-    }
-
-    /// Whether a release that did not grant it the lock may have queued it since last asked.
-    pub(super) fn take_queued(&self) -> bool {
-        std::mem::take(&mut self.state().queued)
     }
 
     /// A release takes it (`handoff.lua` about to be sent).
@@ -129,9 +123,7 @@ impl Ticket {
         if state.gone {
             return true;
         }
-        let queues = self.queues(handed);
-        state.queued |= queues;
-        state.entry |= queues;
+        state.entry |= self.queues(handed);
         state.handed = handed;
         false
     }
@@ -151,12 +143,13 @@ impl Ticket {
         }
     }
 
-    /// The acquisition is dropped: where the ticket stood. A release still pending undoes its
-    /// grant itself once answered (see [`answer`](Self::answer)); a grant already in is the
-    /// acquisition's to undo.
+    /// The acquisition is dropped: where the ticket stood, and whether it may have a queue
+    /// entry. A release still pending undoes its grant itself once answered (see
+    /// [`answer`](Self::answer)); a grant already in, and an entry, are the acquisition's to
+    /// undo.
     pub(super) fn abandon(&self) -> (Handed, bool) {
         let mut state = self.state();
         state.gone = true;
-        (state.handed, state.queued)
+        (state.handed, state.entry)
     }
 }
