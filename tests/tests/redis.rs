@@ -626,3 +626,40 @@ async fn a_release_on_a_killed_connection_frees_the_lock_at_once() {
         taken.release().await.expect("release");
     }
 }
+
+/// The server's work for an uncontended lock and release, counted by `INFO commandstats`: the
+/// acquire script reads the clock and the fencing counter, takes the free lock with one
+/// `SET NX` and writes the counter; the release reads the owner and deletes the key. Six
+/// commands in the two scripts (before, the acquire read the lock with a `GET` first: seven).
+/// A held lock is still read (`GET`) and marked once the `SET NX` fails, and an acquisition
+/// whose earlier answer was lost is granted again (the conformance suite's cases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_lock_and_release_cost_six_commands_in_their_scripts() {
+    let server = RedisServer::start();
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    m.lock("warm-up").await.expect("lock").release().await.expect("release"); // loads the scripts
+    let mut conn = raw(&server).await;
+    let before = lock_tests::redis_server::command_calls(&mut conn).await;
+    const CYCLES: u64 = 10;
+    for i in 0..CYCLES {
+        let guard = m.lock(format!("uncontended:{i}")).await.expect("lock");
+        guard.release().await.expect("release");
+    }
+    let after = lock_tests::redis_server::command_calls(&mut conn).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    let per_cycle: Vec<(&str, u64)> =
+        ["evalsha", "time", "get", "set", "del", "append", "pttl"].iter().map(|c| (*c, delta(c))).collect();
+    assert_eq!(
+        per_cycle,
+        vec![
+            ("evalsha", 2 * CYCLES),
+            ("time", CYCLES),
+            ("get", 2 * CYCLES),
+            ("set", 2 * CYCLES),
+            ("del", CYCLES),
+            ("append", 0),
+            ("pttl", 0)
+        ],
+        "commands over {CYCLES} lock+release cycles"
+    );
+}

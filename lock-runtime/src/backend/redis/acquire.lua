@@ -39,28 +39,32 @@ if redis.replicate_commands then
 end
 
 local function acquire(lock, fence, owner, lease, floor, now)
-  local holder = redis.call('get', lock)
+  -- The next token: one above the counter, but never below the server's clock in
+  -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
+  -- eviction, a failover to a replica that had not received it) thus restarts above every
+  -- token handed out before, as long as the server's clock has not been set back past them.
+  -- (2^53 microseconds, the largest integer a Lua number holds exactly, is reached in the
+  -- year 2255.) Minted before the lock is looked at, so that a free lock is taken with one
+  -- `SET NX` (no `GET` first); the counter is written only once the lock is granted.
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, clock, tonumber(floor) or 0)
+  local minted = string.format('%d', token)
   local mine = owner .. '#'
-  if holder == false or string.sub(holder, 1, #mine) == mine then
-    -- The next token: one above the counter, but never below the server's clock in
-    -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
-    -- eviction, a failover to a replica that had not received it) thus restarts above every
-    -- token handed out before, as long as the server's clock has not been set back past them.
-    -- (2^53 microseconds, the largest integer a Lua number holds exactly, is reached in the
-    -- year 2255.)
-    local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    local token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, clock, tonumber(floor) or 0)
-    local minted = string.format('%d', token)
+  local value = mine .. minted .. '#' .. string.format('%d', math.floor(clock / 1000))
+  if redis.call('set', lock, value, 'NX', 'PX', lease) then
     redis.call('set', fence, minted)
-    local mark = ''
-    if holder ~= false and string.sub(holder, -1) == '+' then
-      mark = '+'
-    end
-    local granted = string.format('%d', math.floor(clock / 1000))
-    redis.call('set', lock, mine .. minted .. '#' .. granted .. mark, 'PX', lease)
     return {1, token}
   end
-  if type(holder) == 'string' and string.sub(holder, -1) ~= '+' then
+  local holder = redis.call('get', lock)
+  if holder == false or string.sub(holder, 1, #mine) == mine then
+    if holder and string.sub(holder, -1) == '+' then
+      value = value .. '+'
+    end
+    redis.call('set', lock, value, 'PX', lease)
+    redis.call('set', fence, minted)
+    return {1, token}
+  end
+  if string.sub(holder, -1) ~= '+' then
     redis.call('append', lock, '+')
   end
   return {0, redis.call('pttl', lock)}
