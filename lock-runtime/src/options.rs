@@ -103,30 +103,41 @@ pub(crate) fn check_name(name: &str) -> Result<(), LockError> {
 /// Whether every byte is printable ASCII (`0x20..0x7f`), checked a word at a time.
 #[inline]
 fn printable_ascii(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    // No byte has its high bit set, none is below 0x20, and none is 0x7f (0x7f + 1 sets the
-    // high bit; with every byte below 0x80 no addition carries into the next byte).
-    #[inline]
-    fn word(w: u64) -> bool {
-        let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
-        (w & HIGH) == 0 && below_space == 0 && (w.wrapping_add(ONES) & HIGH) == 0
-    }
+    let Some(last) = bytes.last_chunk::<8>() else { return short_printable(bytes) };
     let mut chunks = bytes.chunks_exact(8);
     for chunk in &mut chunks {
         let mut w = [0u8; 8];
         w.copy_from_slice(chunk);
-        if !word(u64::from_ne_bytes(w)) {
+        if !printable_word(u64::from_ne_bytes(w)) {
             return false;
         }
     }
-    let rest = chunks.remainder();
-    if rest.is_empty() {
-        return true;
+    // The rest, as the last 8 bytes (overlapping the last whole word): read in place, not
+    // copied into a padded word first (a copy the word's load then waits for).
+    chunks.remainder().is_empty() || printable_word(u64::from_ne_bytes(*last))
+}
+
+/// Whether every byte of `w` is printable ASCII: no byte has its high bit set, none is below
+/// 0x20, and none is 0x7f (0x7f + 1 sets the high bit; with every byte below 0x80 no addition
+/// carries into the next byte).
+#[inline]
+fn printable_word(w: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+    (w & HIGH) == 0 && below_space == 0 && (w.wrapping_add(ONES) & HIGH) == 0
+}
+
+/// [`printable_ascii`] of fewer than 8 bytes: the first and last 4 (overlapping) as one word.
+#[inline]
+fn short_printable(bytes: &[u8]) -> bool {
+    match (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
+        (Some(first), Some(last)) => {
+            let w = u64::from(u32::from_ne_bytes(*first)) | u64::from(u32::from_ne_bytes(*last)) << 32;
+            printable_word(w)
+        }
+        _ => bytes.iter().all(|b| (0x20..0x7f).contains(b)),
     }
-    let mut w = [b'a'; 8];
-    w[..rest.len()].copy_from_slice(rest);
-    word(u64::from_ne_bytes(w))
 }
 
 #[cold]
