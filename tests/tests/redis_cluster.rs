@@ -255,13 +255,22 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
     let guard = holder.lock(&name).await.expect("lock");
     let first_token = guard.fencing_token();
     let granted = Arc::new(AtomicUsize::new(0));
+    let key = KeyLayout::of(&name).lock;
     let mut waiters = Vec::new();
-    for _ in 0..3 {
+    for i in 0..3 {
+        if i > 0 {
+            // The mark of the waiter before is taken off, so that the mark seen again below is
+            // this waiter's first attempt: every waiter waits before the primary is killed (a
+            // first attempt meeting the outage fails at once, as documented).
+            let marked: String = cluster.query(victim, &["GET", &key]).expect("GET");
+            let unmarked = marked.strip_suffix('+').expect("marked");
+            let _: String = cluster.query(victim, &["SET", &key, unmarked, "KEEPTTL", "XX"]).expect("SET");
+        }
         let m = manager(&urls, timeout).await;
-        let (name, granted) = (name.clone(), granted.clone());
+        let (waiting, granted) = (name.clone(), granted.clone());
         waiters.push(tokio::spawn(async move {
             let started = Instant::now();
-            let outcome = m.lock(&name).wait(wait).await;
+            let outcome = m.lock(&waiting).wait(wait).await;
             let took = started.elapsed();
             let guard = outcome.map_err(|e| format!("{e} after {took:?}"))?;
             let token = guard.fencing_token();
@@ -269,9 +278,8 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
             guard.release().await.map_err(|e| e.to_string())?;
             Ok::<_, String>((took, token))
         }));
+        await_marked(&cluster, &name).await;
     }
-    await_marked(&cluster, &name).await;
-    let key = KeyLayout::of(&name).lock;
     let held: String = cluster.query(victim, &["GET", &key]).expect("GET");
     let owner = held.split('#').next().expect("owner").to_owned();
     let killed_at = Instant::now();
