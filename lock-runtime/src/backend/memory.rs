@@ -134,16 +134,46 @@ fn same_short(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
+/// `b`, of at most [`INLINE_KEY`] bytes, zero-padded: built from word loads of `b` (the first
+/// and last bytes, overlapping), not copied byte-wise into the array, whose first load by the
+/// entry's move would then wait for the copy. `None` for a longer `b`.
+#[inline(always)]
+fn inline_bytes(b: &[u8]) -> Option<[u8; INLINE_KEY]> {
+    let len = b.len();
+    // `tail` (the last 8 or 4 bytes of `b`) without its first `taken_bits / 8` bytes (those the
+    // words before hold already), moved down to the low bytes (a shift of 64 or more: nothing).
+    let rest =
+        |tail: u64, taken_bits: usize| tail.checked_shr(u32::try_from(taken_bits).unwrap_or(u32::MAX)).unwrap_or(0);
+    let le8 = |c: &[u8; 8]| u64::from_le_bytes(*c);
+    let (w0, w1, w2) = match (b.first_chunk::<8>(), b.last_chunk::<8>()) {
+        _ if len > INLINE_KEY => return None,
+        (Some(first), Some(last)) if len > 16 => {
+            let second = b.get(8..).and_then(<[u8]>::first_chunk::<8>).map_or(0, le8);
+            (le8(first), second, rest(le8(last), 8 * (24 - len)))
+        }
+        (Some(first), Some(last)) => (le8(first), rest(le8(last), 8 * (16 - len)), 0),
+        _ => match (b.first_chunk::<4>(), b.last_chunk::<4>()) {
+            (Some(first), Some(last)) => {
+                let high = rest(u64::from(u32::from_le_bytes(*last)), 8 * (8 - len));
+                (u64::from(u32::from_le_bytes(*first)) | high << 32, 0, 0)
+            }
+            _ => (b.iter().rev().fold(0, |w, &byte| w << 8 | u64::from(byte)), 0, 0),
+        },
+    };
+    let mut bytes = [0u8; INLINE_KEY];
+    let (a, tail) = bytes.split_at_mut(8);
+    let (c, d) = tail.split_at_mut(8);
+    a.copy_from_slice(&w0.to_le_bytes());
+    c.copy_from_slice(&w1.to_le_bytes());
+    d.copy_from_slice(&w2.to_le_bytes()[..INLINE_KEY - 16]);
+    Some(bytes)
+}
+
 impl Key {
     #[inline]
     fn new(key: &Arc<str>) -> Key {
-        let len = key.len();
-        let mut bytes = [0; INLINE_KEY];
-        match (bytes.get_mut(..len), u8::try_from(len)) {
-            (Some(inline), Ok(len)) => {
-                inline.copy_from_slice(key.as_bytes());
-                Key::Inline { len, bytes }
-            }
+        match (inline_bytes(key.as_bytes()), u8::try_from(key.len())) {
+            (Some(bytes), Ok(len)) => Key::Inline { len, bytes },
             _ => Key::Shared(key.clone()),
         }
     }
@@ -655,7 +685,22 @@ impl LockBackend for MemoryBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::same_short;
+    use super::{inline_bytes, same_short, INLINE_KEY};
+
+    #[test]
+    fn inline_keys_hold_every_byte_zero_padded() {
+        for len in 0..=INLINE_KEY + 2 {
+            let key: Vec<u8> = (0..len).map(|i| b'a' + i as u8).collect();
+            let mut expected = [0u8; INLINE_KEY];
+            match expected.get_mut(..len) {
+                Some(head) => {
+                    head.copy_from_slice(&key);
+                    assert_eq!(inline_bytes(&key), Some(expected), "len {len}");
+                }
+                None => assert_eq!(inline_bytes(&key), None, "len {len}"),
+            }
+        }
+    }
 
     #[test]
     fn short_keys_compare_every_byte() {

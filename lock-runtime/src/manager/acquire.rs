@@ -22,7 +22,7 @@ impl LockManager {
         &self,
         name: Arc<str>,
         kind: LockKind,
-        options: LockOptions,
+        options: &LockOptions,
         acquiring: &Acquiring,
     ) -> Result<Plan, LockError> {
         let inner = &*self.inner;
@@ -222,7 +222,7 @@ impl LockManager {
         Box::pin(async move {
             // Polled first in the caller's context: its span is the parent of `lock.acquire`.
             let mut acquiring = self.inner.telemetry.acquiring(&name);
-            let plan = match self.plan(name, kind, options, &acquiring) {
+            let plan = match self.plan(name, kind, &options, &acquiring) {
                 Ok(plan) => plan,
                 Err(e) => {
                     acquiring.failed(&e);

@@ -98,7 +98,7 @@ impl Future for LockFuture<'_> {
             } else {
                 // In the caller's context: its span is the parent of `lock.acquire` and `lock.hold`.
                 let mut acquiring = manager.inner.telemetry.acquiring(&name);
-                let plan = match manager.plan(name, LockKind::Exclusive, options, &acquiring) {
+                let plan = match manager.plan(name, LockKind::Exclusive, &options, &acquiring) {
                     Ok(plan) => plan,
                     Err(e) => {
                         acquiring.failed(&e);
