@@ -356,23 +356,25 @@ impl Acquiring {
         granted_at: Option<Instant>,
     ) -> Holding {
         #[cfg(not(feature = "metrics"))]
-        let _ = granted_at;
-        let traced = if self.span.is_none() && !spans_on() && !lost.can_fire() {
+        let (_, recorded) = (granted_at, false);
+        #[cfg(feature = "metrics")]
+        let recorded = self.metrics.is_some();
+        let traced = if self.span.is_none() && !spans_on() && !lost.can_fire() && !recorded {
             None // nothing to show, nothing to report: an in-process lock with no subscriber
         } else {
-            Some(self.traced(telemetry, name, fencing_token, lost))
-        };
-        let holding = Holding {
-            traced,
+            #[allow(unused_mut)] // the metrics go into it when recorded
+            let mut traced = self.traced(telemetry, name, fencing_token, lost);
             #[cfg(feature = "metrics")]
-            metrics: self.metrics.take().map(|m| {
+            if let Some(m) = self.metrics.take() {
                 let AcquireMetrics { handles, waited } = *m;
                 handles.acquired.increment(1);
                 handles.wait.record(waited);
                 handles.held.increment(1.0);
-                Box::new(HeldMetrics { since: granted_at.unwrap_or_else(crate::clock::now), handles })
-            }),
+                traced.held = Some(HeldMetrics { since: granted_at.unwrap_or_else(crate::clock::now), handles });
+            }
+            Some(traced)
         };
+        let holding = Holding { traced };
         if self.span.is_none() {
             // Nothing left in it (no span, the handles taken): skip its drop on the fast path.
             std::mem::forget(self);
@@ -394,6 +396,8 @@ impl Acquiring {
             #[cfg(feature = "metrics")]
             lost_total: self.metrics.as_ref().map(|m| m.handles.lost.clone()),
             reports_on_drop: true,
+            #[cfg(feature = "metrics")]
+            held: None,
         })
     }
 
@@ -459,15 +463,13 @@ impl Drop for Waiting {
 /// The telemetry of one held lock, from grant to release, kept by its guard: the `lock.hold`
 /// span, `lock_held` (given back on drop), `lock_hold_seconds`, and the report of a loss not
 /// reported yet. No drop of its own: its parts have theirs, so that an empty one costs a
-/// test or two.
+/// test.
 pub(crate) struct Holding {
-    /// `None` when there is nothing to show or report: no subscriber wanted the span and the
-    /// lock cannot be lost (an in-process lock kept by its guard). Boxed, so that a guard stays
-    /// small on the uncontended path.
+    /// `None` when there is nothing to show, record or report: no subscriber wanted the span,
+    /// no recorder is installed, and the lock cannot be lost (an in-process lock kept by its
+    /// guard). One box for all three, so that a guard is as small with the `metrics` feature
+    /// as without it, and an unseen lock pays one test.
     traced: Option<Box<Traced>>,
-    /// Boxed: only a lock recorded by a recorder carries it (see `metrics_support::recording`).
-    #[cfg(feature = "metrics")]
-    metrics: Option<Box<HeldMetrics>>,
 }
 
 #[cfg(feature = "metrics")]
@@ -496,6 +498,9 @@ struct Traced {
     lost_total: Option<metrics::Counter>,
     /// Reports a loss not reported yet when dropped (the holding's, not the watchdog's copy).
     reports_on_drop: bool,
+    /// The holding's metrics, when a recorder records them (not the watchdog's copy).
+    #[cfg(feature = "metrics")]
+    held: Option<HeldMetrics>,
 }
 
 impl Drop for Traced {
@@ -532,11 +537,7 @@ impl Holding {
     /// A holding with nothing to show or report (one that stands for others, which report
     /// themselves).
     pub(crate) fn none() -> Holding {
-        Holding {
-            traced: None,
-            #[cfg(feature = "metrics")]
-            metrics: None,
-        }
+        Holding { traced: None }
     }
 
     /// The `lock.hold` span, if a subscriber wants it.
@@ -562,9 +563,11 @@ impl Holding {
                 #[cfg(feature = "metrics")]
                 lost_total: t.lost_total.clone(),
                 reports_on_drop: false,
+                #[cfg(feature = "metrics")]
+                held: None,
             }),
             #[cfg(feature = "metrics")]
-            handles: self.metrics.as_ref().map(|m| m.handles.clone()),
+            handles: self.traced.as_ref().and_then(|t| t.held.as_ref()).map(|m| m.handles.clone()),
         }
     }
 }
