@@ -632,7 +632,8 @@ async fn a_release_on_a_killed_connection_frees_the_lock_at_once() {
 /// `SET NX` and writes the counter; the release reads the owner and deletes the key. Six
 /// commands in the two scripts (before, the acquire read the lock with a `GET` first: seven).
 /// A held lock is still read (`GET`) and marked once the `SET NX` fails, and an acquisition
-/// whose earlier answer was lost is granted again (the conformance suite's cases).
+/// whose earlier answer was lost is granted again
+/// (`the_acquire_script_grants_a_free_lock_and_its_own_owner_again_and_marks_it_for_others`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_lock_and_release_cost_six_commands_in_their_scripts() {
     let server = RedisServer::start();
@@ -662,4 +663,42 @@ async fn an_uncontended_lock_and_release_cost_six_commands_in_their_scripts() {
         ],
         "commands over {CYCLES} lock+release cycles"
     );
+}
+
+/// `acquire.lua` alone, as the backend composes it (its function, then one call): a free lock
+/// is granted; an attempt of another owner is refused and marks the lock waited on (once); the
+/// same owner again (an earlier answer of its acquisition lost) is granted again with a higher
+/// token and the mark kept; tokens never go below the server's clock in microseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acquire_script_grants_a_free_lock_and_its_own_owner_again_and_marks_it_for_others() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let script = redis::Script::new(concat!(
+        include_str!("../../lock-runtime/src/backend/redis/acquire.lua"),
+        "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], redis.call('time'))\n"
+    ));
+    let (lock, fence) = ("lock:{regrant}", "lock:fence:{regrant}");
+    let mut attempt = async |owner: &str| -> (i64, i64) {
+        script.key(lock).key(fence).arg(owner).arg(30_000).arg("").invoke_async(&mut conn).await.expect("acquire")
+    };
+    let (granted, first) = attempt("a").await;
+    assert_eq!(granted, 1);
+    let clock_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+    assert!(first > clock_us - 60_000_000, "a token is never below the server's clock: {first}");
+    let (refused, pttl) = attempt("b").await;
+    assert_eq!(refused, 0);
+    assert!(pttl > 0 && pttl <= 30_000, "the holder's remaining lease: {pttl}");
+    let mut reader = raw(&server).await;
+    let mut get =
+        async |key: &str| -> String { redis::cmd("GET").arg(key).query_async(&mut reader).await.expect("GET") };
+    let marked = get(lock).await;
+    assert!(marked.starts_with("a#") && marked.ends_with('+') && !marked.ends_with("++"), "{marked}");
+    assert_eq!(attempt("b").await.0, 0);
+    assert!(!get(lock).await.ends_with("++"), "marked once");
+    let (again, second) = attempt("a").await;
+    assert_eq!(again, 1, "its own owner is granted again");
+    assert!(second > first, "with a fresh token: {second} after {first}");
+    let regranted = get(lock).await;
+    assert!(regranted.starts_with(&format!("a#{second}#")) && regranted.ends_with('+'), "{regranted}");
+    assert_eq!(get(fence).await, second.to_string(), "the counter holds the last token granted");
 }

@@ -22,7 +22,7 @@
 --
 -- Returns  {1, token}  acquired: `token` is strictly greater than every token handed out
 --                      before for any key of this slot, and never below the server's clock in
---                      microseconds (see `mint`)
+--                      microseconds (see the function's first lines)
 --          {0, pttl}   held by someone else (now marked waited on); `pttl` is its remaining
 --                      lease in milliseconds (-1 if the key has no expiry)
 --
@@ -51,21 +51,20 @@ local function acquire(lock, fence, owner, lease, floor, now)
   local minted = string.format('%d', token)
   local mine = owner .. '#'
   local value = mine .. minted .. '#' .. string.format('%d', math.floor(clock / 1000))
-  if redis.call('set', lock, value, 'NX', 'PX', lease) then
-    redis.call('set', fence, minted)
-    return {1, token}
-  end
-  local holder = redis.call('get', lock)
-  if holder == false or string.sub(holder, 1, #mine) == mine then
+  if not redis.call('set', lock, value, 'NX', 'PX', lease) then
+    local holder = redis.call('get', lock)
+    if holder and string.sub(holder, 1, #mine) ~= mine then
+      if string.sub(holder, -1) ~= '+' then
+        redis.call('append', lock, '+')
+      end
+      return {0, redis.call('pttl', lock)}
+    end
+    -- This owner's already (an earlier answer lost): granted again, its mark kept.
     if holder and string.sub(holder, -1) == '+' then
       value = value .. '+'
     end
     redis.call('set', lock, value, 'PX', lease)
-    redis.call('set', fence, minted)
-    return {1, token}
   end
-  if string.sub(holder, -1) ~= '+' then
-    redis.call('append', lock, '+')
-  end
-  return {0, redis.call('pttl', lock)}
+  redis.call('set', fence, minted)
+  return {1, token}
 end
