@@ -15,6 +15,7 @@ whole log when it fails; the exit status is 1 if anything failed.
     # the arguments after the script's name go to `cargo test --doc`
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -45,11 +46,10 @@ LONGEST = [
 ]
 
 
-def package_name(manifest_path, cache={}):
-    if manifest_path not in cache:
-        with open(manifest_path, "rb") as f:
-            cache[manifest_path] = tomllib.load(f)["package"]["name"]
-    return cache[manifest_path]
+@functools.cache
+def package_name(manifest_path):
+    with open(manifest_path, "rb") as f:
+        return tomllib.load(f)["package"]["name"]
 
 
 def test_binaries(messages):
