@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::batch::Op;
 use super::handoff::{Handed, Ticket};
 use super::held::{release_call, undo_dropped, RedisHeld};
 use super::waiters::{Before, Capture, Outage, Slot, Step};
@@ -159,7 +160,24 @@ impl RedisAcquisition {
                     if let (true, Some((window, Some(queue)))) = (with_queue, &self.queue) {
                         invocation.key(queue.as_str()).arg("").arg(*window).arg(if registered { "1" } else { "0" });
                     }
-                    Ok((self.backend.eval(&self.req.name, "acquire", invocation).await?, None))
+                    let alone = self.backend.eval_raw(invocation);
+                    let reply = match &self.backend.inner.lane {
+                        // A mutex attempt that does not register in the queue: in a batch
+                        // when another call is on the wire (see `batch.rs`).
+                        Some(lane) if mode.is_none() && !with_queue => {
+                            let op = || Op::Acquire {
+                                lock: lock.into(),
+                                fence: fence.into(),
+                                owner: self.owner.clone(),
+                                lease: lease_millis(lease),
+                                name: self.req.name.clone(),
+                                channel: self.layout.channel.as_str().into(),
+                            };
+                            lane.run(&self.backend, op, alone).await
+                        }
+                        _ => alone.await,
+                    };
+                    Ok((reply.map_err(|e| self.backend.failed(&self.req.name, "acquire", e))?, None))
                 }
                 Some(wait) => {
                     let (lease, permits) = (lease_millis(lease).to_string(), mode.map(|(_, p)| p.to_string()));

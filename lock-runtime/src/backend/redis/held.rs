@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::Script;
 
+use super::batch::Op;
 use super::handoff::{Handed, Ticket};
 use super::holdings::{connection_lost, Holding};
 use super::layout::{fence_of, queue_of};
@@ -29,6 +30,8 @@ pub(super) struct ReleaseCall {
     channel: Arc<str>,
     owner: Arc<str>,
     millis: Option<u64>,
+    /// A holder's release of a mutex, which may go out in a batch (see `batch.rs`).
+    batched: bool,
 }
 
 impl ReleaseCall {
@@ -48,6 +51,7 @@ impl ReleaseCall {
             channel,
             owner: owner.clone(),
             millis: None,
+            batched: false,
         }
     }
 
@@ -67,6 +71,25 @@ impl ReleaseCall {
     }
 
     async fn send(&self) -> Result<i64, redis::RedisError> {
+        match (&self.backend.inner.lane, self.batched) {
+            // A holder's release of a mutex: in a batch when another call is on the wire (see
+            // `batch.rs`), behind the attempts made before it.
+            (Some(lane), true) => {
+                let op = || Op::Release {
+                    lock: self.key.clone(),
+                    queue: queue_of(&self.key),
+                    fence: fence_of(&self.key),
+                    owner: self.owner.clone(),
+                    channel: self.channel.clone(),
+                };
+                let alone = async { self.send_alone().await.map(|status| (status, 0)) };
+                lane.run(&self.backend, op, alone).await.map(|(status, _)| status)
+            }
+            _ => self.send_alone().await,
+        }
+    }
+
+    async fn send_alone(&self) -> Result<i64, redis::RedisError> {
         let mut invocation = self.script.prepare_invoke();
         invocation.key(&*self.key).arg(&*self.owner);
         if std::ptr::eq(self.script, &*RELEASE) && self.backend.queues() {
@@ -114,7 +137,10 @@ impl ReleaseCall {
     /// within this process in one round trip); and however it ends, if it ends first.
     /// Dropped before its answer (the caller's `select!` or timeout gave up), it still
     /// completes in the background: see [`Unabandoned`].
-    pub(super) fn release(self) -> BoxFuture<'static, Result<(), LockError>> {
+    pub(super) fn release(mut self) -> BoxFuture<'static, Result<(), LockError>> {
+        // A mutex's (batched with the attempts and releases made before it, so it still goes
+        // ahead of every command made after it).
+        self.batched = std::ptr::eq(self.script, &*RELEASE) && self.backend.queues();
         let runtime = self.backend.inner.runtime.clone();
         let timeout = self.backend.inner.options.command_timeout;
         let name = self.name.clone();

@@ -1,6 +1,7 @@
 #![doc = include_str!("README.md")]
 
 mod acquire;
+mod batch;
 pub mod cluster;
 mod handoff;
 mod held;
@@ -65,6 +66,15 @@ static HANDOFF: LazyLock<Script> = LazyLock::new(|| {
         include_str!("queue.lua"),
         include_str!("release.lua"),
         include_str!("handoff.lua")
+    ))
+});
+/// Many attempts and releases in one call (`batch.lua`, see `batch.rs`).
+static BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("acquire.lua"),
+        include_str!("queue.lua"),
+        include_str!("release.lua"),
+        include_str!("batch.lua")
     ))
 });
 static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release_after.lua")));
@@ -248,6 +258,9 @@ struct Inner {
     loaded: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The locks held through this backend, checked at once after a lost connection.
     holdings: Arc<holdings::Holdings>,
+    /// Where mutex attempts and releases made while another is on the wire wait, to go out
+    /// together (see `batch.rs`); none on a Cluster.
+    lane: Option<batch::Lane>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -323,7 +336,8 @@ impl RedisBackend {
         let waiters = Waiters::start(runtime, source.clone(), timings, holdings.clone());
         let runtime = runtime.clone();
         let loaded = Default::default();
-        RedisBackend { inner: Arc::new(Inner { conn, source, waiters, options, url, runtime, loaded, holdings }) }
+        let lane = (!matches!(conn, Conn::Cluster(_))).then(batch::Lane::default);
+        RedisBackend { inner: Arc::new(Inner { conn, source, waiters, options, url, runtime, loaded, holdings, lane }) }
     }
 
     /// The options this backend was created with.
@@ -491,6 +505,7 @@ mod tests {
             include_str!("release_after.lua"),
             include_str!("force_release.lua"),
             include_str!("handoff.lua"),
+            include_str!("batch.lua"),
         ] {
             assert!(src.contains("KEYS[1]") && src.contains("ARGV[1]") && src.contains("Returns"));
         }
