@@ -307,8 +307,17 @@ async fn a_node_restarted_empty_keeps_the_lock_on_the_quorum() {
 /// the node whose counter was ahead left and another granting node restarted empty, the next
 /// quorum (the restarted node and the one that had refused) minted far below the token before.
 /// Every node that answers an attempt that wins is raised now: the next token is above.
+/// Regression (a CI run under load): a node whose refusal arrived after the quorum had granted
+/// was not raised either. Every node that had not answered is raised too now, behind its
+/// attempt: the second round has C answer late (frozen until the attempt is decided).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_refused_is_raised_too_so_tokens_survive_a_restart_behind_it() {
+    for late in [false, true] {
+        refused_node_raised(late).await;
+    }
+}
+
+async fn refused_node_raised(late: bool) {
     let mut servers = start(3);
     let m = manager(&servers, Duration::from_secs(1), "raise:").await;
     let layout = KeyLayout::of("raise:job");
@@ -322,8 +331,15 @@ async fn a_node_that_refused_is_raised_too_so_tokens_survive_a_restart_behind_it
         .prefix("raise:")
         .backend(lock_runtime::backend::redis::RedisBackend::connect(&servers[2].url()).await.expect("C alone"));
     let stray = stray.lock("job").lease(Duration::from_secs(60)).await.expect("stray key on C");
-    // {A, B} grant, C refuses: the token comes from A's counter.
+    // {A, B} grant, C refuses (after the attempt is decided, when `late`): the token comes
+    // from A's counter.
+    if late {
+        servers[2].pause();
+    }
     let first = m.lock("job").await.expect("A and B");
+    if late {
+        servers[2].resume();
+    }
     let t1 = first.fencing_token();
     assert!(t1 > ahead, "{t1} not above A's counter {ahead}");
     first.release().await.expect("release");
@@ -334,7 +350,7 @@ async fn a_node_that_refused_is_raised_too_so_tokens_survive_a_restart_behind_it
     servers[0].kill();
     let second = lock_tests::lock_after_outage(&m, "job").await;
     let t2 = second.fencing_token();
-    assert!(t2 > t1, "the token went back by {} s: {t2} after {t1}", (t1 - t2.min(t1)) / 1_000_000);
+    assert!(t2 > t1, "late {late}: the token went back by {} s: {t2} after {t1}", (t1 - t2.min(t1)) / 1_000_000);
     second.release().await.expect("release");
 }
 

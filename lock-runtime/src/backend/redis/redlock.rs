@@ -4,7 +4,7 @@ mod node;
 mod queue;
 mod wake;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::pubsub::Timings;
@@ -137,7 +137,7 @@ impl RedlockBackend {
         let inner = &*self.inner;
         let timeout = inner.options.command_timeout;
         let deadline = crate::clock::now() + timeout;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         for (i, node) in inner.nodes.iter().enumerate() {
             let (mut conn, tx) = (node.conn.clone(), tx.clone());
             inner.runtime.spawn(async move {
@@ -160,7 +160,7 @@ impl RedlockBackend {
         }
         drop(tx);
         let quorum = inner.quorum;
-        let got = gather(rx, inner.nodes.len(), deadline, |_| false).await;
+        let got = gather(&mut rx, inner.nodes.len(), deadline, |_| false).await;
         let ids: Vec<(usize, &String)> = got
             .answers
             .iter()
@@ -259,9 +259,9 @@ impl RedlockBackend {
         let inner = &*self.inner;
         let (n, quorum) = (inner.nodes.len(), inner.quorum);
         let deadline = crate::clock::now() + inner.options.command_timeout;
-        let rx = self.send::<i64>(chains, |_| true, invocation);
+        let mut rx = self.send::<i64>(chains, |_| true, invocation);
         let got =
-            gather(rx, n, deadline, |g| g.count(|v| *v == 1) >= quorum || g.count(|v| *v != 1) > n - quorum).await;
+            gather(&mut rx, n, deadline, |g| g.count(|v| *v == 1) >= quorum || g.count(|v| *v != 1) > n - quorum).await;
         if got.count(|v| *v == 1) >= quorum {
             return Ok(());
         }
@@ -355,18 +355,18 @@ impl RedlockAcquisition {
             invocation
         };
         self.dirty = true;
-        let rx = backend.send::<(i64, i64)>(&self.chains, |_| true, acquire);
+        let mut rx = backend.send::<(i64, i64)>(&self.chains, |_| true, acquire);
         let granted = |v: &(i64, i64)| v.0 == 1 && v.1 > 0;
         // Decided once a quorum granted, or once no quorum can grant and it is known whether a
         // quorum answered (the lock is busy) or not (too few nodes reachable: an error).
-        let got = gather(rx, n, sent + timeout, |g| {
+        let got = gather(&mut rx, n, sent + timeout, |g| {
             let (yes, answered, pending) = (g.count(granted), g.answered(), g.pending());
             yes >= quorum || (yes + pending < quorum && (answered >= quorum || answered + pending < quorum))
         })
         .await;
         let grants = got.count(granted);
         if grants >= quorum {
-            if let Some(token) = self.fence(&got).await {
+            if let Some(token) = self.fence(&got, rx).await {
                 let valid = crate::clock::trusted_until(sent, lease).is_some_and(|until| crate::clock::now() < until);
                 if valid {
                     self.dirty = false;
@@ -424,8 +424,14 @@ impl RedlockAcquisition {
     /// granted below a top that already had its quorum) is raised too, unchecked (a counter only
     /// ever goes up), and awaited within the same bound: a later quorum that includes one of them
     /// mints above this token even if the nodes at the top left or lost their data meanwhile.
-    /// Nothing is sent when every answering node minted the same token.
-    async fn fence(&self, got: &Gathered<(i64, i64)>) -> Option<u64> {
+    /// A node that has not answered (its answer arriving on `late`) is raised unchecked too once
+    /// it has, unless it granted at the top, without waiting for it. Nothing is sent when every
+    /// node minted the same token.
+    async fn fence(
+        &self,
+        got: &Gathered<(i64, i64)>,
+        late: mpsc::UnboundedReceiver<(usize, Answer<(i64, i64)>)>,
+    ) -> Option<u64> {
         let inner = &*self.backend.inner;
         let (n, quorum, timeout) = (inner.nodes.len(), inner.quorum, inner.options.command_timeout);
         let tokens: Vec<Option<i64>> = got
@@ -462,10 +468,35 @@ impl RedlockAcquisition {
             }
         };
         let others = (refusing > 0).then(|| self.backend.send::<i64>(&self.chains, |i| refused[i], raise(false)));
+        // A node that has not answered yet (slow, or paused) is looked at once it has, behind
+        // its attempt there and ahead of the lock's next command on it, without waiting for it
+        // here: raised unchecked unless it granted at or above the top (as a node of a quorum
+        // does; then nothing is sent). A refusal that arrives after the quorum granted leaves
+        // its counter at the top too.
+        if got.answers.iter().any(Option::is_none) {
+            let late = Arc::new(Mutex::new((late, got.answers.iter().map(|_| None).collect::<Vec<_>>())));
+            for (i, node) in inner.nodes.iter().enumerate().filter(|(i, _)| got.answers[*i].is_none()) {
+                let (late, raised) = (late.clone(), node.call::<i64>(raise(false)(), timeout));
+                let look = async move {
+                    let answer = {
+                        let mut late = late.lock().unwrap_or_else(PoisonError::into_inner);
+                        while let Ok((j, answer)) = late.0.try_recv() {
+                            late.1[j] = Some(answer);
+                        }
+                        late.1[i].take()
+                    };
+                    match answer {
+                        Some(Ok((1, token))) if token >= top => Ok(0),
+                        _ => raised.await,
+                    }
+                };
+                self.chains.run(&inner.runtime, i, look, None);
+            }
+        }
         if at_top < quorum {
-            let rx = self.backend.send::<i64>(&self.chains, |i| below[i], raise(true));
+            let mut rx = self.backend.send::<i64>(&self.chains, |i| below[i], raise(true));
             let raising = below.iter().filter(|b| **b).count();
-            let done = gather(rx, n, deadline, |g| {
+            let done = gather(&mut rx, n, deadline, |g| {
                 let raised = g.count(|v| *v == 1);
                 let finished = g.answers.iter().filter(|a| a.is_some()).count();
                 at_top + raised >= quorum || at_top + raised + (raising - finished) < quorum
@@ -475,8 +506,8 @@ impl RedlockAcquisition {
                 return None;
             }
         }
-        if let Some(rx) = others {
-            gather(rx, n, deadline, |g| g.answers.iter().filter(|a| a.is_some()).count() == refusing).await;
+        if let Some(mut rx) = others {
+            gather(&mut rx, n, deadline, |g| g.answers.iter().filter(|a| a.is_some()).count() == refusing).await;
         }
         u64::try_from(top).ok()
     }

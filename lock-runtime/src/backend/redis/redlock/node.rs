@@ -126,7 +126,7 @@ impl<T> Gathered<T> {
 /// `deadline` passed (the nodes that have not answered by then stay `None`). Commands still in
 /// flight keep running in their tasks.
 pub(super) async fn gather<T>(
-    mut rx: mpsc::UnboundedReceiver<(usize, Answer<T>)>,
+    rx: &mut mpsc::UnboundedReceiver<(usize, Answer<T>)>,
     nodes: usize,
     deadline: Instant,
     decided: impl Fn(&Gathered<T>) -> bool,
