@@ -295,6 +295,8 @@ struct Uncontended {
     one: f64,
     many: f64,
     server_us_per_cycle: f64,
+    /// Script calls (`EVALSHA`) per cycle in the same window: below two, operations were batched.
+    scripts_per_cycle: f64,
 }
 
 impl Uncontended {
@@ -304,6 +306,7 @@ impl Uncontended {
         if got.many > self.many {
             self.many = got.many;
             self.server_us_per_cycle = got.server_us_per_cycle;
+            self.scripts_per_cycle = got.scripts_per_cycle;
         }
     }
 }
@@ -322,11 +325,18 @@ async fn redis_uncontended<C: Contender>(
         scenario::cycles(c, &one_key, plan.warm, Clock::Wall).await?;
     }
     let one = scenario::cycles(c, &one_key, plan.redis_cycles, Clock::Wall).await?;
-    let cpu = probe.cpu_seconds().await?;
+    let (cpu, calls) = (probe.cpu_seconds().await?, probe.command_calls().await?);
     let many = scenario::cycles(c, &keys(&format!("bench:{tag}:many:"), MANY), plan.redis_cycles, Clock::Wall).await?;
     let cpu = probe.cpu_seconds().await? - cpu;
+    let after = probe.command_calls().await?;
+    let scripts = after.get("evalsha").copied().unwrap_or(0) - calls.get("evalsha").copied().unwrap_or(0);
     let cycles = many.per_sec * plan.redis_cycles.as_secs_f64();
-    Ok(Uncontended { one: one.per_sec, many: many.per_sec, server_us_per_cycle: cpu * 1e6 / cycles.max(1.0) })
+    Ok(Uncontended {
+        one: one.per_sec,
+        many: many.per_sec,
+        server_us_per_cycle: cpu * 1e6 / cycles.max(1.0),
+        scripts_per_cycle: scripts as f64 / cycles.max(1.0),
+    })
 }
 
 /// The contended run (with the server's command counts around it) and the row.
@@ -351,6 +361,7 @@ async fn redis_row<C: Contender>(
         one: uncontended.map(|u| Cycles { per_sec: u.one }),
         many: uncontended.map(|u| Cycles { per_sec: u.many }),
         server_us_per_cycle: uncontended.map(|u| u.server_us_per_cycle),
+        scripts_per_cycle: uncontended.map(|u| u.scripts_per_cycle),
         contended,
         commands_per_acquisition: commands as f64 / acquisitions,
         per_command: per_command.into_iter().map(|(k, v)| (k, v as f64 / acquisitions)).collect(),

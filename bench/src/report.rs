@@ -68,6 +68,8 @@ pub struct RedisRow {
     pub per_command: Vec<(String, f64)>,
     /// The server's CPU time (`INFO cpu`) per lock+release cycle, `MANY` tasks uncontended.
     pub server_us_per_cycle: Option<f64>,
+    /// Script calls (`EVALSHA`) per lock+release cycle in the same window.
+    pub scripts_per_cycle: Option<f64>,
 }
 
 pub struct MemoryRow {
@@ -472,6 +474,22 @@ impl Results {
         format!("server CPU per lock+release (`INFO cpu`, {} tasks uncontended): {}", crate::MANY, parts.join(", "))
     }
 
+    /// The script calls per uncontended cycle of each contender; ours makes every lock and
+    /// release a script call, so below two they went out in batches (of two over it, on average).
+    fn scripts_line(&self) -> String {
+        let parts: Vec<String> = self
+            .redis
+            .iter()
+            .filter_map(|r| {
+                r.scripts_per_cycle.map(|calls| match r.ours && calls > 0.0 {
+                    true => format!("{} {calls:.2} (about {:.0} operations per batch)", r.label, 2.0 / calls),
+                    false => format!("{} {calls:.2}", r.label),
+                })
+            })
+            .collect();
+        format!("script calls (`EVALSHA`) per lock+release ({} tasks uncontended): {}", crate::MANY, parts.join(", "))
+    }
+
     /// The terminal table.
     pub fn text(&self) -> String {
         let mut s = String::new();
@@ -504,6 +522,7 @@ impl Results {
         }
         let _ = writeln!(s, "  {}", self.round_trip_line());
         let _ = writeln!(s, "  {}", self.server_cpu_line());
+        let _ = writeln!(s, "  {}", self.scripts_line());
         let _ = writeln!(
             s,
             "  server ceiling: redis-benchmark EVALSHA (SET NX PX + INCR script), 50 clients: {} req/s = {} cycles/s at 2 scripts per cycle; pipelined (-P 16): {} req/s",
@@ -619,7 +638,7 @@ contender uses a 10 s lease/TTL without renewal.\n",
                 r.commands_per_acquisition
             );
         }
-        let _ = writeln!(s, "\nThe {}. The {}.", self.round_trip_line(), self.server_cpu_line());
+        let _ = writeln!(s, "\nThe {}. The {}. The {}.", self.round_trip_line(), self.server_cpu_line(), self.scripts_line());
         let _ = writeln!(
             s,
             "\nServer ceiling (reference): `redis-benchmark -c 50 EVALSHA` of a `SET NX PX` + `INCR` script on random keys: \
