@@ -638,7 +638,13 @@ contender uses a 10 s lease/TTL without renewal.\n",
                 r.commands_per_acquisition
             );
         }
-        let _ = writeln!(s, "\nThe {}. The {}. The {}.", self.round_trip_line(), self.server_cpu_line(), self.scripts_line());
+        let _ = writeln!(
+            s,
+            "\nThe {}. The {}. The {}.",
+            self.round_trip_line(),
+            self.server_cpu_line(),
+            self.scripts_line()
+        );
         let _ = writeln!(
             s,
             "\nServer ceiling (reference): `redis-benchmark -c 50 EVALSHA` of a `SET NX PX` + `INCR` script on random keys: \
