@@ -139,6 +139,12 @@ async fn a_dropped_guard_is_released_ahead_of_the_next_lock_while_batches_go_out
     let server = RedisServer::start();
     let m = LockManager::builder().backend(backend(&server, Duration::from_secs(5)).await);
     let mut conn = raw(&server).await;
+    // The scripts are loaded, a batch's among them (a first call answered NOSCRIPT is sent
+    // again, later: behind what was sent after it).
+    let warm: Vec<_> = (0..8).map(|i| m.lock(format!("warm:{i}")).into_future()).collect();
+    for guard in futures_util::future::join_all(warm).await {
+        guard.expect("lock").release().await.expect("release");
+    }
     let before = command_calls(&mut conn).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load: Vec<_> = (0..16)
@@ -164,4 +170,35 @@ async fn a_dropped_guard_is_released_ahead_of_the_next_lock_while_batches_go_out
     let after = command_calls(&mut conn).await;
     let attempts = delta(&before, &after, "time");
     assert!(delta(&before, &after, "evalsha") < 2 * attempts, "nothing was batched");
+}
+
+/// A frozen server past the command timeout fails the calls on the wire and the batch behind
+/// them (each caller gets a backend error in time); once it runs again, the lane has given
+/// back every call slot: new locks go out and are granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_that_time_out_leave_the_lane_usable() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let m = LockManager::builder().backend(backend(&server, timeout).await);
+    let mut conn = raw(&server).await;
+    m.lock("warm-up").await.expect("lock").release().await.expect("release");
+    server.pause();
+    let frozen: Vec<_> =
+        (0..6).map(|i| m.lock(format!("frozen:{i}")).lease(Duration::from_secs(60)).into_future()).collect();
+    let started = std::time::Instant::now();
+    for outcome in futures_util::future::join_all(frozen).await {
+        assert!(outcome.expect_err("granted by a frozen server").is_backend());
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "failed only after {:?}", started.elapsed());
+    server.resume();
+    lock_tests::lock_after_outage(&m, "warm-up").await.release().await.expect("release"); // connection back
+    let again: Vec<_> =
+        (0..6).map(|i| m.lock(format!("again:{i}")).wait(Duration::from_secs(5)).into_future()).collect();
+    for guard in futures_util::future::join_all(again).await {
+        guard.expect("granted after the outage").release().await.expect("release");
+    }
+    // The frozen attempts, which may have run once the server did, were undone.
+    for i in 0..6 {
+        await_key_gone(&mut conn, &KeyLayout::of(&format!("frozen:{i}")).lock, "a timed-out attempt undone").await;
+    }
 }

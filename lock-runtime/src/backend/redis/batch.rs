@@ -194,9 +194,15 @@ impl Flusher {
             })
             .await;
             let Some((call, first)) = sent else { return };
+            // Bounded here too (not every connection bounds its answers itself): a batch that
+            // never answered would keep its slot of the lane.
+            let timeout = backend.inner.options.command_timeout;
             let answers = match first {
                 Poll::Ready(answers) => answers,
-                Poll::Pending => call.await,
+                Poll::Pending => tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+                    let why = format!("no answer to a batch within {timeout:?}");
+                    Err(RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, why)))
+                }),
             };
             let answers = answers.and_then(|answers| {
                 if answers.len() == 2 * batch.len() {
