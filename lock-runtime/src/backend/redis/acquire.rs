@@ -165,13 +165,15 @@ impl RedisAcquisition {
                         // A mutex attempt that does not register in the queue: in a batch
                         // when another call is on the wire (see `batch.rs`).
                         Some(lane) if mode.is_none() && !with_queue => {
-                            let op = || Op::Acquire {
-                                lock: lock.into(),
-                                fence: fence.into(),
-                                owner: self.owner.clone(),
-                                lease: lease_millis(lease),
-                                name: self.req.name.clone(),
-                                channel: self.layout.channel.as_str().into(),
+                            let op = || {
+                                let undo = self.undo();
+                                Op::Acquire {
+                                    lock: lock.into(),
+                                    fence: fence.into(),
+                                    owner: self.owner.clone(),
+                                    lease: lease_millis(lease),
+                                    undo: Box::new(move || undo_dropped(undo, false)),
+                                }
                             };
                             lane.run(&self.backend, op, alone).await
                         }

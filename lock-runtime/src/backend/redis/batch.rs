@@ -34,9 +34,7 @@ use std::task::Poll;
 use redis::RedisError;
 use tokio::sync::oneshot;
 
-use super::held::{release_call, undo_dropped};
 use super::{RedisBackend, BATCH};
-use crate::backend::LockKind;
 
 /// The most operations one batch carries (the rest wait for the next one).
 pub(super) const MAX_BATCH: usize = 64;
@@ -49,8 +47,9 @@ pub(super) type Answer = (i64, i64);
 
 /// One operation of a batch.
 pub(super) enum Op {
-    /// A mutex attempt (`acquire.lua`); the name and channel undo it if its caller is gone.
-    Acquire { lock: Arc<str>, fence: Arc<str>, owner: Arc<str>, lease: u64, name: Arc<str>, channel: Arc<str> },
+    /// A mutex attempt (`acquire.lua`), and what undoes it (in the background) if it was, or
+    /// may have been, granted when its caller is gone.
+    Acquire { lock: Arc<str>, fence: Arc<str>, owner: Arc<str>, lease: u64, undo: Box<dyn FnOnce() + Send> },
     /// A holder's release of a mutex (`release.lua`), with the lock's queue and fencing counter.
     Release { lock: Arc<str>, queue: String, fence: String, owner: Arc<str>, channel: Arc<str> },
 }
@@ -219,7 +218,7 @@ impl Flusher {
                 };
                 let granted = !matches!(answer, Ok((0, _)));
                 if pending.answer.send(answer).is_err() {
-                    undelivered(&backend, pending.op, granted);
+                    undelivered(pending.op, granted);
                 }
             }
         }
@@ -259,9 +258,9 @@ fn invocation(batch: &[Pending]) -> redis::ScriptInvocation<'static> {
 }
 
 /// An answer whose caller is gone: an attempt that was (or may have been) granted is undone.
-fn undelivered(backend: &RedisBackend, op: Op, granted: bool) {
-    if let (Op::Acquire { lock, owner, name, channel, .. }, true) = (op, granted) {
-        undo_dropped(release_call(backend, &name, LockKind::Exclusive, lock, channel, &owner, None), false);
+fn undelivered(op: Op, granted: bool) {
+    if let (Op::Acquire { undo, .. }, true) = (op, granted) {
+        undo();
     }
 }
 
