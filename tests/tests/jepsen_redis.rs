@@ -22,7 +22,9 @@ mod jepsen_support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_redis() {
-    let config = Config::new(Backend::Redis, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(2);
+    // Four loops per worker: enough for a process's locks and releases to go out in batches
+    // (group commit: a third operation while two calls are on the wire) under the faults.
+    let config = Config::new(Backend::Redis, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(4);
     // Bounds of the checker, from the workers' settings (1 s lease, 1 s command timeout):
     // - wait_slack: a `wait` may be overrun by one command still in flight at its deadline (the
     //   command timeout), plus 250 ms of scheduling on a busy 2-core machine.
