@@ -169,7 +169,6 @@ impl RedisAcquisition {
                                 let undo = self.undo();
                                 Op::Acquire {
                                     lock: lock.into(),
-                                    fence: fence.into(),
                                     owner: self.owner.clone(),
                                     lease: lease_millis(lease),
                                     undo: Box::new(move || undo_dropped(undo, false)),

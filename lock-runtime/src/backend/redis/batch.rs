@@ -34,10 +34,11 @@ use std::task::Poll;
 use redis::RedisError;
 use tokio::sync::oneshot;
 
+use super::layout::{fence_of, queue_of};
 use super::{RedisBackend, BATCH};
 
 /// The most operations one batch carries (the rest wait for the next one).
-pub(super) const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 64;
 
 /// The most calls of one lane on the wire at once.
 const MAX_IN_FLIGHT: usize = 2;
@@ -47,11 +48,11 @@ pub(super) type Answer = (i64, i64);
 
 /// One operation of a batch.
 pub(super) enum Op {
-    /// A mutex attempt (`acquire.lua`), and what undoes it (in the background) if it was, or
-    /// may have been, granted when its caller is gone.
-    Acquire { lock: Arc<str>, fence: Arc<str>, owner: Arc<str>, lease: u64, undo: Box<dyn FnOnce() + Send> },
-    /// A holder's release of a mutex (`release.lua`), with the lock's queue and fencing counter.
-    Release { lock: Arc<str>, queue: String, fence: String, owner: Arc<str>, channel: Arc<str> },
+    /// A mutex attempt (`acquire.lua`) on the lock key `lock`, and what undoes it (in the
+    /// background) if it was, or may have been, granted when its caller is gone.
+    Acquire { lock: Arc<str>, owner: Arc<str>, lease: u64, undo: Box<dyn FnOnce() + Send> },
+    /// A holder's release of the mutex whose key is `lock` (`release.lua`).
+    Release { lock: Arc<str>, owner: Arc<str>, channel: Arc<str> },
 }
 
 /// The operations of a backend waiting for the call on the wire.
@@ -246,11 +247,12 @@ fn invocation(batch: &[Pending]) -> redis::ScriptInvocation<'static> {
     let mut invocation = BATCH.prepare_invoke();
     for pending in batch {
         match &pending.op {
-            Op::Acquire { lock, fence, owner, lease, .. } => {
-                invocation.key(&**lock).key(&**fence).arg("a").arg(&**owner).arg(*lease);
+            // The slot's fencing counter and the lock's queue are named after the lock key.
+            Op::Acquire { lock, owner, lease, .. } => {
+                invocation.key(&**lock).key(fence_of(lock)).arg("a").arg(&**owner).arg(*lease);
             }
-            Op::Release { lock, queue, fence, owner, channel } => {
-                invocation.key(&**lock).key(queue.as_str()).key(fence.as_str()).arg("r").arg(&**owner).arg(&**channel);
+            Op::Release { lock, owner, channel } => {
+                invocation.key(&**lock).key(queue_of(lock)).key(fence_of(lock)).arg("r").arg(&**owner).arg(&**channel);
             }
         }
     }

@@ -75,13 +75,8 @@ impl ReleaseCall {
             // A holder's release of a mutex: in a batch when another call is on the wire (see
             // `batch.rs`), behind the attempts made before it.
             (Some(lane), true) => {
-                let op = || Op::Release {
-                    lock: self.key.clone(),
-                    queue: queue_of(&self.key),
-                    fence: fence_of(&self.key),
-                    owner: self.owner.clone(),
-                    channel: self.channel.clone(),
-                };
+                let op =
+                    || Op::Release { lock: self.key.clone(), owner: self.owner.clone(), channel: self.channel.clone() };
                 let alone = async { self.send_alone().await.map(|status| (status, 0)) };
                 lane.run(&self.backend, op, alone).await.map(|(status, _)| status)
             }
