@@ -147,7 +147,9 @@ impl LockManager {
         busy: bool,
         mut acquiring: Acquiring,
     ) -> Result<LockGuard, LockError> {
-        let acquired = self.acquire_within(plan, started, busy, &mut acquiring).await;
+        // (The plan lent, not moved: an `async fn` keeps what it is given in its state, and this
+        // future is boxed on every acquisition that is not granted at once.)
+        let acquired = self.acquire_within(&plan, started, busy, &mut acquiring).await;
         if let Err(e) = &acquired {
             acquiring.waited_since(started);
             acquiring.failed(e);
@@ -158,7 +160,7 @@ impl LockManager {
     /// [`acquire_slow`](Self::acquire_slow), keeping `acquiring`'s count of attempts.
     async fn acquire_within(
         &self,
-        plan: Plan,
+        plan: &Plan,
         started: Instant,
         busy: bool,
         acquiring: &mut Acquiring,
@@ -176,7 +178,7 @@ impl LockManager {
                 Attempt::Acquired(grant) => {
                     acquiring.waited_since(started);
                     return Ok(self.guard(
-                        plan.req.name,
+                        plan.req.name.clone(),
                         plan.req.lease,
                         grant,
                         Some(lost),
@@ -206,7 +208,7 @@ impl LockManager {
             }
         };
         acquiring.waited_since(started);
-        Ok(self.guard(plan.req.name, plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold))
+        Ok(self.guard(plan.req.name.clone(), plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold))
     }
 
     /// The acquisition of a kind beside the mutex (a read lock, a write lock, a permit): the

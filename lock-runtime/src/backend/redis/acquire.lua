@@ -46,11 +46,17 @@ local function acquire(lock, fence, owner, lease, floor, now)
   -- (2^53 microseconds, the largest integer a Lua number holds exactly, is reached in the
   -- year 2255.) Minted before the lock is looked at, so that a free lock is taken with one
   -- `SET NX` (no `GET` first); the counter is written only once the lock is granted.
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  -- The clock, in microseconds and as the value's `#<granted ms>`, is worked out once per
+  -- `now` (a batch grants many locks at one reading: formatting is a good part of a grant).
+  if not now.us then
+    now.us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    now.ms = '#' .. string.format('%d', math.floor(now.us / 1000))
+  end
+  local clock = now.us
   local token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, clock, tonumber(floor) or 0)
   local minted = string.format('%d', token)
   local mine = owner .. '#'
-  local value = mine .. minted .. '#' .. string.format('%d', math.floor(clock / 1000))
+  local value = mine .. minted .. now.ms
   if not redis.call('set', lock, value, 'NX', 'PX', lease) then
     local holder = redis.call('get', lock)
     if holder and string.sub(holder, 1, #mine) ~= mine then

@@ -160,7 +160,8 @@ impl RedisAcquisition {
                     if let (true, Some((window, Some(queue)))) = (with_queue, &self.queue) {
                         invocation.key(queue.as_str()).arg("").arg(*window).arg(if registered { "1" } else { "0" });
                     }
-                    let alone = self.backend.eval_raw(invocation);
+                    let backend = &self.backend;
+                    let alone = move || backend.eval_raw(invocation);
                     let reply = match &self.backend.inner.lane {
                         // A mutex attempt that does not register in the queue: in a batch
                         // when another call is on the wire (see `batch.rs`).
@@ -174,9 +175,9 @@ impl RedisAcquisition {
                                     undo: Box::new(move || undo_dropped(undo, false)),
                                 }
                             };
-                            lane.run(&self.backend, op, alone).await
+                            lane.run(&self.backend, op, || Box::pin(alone())).await
                         }
-                        _ => alone.await,
+                        _ => alone().await,
                     };
                     Ok((reply.map_err(|e| self.backend.failed(&self.req.name, "acquire", e))?, None))
                 }
@@ -187,7 +188,9 @@ impl RedisAcquisition {
                         args.extend([mode, permits.as_str()]);
                     }
                     let script = (script, &[lock, fence][..], &args[..]);
-                    let (reply, acked) = self.backend.eval_then_wait(&self.req.name, "acquire", script, wait).await?;
+                    // (Boxed: a rare call, kept out of the size of every attempt's future.)
+                    let waited = Box::pin(self.backend.eval_then_wait(&self.req.name, "acquire", script, wait));
+                    let (reply, acked) = waited.await?;
                     Ok((reply, Some(acked)))
                 }
             }
@@ -226,7 +229,8 @@ impl RedisAcquisition {
                 self.ticket = None; // the grant removed its queue entry: nothing of it is left to undo
                 if let (Some(acked), Some((replicas, timeout))) = (acked, wait) {
                     if acked < replicas {
-                        return Err(self.undo_short_grant(acked, replicas, timeout).await);
+                        return Err(Box::pin(self.undo_short_grant(acked, replicas, timeout)).await);
+                        // (rare: boxed)
                     }
                 }
                 let lease_end = sent.checked_add(lease);

@@ -36,6 +36,7 @@ use tokio::sync::oneshot;
 
 use super::layout::{fence_of, queue_of};
 use super::{RedisBackend, BATCH};
+use crate::backend::BoxFuture;
 
 /// The most operations one batch carries (the rest wait for the next one).
 const MAX_BATCH: usize = 64;
@@ -82,16 +83,18 @@ impl Lane {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs an operation: `alone` (its own script call) at once when fewer than
+    /// Runs an operation: `alone()` (its own script call) at once when fewer than
     /// [`MAX_IN_FLIGHT`] calls of the lane are on the wire and none waits, else `op()` in the
-    /// next batch (see [`Lane::wire`] for the order).
-    pub(super) async fn run(
+    /// next batch (see [`Lane::wire`] for the order). The call alone is boxed only when made,
+    /// so that the future of an operation that goes in a batch stays small (it is boxed,
+    /// moved and freed on every lock and release).
+    pub(super) async fn run<'a>(
         &self,
         backend: &RedisBackend,
         op: impl FnOnce() -> Op,
-        alone: impl Future<Output = Result<Answer, RedisError>>,
+        alone: impl FnOnce() -> BoxFuture<'a, Result<Answer, RedisError>>,
     ) -> Result<Answer, RedisError> {
-        let mut alone = std::pin::pin!(alone);
+        let mut alone = Some(alone);
         let mut op = Some(op);
         let mut busy = None;
         let first = std::future::poll_fn(|cx| {
@@ -106,7 +109,11 @@ impl Lane {
                 state.busy += 1;
                 drop(state);
                 busy = Some(Busy(backend));
-                Poll::Ready(Ok(alone.as_mut().poll(cx)))
+                Poll::Ready(Ok(alone.take().map(|alone| {
+                    let mut call = alone();
+                    let polled = call.as_mut().poll(cx);
+                    (call, polled)
+                })))
             } else {
                 let (answer, waiting) = oneshot::channel();
                 let op = op.take().map(|op| op());
@@ -125,8 +132,9 @@ impl Lane {
         })
         .await;
         match first {
-            Ok(Poll::Ready(answer)) => answer,
-            Ok(Poll::Pending) => alone.await,
+            Ok(Some((_, Poll::Ready(answer)))) => answer,
+            Ok(Some((call, Poll::Pending))) => call.await,
+            Ok(None) => Err(dropped()), // not reached: the first poll decides
             Err(waiting) => waiting.await.unwrap_or_else(|_| Err(dropped())),
         }
     }

@@ -77,7 +77,8 @@ impl ReleaseCall {
             (Some(lane), true) => {
                 let op =
                     || Op::Release { lock: self.key.clone(), owner: self.owner.clone(), channel: self.channel.clone() };
-                let alone = async { self.send_alone().await.map(|status| (status, 0)) };
+                let alone =
+                    || -> BoxFuture<'_, _> { Box::pin(async { self.send_alone().await.map(|status| (status, 0)) }) };
                 lane.run(&self.backend, op, alone).await.map(|(status, _)| status)
             }
             _ => self.send_alone().await,

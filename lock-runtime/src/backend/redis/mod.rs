@@ -413,15 +413,42 @@ impl RedisBackend {
 }
 
 /// `fut` bounded by `timeout`: past it, a timed-out `operation` error of lock `name`.
-async fn bounded<T>(
-    name: &str,
+///
+/// A future of its own rather than an `async fn`: the latter would keep `fut` twice in its
+/// state (as its argument, and inside the timeout), and the futures it bounds are the largest
+/// part of every attempt's and release's.
+fn bounded<'a, T, F: Future<Output = Result<T, LockError>>>(
+    name: &'a str,
     operation: &'static str,
     timeout: Duration,
-    fut: impl Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
-    tokio::time::timeout(timeout, fut)
-        .await
-        .unwrap_or_else(|_| Err(LockError::timed_out(name, KIND, operation, timeout)))
+    fut: F,
+) -> Bounded<'a, F> {
+    Bounded { timed: tokio::time::timeout(timeout, fut), name, operation, timeout }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`bounded`].
+    struct Bounded<'a, F> {
+        #[pin]
+        timed: tokio::time::Timeout<F>,
+        name: &'a str,
+        operation: &'static str,
+        timeout: Duration,
+    }
+}
+
+impl<T, F: Future<Output = Result<T, LockError>>> Future for Bounded<'_, F> {
+    type Output = Result<T, LockError>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        match std::task::ready!(this.timed.poll(cx)) {
+            Ok(out) => std::task::Poll::Ready(out),
+            Err(_) => {
+                std::task::Poll::Ready(Err(LockError::timed_out(*this.name, KIND, this.operation, *this.timeout)))
+            }
+        }
+    }
 }
 
 /// One script call. The connection's response timeout (the command timeout) bounds it; no
