@@ -665,6 +665,27 @@ async fn an_uncontended_lock_and_release_cost_six_commands_in_their_scripts() {
     );
 }
 
+/// A backend loads the scripts of every lock and release as it connects (one pipelined round
+/// trip): a new process's first lock and release are one script call each. Loaded on first
+/// use instead, each first call was answered `NOSCRIPT`, loaded and sent again: two more round
+/// trips for a process that locks once (a scheduled job), and a call sent again behind what
+/// the process sent after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_backend_loads_its_scripts_so_its_first_lock_and_release_are_one_call_each() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let m = LockManager::redis(server.url()).await.expect("connect");
+    let before = lock_tests::redis_server::command_calls(&mut conn).await;
+    m.lock("first").await.expect("lock").release().await.expect("release");
+    let after = lock_tests::redis_server::command_calls(&mut conn).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!(
+        (delta("evalsha"), delta("script|load"), delta("eval")),
+        (2, 0, 0),
+        "script calls (EVALSHA, SCRIPT LOAD, EVAL) for a new backend's first lock and release"
+    );
+}
+
 /// `acquire.lua` alone, as the backend composes it (its function, then one call): a free lock
 /// is granted; an attempt of another owner is refused and marks the lock waited on (once); the
 /// same owner again (an earlier answer of its acquisition lost) is granted again with a higher

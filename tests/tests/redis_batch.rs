@@ -72,15 +72,6 @@ async fn concurrent_locks_go_out_in_batches_each_with_its_own_token() {
     }
 }
 
-/// Loads the scripts, a batch's among them, with eight locks at once: a first call answered
-/// `NOSCRIPT` would run nothing, and is sent again later, behind what was sent after it.
-async fn load_scripts(m: &LockManager) {
-    let warm: Vec<_> = (0..8).map(|i| m.lock(format!("warm:{i}")).into_future()).collect();
-    for guard in futures_util::future::join_all(warm).await {
-        guard.expect("lock").release().await.expect("release");
-    }
-}
-
 type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>>;
 
 /// Polls `fut` once.
@@ -99,7 +90,6 @@ async fn an_attempt_dropped_while_its_batch_is_on_the_wire_leaves_no_lock_behind
     let server = RedisServer::start();
     let m = LockManager::builder().backend(backend(&server, Duration::from_secs(5)).await);
     let mut conn = raw(&server).await;
-    load_scripts(&m).await;
     let before = command_calls(&mut conn).await;
     let lease = Duration::from_secs(60);
     let names = ["alone-1", "alone-2", "left-out-1", "left-out-2", "sent-1", "sent-2"];
@@ -138,13 +128,13 @@ async fn an_attempt_dropped_while_its_batch_is_on_the_wire_leaves_no_lock_behind
 /// With 16 other tasks keeping the lane busy (their operations going out in batches), a
 /// guard dropped without awaiting its release is still released before the next lock call
 /// of the same task reaches the server: a `try_lock` right after the drop gets the lock,
-/// every time.
+/// every time, from the backend's first batch on (its scripts were loaded as it connected: a
+/// first batch answered `NOSCRIPT` would be sent again behind what was sent after it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_guard_is_released_ahead_of_the_next_lock_while_batches_go_out() {
     let server = RedisServer::start();
     let m = LockManager::builder().backend(backend(&server, Duration::from_secs(5)).await);
     let mut conn = raw(&server).await;
-    load_scripts(&m).await;
     let before = command_calls(&mut conn).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load: Vec<_> = (0..16)

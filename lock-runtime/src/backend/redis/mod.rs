@@ -319,7 +319,31 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        Ok(Self::from_parts(Conn::Single(conn), Source::Single(Box::new(client)), options, shown, &runtime))
+        Ok(Self::from_parts(Conn::Single(conn), Source::Single(Box::new(client)), options, shown, &runtime)
+            .preload()
+            .await)
+    }
+
+    /// Loads the scripts of every mutex lock, release, hand-off and renewal at once (their
+    /// commands go out together on the one connection), bounded by the command timeout. A new
+    /// process's first calls are then not answered `NOSCRIPT`, loaded and sent again: two more
+    /// round trips each (a scheduled job that locks once paid four), and a call sent again
+    /// behind what the process sent after it. A failure is left to those calls, which load
+    /// what they miss, as after a server restart.
+    async fn preload(self) -> Self {
+        let scripts = [&*ACQUIRE, &*RELEASE, &*HANDOFF, &*BATCH, &*EXTEND];
+        let mut conns: Vec<Conn> = scripts.iter().map(|_| self.inner.conn.clone()).collect();
+        let loads = scripts.iter().zip(conns.iter_mut()).map(|(script, conn)| script.load_async(conn));
+        let timeout = self.inner.options.command_timeout;
+        match tokio::time::timeout(timeout, futures_util::future::join_all(loads)).await {
+            Ok(loaded) => {
+                if let Some(Err(e)) = loaded.into_iter().find(Result::is_err) {
+                    tracing::debug!(error = %e, "redis: scripts not loaded at connect; loaded on first use");
+                }
+            }
+            Err(_) => tracing::debug!("redis: scripts not loaded within {timeout:?} at connect; loaded on first use"),
+        }
+        self
     }
 
     /// A backend on `conn` and `source`, whatever the topology behind them.

@@ -540,7 +540,9 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         }
-        Ok(Self::from_parts(Conn::Sentinel(conn.clone()), Source::Sentinel(conn), options, shown, &runtime))
+        Ok(Self::from_parts(Conn::Sentinel(conn.clone()), Source::Sentinel(conn), options, shown, &runtime)
+            .preload()
+            .await)
     }
 }
 
