@@ -684,6 +684,18 @@ async fn a_new_backend_loads_its_scripts_so_its_first_lock_and_release_are_one_c
         (2, 0, 0),
         "script calls (EVALSHA, SCRIPT LOAD, EVAL) for a new backend's first lock and release"
     );
+    // The scripts loaded at connect are recorded as loaded: an attempt that waits for replicas
+    // (here none answer, so it fails and is undone) does not load its script again before its
+    // pipeline with `WAIT`.
+    let options = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(50));
+    let backend = RedisBackend::connect_with(&server.url(), options).await.expect("connect");
+    let waiting = LockManager::builder().backend(backend);
+    let before = lock_tests::redis_server::command_calls(&mut conn).await;
+    let refused = waiting.lock("replicated").await.expect_err("no replica acknowledges");
+    assert!(refused.to_string().contains("replica"), "{refused}");
+    let after = lock_tests::redis_server::command_calls(&mut conn).await;
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!(delta("script|load"), 0, "a script loaded at connect was loaded again before a WAIT pipeline");
 }
 
 /// `acquire.lua` alone, as the backend composes it (its function, then one call): a free lock

@@ -229,8 +229,8 @@ impl RedisAcquisition {
                 self.ticket = None; // the grant removed its queue entry: nothing of it is left to undo
                 if let (Some(acked), Some((replicas, timeout))) = (acked, wait) {
                     if acked < replicas {
+                        // (Boxed: a rare call, kept out of the size of every attempt's future.)
                         return Err(Box::pin(self.undo_short_grant(acked, replicas, timeout)).await);
-                        // (rare: boxed)
                     }
                 }
                 let lease_end = sent.checked_add(lease);

@@ -253,8 +253,9 @@ struct Inner {
     url: String,
     /// Where the cleanup of dropped acquisitions and the rest of dropped releases run.
     runtime: tokio::runtime::Handle,
-    /// The scripts loaded (`SCRIPT LOAD`) before their first pipeline with `WAIT`, by hash: a
-    /// `NOSCRIPT` answer inside that pipeline would make the call wait for the replicas twice.
+    /// The scripts loaded (`SCRIPT LOAD`), by hash: at connect ([`RedisBackend::preload`]), or
+    /// before their first pipeline with `WAIT`, where a `NOSCRIPT` answer inside the pipeline
+    /// would make the call wait for the replicas twice.
     loaded: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The locks held through this backend, checked at once after a lost connection.
     holdings: Arc<holdings::Holdings>,
@@ -337,8 +338,16 @@ impl RedisBackend {
         let timeout = self.inner.options.command_timeout;
         match tokio::time::timeout(timeout, futures_util::future::join_all(loads)).await {
             Ok(loaded) => {
-                if let Some(Err(e)) = loaded.into_iter().find(Result::is_err) {
-                    tracing::debug!(error = %e, "redis: scripts not loaded at connect; loaded on first use");
+                let mut record = self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+                for outcome in loaded {
+                    match outcome {
+                        Ok(hash) => {
+                            record.insert(hash);
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "redis: a script not loaded at connect; loaded on first use")
+                        }
+                    }
                 }
             }
             Err(_) => tracing::debug!("redis: scripts not loaded within {timeout:?} at connect; loaded on first use"),
