@@ -295,6 +295,9 @@ struct Uncontended {
     one: f64,
     many: f64,
     server_us_per_cycle: f64,
+    /// This process's CPU time per cycle in the same window (the contender's client, the
+    /// runtime, and the bench's own loop, the same for every contender).
+    client_us_per_cycle: Option<f64>,
     /// Script calls (`EVALSHA`) per cycle in the same window: below two, operations were batched.
     scripts_per_cycle: f64,
 }
@@ -306,6 +309,7 @@ impl Uncontended {
         if got.many > self.many {
             self.many = got.many;
             self.server_us_per_cycle = got.server_us_per_cycle;
+            self.client_us_per_cycle = got.client_us_per_cycle;
             self.scripts_per_cycle = got.scripts_per_cycle;
         }
     }
@@ -326,7 +330,9 @@ async fn redis_uncontended<C: Contender>(
     }
     let one = scenario::cycles(c, &one_key, plan.redis_cycles, Clock::Wall).await?;
     let (cpu, calls) = (probe.cpu_seconds().await?, probe.command_calls().await?);
+    let client = scenario::process_cpu_ns();
     let many = scenario::cycles(c, &keys(&format!("bench:{tag}:many:"), MANY), plan.redis_cycles, Clock::Wall).await?;
+    let client = scenario::process_cpu_ns().zip(client).map(|(after, before)| after.saturating_sub(before));
     let cpu = probe.cpu_seconds().await? - cpu;
     let after = probe.command_calls().await?;
     let scripts = after.get("evalsha").copied().unwrap_or(0) - calls.get("evalsha").copied().unwrap_or(0);
@@ -335,6 +341,7 @@ async fn redis_uncontended<C: Contender>(
         one: one.per_sec,
         many: many.per_sec,
         server_us_per_cycle: cpu * 1e6 / cycles.max(1.0),
+        client_us_per_cycle: client.map(|ns| ns as f64 / 1e3 / cycles.max(1.0)),
         scripts_per_cycle: scripts as f64 / cycles.max(1.0),
     })
 }
@@ -361,6 +368,7 @@ async fn redis_row<C: Contender>(
         one: uncontended.map(|u| Cycles { per_sec: u.one }),
         many: uncontended.map(|u| Cycles { per_sec: u.many }),
         server_us_per_cycle: uncontended.map(|u| u.server_us_per_cycle),
+        client_us_per_cycle: uncontended.and_then(|u| u.client_us_per_cycle),
         scripts_per_cycle: uncontended.map(|u| u.scripts_per_cycle),
         contended,
         commands_per_acquisition: commands as f64 / acquisitions,

@@ -68,6 +68,8 @@ pub struct RedisRow {
     pub per_command: Vec<(String, f64)>,
     /// The server's CPU time (`INFO cpu`) per lock+release cycle, `MANY` tasks uncontended.
     pub server_us_per_cycle: Option<f64>,
+    /// The bench process's CPU time per cycle in the same window (the contender's client).
+    pub client_us_per_cycle: Option<f64>,
     /// Script calls (`EVALSHA`) per lock+release cycle in the same window.
     pub scripts_per_cycle: Option<f64>,
 }
@@ -466,12 +468,21 @@ impl Results {
 
     /// The server's CPU time per uncontended cycle of each contender.
     fn server_cpu_line(&self) -> String {
-        let parts: Vec<String> = self
-            .redis
-            .iter()
-            .filter_map(|r| r.server_us_per_cycle.map(|us| format!("{} {us:.1} µs", r.label)))
-            .collect();
-        format!("server CPU per lock+release (`INFO cpu`, {} tasks uncontended): {}", crate::MANY, parts.join(", "))
+        let what = format!("server CPU per lock+release (`INFO cpu`, {} tasks uncontended)", crate::MANY);
+        self.cpu_line(&what, |r| r.server_us_per_cycle)
+    }
+
+    /// The client's CPU time per uncontended cycle of each contender: with the server's, what
+    /// one lock+release costs the two cores the client and the server share.
+    fn client_cpu_line(&self) -> String {
+        self.cpu_line("client CPU per lock+release (this process's threads, same window)", |r| r.client_us_per_cycle)
+    }
+
+    /// `what`: each contender's `us` per cycle.
+    fn cpu_line(&self, what: &str, us: impl Fn(&RedisRow) -> Option<f64>) -> String {
+        let parts: Vec<String> =
+            self.redis.iter().filter_map(|r| us(r).map(|us| format!("{} {us:.1} µs", r.label))).collect();
+        format!("{what}: {}", parts.join(", "))
     }
 
     /// The script calls per uncontended cycle of each contender; ours makes every lock and
@@ -522,6 +533,7 @@ impl Results {
         }
         let _ = writeln!(s, "  {}", self.round_trip_line());
         let _ = writeln!(s, "  {}", self.server_cpu_line());
+        let _ = writeln!(s, "  {}", self.client_cpu_line());
         let _ = writeln!(s, "  {}", self.scripts_line());
         let _ = writeln!(
             s,
@@ -640,9 +652,10 @@ contender uses a 10 s lease/TTL without renewal.\n",
         }
         let _ = writeln!(
             s,
-            "\nThe {}. The {}. The {}.",
+            "\nThe {}. The {}. The {}. The {}.",
             self.round_trip_line(),
             self.server_cpu_line(),
+            self.client_cpu_line(),
             self.scripts_line()
         );
         let _ = writeln!(

@@ -86,7 +86,18 @@ pub enum Clock {
 
 /// Nanoseconds the current thread has run on a CPU (Linux), if readable.
 fn thread_cpu_ns() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat").ok()?.split_whitespace().next()?.parse().ok()
+    schedstat_ns("/proc/thread-self/schedstat")
+}
+
+/// Nanoseconds this process's threads have run on a CPU so far (Linux; threads that ended
+/// are not counted, and the runtime's workers do not end), if readable.
+pub fn process_cpu_ns() -> Option<u64> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    Some(tasks.filter_map(|t| schedstat_ns(&t.ok()?.path().join("schedstat").to_string_lossy())).sum())
+}
+
+fn schedstat_ns(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// Many tasks on one name.

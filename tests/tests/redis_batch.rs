@@ -72,6 +72,48 @@ async fn concurrent_locks_go_out_in_batches_each_with_its_own_token() {
     }
 }
 
+/// The server loses its scripts (`SCRIPT FLUSH`, as after a restart without persistence)
+/// while a process locks in batches: the first batch answered `NOSCRIPT` loads the batch
+/// script and is sent again, so every lock and release after it still succeeds, in batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_after_the_server_lost_its_scripts_load_them_and_go_on() {
+    let server = RedisServer::start();
+    let m = LockManager::builder().backend(backend(&server, Duration::from_secs(5)).await);
+    let mut conn = raw(&server).await;
+    let (tasks, cycles) = (32, 10);
+    let round = |round: usize| {
+        let runs: Vec<_> = (0..tasks)
+            .map(|i| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    for _ in 0..cycles {
+                        let name = format!("flushed:{round}:{i}");
+                        let guard = m.lock(name).lease(Duration::from_secs(10)).await.expect("lock");
+                        guard.release().await.expect("release");
+                    }
+                })
+            })
+            .collect();
+        async move {
+            for run in runs {
+                run.await.expect("task");
+            }
+        }
+    };
+    round(0).await;
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    let before = command_calls(&mut conn).await;
+    round(1).await;
+    let after = command_calls(&mut conn).await;
+    let operations = 2 * tasks * cycles;
+    let calls = delta(&before, &after, "evalsha");
+    assert!(calls < operations, "{calls} script calls for {operations} operations: nothing was batched");
+    assert!(delta(&before, &after, "script|load") >= 1, "no script was loaded again");
+    for i in 0..tasks {
+        assert!(!key_exists(&mut conn, &format!("flushed:1:{i}")).await, "flushed:1:{i}: a lock key was left behind");
+    }
+}
+
 type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>>;
 
 /// Polls `fut` once.

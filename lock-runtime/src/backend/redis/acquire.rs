@@ -152,16 +152,23 @@ impl RedisAcquisition {
             let (lock, fence, owner) = (self.layout.lock.as_str(), self.layout.fence.as_str(), &*self.owner);
             match wait {
                 None => {
-                    let mut invocation = script.prepare_invoke();
-                    invocation.key(lock).key(fence).arg(owner).arg(lease_millis(lease));
-                    if let Some((mode, permits)) = mode {
-                        invocation.arg(mode).arg(permits);
-                    }
-                    if let (true, Some((window, Some(queue)))) = (with_queue, &self.queue) {
-                        invocation.key(queue.as_str()).arg("").arg(*window).arg(if registered { "1" } else { "0" });
-                    }
+                    let queue = match (with_queue, &self.queue) {
+                        (true, Some((window, Some(queue)))) => Some((queue.as_str(), *window)),
+                        _ => None,
+                    };
                     let backend = &self.backend;
-                    let alone = move || backend.eval_raw(invocation);
+                    // The script sent on its own (its arguments written only if it is).
+                    let alone = move || {
+                        let mut invocation = script.prepare_invoke();
+                        invocation.key(lock).key(fence).arg(owner).arg(lease_millis(lease));
+                        if let Some((mode, permits)) = mode {
+                            invocation.arg(mode).arg(permits);
+                        }
+                        if let Some((queue, window)) = queue {
+                            invocation.key(queue).arg("").arg(window).arg(if registered { "1" } else { "0" });
+                        }
+                        backend.eval_raw(invocation)
+                    };
                     let reply = match &self.backend.inner.lane {
                         // A mutex attempt that does not register in the queue: in a batch
                         // when another call is on the wire (see `batch.rs`).

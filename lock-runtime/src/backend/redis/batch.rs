@@ -34,7 +34,7 @@ use std::task::Poll;
 use redis::RedisError;
 use tokio::sync::oneshot;
 
-use super::layout::{fence_of, queue_of};
+use super::layout::{fence_parts, joined, queue_parts};
 use super::{RedisBackend, BATCH};
 use crate::backend::BoxFuture;
 
@@ -196,7 +196,7 @@ impl Flusher {
                 let n = state.pending.len().min(MAX_BATCH);
                 batch.extend(state.pending.drain(..n));
                 drop(state);
-                let mut call = Box::pin(backend.eval_raw::<Vec<i64>>(invocation(&batch)));
+                let mut call = Box::pin(backend.eval_command::<Vec<i64>>(&BATCH, command(&batch)));
                 let first = call.as_mut().poll(cx);
                 Poll::Ready(Some((call, first)))
             })
@@ -250,21 +250,32 @@ impl Drop for Flusher {
     }
 }
 
-/// The `batch.lua` call of `batch`: two numbers per operation.
-fn invocation(batch: &[Pending]) -> redis::ScriptInvocation<'static> {
-    let mut invocation = BATCH.prepare_invoke();
+/// The `batch.lua` call of `batch` (two numbers answered per operation), written into one
+/// command buffer: `EVALSHA <hash> <number of keys> <keys>.. <arguments>..`.
+fn command(batch: &[Pending]) -> redis::Cmd {
+    let keys: usize = batch.iter().map(|p| if matches!(p.op, Op::Acquire { .. }) { 2 } else { 3 }).sum();
+    let mut cmd = redis::Cmd::with_capacity(3 + keys + 3 * batch.len(), 64 + 96 * batch.len());
+    cmd.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
+    // The slot's fencing counter and the lock's queue are named after the lock key.
+    let mut name = String::new();
     for pending in batch {
         match &pending.op {
-            // The slot's fencing counter and the lock's queue are named after the lock key.
-            Op::Acquire { lock, owner, lease, .. } => {
-                invocation.key(&**lock).key(fence_of(lock)).arg("a").arg(&**owner).arg(*lease);
+            Op::Acquire { lock, .. } => {
+                cmd.arg(&**lock).arg(joined(&mut name, &fence_parts(lock)));
             }
-            Op::Release { lock, owner, channel } => {
-                invocation.key(&**lock).key(queue_of(lock)).key(fence_of(lock)).arg("r").arg(&**owner).arg(&**channel);
+            Op::Release { lock, .. } => {
+                cmd.arg(&**lock).arg(joined(&mut name, &queue_parts(lock)));
+                cmd.arg(joined(&mut name, &fence_parts(lock)));
             }
         }
     }
-    invocation
+    for pending in batch {
+        match &pending.op {
+            Op::Acquire { owner, lease, .. } => cmd.arg("a").arg(&**owner).arg(*lease),
+            Op::Release { owner, channel, .. } => cmd.arg("r").arg(&**owner).arg(&**channel),
+        };
+    }
+    cmd
 }
 
 /// An answer whose caller is gone: an attempt that was (or may have been) granted is undone.

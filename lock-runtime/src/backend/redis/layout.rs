@@ -94,10 +94,15 @@ impl KeyLayout {
 
 /// The queue of the lock key `lock` (see [`KeyLayout::queue`]).
 pub(super) fn queue_of(lock: &str) -> String {
+    concat(&queue_parts(lock))
+}
+
+/// The parts of [`queue_of`]`(lock)`, to join.
+pub(super) fn queue_parts(lock: &str) -> [&str; 4] {
     let tag = lock.find('{').map(|open| &lock[open + 1..]);
     match tag {
-        Some(rest) if !rest.starts_with('}') && rest.contains('}') => concat(&[lock, ":queue"]),
-        _ => concat(&["lock:queue:{", slot_tag(key_slot(lock.as_bytes())), "}", lock]),
+        Some(rest) if !rest.starts_with('}') && rest.contains('}') => [lock, ":queue", "", ""],
+        _ => ["lock:queue:{", slot_tag(key_slot(lock.as_bytes())), "}", lock],
     }
 }
 
@@ -105,14 +110,28 @@ pub(super) fn queue_of(lock: &str) -> String {
 /// script that mints a token from it touches `key` and the counter in one slot, whatever hash
 /// tag `key` has (an empty one, `{}`, hashes the whole key).
 pub(super) fn fence_of(key: &str) -> String {
-    concat(&["lock:fence:{", slot_tag(key_slot(key.as_bytes())), "}"])
+    concat(&fence_parts(key))
+}
+
+/// The parts of [`fence_of`]`(key)`, to join.
+pub(super) fn fence_parts(key: &str) -> [&str; 3] {
+    ["lock:fence:{", slot_tag(key_slot(key.as_bytes())), "}"]
 }
 
 /// `parts` joined, allocated once.
 fn concat(parts: &[&str]) -> String {
-    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
-    parts.iter().for_each(|p| out.push_str(p));
+    let mut out = String::new();
+    joined(&mut out, parts);
     out
+}
+
+/// `parts` joined in `buffer` (emptied first): a name written into a buffer used again for
+/// the next, not allocated on its own.
+pub(super) fn joined<'b>(buffer: &'b mut String, parts: &[&str]) -> &'b str {
+    buffer.clear();
+    buffer.reserve(parts.iter().map(|p| p.len()).sum());
+    parts.iter().for_each(|p| buffer.push_str(p));
+    buffer
 }
 
 /// A short string of the hash slot of the Redis key `key`, to give a key of one's own that

@@ -405,6 +405,24 @@ impl RedisBackend {
         invocation.invoke_async(&mut conn).await
     }
 
+    /// [`eval_raw`](Self::eval_raw) of an `EVALSHA` of `script` the caller wrote itself (in one
+    /// buffer, not an argument at a time): the script is loaded, and the command sent again,
+    /// when the server answers `NOSCRIPT`.
+    async fn eval_command<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        command: redis::Cmd,
+    ) -> Result<T, redis::RedisError> {
+        let mut conn = self.inner.conn.clone();
+        match command.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load_async(&mut conn).await?;
+                command.query_async(&mut conn).await
+            }
+            answer => answer,
+        }
+    }
+
     /// The error of a failed command; a connection found lost has every held lock checked.
     fn failed(&self, name: &str, operation: &'static str, e: redis::RedisError) -> LockError {
         if holdings::connection_lost(&e) {
