@@ -512,3 +512,33 @@ async fn one_server_under_two_spellings_is_invalid() {
     assert!(err.is_invalid(), "{err}");
     assert!(err.to_string().contains("same Redis server") && err.to_string().contains("localhost"), "{err}");
 }
+
+/// A new Redlock backend loads its scripts on every node it reaches as it connects (with the
+/// `INFO` it asks each node anyway, in the same wait): its first lock and release are one
+/// script call per script on each node, none answered `NOSCRIPT`, loaded and sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_backend_loads_its_scripts_on_every_node_so_its_first_lock_is_one_call_per_script() {
+    let servers = start(3);
+    let m = manager(&servers, Duration::from_secs(2), "first").await;
+    let mut conns = Vec::new();
+    for server in &servers {
+        conns.push(raw(server).await);
+    }
+    let mut before = Vec::new();
+    for conn in &mut conns {
+        before.push(lock_tests::redis_server::command_calls(conn).await);
+    }
+    m.lock("job").await.expect("lock").release().await.expect("release");
+    let all: Vec<&RedisServer> = servers.iter().collect();
+    await_no_key(&all, &KeyLayout::of("first:job").lock, "released").await;
+    for (i, conn) in conns.iter_mut().enumerate() {
+        let after = lock_tests::redis_server::command_calls(conn).await;
+        let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before[i].get(c).copied().unwrap_or(0);
+        assert_eq!(
+            (delta("script|load"), delta("eval")),
+            (0, 0),
+            "node {i}: scripts loaded (SCRIPT LOAD, EVAL) for a new backend's first lock and release"
+        );
+        assert!(delta("evalsha") >= 2, "node {i}: {} script calls for a lock and its release", delta("evalsha"));
+    }
+}

@@ -333,10 +333,8 @@ impl RedisBackend {
     /// what they miss, as after a server restart.
     async fn preload(self) -> Self {
         let scripts = [&*ACQUIRE, &*RELEASE, &*HANDOFF, &*BATCH, &*EXTEND];
-        let mut conns: Vec<Conn> = scripts.iter().map(|_| self.inner.conn.clone()).collect();
-        let loads = scripts.iter().zip(conns.iter_mut()).map(|(script, conn)| script.load_async(conn));
         let timeout = self.inner.options.command_timeout;
-        match tokio::time::timeout(timeout, futures_util::future::join_all(loads)).await {
+        match tokio::time::timeout(timeout, load_scripts(&self.inner.conn, &scripts)).await {
             Ok(loaded) => {
                 let mut record = self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner);
                 for outcome in loaded {
@@ -568,6 +566,14 @@ impl LockBackend for RedisBackend {
     fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
         Some(self)
     }
+}
+
+/// Loads `scripts` on `conn` together (one round trip): each one's hash, or why it was not
+/// loaded.
+async fn load_scripts(conn: &Conn, scripts: &[&Script]) -> Vec<Result<String, redis::RedisError>> {
+    let mut conns: Vec<Conn> = scripts.iter().map(|_| conn.clone()).collect();
+    let loads = scripts.iter().zip(conns.iter_mut()).map(|(script, conn)| script.load_async(conn));
+    futures_util::future::join_all(loads).await
 }
 
 #[cfg(test)]

@@ -142,13 +142,15 @@ impl RedlockBackend {
             let (mut conn, tx) = (node.conn.clone(), tx.clone());
             inner.runtime.spawn(async move {
                 let ask = async {
-                    match redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await {
-                        Ok(info) => Ok(run_id(&info)),
+                    let id = match redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await {
+                        Ok(info) => run_id(&info),
                         Err(e) if e.code() == Some("NOPERM") => {
-                            redis::cmd("PING").query_async::<String>(&mut conn).await.map(|_| None)
+                            redis::cmd("PING").query_async::<String>(&mut conn).await.map(|_| None)?
                         }
-                        Err(e) => Err(e),
-                    }
+                        Err(e) => return Err(e),
+                    };
+                    preload(&conn).await;
+                    Ok(id)
                 };
                 let answer = match tokio::time::timeout(timeout, ask).await {
                     Ok(Ok(id)) => Ok(id),
@@ -277,6 +279,17 @@ impl RedlockBackend {
             ));
         }
         Err(LockError::backend(name, KIND, operation, self.short(&got)))
+    }
+}
+
+/// Loads the scripts of a lock, its release and its renewal on a node that answered, in one
+/// round trip: its first calls are then one call each, not `NOSCRIPT`, a load and the call
+/// again. A failure is only logged (a call loads what it misses).
+async fn preload(conn: &Conn) {
+    for outcome in super::load_scripts(conn, &[&*ACQUIRE, &*RELEASE, &*FENCE, &*EXTEND]).await {
+        if let Err(e) = outcome {
+            tracing::debug!(error = %e, "redlock: a script not loaded at connect; loaded on first use");
+        }
     }
 }
 
