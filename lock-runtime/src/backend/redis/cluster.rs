@@ -11,7 +11,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value};
 
-use super::topology::{Conn, Source};
 use super::url::{self, redact};
 use super::{RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
@@ -89,7 +88,7 @@ impl RedisBackend {
             conn: conn.clone(),
             timeout,
         };
-        Ok(Self::from_parts(Conn::Cluster(conn), Source::Cluster(Arc::new(source)), options, shown, &runtime))
+        Ok(Self::from_parts(conn, Arc::new(source), options, shown, &runtime))
     }
 }
 

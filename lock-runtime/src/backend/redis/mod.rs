@@ -354,13 +354,16 @@ impl RedisBackend {
     }
 
     /// A backend on `conn` and `source`, whatever the topology behind them.
+    /// (A topology's module hands over its own connection and source, which `topology.rs`
+    /// turns into a [`Conn`] and a [`Source`]: it does not name those.)
     fn from_parts(
-        conn: Conn,
-        source: Source,
+        conn: impl Into<Conn>,
+        source: impl Into<Source>,
         options: RedisOptions,
         url: String,
         runtime: &tokio::runtime::Handle,
     ) -> Self {
+        let (conn, source) = (conn.into(), source.into());
         let timings =
             Timings { timeout: options.command_timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
         let holdings = holdings::Holdings::new(conn.clone(), options.command_timeout, runtime.clone());

@@ -11,7 +11,6 @@ use redis::{
     RedisResult, Value,
 };
 
-use super::topology::{Conn, Source};
 use super::url::{self, redact};
 use super::{RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
@@ -540,9 +539,7 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         }
-        Ok(Self::from_parts(Conn::Sentinel(conn.clone()), Source::Sentinel(conn), options, shown, &runtime)
-            .preload()
-            .await)
+        Ok(Self::from_parts(conn.clone(), conn, options, shown, &runtime).preload().await)
     }
 }
 

@@ -74,3 +74,27 @@ impl Source {
         }
     }
 }
+
+impl From<redis::cluster_async::ClusterConnection> for Conn {
+    fn from(conn: redis::cluster_async::ClusterConnection) -> Self {
+        Conn::Cluster(conn)
+    }
+}
+
+impl From<super::sentinel::SentinelConn> for Conn {
+    fn from(conn: super::sentinel::SentinelConn) -> Self {
+        Conn::Sentinel(conn)
+    }
+}
+
+impl From<std::sync::Arc<super::cluster::Nodes>> for Source {
+    fn from(nodes: std::sync::Arc<super::cluster::Nodes>) -> Self {
+        Source::Cluster(nodes)
+    }
+}
+
+impl From<super::sentinel::SentinelConn> for Source {
+    fn from(conn: super::sentinel::SentinelConn) -> Self {
+        Source::Sentinel(conn)
+    }
+}
