@@ -38,9 +38,11 @@
 //! printed as `unknown` (`null` in JSON), never guessed:
 //!
 //! - **Redis**: the waiters of other processes cannot be counted. Shown instead: whether the
-//!   lock is marked waited on (some acquisition found it held and waits), and how many
-//!   connections subscribe to its release channel (processes with a waiter). Age is counted
-//!   by the server's clock from the grant.
+//!   lock is marked waited on (some acquisition found it held and waits), how many
+//!   connections subscribe to its release channel (processes with a waiter), and how many
+//!   processes' waiters are in the lock's queue, to be granted it by its release (`queued`; a
+//!   waiter enters it once it has waited a third of its claim window, at most 2 s; not on a
+//!   Cluster, which keeps no queue). Age is counted by the server's clock from the grant.
 //! - **ZooKeeper**: the waiters are exact (the nodes queued behind the holder's); a lock
 //!   without a fixed lease is held as long as its holder's session lives (`session`); the age
 //!   of a holder that did not record its grant is counted from when it queued (`≤` marks such
@@ -578,7 +580,7 @@ async fn watch(
 
 /// What makes a lock's view change (the ages and leases left always do; they do not count).
 fn change_key(info: &LockInfo) -> Value {
-    json!([info.key, info.owner, info.fencing_token, info.waiters, info.waited_on, info.subscribers])
+    json!([info.key, info.owner, info.fencing_token, info.waiters, info.waited_on, info.subscribers, info.queued])
 }
 
 fn opt<T: std::fmt::Display>(value: Option<T>) -> String {
@@ -623,6 +625,9 @@ fn waiters_text(info: &LockInfo) -> String {
             }
             if let Some(subs) = info.subscribers {
                 notes.push(format!("{subs} subscribed"));
+            }
+            if let Some(queued) = info.queued {
+                notes.push(format!("{queued} queued"));
             }
             if !notes.is_empty() {
                 let _ = write!(text, " ({})", notes.join(", "));
@@ -735,6 +740,7 @@ fn lock_json(info: &LockInfo) -> Value {
         "waiters": info.waiters,
         "waited_on": info.waited_on,
         "subscribers": info.subscribers,
+        "queued": info.queued,
     })
 }
 

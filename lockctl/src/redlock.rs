@@ -93,6 +93,7 @@ impl Quorum {
         merged.remaining_lease = agreeing.iter().filter_map(|i| i.remaining_lease).min();
         merged.waited_on = Some(agreeing.iter().any(|i| i.waited_on == Some(true)));
         merged.subscribers = None;
+        merged.queued = None; // Redlock keeps no queue of waiting processes on its nodes
         merged.waiters = None;
         Some(merged)
     }

@@ -229,6 +229,7 @@ async fn redis_list_show_release_and_watch() {
     // Redis cannot count other processes' waiters: unknown, not guessed.
     assert_eq!(shown["waiters"], Value::Null);
     assert_eq!(shown["waited_on"], false);
+    assert_eq!(shown["queued"], 0, "nobody waits: {shown}");
     let left = shown["remaining_lease_ms"].as_u64().expect("lease left");
     assert!(left > 0 && left <= 900, "{shown}");
     let text = lockctl(&store.args(&["show", &key])).await;
@@ -239,7 +240,8 @@ async fn redis_list_show_release_and_watch() {
     watch_prints_changes(&store, &manager, &prefix, "order:2").await;
 }
 
-/// A waiter in another process marks the lock and subscribes to its channel: shown as such.
+/// A waiter in another process marks the lock, subscribes to its channel and, once it has
+/// waited a third of its claim window (2 s here), enters the lock's queue: shown as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_shows_a_waited_on_lock() {
     let server = RedisServer::start();
@@ -251,15 +253,15 @@ async fn redis_shows_a_waited_on_lock() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let shown = lockctl(&store.args(&["show", "busy", "--json"])).await.json();
-        if shown["waited_on"] == true && shown["subscribers"].as_u64() >= Some(1) {
+        if shown["waited_on"] == true && shown["subscribers"].as_u64() >= Some(1) && shown["queued"] == 1 {
             assert_eq!(shown["waiters"], Value::Null);
             break;
         }
-        assert!(Instant::now() < deadline, "never shown waited on: {shown}");
+        assert!(Instant::now() < deadline, "never shown waited on and queued: {shown}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let text = lockctl(&store.args(&["list"])).await;
-    assert!(text.stdout.contains("unknown (waited on, 1 subscribed)"), "{}", text.stdout);
+    assert!(text.stdout.contains("unknown (waited on, 1 subscribed, 1 queued)"), "{}", text.stdout);
     guard.release().await.expect("release");
     waiting.await.expect("task").expect("the waiter gets it");
 }

@@ -735,3 +735,31 @@ async fn the_acquire_script_grants_a_free_lock_and_its_own_owner_again_and_marks
     assert!(regranted.starts_with(&format!("a#{second}#")) && regranted.ends_with('+'), "{regranted}");
     assert_eq!(get(fence).await, second.to_string(), "the counter holds the last token granted");
 }
+
+/// Inspection counts the processes queued for a lock server-side: the entries of its queue
+/// that have not run out (one written as run out, not yet removed by a release, is not
+/// counted), and nothing for a lock nobody queued for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_counts_the_live_entries_of_a_locks_queue() {
+    let server = RedisServer::start();
+    let store = backend(&server, Duration::from_secs(2)).await;
+    let m = LockManager::builder().backend(store.clone());
+    let mut conn = raw(&server).await;
+    let guard = m.lock("queued").await.expect("lock");
+    let info = store.inspect("queued").await.expect("inspect").expect("held");
+    assert_eq!(info.queued, Some(0), "nobody queued: {info:?}");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.expect("TIME");
+    let now_ms = secs * 1000 + micros / 1000;
+    let queue = KeyLayout::of("queued").queue();
+    // Entries as queue.lua writes them, `<first µs>:<expiry ms>`: two live, one run out.
+    for (owner, expiry) in [("a", now_ms + 60_000), ("b", now_ms + 60_000), ("c", now_ms - 1_000)] {
+        let entry = format!("{}:{expiry}", now_ms * 1000);
+        let _: () = redis::cmd("HSET").arg(&queue).arg(owner).arg(entry).query_async(&mut conn).await.expect("HSET");
+    }
+    let info = store.inspect("queued").await.expect("inspect").expect("held");
+    assert_eq!(info.queued, Some(2), "two live entries: {info:?}");
+    let listed = store.list("").await.expect("list");
+    assert_eq!(listed.iter().find(|i| i.key == "queued").and_then(|i| i.queued), Some(2), "{listed:?}");
+    let _: () = redis::cmd("DEL").arg(&queue).query_async(&mut conn).await.expect("DEL");
+    guard.release().await.expect("release");
+}

@@ -43,6 +43,11 @@ pub struct LockInfo {
     /// Connections subscribed to the lock's release channel (Redis: processes with a waiter
     /// now, or within their unsubscribe grace), when the store has such a channel.
     pub subscribers: Option<u64>,
+    /// Acquisitions of other processes queued in the store to be granted the lock by its
+    /// release (Redis, one server or Sentinel: the live entries of the lock's queue; a waiter
+    /// enters it once it has waited a third of its claim window), when the store keeps such a
+    /// queue and the user may read it. Waiters that have not entered it yet are not counted.
+    pub queued: Option<u64>,
 }
 
 impl LockInfo {
@@ -61,6 +66,7 @@ impl LockInfo {
             waiters: None,
             waited_on: None,
             subscribers: None,
+            queued: None,
         }
     }
 }

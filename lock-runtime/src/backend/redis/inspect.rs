@@ -68,9 +68,10 @@ impl RedisBackend {
     ///
     /// Redis cannot tell how many acquisitions wait in other processes:
     /// [`LockInfo::waiters`] is `None`; [`waited_on`](LockInfo::waited_on) tells whether one
-    /// marked the lock, and [`subscribers`](LockInfo::subscribers) how many connections listen
+    /// marked the lock, [`subscribers`](LockInfo::subscribers) how many connections listen
     /// on its release channel (`PUBSUB NUMSUB`: processes with a waiter, or within their
-    /// unsubscribe grace).
+    /// unsubscribe grace), and [`queued`](LockInfo::queued) how many processes' waiters are in
+    /// the lock's queue (not on a Cluster, which keeps none).
     ///
     /// The value, lease and time are read at one instant by a script (`inspect.lua`, no
     /// MULTI: the least ACL of the README runs it); the subscribers beside it, `None` for a
@@ -97,20 +98,31 @@ impl RedisBackend {
         let timeout = self.inner.options.command_timeout;
         let mut invocation = INSPECT.prepare_invoke();
         invocation.key(&layout.lock);
-        let look = eval::<(Option<String>, i64, (u64, u64))>(&self.inner.conn, timeout, key, "inspect", invocation);
+        if self.queues() {
+            invocation.key(layout.queue());
+        }
+        let look = eval::<(Option<String>, i64, (u64, u64), Option<u64>)>(
+            &self.inner.conn,
+            timeout,
+            key,
+            "inspect",
+            invocation,
+        );
         let mut conn = self.inner.conn.clone();
         let mut numsub = redis::cmd("PUBSUB");
         numsub.arg("NUMSUB").arg(&layout.channel);
         let numsub = tokio::time::timeout(timeout, numsub.query_async::<Vec<Value>>(&mut conn));
         let (look, numsub) = tokio::join!(look, numsub);
-        let (value, pttl, time) = look?;
+        let (value, pttl, time, queued) = look?;
         let Some(value) = value else { return Ok(None) };
         let now_ms = time.0.saturating_mul(1000).saturating_add(time.1 / 1000);
         let subscribers = match numsub.ok().and_then(Result::ok).as_deref() {
             Some([_, Value::Int(n)]) => u64::try_from(*n).ok(),
             _ => None,
         };
-        Ok(Some(parse_value(key, &value, pttl, now_ms, subscribers)))
+        let mut info = parse_value(key, &value, pttl, now_ms, subscribers);
+        info.queued = queued;
+        Ok(Some(info))
     }
 
     /// Frees the lock of backend key `key` whatever holds it, and wakes its waiters (in every
