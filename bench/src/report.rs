@@ -478,6 +478,28 @@ impl Results {
         self.cpu_line("client CPU per lock+release (this process's threads, same window)", |r| r.client_us_per_cycle)
     }
 
+    /// What the server's CPU per cycle allows: Redis runs commands on one thread, so no rate
+    /// passes one cycle per that time; and the server CPU per cycle that 1.5× rslock's rate
+    /// (the uncontended target) would need.
+    fn server_bound_line(&self) -> String {
+        let bounds: Vec<String> = self
+            .redis
+            .iter()
+            .filter_map(|r| r.server_us_per_cycle.map(|us| format!("{} {}", r.label, count(1e6 / us.max(0.001)))))
+            .collect();
+        let needed = self
+            .rslock()
+            .and_then(|r| r.many)
+            .map(|rslock| {
+                format!("; 1.5× rslock's rate needs at most {:.1} µs per cycle", 1e6 / (1.5 * rslock.per_sec))
+            })
+            .unwrap_or_default();
+        format!(
+            "rate the server's CPU allows (one cycle per server CPU time per cycle; Redis runs commands on one thread): {} cycles/s{needed}",
+            bounds.join(", ")
+        )
+    }
+
     /// `what`: each contender's `us` per cycle.
     fn cpu_line(&self, what: &str, us: impl Fn(&RedisRow) -> Option<f64>) -> String {
         let parts: Vec<String> =
@@ -534,6 +556,7 @@ impl Results {
         let _ = writeln!(s, "  {}", self.round_trip_line());
         let _ = writeln!(s, "  {}", self.server_cpu_line());
         let _ = writeln!(s, "  {}", self.client_cpu_line());
+        let _ = writeln!(s, "  {}", self.server_bound_line());
         let _ = writeln!(s, "  {}", self.scripts_line());
         let _ = writeln!(
             s,
@@ -652,10 +675,11 @@ contender uses a 10 s lease/TTL without renewal.\n",
         }
         let _ = writeln!(
             s,
-            "\nThe {}. The {}. The {}. The {}.",
+            "\nThe {}. The {}. The {}. The {}. The {}.",
             self.round_trip_line(),
             self.server_cpu_line(),
             self.client_cpu_line(),
+            self.server_bound_line(),
             self.scripts_line()
         );
         let _ = writeln!(
