@@ -335,19 +335,7 @@ impl RedisBackend {
         let scripts = [&*ACQUIRE, &*RELEASE, &*HANDOFF, &*BATCH, &*EXTEND];
         let timeout = self.inner.options.command_timeout;
         match tokio::time::timeout(timeout, load_scripts(&self.inner.conn, &scripts)).await {
-            Ok(loaded) => {
-                let mut record = self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner);
-                for outcome in loaded {
-                    match outcome {
-                        Ok(hash) => {
-                            record.insert(hash);
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "redis: a script not loaded at connect; loaded on first use")
-                        }
-                    }
-                }
-            }
+            Ok(loaded) => self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner).extend(loaded),
             Err(_) => tracing::debug!("redis: scripts not loaded within {timeout:?} at connect; loaded on first use"),
         }
         self
@@ -571,12 +559,20 @@ impl LockBackend for RedisBackend {
     }
 }
 
-/// Loads `scripts` on `conn` together (one round trip): each one's hash, or why it was not
-/// loaded.
-async fn load_scripts(conn: &Conn, scripts: &[&Script]) -> Vec<Result<String, redis::RedisError>> {
+/// Loads `scripts` on `conn` together (one round trip), as a backend connects: the hashes of
+/// those loaded. A script not loaded is only logged: the call that needs it loads it (the
+/// server answers `NOSCRIPT`), as after a server restart.
+async fn load_scripts(conn: &Conn, scripts: &[&Script]) -> Vec<String> {
     let mut conns: Vec<Conn> = scripts.iter().map(|_| conn.clone()).collect();
     let loads = scripts.iter().zip(conns.iter_mut()).map(|(script, conn)| script.load_async(conn));
-    futures_util::future::join_all(loads).await
+    let mut loaded = Vec::new();
+    for outcome in futures_util::future::join_all(loads).await {
+        match outcome {
+            Ok(hash) => loaded.push(hash),
+            Err(e) => tracing::debug!(error = %e, "redis: a script not loaded at connect; loaded on first use"),
+        }
+    }
+    loaded
 }
 
 #[cfg(test)]

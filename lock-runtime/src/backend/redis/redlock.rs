@@ -149,7 +149,9 @@ impl RedlockBackend {
                         }
                         Err(e) => return Err(e),
                     };
-                    preload(&conn).await;
+                    // Its scripts (lock, release, fencing raise, renewal), so that its first
+                    // calls are one call each.
+                    super::load_scripts(&conn, &[&*ACQUIRE, &*RELEASE, &*FENCE, &*EXTEND]).await;
                     Ok(id)
                 };
                 let answer = match tokio::time::timeout(timeout, ask).await {
@@ -279,17 +281,6 @@ impl RedlockBackend {
             ));
         }
         Err(LockError::backend(name, KIND, operation, self.short(&got)))
-    }
-}
-
-/// Loads the scripts of a lock, its release and its renewal on a node that answered, in one
-/// round trip: its first calls are then one call each, not `NOSCRIPT`, a load and the call
-/// again. A failure is only logged (a call loads what it misses).
-async fn preload(conn: &Conn) {
-    for outcome in super::load_scripts(conn, &[&*ACQUIRE, &*RELEASE, &*FENCE, &*EXTEND]).await {
-        if let Err(e) = outcome {
-            tracing::debug!(error = %e, "redlock: a script not loaded at connect; loaded on first use");
-        }
     }
 }
 
