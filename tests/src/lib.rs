@@ -5,6 +5,7 @@ pub use lock_runtime::{conformance, conformance_suite};
 pub mod etcd_server;
 pub mod http;
 pub mod jepsen;
+pub mod lifecycle;
 #[cfg(feature = "mysql")]
 pub mod mysql_server;
 #[cfg(feature = "postgres")]

@@ -31,9 +31,14 @@ fn template() -> &'static Path {
     TEMPLATE.get_or_init(|| {
         let dir = ServerProcess::template_dir("mariadb");
         let data = dir.join("data");
+        // Its own temporary directory: the shared `/tmp` saw another server's temporary table
+        // fail the install on a loaded machine.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("template tmpdir");
         let out = Command::new("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--user=root", "--auth-root-authentication-method=normal", "--skip-test-db"])
             .output()
             .expect("run mariadb-install-db (scripts/test installs mariadb-server)");
@@ -83,6 +88,8 @@ impl MysqlServer {
         let status = Command::new("cp").arg("-a").arg(template()).arg(dir.join("data")).status().expect("cp");
         assert!(status.success(), "copying the template data directory failed");
         std::fs::write(dir.join("init.sql"), format!("{INIT}{init}")).expect("init.sql");
+        // Every server's temporary tables in its own directory, not the shared `/tmp`.
+        std::fs::create_dir_all(dir.join("tmp")).expect("server tmpdir");
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port();
@@ -94,6 +101,7 @@ impl MysqlServer {
                     .arg(format!("--datadir={}", dir.join("data").display()))
                     .arg(format!("--socket={}", dir.join("sock").display()))
                     .arg(format!("--pid-file={}", dir.join("pid").display()))
+                    .arg(format!("--tmpdir={}", dir.join("tmp").display()))
                     .arg(format!("--init-file={}", dir.join("init.sql").display()))
                     .args(["--user=root", "--bind-address=127.0.0.1", "--skip-name-resolve"])
                     .args(["--innodb-buffer-pool-size=32M", "--max-connections=200"])

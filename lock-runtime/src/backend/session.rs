@@ -16,7 +16,7 @@ use crate::lost::LostSignal;
 
 /// How one operation on a connection failed.
 pub(crate) enum Failure {
-    /// The connection was found closed (a reused idle one is replaced once).
+    /// The connection was found closed (a reused idle one is replaced, with every idle one).
     Closed(LockError),
     /// Anything else; the connection's state is unknown.
     Failed(LockError),
@@ -114,6 +114,12 @@ impl<S: Sessions> Pool<S> {
         }
     }
 
+    /// Drops every idle connection (one was found closed: the others are suspect).
+    fn drop_idle(&self) {
+        let stale = std::mem::take(&mut *lock(&self.idle));
+        drop(stale);
+    }
+
     /// How many idle connections are kept right now.
     pub(crate) fn idle(&self) -> usize {
         lock(&self.idle).len()
@@ -159,14 +165,22 @@ impl<S: Sessions> Drop for SessionAcquisition<S> {
 
 impl<S: Sessions> SessionAcquisition<S> {
     /// [`Sessions::lock`] on the acquisition's connection, within `bound`. A reused
-    /// connection found closed is replaced once; a failed or timed-out one is closed.
+    /// connection found closed is replaced by a new one (and every idle connection is dropped
+    /// with it: the event that closed it, an idle timeout, an operator's kill or a restart,
+    /// closed them too); a failed or timed-out one is closed.
+    ///
+    /// Sending the attempt again on the new connection is safe: a closed connection's
+    /// session is gone on the server, and every lock it held or waited for with it.
     async fn lock(
         &mut self,
         wait: Option<Duration>,
         bound: Duration,
         operation: &'static str,
     ) -> Result<Option<u64>, LockError> {
-        let mut retried = false;
+        // Each replacement follows a reused connection found closed; the idle set is emptied
+        // each time, so a second one takes another acquisition's check-in in between, a
+        // third a server that closes connections as fast as they are made.
+        let mut replaced = 0;
         loop {
             let reused = match self.conn {
                 Some(_) => false,
@@ -191,7 +205,10 @@ impl<S: Sessions> SessionAcquisition<S> {
                 Ok(Err(failure)) => {
                     self.conn = None; // unknown state: closing it frees whatever its session holds
                     match failure {
-                        Failure::Closed(_) if reused && !retried => retried = true,
+                        Failure::Closed(_) if reused && replaced < 3 => {
+                            replaced += 1;
+                            self.pool.drop_idle();
+                        }
                         Failure::Closed(e) | Failure::Failed(e) => return Err(e),
                     }
                 }

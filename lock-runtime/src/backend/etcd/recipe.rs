@@ -161,11 +161,11 @@ impl EtcdAcquisition {
                 Ok(Ok(put)) => put,
                 Ok(Err(e)) => {
                     // The put may have been applied without its answer: delete the key.
-                    cleanup(self.shared.client.clone(), key, self.bound(), true);
+                    cleanup(self.shared.client.clone(), key, session, self.bound(), true);
                     return Err(e);
                 }
                 Err(e) => {
-                    cleanup(self.shared.client.clone(), key, self.bound(), true);
+                    cleanup(self.shared.client.clone(), key, session, self.bound(), true);
                     return Err(LockError::backend(&*self.req.name, KIND, "acquire", e));
                 }
             };
@@ -322,18 +322,14 @@ impl EtcdAcquisition {
     /// deleted before the error is returned (a later acquisition must not find it ahead of
     /// its own and be refused in turn), and the error names both counts.
     async fn mismatch(&mut self, other: u32) -> LockError {
-        if let State::Queued { key, revision, .. } = std::mem::replace(&mut self.state, State::Idle) {
+        if let State::Queued { key, session, revision } = std::mem::replace(&mut self.state, State::Idle) {
             // In a task of its own, so that it runs to its end even if this future is dropped.
-            let (mut client, bound) = (self.shared.client.clone(), self.bound());
-            let delete = tokio::spawn(async move {
-                for _ in 0..3 {
-                    if delete_if(&mut client, &key, revision, bound).await.is_ok() {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            });
-            let _ = delete.await;
+            let (client, bound) = (self.shared.client.clone(), self.bound());
+            let owed = Owed { client, key, revision: Some(revision), session, bound };
+            let delete = tokio::spawn(async move { owed.delete().await });
+            // Waited for at most one try: a later acquisition must not find the key ahead of
+            // its own, but an outage must not hold this error back (the task goes on).
+            let _ = tokio::time::timeout(bound, delete).await;
         }
         let permits = match self.req.kind {
             LockKind::Semaphore { permits } => permits,
@@ -370,6 +366,7 @@ impl EtcdAcquisition {
                 self.shared.client.clone(),
                 key.clone(),
                 revision,
+                session.clone(),
                 granted_at + lease,
                 self.bound(),
             ))),
@@ -406,15 +403,15 @@ impl Drop for EtcdAcquisition {
     fn drop(&mut self) {
         let bound = self.bound();
         match std::mem::replace(&mut self.state, State::Idle) {
-            State::Putting { key, task, .. } => {
+            State::Putting { key, session, task, .. } => {
                 let client = self.shared.client.clone();
                 let undo = async move {
                     let failed = !matches!(task.await, Ok(Ok(_)));
-                    cleanup(client, key, bound, failed);
+                    cleanup(client, key, session, bound, failed);
                 };
                 crate::background::finish(undo, "could not remove the key of a dropped acquisition; the lease will");
             }
-            State::Queued { key, .. } => cleanup(self.shared.client.clone(), key, bound, false),
+            State::Queued { key, session, .. } => cleanup(self.shared.client.clone(), key, session, bound, false),
             State::Idle | State::Granted => {}
         }
     }
@@ -476,23 +473,71 @@ fn get_at(resp: &TxnResponse, i: usize) -> Option<Vec<etcd_client::KeyValue>> {
     }
 }
 
-/// Deletes `key` in a spawned task (retried a few times); when `again`, once more after the
-/// operation timeout (for a put whose answer was lost and that may still be applied).
-fn cleanup(mut client: Client, key: String, bound: Duration, again: bool) {
+/// Deletes `key` (of an acquisition that was not granted) in a spawned task, until done (see
+/// [`delete_owed`]); when `again`, once more after the operation timeout (for a put whose
+/// answer was lost and that may still be applied).
+fn cleanup(client: Client, key: String, session: Arc<Session>, bound: Duration, again: bool) {
     let delete = async move {
-        for round in 0..if again { 2 } else { 1 } {
-            if round > 0 {
-                tokio::time::sleep(bound).await;
-            }
-            for _ in 0..3 {
-                if matches!(tokio::time::timeout(bound, client.delete(key.as_str(), None)).await, Ok(Ok(_))) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        let owed = Owed { client, key, revision: None, session, bound };
+        owed.delete().await;
+        if again {
+            tokio::time::sleep(bound).await;
+            owed.delete().await;
         }
     };
     crate::background::finish(delete, "could not remove the key of a dropped acquisition; the lease will");
+}
+
+/// The first pause before a deletion the store did not confirm is tried again.
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a deletion.
+const MAX_RETRY: Duration = Duration::from_secs(1);
+
+/// A deletion the library owes the store: a release, a dropped guard's or acquisition's key,
+/// a fixed lease's or `hold_at_least`'s end, a resignation. Never given up while the key
+/// could outlive it: the manager's keep-alive renews the lease the key was put with for as
+/// long as the process lives, so a key left behind would block its lock for as long.
+struct Owed {
+    client: Client,
+    key: String,
+    /// Delete only while the key has this create revision (a granted key: never a later
+    /// owner's key of the same name); `None`, whatever it holds (a key of this acquisition's
+    /// own, named after its lease and owner id).
+    revision: Option<i64>,
+    /// The manager's lease the key was put with: once it is lost (it ran out, or the backend
+    /// was dropped and revoked it) the key is gone with it, and nothing is owed any more.
+    session: Arc<Session>,
+    bound: Duration,
+}
+
+impl Owed {
+    /// Tries until the server confirms the deletion (or that the key is no longer ours), each
+    /// try bounded by the operation timeout, with pauses growing from [`FIRST_RETRY`] to
+    /// [`MAX_RETRY`] between them (across a reconnection: the client connects again by
+    /// itself), or until the lease is lost.
+    async fn delete(&self) {
+        let mut client = self.client.clone();
+        let mut pause = FIRST_RETRY;
+        loop {
+            if self.session.is_lost() {
+                return;
+            }
+            let done = match self.revision {
+                Some(revision) => delete_if(&mut client, &self.key, revision, self.bound).await.is_ok(),
+                None => {
+                    matches!(tokio::time::timeout(self.bound, client.delete(self.key.as_str(), None)).await, Ok(Ok(_)))
+                }
+            };
+            if done {
+                return;
+            }
+            tokio::select! {
+                () = self.session.until_lost() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(MAX_RETRY);
+        }
+    }
 }
 
 /// Deletes `key` if it still has create revision `revision`: `Ok(true)` when it did.
@@ -506,15 +551,11 @@ async fn delete_if(client: &mut Client, key: &str, revision: i64, bound: Duratio
     }
 }
 
-/// At `at`, deletes `key` if it is still ours (a fixed lease's end, or a `hold_at_least`'s).
-async fn delete_at(mut client: Client, key: String, revision: i64, at: Instant, bound: Duration) {
+/// At `at`, deletes `key` if it is still ours (a fixed lease's end, or a `hold_at_least`'s),
+/// until done (see [`Owed`]).
+async fn delete_at(client: Client, key: String, revision: i64, session: Arc<Session>, at: Instant, bound: Duration) {
     tokio::time::sleep_until(at.into()).await;
-    for _ in 0..3 {
-        if delete_if(&mut client, &key, revision, bound).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    Owed { client, key, revision: Some(revision), session, bound }.delete().await;
 }
 
 /// A granted lock: its key, deleted on release.
@@ -592,7 +633,8 @@ impl EtcdHeld {
             return Err(self.gone());
         }
         self.unconfirmed = None; // the task below deletes it when the remainder ends
-        tokio::spawn(delete_at(client, self.key.clone(), self.revision, started + remaining, self.bound()));
+        let session = self.session.clone();
+        tokio::spawn(delete_at(client, self.key.clone(), self.revision, session, started + remaining, self.bound()));
         Ok(())
     }
 }
@@ -618,7 +660,8 @@ impl Drop for EtcdHeld {
         // manager's lease (which its keep-alive postpones for as long as the manager lives).
         if let Some(at) = self.unconfirmed.take() {
             let client = self.shared.client.clone();
-            let delete = delete_at(client, std::mem::take(&mut self.key), self.revision, at, self.bound());
+            let session = self.session.clone();
+            let delete = delete_at(client, std::mem::take(&mut self.key), self.revision, session, at, self.bound());
             crate::background::finish(delete, "could not finish a release whose answer never came; the lease will");
         }
     }

@@ -4,9 +4,20 @@
 //! Everything else in the backend (scripts, waiting, watchdog, inspection) talks to a
 //! [`Conn`] for commands and asks the [`Source`] for a pub/sub connection, so every topology
 //! runs the same protocol.
+//!
+//! A command that finds its connection closed or reset (the server closed it while idle, an
+//! operator killed it, the server restarted) is sent once more, on the new connection the
+//! connection manager makes (Sentinel: on a connection to the primary resolved again), here
+//! and nowhere else. That is safe because every command the backend sends is idempotent for
+//! its owner: an attempt whose key already holds its owner grants it again with a fresh token
+//! (`acquire.lua`, `kind_acquire.lua`, and so a batch's attempts), a release, renewal or
+//! hand-off is owner-checked (a second copy finds the key gone or another owner's and changes
+//! nothing), a queue entry is keyed by its owner, and the rest only read. The one cost of an
+//! answer lost with the connection: a release whose first copy ran reports the lock gone
+//! (`lost`), though it was released.
 
 use redis::aio::{ConnectionLike, ConnectionManager, PubSub};
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 /// The connection commands are sent on. Cheap to clone (clones share the connection).
 #[derive(Clone)]
@@ -20,10 +31,23 @@ pub(super) enum Conn {
     Sentinel(super::sentinel::SentinelConn),
 }
 
+/// Whether `e` says the connection was found closed or reset (not a server's answer, not a
+/// timeout): the command may be sent again on a new connection.
+pub(super) fn dropped(e: &RedisError) -> bool {
+    e.is_connection_dropped() && !e.is_timeout()
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(conn) => conn.req_packed_command(cmd),
+            // The manager starts a new connection as it reports a dropped one; the second
+            // send waits for it.
+            Conn::Single(conn) => Box::pin(async move {
+                match conn.send_packed_command(cmd).await {
+                    Err(e) if dropped(&e) => conn.send_packed_command(cmd).await,
+                    answer => answer,
+                }
+            }),
             Conn::Cluster(conn) => super::cluster::command(conn, cmd),
             Conn::Sentinel(conn) => conn.req_packed_command(cmd),
         }
@@ -36,7 +60,12 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Single(conn) => Box::pin(async move {
+                match conn.send_packed_commands(pipeline, offset, count).await {
+                    Err(e) if dropped(&e) => conn.send_packed_commands(pipeline, offset, count).await,
+                    answer => answer,
+                }
+            }),
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }

@@ -1,0 +1,316 @@
+//! The lifecycle matrix: every networked backend × the everyday events (the server closes idle
+//! connections, an operator kills every client session, a crash and restart). After each, as
+//! soon as the server answers again, the next `lock()`, `try_lock()`, `read_lock()`,
+//! `semaphore()` and `campaign()` succeed at their first call, a waiter parked across the event
+//! is granted, and a lock released or dropped while the server was away is free for others once
+//! it answers. GUARANTEES.md's "Connections" table states the same; each row is a module here.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[cfg(feature = "redis")]
+mod redis_row {
+    use std::time::Duration;
+
+    use lock_runtime::LockManager;
+    use lock_tests::lifecycle::{every_operation_succeeds, park_waiter, until_closed, waiter_granted, warm};
+    use lock_tests::redis_server::RedisServer;
+
+    async fn admin(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.expect("admin")
+    }
+
+    /// The ids of the normal (command) connections other than the asking one.
+    async fn others(admin: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+        let me: i64 = redis::cmd("CLIENT").arg("ID").query_async(admin).await.unwrap();
+        let list: String = redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg("normal").query_async(admin).await.unwrap();
+        let ids = list.lines().filter_map(|line| line.split(' ').next()?.strip_prefix("id=").map(str::to_owned));
+        ids.filter(|id| *id != me.to_string()).collect()
+    }
+
+    /// `CONFIG SET timeout 1`: the server closes every connection idle for a second, the
+    /// manager's among them (the next command on it met "broken pipe").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_the_server_closed_idle_connections_every_operation_succeeds() {
+        let server = RedisServer::start();
+        let mut admin = admin(&server).await;
+        let manager = LockManager::redis(server.url()).await.expect("connect");
+        warm(&manager, "idle").await;
+        let before = others(&mut admin).await;
+        let () = redis::cmd("CONFIG").arg("SET").arg("timeout").arg("1").query_async(&mut admin).await.unwrap();
+        // The admin connection asks every 10 ms, so it is never idle for a second.
+        until_closed(&before, async || others(&mut admin).await).await;
+        every_operation_succeeds(&manager, "idle", "the server closed idle connections").await;
+    }
+
+    /// `CLIENT KILL TYPE normal`: every command connection dies under the manager, a holder's
+    /// and a waiter's among them; the holder's lock lives on in Redis.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_an_operator_killed_every_client_every_operation_succeeds() {
+        let server = RedisServer::start();
+        let mut admin = admin(&server).await;
+        let manager = LockManager::redis(server.url()).await.expect("connect");
+        warm(&manager, "kill").await;
+        let holder = manager.lock("kill:parked").await.expect("holder");
+        let waiter = park_waiter(&manager, "kill:parked").await;
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(killed >= 1, "the manager's connection was killed");
+        tokio::select! {
+            () = holder.lost() => panic!("a holder whose key lives on was told lost"),
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        every_operation_succeeds(&manager, "kill", "an operator killed every client").await;
+        waiter_granted(waiter, Some(holder), "an operator killed every client").await;
+    }
+
+    /// A crash (SIGKILL) and restart without persistence: the holder's lock is gone with the
+    /// data, so it is told `lost()`; the parked waiter is granted; every operation succeeds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_crash_and_restart_every_operation_succeeds() {
+        let mut server = RedisServer::start();
+        let manager = LockManager::redis(server.url()).await.expect("connect");
+        warm(&manager, "restart").await;
+        let holder = manager.lock("restart:parked").await.expect("holder");
+        let waiter = park_waiter(&manager, "restart:parked").await;
+        server.restart();
+        every_operation_succeeds(&manager, "restart", "a crash and restart").await;
+        tokio::time::timeout(Duration::from_secs(20), holder.lost())
+            .await
+            .expect("a holder whose key went with the restart is told lost()");
+        waiter_granted(waiter, Some(holder), "a crash and restart").await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_row {
+    use std::time::Duration;
+
+    use lock_runtime::LockManager;
+    use lock_tests::lifecycle::{
+        every_operation_succeeds, park_waiter, several_idle, until_closed, waiter_granted, warm,
+    };
+    use lock_tests::mysql_server::MysqlServer;
+    use mysql_async::prelude::Queryable;
+
+    async fn admin(server: &MysqlServer) -> mysql_async::Conn {
+        mysql_async::Conn::new(mysql_async::Opts::from_url(&server.url()).unwrap()).await.expect("admin")
+    }
+
+    /// The ids of the other client connections (the manager's).
+    async fn others(admin: &mut mysql_async::Conn) -> Vec<u64> {
+        admin
+            .query("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'app' AND ID <> CONNECTION_ID()")
+            .await
+            .expect("processlist")
+    }
+
+    /// `wait_timeout = 2`: the server closes every connection idle for two seconds, each of
+    /// the manager's idle ones (the next query on one met "Connection reset by peer").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_the_server_closed_idle_connections_every_operation_succeeds() {
+        let server = MysqlServer::start();
+        let mut admin = admin(&server).await;
+        admin.query_drop("SET GLOBAL wait_timeout = 2").await.unwrap();
+        // Connected after the change, so every connection of the manager has the short timeout
+        // (the admin's has it too: it asks every 10 ms, so it is never idle that long).
+        let manager = LockManager::mysql(server.url()).await.expect("connect");
+        // Several idle connections: three acquisitions at once, released.
+        several_idle(&manager, "idle").await;
+        warm(&manager, "idle").await;
+        let before = others(&mut admin).await;
+        assert!(before.len() >= 3, "the manager keeps idle connections: {before:?}");
+        until_closed(&before, async || others(&mut admin).await).await;
+        every_operation_succeeds(&manager, "idle", "the server closed idle connections").await;
+    }
+
+    /// `KILL` of every other client connection: the idle ones die, and the holder's session
+    /// with its lock (the holder is told `lost()`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_an_operator_killed_every_client_every_operation_succeeds() {
+        let server = MysqlServer::start();
+        let mut admin = admin(&server).await;
+        let manager = LockManager::mysql(server.url()).await.expect("connect");
+        several_idle(&manager, "kill").await;
+        let holder = manager.lock("kill:held").await.expect("holder");
+        let ids = others(&mut admin).await;
+        assert!(ids.len() >= 2, "idle connections and the holder's: {ids:?}");
+        for id in ids {
+            let _ = admin.query_drop(format!("KILL {id}")).await;
+        }
+        tokio::time::timeout(Duration::from_secs(20), holder.lost())
+            .await
+            .expect("a holder whose session was killed is told lost()");
+        every_operation_succeeds(&manager, "kill", "an operator killed every client").await;
+    }
+
+    /// A crash (SIGKILL) and restart: every idle connection died with the server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_crash_and_restart_every_operation_succeeds() {
+        let mut server = MysqlServer::start();
+        let manager = LockManager::mysql(server.url()).await.expect("connect");
+        several_idle(&manager, "restart").await;
+        let holder = manager.lock("restart:held").await.expect("holder");
+        server.restart();
+        tokio::time::timeout(Duration::from_secs(20), holder.lost())
+            .await
+            .expect("a holder whose session died with the server is told lost()");
+        every_operation_succeeds(&manager, "restart", "a crash and restart").await;
+        let other = manager.lock("restart:parked").await.expect("holder");
+        let waiter = park_waiter(&manager, "restart:parked").await;
+        waiter_granted(waiter, Some(other), "a restart").await;
+        warm(&manager, "restart").await;
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_row {
+    use std::time::Duration;
+
+    use lock_runtime::LockManager;
+    use lock_tests::lifecycle::{every_operation_succeeds, until_closed, warm};
+    use lock_tests::pg_server::PgServer;
+
+    /// The other client backends' pids (the manager's connections).
+    async fn others(admin: &tokio_postgres::Client) -> Vec<i32> {
+        admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
+    /// `idle_session_timeout = 1000`: the server closes every session idle for a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_the_server_closed_idle_connections_every_operation_succeeds() {
+        let server = PgServer::start();
+        let admin = server.admin().await;
+        admin.batch_execute("ALTER SYSTEM SET idle_session_timeout = 1000").await.unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+        let manager = LockManager::postgres(server.url()).await.expect("connect");
+        warm(&manager, "idle").await;
+        let before = others(&admin).await;
+        until_closed(&before, async || others(&admin).await).await;
+        every_operation_succeeds(&manager, "idle", "the server closed idle connections").await;
+    }
+
+    /// `pg_terminate_backend` of every other session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_an_operator_killed_every_client_every_operation_succeeds() {
+        let server = PgServer::start();
+        let admin = server.admin().await;
+        let manager = LockManager::postgres(server.url()).await.expect("connect");
+        warm(&manager, "kill").await;
+        let holder = manager.lock("kill:held").await.expect("holder");
+        for pid in others(&admin).await {
+            admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(20), holder.lost())
+            .await
+            .expect("a holder whose session was terminated is told lost()");
+        every_operation_succeeds(&manager, "kill", "an operator killed every client").await;
+    }
+
+    /// An immediate shutdown (as a crash) and a start on the same data.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_crash_and_restart_every_operation_succeeds() {
+        let mut server = PgServer::start();
+        let manager = LockManager::postgres(server.url()).await.expect("connect");
+        warm(&manager, "restart").await;
+        server.kill();
+        server.restart();
+        every_operation_succeeds(&manager, "restart", "a crash and restart").await;
+    }
+}
+
+#[cfg(feature = "etcd")]
+mod etcd_row {
+    use std::time::Duration;
+
+    use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
+    use lock_runtime::LockManager;
+    use lock_tests::etcd_server::EtcdServer;
+    use lock_tests::lifecycle::{every_operation_succeeds, warm};
+
+    /// A lease long enough to outlive the outage (the manager's lease survives it).
+    async fn manager(server: &EtcdServer, label: &str) -> LockManager {
+        let options = EtcdOptions::new().lease_ttl(Duration::from_secs(30)).operation_timeout(Duration::from_secs(1));
+        let backend = EtcdBackend::connect_with(&[server.endpoint()], options).await.expect("connect");
+        LockManager::builder().label(label).backend(backend)
+    }
+
+    /// etcd SIGKILLed and restarted on its data while a holder releases, a holder drops its
+    /// guard, a waiter is dropped and a fixed lease ends: each of those keys is deleted once
+    /// the server answers, so another manager is granted each name at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clean_up_owed_during_an_outage_is_done_once_the_server_answers() {
+        let mut server = EtcdServer::start();
+        let first = manager(&server, "first").await;
+        let second = manager(&server, "second").await;
+        warm(&first, "outage").await;
+        let released = first.lock("outage:released").await.expect("lock");
+        let dropped = first.lock("outage:dropped").await.expect("lock");
+        let fixed = first.lock("outage:fixed").lease(Duration::from_secs(2)).await.expect("lock");
+        let blocker = second.lock("outage:waited").await.expect("lock");
+        let waiter = {
+            let first = first.clone();
+            tokio::spawn(async move { first.lock("outage:waited").wait(Duration::from_secs(60)).await })
+        };
+        // The waiter's key is in the queue behind the blocker's.
+        lock_tests::eventually("the waiter queued", Duration::from_secs(10), async || {
+            let info = second.inspect("outage:waited").await.expect("inspect").expect("held");
+            lock_tests::reached(info.waiters.unwrap_or(0) >= 1, true)
+        })
+        .await;
+        server.kill();
+        assert!(released.release().await.is_err(), "no server: the release cannot be confirmed");
+        drop(dropped);
+        waiter.abort();
+        let _ = waiter.await;
+        // The fixed lease ends in the outage (its end is 2 s after the grant).
+        tokio::time::timeout(Duration::from_secs(20), fixed.lost()).await.expect("the fixed lease ended");
+        drop(fixed);
+        tokio::time::sleep(Duration::from_millis(500)).await; // an outage of a few seconds in all
+        server.restart();
+        blocker.release().await.expect("the blocker's release");
+        for name in ["outage:released", "outage:dropped", "outage:fixed", "outage:waited"] {
+            let guard = second
+                .lock(name)
+                .wait(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|e| panic!("`{name}` was left held after the outage: {e}"));
+            guard.release().await.expect("release");
+        }
+        every_operation_succeeds(&first, "outage", "an etcd crash and restart").await;
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+mod zookeeper_row {
+    use lock_runtime::LockManager;
+    use lock_tests::lifecycle::{every_operation_succeeds, warm};
+    use lock_tests::zk_server::ZkServer;
+
+    /// A crash and restart on the same data, within the session timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_crash_and_restart_every_operation_succeeds() {
+        let mut server = ZkServer::start();
+        let manager = LockManager::zookeeper(server.hosts()).await.expect("connect");
+        warm(&manager, "restart").await;
+        server.restart();
+        // The client reconnects by itself within its session timeout: the first operation
+        // after the server answers may still wait for that, within its own bound.
+        every_operation_succeeds(&manager, "restart", "a crash and restart").await;
+    }
+}
