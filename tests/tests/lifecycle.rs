@@ -88,6 +88,129 @@ mod redis_row {
     }
 }
 
+/// Redis's other topologies: a Cluster of three primaries, a Sentinel-managed primary with a
+/// replica, Redlock over three servers. The events act on every node the manager talks to.
+#[cfg(feature = "redis")]
+mod redis_topologies_row {
+    use std::time::Duration;
+
+    use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+    use lock_runtime::LockManager;
+    use lock_tests::lifecycle::{every_operation_succeeds, park_waiter, waiter_granted, warm};
+    use lock_tests::redis_cluster::RedisCluster;
+    use lock_tests::redis_sentinel::SentinelSetup;
+    use lock_tests::redis_server::RedisServer;
+
+    /// An everyday event on one node.
+    #[derive(Clone, Copy, Debug)]
+    enum Event {
+        /// `CONFIG SET timeout 1`, then a wait until no command connection older than it is
+        /// left (the asking one excepted, which asks every 10 ms).
+        IdleTimeout,
+        /// `CLIENT KILL TYPE normal`.
+        KillClients,
+    }
+
+    async fn command<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> T {
+        let mut conn =
+            redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.expect("admin connection");
+        cmd.query_async(&mut conn).await.expect("admin command")
+    }
+
+    /// The ids of the normal (command) connections other than the asking one and the
+    /// sentinels' (which ping every second: never idle), on `conn`'s node.
+    async fn others(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+        let me: i64 = redis::cmd("CLIENT").arg("ID").query_async(conn).await.unwrap();
+        let list: String = redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg("normal").query_async(conn).await.unwrap();
+        let ours = list.lines().filter(|line| !line.contains(" name=sentinel-"));
+        let ids = ours.filter_map(|line| line.split(' ').next()?.strip_prefix("id=").map(str::to_owned));
+        ids.filter(|id| *id != me.to_string()).collect()
+    }
+
+    async fn happen(event: Event, urls: &[String]) {
+        for url in urls {
+            match event {
+                Event::IdleTimeout => {
+                    let mut conn = redis::Client::open(url.as_str())
+                        .unwrap()
+                        .get_multiplexed_async_connection()
+                        .await
+                        .expect("admin connection");
+                    let before = others(&mut conn).await;
+                    let () =
+                        redis::cmd("CONFIG").arg("SET").arg("timeout").arg("1").query_async(&mut conn).await.unwrap();
+                    lock_tests::eventually("idle connections closed", Duration::from_secs(30), async || {
+                        let now = others(&mut conn).await;
+                        lock_tests::reached(before.iter().any(|id| now.contains(id)), false)
+                    })
+                    .await;
+                }
+                Event::KillClients => {
+                    let cmd =
+                        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").arg("SKIPME").arg("yes").clone();
+                    let _: i64 = command(url, &cmd).await;
+                }
+            }
+        }
+    }
+
+    /// The matrix's cell: warm, the event on every node, then every operation at its first
+    /// call. Across killed clients, also a holder and a parked waiter, granted once the holder
+    /// releases (across an idle timeout they would keep the connection busy: not idle).
+    async fn cell(manager: &LockManager, urls: &[String], event: Event, label: &str) {
+        warm(manager, label).await;
+        let what = format!("{event:?} on every node");
+        let parked = match event {
+            Event::KillClients => {
+                let parked = format!("{label}:parked");
+                let holder = manager.lock(&parked).await.expect("holder");
+                Some((holder, park_waiter(manager, &parked).await))
+            }
+            Event::IdleTimeout => None,
+        };
+        happen(event, urls).await;
+        every_operation_succeeds(manager, label, &what).await;
+        if let Some((holder, waiter)) = parked {
+            waiter_granted(waiter, Some(holder), &what).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_after_idle_timeouts_and_killed_clients() {
+        let cluster = RedisCluster::start(3, 0);
+        let manager = LockManager::redis_cluster(cluster.urls()).await.expect("connect");
+        cell(&manager, &cluster.urls(), Event::KillClients, "cluster-kill").await;
+        cell(&manager, &cluster.urls(), Event::IdleTimeout, "cluster-idle").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sentinel_after_idle_timeouts_and_killed_clients() {
+        let setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 3));
+        let backend =
+            RedisBackend::sentinel(setup.sentinel_urls(), lock_tests::redis_sentinel::MASTER, RedisOptions::default())
+                .await
+                .expect("connect");
+        let manager = LockManager::builder().backend(backend);
+        let primary = vec![setup.node(setup.primary_index()).url()];
+        cell(&manager, &primary, Event::KillClients, "sentinel-kill").await;
+        cell(&manager, &primary, Event::IdleTimeout, "sentinel-idle").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redlock_after_idle_timeouts_killed_clients_and_restarts() {
+        let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let manager = LockManager::redlock(&urls).await.expect("connect");
+        cell(&manager, &urls, Event::KillClients, "redlock-kill").await;
+        cell(&manager, &urls, Event::IdleTimeout, "redlock-idle").await;
+        warm(&manager, "redlock-restart").await;
+        for server in &mut servers {
+            server.restart();
+        }
+        every_operation_succeeds(&manager, "redlock-restart", "a crash and restart of every node").await;
+    }
+}
+
 #[cfg(feature = "mysql")]
 mod mysql_row {
     use std::time::Duration;

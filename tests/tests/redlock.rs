@@ -542,3 +542,46 @@ async fn a_new_backend_loads_its_scripts_on_every_node_so_its_first_lock_is_one_
         assert!(delta("evalsha") >= 2, "node {i}: {} script calls for a lock and its release", delta("evalsha"));
     }
 }
+
+/// Regression: a release channel left idle past its grace was unsubscribed, but kept in the
+/// node's table, so it was unsubscribed again at every turn of the pub/sub task: about 10,000
+/// `UNSUBSCRIBE` a second on every node, for as long as the process lived, after the first
+/// waiter of any lock left. Now the channel is forgotten once unsubscribed: one `UNSUBSCRIBE`
+/// per node, and none after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_release_channel_is_unsubscribed_once() {
+    let servers = start(3);
+    let backend = RedlockBackend::connect(urls(&servers), RedisOptions::default()).await.expect("connect");
+    let m = LockManager::builder().backend(backend.clone());
+    let holder = m.lock("idle-channel").await.expect("holder");
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.lock("idle-channel").wait(Duration::from_secs(10)).await })
+    };
+    lock_tests::eventually("the waiter subscribed", Duration::from_secs(10), async || {
+        lock_tests::reached(backend.subscribed_channels(), 3)
+    })
+    .await;
+    holder.release().await.expect("release");
+    waiter.await.expect("waiter task").expect("granted").release().await.expect("release");
+    // The default grace is 500 ms; then the channel is forgotten on every node.
+    lock_tests::eventually("the channel unsubscribed and forgotten", Duration::from_secs(10), async || {
+        lock_tests::reached(backend.subscribed_channels(), 0)
+    })
+    .await;
+    let mut conns = Vec::new();
+    for server in &servers {
+        conns.push(raw(server).await);
+    }
+    let mut before = Vec::new();
+    for conn in &mut conns {
+        before.push(lock_tests::redis_server::command_calls(conn).await.get("unsubscribe").copied().unwrap_or(0));
+    }
+    // Nothing signals a command not sent: 200 ms was about 2,000 needless UNSUBSCRIBE per node.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (conn, before) in conns.iter_mut().zip(before) {
+        let after = lock_tests::redis_server::command_calls(conn).await.get("unsubscribe").copied().unwrap_or(0);
+        assert!(before <= 1, "{before} UNSUBSCRIBE on a node for one channel");
+        assert_eq!(after, before, "UNSUBSCRIBE sent again for a channel unsubscribed already");
+    }
+}

@@ -224,7 +224,9 @@ fn next_change(state: &Mutex<State>, grace: Duration) -> (Option<Change>, Option
         if chan.sub == Sub::Confirmed {
             leave.push(channel.clone());
         }
-        chan.sub != Sub::Sending // a subscription in flight is swept once confirmed
+        // Forgotten once its unsubscription goes out (kept, it would go out again at every
+        // turn); a subscription in flight is kept, and swept once confirmed.
+        chan.sub == Sub::Sending
     });
     if leave.is_empty() {
         return (None, next_due);
