@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 # The binaries that take longest on a 2-core machine (tens of seconds each, most of it
 # waiting), started first so that they do not finish last; the rest follow by name.
 LONGEST = [
+    "soak",
     "jepsen_elections",
     "jepsen_redis_sentinel",
     "redis_sentinel",
