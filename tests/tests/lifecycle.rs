@@ -33,13 +33,34 @@ mod redis_row {
     async fn after_the_server_closed_idle_connections_every_operation_succeeds() {
         let server = RedisServer::start();
         let mut admin = admin(&server).await;
-        let manager = LockManager::redis(server.url()).await.expect("connect");
+        // The watchdog's lease: 9 s, renewed every 3 s.
+        let builder = LockManager::builder().default_lease(Duration::from_secs(9));
+        let manager = builder.redis(server.url()).await.expect("connect");
         warm(&manager, "idle").await;
+        // A live holder whose connection is closed while idle between two renewals: its key
+        // lives on, so it is not lost and its renewals go on.
+        let holder = manager.lock("idle:held").await.expect("holder");
+        let key = lock_runtime::backend::redis::KeyLayout::of("idle:held").lock;
         let before = others(&mut admin).await;
         let () = redis::cmd("CONFIG").arg("SET").arg("timeout").arg("1").query_async(&mut admin).await.unwrap();
         // The admin connection asks every 10 ms, so it is never idle for a second.
         until_closed(&before, async || others(&mut admin).await).await;
+        let pttl = async |admin: &mut redis::aio::MultiplexedConnection| -> i64 {
+            redis::cmd("PTTL").arg(&key).query_async(admin).await.unwrap()
+        };
+        let closed_at = pttl(&mut admin).await;
+        lock_tests::eventually("the holder renewed after its connection closed", Duration::from_secs(15), async || {
+            let now = pttl(&mut admin).await;
+            if now > closed_at {
+                Ok(())
+            } else {
+                Err(now)
+            }
+        })
+        .await;
+        assert!(!holder.is_lost(), "a holder whose key lives on was told lost");
         every_operation_succeeds(&manager, "idle", "the server closed idle connections").await;
+        holder.release().await.expect("the holder's release");
     }
 
     /// `CLIENT KILL TYPE normal`: every command connection dies under the manager, a holder's
@@ -351,9 +372,13 @@ mod postgres_row {
         let mut server = PgServer::start();
         let manager = LockManager::postgres(server.url()).await.expect("connect");
         warm(&manager, "restart").await;
+        let holder = manager.lock("restart:held").await.expect("holder");
         server.kill();
         server.restart();
         every_operation_succeeds(&manager, "restart", "a crash and restart").await;
+        tokio::time::timeout(Duration::from_secs(20), holder.lost())
+            .await
+            .expect("a holder whose session died with the server is told lost()");
     }
 }
 
@@ -431,9 +456,15 @@ mod zookeeper_row {
         let mut server = ZkServer::start();
         let manager = LockManager::zookeeper(server.hosts()).await.expect("connect");
         warm(&manager, "restart").await;
+        let holder = manager.lock("restart:held").await.expect("holder");
         server.restart();
         // The client reconnects by itself within its session timeout: the first operation
         // after the server answers may still wait for that, within its own bound.
         every_operation_succeeds(&manager, "restart", "a crash and restart").await;
+        // The session outlived the restart, and the holder's node with it.
+        assert!(!holder.is_lost(), "a holder whose session lives on was told lost");
+        let other = LockManager::zookeeper(server.hosts()).await.expect("connect");
+        assert!(other.try_lock("restart:held").await.expect("try_lock").is_none(), "still held");
+        holder.release().await.expect("the holder's release");
     }
 }
