@@ -128,6 +128,10 @@ def main():
     failed = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as logs, ThreadPoolExecutor(max_workers=parallel) as pool:
+        # Figures the tests measured (`lock_tests::figure`), printed at the end.
+        figures = os.path.join(logs, "figures")
+        for job in jobs:
+            job[3]["LOCK_TEST_FIGURES"] = figures
         running = [pool.submit(run, job, logs) for job in jobs]
         for done in as_completed(running):
             name, code, took, output = done.result()
@@ -139,6 +143,9 @@ def main():
                 failed.append(name)
                 print(f"\n==================== {name} FAILED (exit {code}, {took:.1f}s) ====================")
                 print(output, flush=True)
+        if os.path.exists(figures):
+            with open(figures, errors="replace") as f:
+                print("\nFigures measured by the tests:\n" + f.read(), end="", flush=True)
     print(f"\n{len(jobs)} test jobs in {time.monotonic() - started:.0f}s, {parallel} at a time")
     if failed:
         print("FAILED: " + ", ".join(failed))

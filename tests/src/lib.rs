@@ -25,6 +25,19 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
+/// Prints a figure a test measured (a fault suite's availability, the soak's resources) and,
+/// when `LOCK_TEST_FIGURES` names a file (`scripts/run_tests.py` sets it), appends it there, so
+/// that the test run shows it although the test passed and its output was captured.
+pub fn figure(test: &str, line: &str) {
+    eprintln!("{test}: {line}");
+    if let Ok(path) = std::env::var("LOCK_TEST_FIGURES") {
+        use std::io::Write;
+        if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(file, "{test}: {line}");
+        }
+    }
+}
+
 /// A name no other test (or earlier run against the same server) uses.
 pub fn unique(label: &str) -> String {
     format!("{label}:{}", lock_runtime::backend::OwnerId::next())

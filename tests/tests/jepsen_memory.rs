@@ -237,6 +237,7 @@ async fn run_memory(elect: bool, test: &str) {
     let text: String = records.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(&path, text).expect("write the history");
     eprintln!("jepsen seed: {seed}; history: {}\n{report}", path.display());
+    lock_tests::figure(test, &report.availability());
     for overlap in report.overlaps() {
         eprintln!("{overlap:?}");
     }

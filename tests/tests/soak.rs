@@ -297,11 +297,12 @@ async fn resources_stay_flat_under_churn_and_server_restarts() {
     let start = settled(&servers).await;
     let time = soak_time();
     let (during, outside) = run(&managers, &mut servers, time, true).await;
-    eprintln!(
-        "soak of {time:?}: {during} operations failed while the servers restarted (or within {RECOVERY:?} after), \
+    let failures = format!(
+        "{time:?}: {during} operations failed while the servers restarted (or within {RECOVERY:?} after), \
          {outside} outside"
     );
-    eprintln!("soak start: {start:?}");
+    lock_tests::figure("soak", &failures);
+    lock_tests::figure("soak", &format!("start {start:?}"));
     // Back within the margins once the clean-up the churn left (a dropped waiter's key deleted
     // again after the operation timeout, say) is done: looked at every 10 ms for 30 s.
     // Margins: a pooled SQL backend keeps up to TASKS idle connections, which it may hold more
@@ -335,6 +336,6 @@ async fn resources_stay_flat_under_churn_and_server_restarts() {
         }
     })
     .await;
-    eprintln!("soak end:   {:?}", end.expect("looked"));
+    lock_tests::figure("soak", &format!("end   {:?}", end.expect("looked")));
     assert_eq!(outside, 0, "operations failed while every server answered");
 }

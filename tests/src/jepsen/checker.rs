@@ -209,6 +209,21 @@ impl Report {
         Some((Duration::from_micros(*longest), self.recoveries_us.len()))
     }
 
+    /// The run's availability in one line: failures outside fault windows, the longest
+    /// recovery, grants and violations.
+    pub fn availability(&self) -> String {
+        let recovery = match self.longest_recovery() {
+            Some((longest, n)) => format!("longest recovery after a fault's end {longest:.1?} over {n}"),
+            None => "no fault end followed by a grant".to_owned(),
+        };
+        format!(
+            "{} failed outside fault windows; {recovery}; {} grants, {} violations",
+            self.failed_outside_faults,
+            self.counts.grants,
+            self.violations.len()
+        )
+    }
+
     /// The longest stranded wait: over all, and outside fault windows (the one held to the bound).
     pub fn longest_stranded_wait(&self) -> (Option<Duration>, Option<Duration>) {
         (self.longest_stranded_us.map(Duration::from_micros), self.longest_quiet_stranded_us.map(Duration::from_micros))

@@ -1318,6 +1318,7 @@ pub async fn run_and_check(
         handoff_bound,
     });
     eprintln!("{report}");
+    crate::figure(test, &report.availability());
     eprintln!("faults by kind: {:?}", report.faults());
     eprintln!("overlaps by class: {:?}", report.overlap_classes());
     eprintln!("overlaps whose holder was never told (lost() did not fire): {:?}", report.silent_overlap_classes());
