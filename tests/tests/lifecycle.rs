@@ -91,6 +91,36 @@ mod redis_row {
         waiter_granted(waiter, Some(holder), "an operator killed every client").await;
     }
 
+    /// A server with an append-only file (fsync always) SIGKILLed while a holder releases and
+    /// another drops its guard, then restarted on its data: the keys came back with their 30 s
+    /// leases, and the releases the library owed are done once the server answers, so another
+    /// manager is granted both names long before those leases end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn releases_owed_during_an_outage_are_done_once_the_server_answers() {
+        let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let manager = LockManager::redis(server.url()).await.expect("connect");
+        warm(&manager, "outage").await;
+        let released = manager.lock("outage:released").await.expect("lock");
+        let dropped = manager.lock("outage:dropped").await.expect("lock");
+        server.kill();
+        assert!(released.release().await.is_err(), "no server: the release cannot be confirmed");
+        drop(dropped);
+        // An outage longer than the command timeout (2 s), so that no first try is still
+        // pending when the server is back.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        server.restart();
+        let other = LockManager::redis(server.url()).await.expect("connect");
+        for name in ["outage:released", "outage:dropped"] {
+            let guard = other
+                .lock(name)
+                .wait(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|e| panic!("`{name}` was left held after the outage: {e}"));
+            guard.release().await.expect("release");
+        }
+        every_operation_succeeds(&manager, "outage", "a crash and restart on the data").await;
+    }
+
     /// A crash (SIGKILL) and restart without persistence: the holder's lock is gone with the
     /// data, so it is told `lost()`; the parked waiter is granted; every operation succeeds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

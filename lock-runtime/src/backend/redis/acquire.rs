@@ -296,6 +296,7 @@ impl RedisAcquisition {
             channel: self.layout.channel.as_str().into(),
             owner: self.owner.clone(),
             kind: self.req.kind,
+            lease: self.req.lease.duration(),
             holding,
         };
         Grant { fencing_token: u64::try_from(token).unwrap_or(0), granted_at: Some(sent), lock: Held::new(lock) }

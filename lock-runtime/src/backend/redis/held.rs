@@ -22,6 +22,7 @@ use crate::error::LockError;
 /// One owner-checked release script call (`release.lua`, `release_after.lua`,
 /// `kind_release.lua`): key a lock's key (or a kind's state), arguments the owner, where the
 /// script takes one a number of milliseconds, and the release channel.
+#[derive(Clone)]
 pub(super) struct ReleaseCall {
     backend: RedisBackend,
     script: &'static Script,
@@ -32,6 +33,10 @@ pub(super) struct ReleaseCall {
     millis: Option<u64>,
     /// A holder's release of a mutex, which may go out in a batch (see `batch.rs`).
     batched: bool,
+    /// A holder's release now: how long its key may outlive a release that failed (the lease:
+    /// the last renewal was before the release began). Such a release is owed to the store
+    /// and tried again until done or that long has passed (see [`owe`](Self::owe)).
+    owed_for: Option<Duration>,
 }
 
 impl ReleaseCall {
@@ -52,7 +57,15 @@ impl ReleaseCall {
             owner: owner.clone(),
             millis: None,
             batched: false,
+            owed_for: None,
         }
+    }
+
+    /// A holder's release now of a lock whose lease is `lease`: owed until done (see
+    /// [`owe`](Self::owe)).
+    pub(super) fn owed_for(mut self, lease: Duration) -> Self {
+        self.owed_for = Some(lease);
+        self
     }
 
     /// The script's number of milliseconds (before the channel).
@@ -141,22 +154,72 @@ impl ReleaseCall {
         let timeout = self.backend.inner.options.command_timeout;
         let name = self.name.clone();
         let release = Box::pin(async move {
-            if std::ptr::eq(self.script, &*RELEASE) {
-                if let Some(ticket) = self.backend.inner.waiters.hand_off(&self.channel, &self.owner) {
-                    return self.hand_off(ticket).await;
+            let started = crate::clock::now();
+            // Bounded here (within the manager's own bound), so that one that got no answer
+            // is owed (below) rather than dropped.
+            let outcome = bounded(&self.name, "release", timeout, async {
+                if std::ptr::eq(self.script, &*RELEASE) {
+                    if let Some(ticket) = self.backend.inner.waiters.hand_off(&self.channel, &self.owner) {
+                        return self.hand_off(ticket).await;
+                    }
                 }
-            }
-            let mut tell = Some(Tell(&self));
-            let mut call = std::pin::pin!(self.call());
-            let status = std::future::poll_fn(|cx| {
-                let polled = std::future::Future::poll(call.as_mut(), cx);
-                drop(tell.take()); // sent (or over): the head attempts behind it
-                polled
+                let mut tell = Some(Tell(&self));
+                let mut call = std::pin::pin!(self.call());
+                let status = std::future::poll_fn(|cx| {
+                    let polled = std::future::Future::poll(call.as_mut(), cx);
+                    drop(tell.take()); // sent (or over): the head attempts behind it
+                    polled
+                })
+                .await;
+                still_held(&self.name, status?)
             })
             .await;
-            still_held(&self.name, status?)
+            match (&outcome, self.owed_for) {
+                (Err(e), Some(lease)) if !e.is_lost() => self.owe(started + lease),
+                _ => {}
+            }
+            outcome
         });
         Box::pin(Unabandoned::new(release, runtime, (timeout, KIND), name))
+    }
+
+    /// A release that failed without an answer (the server down or unreachable) is tried
+    /// again in the background, with pauses growing from 50 ms to 1 s, until the server
+    /// answers it (released, or the key already gone or another owner's: nothing is owed any
+    /// more) or `until`, when the key's lease has ended by itself. Without it, a release that
+    /// fell in an outage left the key to block every other process for the rest of its lease.
+    /// Sending it again is safe: it is owner-checked.
+    fn owe(&self, until: std::time::Instant) {
+        let mut call = self.clone();
+        call.batched = false;
+        call.owed_for = None;
+        let runtime = self.backend.inner.runtime.clone();
+        let timeout = self.backend.inner.options.command_timeout;
+        let owed = async move {
+            let shown = crate::telemetry::shown_name(&call.name);
+            let mut pause = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                let left = until.saturating_duration_since(crate::clock::now());
+                if left.is_zero() {
+                    tracing::debug!(lock = %shown, "a release owed since an outage: its lease has ended meanwhile");
+                    return;
+                }
+                match bounded(&call.name, "release", timeout.min(left), call.call()).await {
+                    Ok(status) => {
+                        if status == 1 {
+                            call.tell();
+                        }
+                        tracing::debug!(lock = %shown, status, "a release owed since an outage was done");
+                        return;
+                    }
+                    Err(e) if e.is_lost() => return,
+                    Err(_) => {}
+                }
+            }
+        };
+        drop(runtime.spawn(owed));
     }
 }
 
@@ -263,6 +326,9 @@ pub(super) struct RedisHeld {
     pub(super) channel: Arc<str>,
     pub(super) owner: Arc<str>,
     pub(super) kind: LockKind,
+    /// Its lease (a renewed one's, or a fixed one's): how long its key may outlive a release
+    /// that failed.
+    pub(super) lease: Duration,
     /// Its registration among the locks checked after a lost connection; removed when its
     /// release begins (the release reports what it finds).
     pub(super) holding: Option<Holding>,
@@ -310,7 +376,7 @@ pub(super) fn release_call(
 impl HeldLock for RedisHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         drop(self.holding.take());
-        self.call(None).release()
+        self.call(None).owed_for(self.lease).release()
     }
 
     fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
