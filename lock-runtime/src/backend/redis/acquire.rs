@@ -320,9 +320,12 @@ impl RedisAcquisition {
     }
 
     /// The owner-checked release that removes what this acquisition may hold in Redis.
+    /// The owner-checked undo of what this acquisition may hold; owed until done or its lease
+    /// has ended, when it fails without an answer.
     fn undo(&self) -> super::held::ReleaseCall {
         let (key, channel) = (self.layout.lock.as_str().into(), self.layout.channel.as_str().into());
         release_call(&self.backend, &self.req.name, self.req.kind, key, channel, &self.owner, None)
+            .owed_for(self.req.lease.duration())
     }
 
     async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {

@@ -300,6 +300,7 @@ pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
     let runtime = call.backend.inner.runtime.clone();
     let undo = async move {
         let shown = crate::telemetry::shown_name(&call.name);
+        let started = crate::clock::now();
         match call.call_bounded().await {
             Ok(1) => {
                 tracing::debug!(lock = %shown, "undid what a dropped acquisition left");
@@ -308,8 +309,16 @@ pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
             Ok(_) if !always_tell => {}
             Ok(_) => call.tell(),
             Err(e) => {
-                tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left; its lease will");
                 call.tell();
+                match call.owed_for {
+                    Some(lease) if !e.is_lost() => {
+                        tracing::debug!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left yet; trying again");
+                        call.owe(started + lease);
+                    }
+                    _ => {
+                        tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left; its lease will");
+                    }
+                }
             }
         }
     };
