@@ -10,6 +10,7 @@ mod inspect;
 pub(crate) mod layout;
 mod pubsub;
 pub mod redlock;
+mod resend;
 pub mod sentinel;
 mod topology;
 mod url;

@@ -246,10 +246,10 @@ impl SentinelConn {
                     Ok(Reply::Many(vs)) => vs.iter().any(is_readonly_value),
                     Err(e) => is_readonly(e),
                 };
-                let dropped = matches!(&reply, Err(e) if super::topology::dropped(e));
+                let dropped = matches!(&reply, Err(e) if super::resend::dropped(e));
                 if readonly || dropped {
                     // Refused without writing, or the connection found closed (the command is
-                    // idempotent for its owner: see `topology.rs`): resolve again and send
+                    // idempotent for its owner: see `resend.rs`): resolve again and send
                     // once more.
                     self.0.forget(p.id);
                     if std::mem::take(&mut again) {

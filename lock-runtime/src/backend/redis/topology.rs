@@ -5,19 +5,12 @@
 //! [`Conn`] for commands and asks the [`Source`] for a pub/sub connection, so every topology
 //! runs the same protocol.
 //!
-//! A command that finds its connection closed or reset (the server closed it while idle, an
-//! operator killed it, the server restarted) is sent once more, on the new connection the
-//! connection manager makes (Sentinel: on a connection to the primary resolved again), here
-//! and nowhere else. That is safe because every command the backend sends is idempotent for
-//! its owner: an attempt whose key already holds its owner grants it again with a fresh token
-//! (`acquire.lua`, `kind_acquire.lua`, and so a batch's attempts), a release, renewal or
-//! hand-off is owner-checked (a second copy finds the key gone or another owner's and changes
-//! nothing), a queue entry is keyed by its owner, and the rest only read. The one cost of an
-//! answer lost with the connection: a release whose first copy ran reports the lock gone
-//! (`lost`), though it was released.
+//! A command that finds its connection closed or reset is sent once more (see `resend.rs`).
 
 use redis::aio::{ConnectionLike, ConnectionManager, PubSub};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+use super::resend::dropped;
 
 /// The connection commands are sent on. Cheap to clone (clones share the connection).
 #[derive(Clone)]
@@ -29,12 +22,6 @@ pub(super) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
     /// The primary a set of Sentinels names, followed across failovers.
     Sentinel(super::sentinel::SentinelConn),
-}
-
-/// Whether `e` says the connection was found closed or reset (not a server's answer, not a
-/// timeout): the command may be sent again on a new connection.
-pub(super) fn dropped(e: &RedisError) -> bool {
-    e.is_connection_dropped() && !e.is_timeout()
 }
 
 impl ConnectionLike for Conn {
