@@ -247,6 +247,32 @@ mod redis_topologies_row {
         cell(&manager, &primary, Event::IdleTimeout, "sentinel-idle").await;
     }
 
+    /// Redlock over three append-only servers, two of them SIGKILLed for 3 s while a holder
+    /// releases: the quorum's release cannot be confirmed, and the two keep the key on their
+    /// data. The release is owed: done once they answer, so another manager is granted the
+    /// name long before its 30 s lease ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redlock_releases_owed_during_an_outage_are_done_once_the_servers_answer() {
+        let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+        let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&aof)).collect();
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let manager = LockManager::redlock(&urls).await.expect("connect");
+        let held = manager.lock("outage:released").await.expect("lock");
+        servers[0].kill();
+        servers[1].kill();
+        assert!(held.release().await.is_err(), "no quorum: the release cannot be confirmed");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        servers[0].restart();
+        servers[1].restart();
+        let other = LockManager::redlock(&urls).await.expect("connect");
+        let guard = other
+            .lock("outage:released")
+            .wait(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("the name was left held after the outage: {e}"));
+        guard.release().await.expect("release");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redlock_after_idle_timeouts_killed_clients_and_restarts() {
         let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();

@@ -384,6 +384,7 @@ impl RedlockAcquisition {
                         keys: self.keys.clone(),
                         owner: self.owner.clone(),
                         chains: self.chains.clone(),
+                        lease,
                     };
                     let grant = Grant { fencing_token: token, granted_at: Some(sent), lock: Held::new(held) };
                     return Ok(Attempt::Acquired(grant));
@@ -597,6 +598,40 @@ struct RedlockHeld {
     keys: Arc<Keys>,
     owner: Arc<str>,
     chains: Chains,
+    /// Its lease: how long its keys may outlive a release that failed.
+    lease: Duration,
+}
+
+impl RedlockHeld {
+    /// A release no quorum confirmed or refused (too few nodes answered) is owed: tried again
+    /// on every node in the background, pauses from 50 ms to 1 s, until a quorum answers it or
+    /// the lease has ended by itself (`until`). Owner-checked on every node: safe to repeat.
+    /// Without it, the keys on the nodes that were away blocked the lock for the rest of its
+    /// lease.
+    fn owe(&self, until: std::time::Instant) {
+        let (backend, name, chains) = (self.backend.clone(), self.name.clone(), self.chains.clone());
+        let (keys, owner) = (self.keys.clone(), self.owner.clone());
+        let runtime = backend.inner.runtime.clone();
+        drop(runtime.spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                if crate::clock::now() >= until {
+                    return;
+                }
+                let (k, o) = (keys.clone(), owner.clone());
+                match backend.on_quorum(&name, "release", &chains, move || release(&k, &o)).await {
+                    Err(e) if !e.is_lost() => {}
+                    // Done (or the keys gone): local waiters look again.
+                    _ => {
+                        backend.inner.queues.wake_head(&keys.lock);
+                        return;
+                    }
+                }
+            }
+        }));
+    }
 }
 
 /// Wakes the head of the lock's local queue once its holder let go (or may have): however the
@@ -612,9 +647,15 @@ impl Drop for WakeLocal<'_> {
 impl HeldLock for RedlockHeld {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
+            let started = crate::clock::now();
             let (keys, owner) = (self.keys.clone(), self.owner.clone());
             let _wake = WakeLocal(self);
-            self.backend.on_quorum(&self.name, "release", &self.chains, move || release(&keys, &owner)).await
+            let outcome =
+                self.backend.on_quorum(&self.name, "release", &self.chains, move || release(&keys, &owner)).await;
+            if matches!(&outcome, Err(e) if !e.is_lost()) {
+                self.owe(started + self.lease);
+            }
+            outcome
         })
     }
 
