@@ -1,6 +1,6 @@
 //! Work that must run to its end though nobody awaits it any more, for every backend: the
 //! cleanup of a dropped acquisition, the release of a dropped guard, the rest of a dropped
-//! release ([`Unabandoned`]).
+//! release ([`Unabandoned`]), and what the store is owed after an outage ([`owed`]).
 #![cfg_attr(not(all(feature = "redis", feature = "etcd")), allow(dead_code))]
 
 use std::future::Future;
@@ -12,6 +12,34 @@ use crate::error::LockError;
 
 /// A release being finished: its verdict.
 type Release = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
+
+/// The first pause between two tries of work owed to the store ([`owed`]).
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of work owed to the store.
+const MAX_RETRY: Duration = Duration::from_secs(1);
+
+/// Work the library owes the store (a release, a deletion) that failed without an answer,
+/// done by `attempt` until it reports done (`true`: done, or nothing is owed any more), with
+/// pauses growing from 50 ms to 1 s between tries, across reconnections. Given up only when
+/// `over` completes: the state it would delete went by itself (its lease ended, the session it
+/// was made in was lost). Every caller's `attempt` is owner-checked, so repeating it is safe.
+pub(crate) async fn owed<Fut: Future<Output = bool>>(over: impl Future<Output = ()>, mut attempt: impl FnMut() -> Fut) {
+    tokio::pin!(over);
+    let mut pause = FIRST_RETRY;
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut over => return,
+            done = attempt() => if done { return },
+        }
+        tokio::select! {
+            biased;
+            () = &mut over => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(MAX_RETRY);
+    }
+}
 
 /// [`finish_in_background`] on the current runtime; outside one, `failed` is logged.
 pub(crate) fn finish(work: impl Future<Output = ()> + Send + 'static, failed: &'static str) {

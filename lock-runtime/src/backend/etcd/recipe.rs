@@ -488,11 +488,6 @@ fn cleanup(client: Client, key: String, session: Arc<Session>, bound: Duration, 
     crate::background::finish(delete, "could not remove the key of a dropped acquisition; the lease will");
 }
 
-/// The first pause before a deletion the store did not confirm is tried again.
-const FIRST_RETRY: Duration = Duration::from_millis(50);
-/// The longest pause between two tries of a deletion.
-const MAX_RETRY: Duration = Duration::from_secs(1);
-
 /// A deletion the library owes the store: a release, a dropped guard's or acquisition's key,
 /// a fixed lease's or `hold_at_least`'s end, a resignation. Never given up while the key
 /// could outlive it: the manager's keep-alive renews the lease the key was put with for as
@@ -512,31 +507,22 @@ struct Owed {
 
 impl Owed {
     /// Tries until the server confirms the deletion (or that the key is no longer ours), each
-    /// try bounded by the operation timeout, with pauses growing from [`FIRST_RETRY`] to
-    /// [`MAX_RETRY`] between them (across a reconnection: the client connects again by
-    /// itself), or until the lease is lost.
+    /// try bounded by the operation timeout, across reconnections (the client connects again
+    /// by itself), or until the lease is lost ([`owed`](crate::background::owed)).
     async fn delete(&self) {
-        let mut client = self.client.clone();
-        let mut pause = FIRST_RETRY;
-        loop {
-            if self.session.is_lost() {
-                return;
-            }
-            let done = match self.revision {
-                Some(revision) => delete_if(&mut client, &self.key, revision, self.bound).await.is_ok(),
-                None => {
-                    matches!(tokio::time::timeout(self.bound, client.delete(self.key.as_str(), None)).await, Ok(Ok(_)))
+        let attempt = || {
+            let mut client = self.client.clone();
+            async move {
+                match self.revision {
+                    Some(revision) => delete_if(&mut client, &self.key, revision, self.bound).await.is_ok(),
+                    None => matches!(
+                        tokio::time::timeout(self.bound, client.delete(self.key.as_str(), None)).await,
+                        Ok(Ok(_))
+                    ),
                 }
-            };
-            if done {
-                return;
             }
-            tokio::select! {
-                () = self.session.until_lost() => return,
-                () = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(MAX_RETRY);
-        }
+        };
+        crate::background::owed(self.session.until_lost(), attempt).await;
     }
 }
 

@@ -183,42 +183,32 @@ impl ReleaseCall {
         Box::pin(Unabandoned::new(release, runtime, (timeout, KIND), name))
     }
 
-    /// A release that failed without an answer (the server down or unreachable) is tried
-    /// again in the background, with pauses growing from 50 ms to 1 s, until the server
+    /// A release that failed without an answer (the server down or unreachable) is owed
+    /// ([`owed`](crate::background::owed)): tried again in the background until the server
     /// answers it (released, or the key already gone or another owner's: nothing is owed any
     /// more) or `until`, when the key's lease has ended by itself. Without it, a release that
     /// fell in an outage left the key to block every other process for the rest of its lease.
-    /// Sending it again is safe: it is owner-checked.
     fn owe(&self, until: std::time::Instant) {
         let mut call = self.clone();
         call.batched = false;
         call.owed_for = None;
         let runtime = self.backend.inner.runtime.clone();
         let timeout = self.backend.inner.options.command_timeout;
-        let owed = async move {
-            let shown = crate::telemetry::shown_name(&call.name);
-            let mut pause = Duration::from_millis(50);
-            loop {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-                let left = until.saturating_duration_since(crate::clock::now());
-                if left.is_zero() {
-                    tracing::debug!(lock = %shown, "a release owed since an outage: its lease has ended meanwhile");
-                    return;
-                }
-                match bounded(&call.name, "release", timeout.min(left), call.call()).await {
+        let over = tokio::time::sleep_until(until.into());
+        let owed = crate::background::owed(over, move || {
+            let call = call.clone();
+            async move {
+                match bounded(&call.name, "release", timeout, call.call()).await {
                     Ok(status) => {
                         if status == 1 {
                             call.tell();
                         }
-                        tracing::debug!(lock = %shown, status, "a release owed since an outage was done");
-                        return;
+                        true
                     }
-                    Err(e) if e.is_lost() => return,
-                    Err(_) => {}
+                    Err(e) => e.is_lost(),
                 }
             }
-        };
+        });
         drop(runtime.spawn(owed));
     }
 }

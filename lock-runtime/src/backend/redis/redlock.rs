@@ -603,34 +603,31 @@ struct RedlockHeld {
 }
 
 impl RedlockHeld {
-    /// A release no quorum confirmed or refused (too few nodes answered) is owed: tried again
-    /// on every node in the background, pauses from 50 ms to 1 s, until a quorum answers it or
-    /// the lease has ended by itself (`until`). Owner-checked on every node: safe to repeat.
+    /// A release no quorum confirmed or refused (too few nodes answered) is owed
+    /// ([`owed`](crate::background::owed)): tried again on every node in the background until a
+    /// quorum answers it or the lease has ended by itself (`until`). Owner-checked on every node: safe to repeat.
     /// Without it, the keys on the nodes that were away blocked the lock for the rest of its
     /// lease.
     fn owe(&self, until: std::time::Instant) {
         let (backend, name, chains) = (self.backend.clone(), self.name.clone(), self.chains.clone());
         let (keys, owner) = (self.keys.clone(), self.owner.clone());
         let runtime = backend.inner.runtime.clone();
-        drop(runtime.spawn(async move {
-            let mut pause = Duration::from_millis(50);
-            loop {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-                if crate::clock::now() >= until {
-                    return;
-                }
+        let over = tokio::time::sleep_until(until.into());
+        drop(runtime.spawn(crate::background::owed(over, move || {
+            let (backend, name, chains) = (backend.clone(), name.clone(), chains.clone());
+            let (keys, owner) = (keys.clone(), owner.clone());
+            async move {
                 let (k, o) = (keys.clone(), owner.clone());
                 match backend.on_quorum(&name, "release", &chains, move || release(&k, &o)).await {
-                    Err(e) if !e.is_lost() => {}
+                    Err(e) if !e.is_lost() => false,
                     // Done (or the keys gone): local waiters look again.
                     _ => {
                         backend.inner.queues.wake_head(&keys.lock);
-                        return;
+                        true
                     }
                 }
             }
-        }));
+        })));
     }
 }
 
