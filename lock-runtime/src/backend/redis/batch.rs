@@ -196,7 +196,7 @@ impl Flusher {
                 let n = state.pending.len().min(MAX_BATCH);
                 batch.extend(state.pending.drain(..n));
                 drop(state);
-                let mut call = Box::pin(backend.eval_command::<Vec<i64>>(&BATCH, command(&batch)));
+                let mut call = Box::pin(backend.eval_command::<Vec<i64>>(command(&batch)));
                 let first = call.as_mut().poll(cx);
                 Poll::Ready(Some((call, first)))
             })

@@ -1,8 +1,7 @@
 #![doc = include_str!("cluster.md")]
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, PubSub};
@@ -210,43 +209,24 @@ pub(super) async fn scan_primaries(conn: &ClusterConnection, pattern: &str, coun
     Ok(keys)
 }
 
-/// The sources of the scripts sent on cluster connections, by SHA1 (a handful: the backend's
-/// scripts).
-static SOURCES: LazyLock<Mutex<HashMap<String, Arc<[u8]>>>> = LazyLock::new(Default::default);
-
 /// One command on the cluster. `SCRIPT LOAD` only records the source (answering its SHA1) and
 /// an `EVALSHA` answered `NOSCRIPT` is sent again as `EVAL` of the recorded source, so a
 /// script reaches exactly the node that runs it (see the [module docs](self)).
 pub(super) fn command<'a>(conn: &'a mut ClusterConnection, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
     Box::pin(async move {
-        let args: Vec<&[u8]> = cmd
-            .args_iter()
-            .filter_map(|a| match a {
-                redis::Arg::Simple(a) => Some(a),
-                _ => None,
-            })
-            .collect();
+        let args = super::resend::args(cmd);
         let verb = |i: usize, word: &str| args.get(i).is_some_and(|a| a.eq_ignore_ascii_case(word.as_bytes()));
         if verb(0, "SCRIPT") && verb(1, "LOAD") && args.len() == 3 {
             if let Ok(source) = std::str::from_utf8(args[2]) {
                 let sha = redis::Script::new(source).get_hash().to_owned();
-                SOURCES.lock().unwrap_or_else(|e| e.into_inner()).insert(sha.clone(), Arc::from(args[2]));
+                super::resend::remember(&sha, args[2]);
                 return Ok(Value::BulkString(sha.into_bytes()));
             }
         }
         let answer = conn.req_packed_command(cmd).await;
-        // A server's error comes back as a value (or, from some paths, as an error).
-        let noscript = match &answer {
-            Ok(Value::ServerError(e)) => e.kind() == Some(redis::ServerErrorKind::NoScript),
-            Err(e) => e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
-            Ok(_) => false,
-        };
         match answer {
-            _ if noscript && verb(0, "EVALSHA") && args.len() >= 3 => {
-                let source = std::str::from_utf8(args[1]).ok().and_then(|sha| {
-                    SOURCES.lock().unwrap_or_else(|e| e.into_inner()).get(&sha.to_ascii_lowercase()).cloned()
-                });
-                let Some(source) = source else { return answer };
+            _ if super::resend::noscript(&answer) && verb(0, "EVALSHA") && args.len() >= 3 => {
+                let Some(source) = super::resend::source(args[1]) else { return answer };
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(&*source);
                 for arg in &args[2..] {

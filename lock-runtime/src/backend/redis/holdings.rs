@@ -23,7 +23,7 @@ use super::{bounded, eval, key_slot};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
-static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("check.lua")));
+static CHECK: LazyLock<Script> = LazyLock::new(|| super::resend::script(include_str!("check.lua")));
 
 /// The most locks one `check.lua` call asks about.
 const BATCH: usize = 256;

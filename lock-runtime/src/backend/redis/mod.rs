@@ -41,7 +41,7 @@ const MAX_OPTION: Duration = Duration::from_secs(3600);
 
 /// `acquire.lua`'s function, called on its own, then (given a queue) `queue.lua`'s `queued`.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+    resend::script(concat!(
         include_str!("acquire.lua"),
         include_str!("queue.lua"),
         "local now = redis.call('time')\n",
@@ -50,10 +50,10 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         "return answer\n"
     ))
 });
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("extend.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("extend.lua")));
 /// `release.lua`'s function, called on its own.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+    resend::script(concat!(
         include_str!("acquire.lua"),
         include_str!("queue.lua"),
         include_str!("release.lua"),
@@ -62,7 +62,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 /// A release that grants the lock to the releasing process's next waiter (`handoff.lua`).
 static HANDOFF: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+    resend::script(concat!(
         include_str!("acquire.lua"),
         include_str!("queue.lua"),
         include_str!("release.lua"),
@@ -71,21 +71,21 @@ static HANDOFF: LazyLock<Script> = LazyLock::new(|| {
 });
 /// Many attempts and releases in one call (`batch.lua`, see `batch.rs`).
 static BATCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+    resend::script(concat!(
         include_str!("acquire.lua"),
         include_str!("queue.lua"),
         include_str!("release.lua"),
         include_str!("batch.lua")
     ))
 });
-static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release_after.lua")));
-static WATCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("watch.lua")));
-static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force_release.lua")));
-static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
-static INSPECT_KINDS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect_kinds.lua")));
-static KIND_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_acquire.lua")));
-static KIND_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_release.lua")));
-static KIND_EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("kind_extend.lua")));
+static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("release_after.lua")));
+static WATCH: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("watch.lua")));
+static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("force_release.lua")));
+static INSPECT: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("inspect.lua")));
+static INSPECT_KINDS: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("inspect_kinds.lua")));
+static KIND_ACQUIRE: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("kind_acquire.lua")));
+static KIND_RELEASE: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("kind_release.lua")));
+static KIND_EXTEND: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("kind_extend.lua")));
 
 /// The default [`RedisOptions::command_timeout`].
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -395,22 +395,12 @@ impl RedisBackend {
         invocation.invoke_async(&mut conn).await
     }
 
-    /// [`eval_raw`](Self::eval_raw) of an `EVALSHA` of `script` the caller wrote itself (in one
-    /// buffer, not an argument at a time): the script is loaded, and the command sent again,
-    /// when the server answers `NOSCRIPT`.
-    async fn eval_command<T: FromRedisValue>(
-        &self,
-        script: &Script,
-        command: redis::Cmd,
-    ) -> Result<T, redis::RedisError> {
+    /// [`eval_raw`](Self::eval_raw) of an `EVALSHA` the caller wrote itself (in one buffer,
+    /// not an argument at a time). A server that lost the script is given it again by the
+    /// connection (see `resend.rs`).
+    async fn eval_command<T: FromRedisValue>(&self, command: redis::Cmd) -> Result<T, redis::RedisError> {
         let mut conn = self.inner.conn.clone();
-        match command.query_async(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
-                command.query_async(&mut conn).await
-            }
-            answer => answer,
-        }
+        command.query_async(&mut conn).await
     }
 
     /// The error of a failed command; a connection found lost has every held lock checked.
@@ -443,13 +433,8 @@ impl RedisBackend {
             script.load_async(&mut conn).await.map_err(map)?;
             self.inner.loaded.lock().unwrap_or_else(PoisonError::into_inner).insert(script.get_hash().to_owned());
         }
-        match pipe.query_async(&mut conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") || e.to_string().contains("NOSCRIPT") => {
-                script.load_async(&mut conn).await.map_err(map)?;
-                pipe.query_async(&mut conn).await.map_err(map)
-            }
-            outcome => outcome.map_err(map),
-        }
+        // A server that lost the script since is given it again by the connection (`resend.rs`).
+        pipe.query_async(&mut conn).await.map_err(map)
     }
 }
 

@@ -26,7 +26,8 @@ const KIND: &str = "redlock";
 /// How far ahead of the client's wall clock the proposed token floor is (see *Fencing tokens*).
 const FLOOR_AHEAD: Duration = Duration::from_secs(1);
 
-static FENCE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(include_str!("fence.lua")));
+static FENCE: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| super::resend::script(include_str!("fence.lua")));
 
 /// Locks over N independent Redis primaries (Redlock), with strictly increasing fencing
 /// tokens. Cheap to clone: clones share the connections. See the [module docs](self).

@@ -5,12 +5,13 @@
 //! [`Conn`] for commands and asks the [`Source`] for a pub/sub connection, so every topology
 //! runs the same protocol.
 //!
-//! A command that finds its connection closed or reset is sent once more (see `resend.rs`).
+//! A command that finds its connection closed or reset, or its script unknown to the server,
+//! is sent again (see `resend.rs`).
 
 use redis::aio::{ConnectionLike, ConnectionManager, PubSub};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
-use super::resend::dropped;
+use super::resend;
 
 /// The connection commands are sent on. Cheap to clone (clones share the connection).
 #[derive(Clone)]
@@ -27,16 +28,13 @@ pub(super) enum Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            // The manager starts a new connection as it reports a dropped one; the second
-            // send waits for it.
-            Conn::Single(conn) => Box::pin(async move {
-                match conn.send_packed_command(cmd).await {
-                    Err(e) if dropped(&e) => conn.send_packed_command(cmd).await,
-                    answer => answer,
-                }
-            }),
+            // The manager starts a new connection as it reports a dropped one; a second send
+            // waits for it (see `resend.rs`).
+            Conn::Single(conn) => Box::pin(resend::command(conn, cmd, true)),
             Conn::Cluster(conn) => super::cluster::command(conn, cmd),
-            Conn::Sentinel(conn) => conn.req_packed_command(cmd),
+            // Sent again on a dropped connection by the Sentinel client itself, after it
+            // resolved the primary again.
+            Conn::Sentinel(conn) => Box::pin(resend::command(conn, cmd, false)),
         }
     }
 
@@ -47,14 +45,9 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(conn) => Box::pin(async move {
-                match conn.send_packed_commands(pipeline, offset, count).await {
-                    Err(e) if dropped(&e) => conn.send_packed_commands(pipeline, offset, count).await,
-                    answer => answer,
-                }
-            }),
+            Conn::Single(conn) => Box::pin(resend::commands(conn, pipeline, (offset, count), true)),
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Conn::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(conn) => Box::pin(resend::commands(conn, pipeline, (offset, count), false)),
         }
     }
 
