@@ -85,12 +85,30 @@ pub async fn park_waiter(
     manager: &LockManager,
     name: &str,
 ) -> tokio::task::JoinHandle<Result<u64, lock_runtime::LockError>> {
-    let (m, name) = (manager.clone(), name.to_owned());
-    let waiter = tokio::spawn(async move { m.lock(name).wait(PARKED_WAIT).await.map(|g| g.fencing_token()) });
-    // Parked: nothing signals that the waiter reached its wait; 200 ms is far more than the
-    // one round trip its first attempt takes, and the test's assertions hold either way (a
-    // waiter not parked yet is a waiter that arrives after the event).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (m, owned) = (manager.clone(), name.to_owned());
+    let waiter = tokio::spawn(async move { m.lock(owned).wait(PARKED_WAIT).await.map(|g| g.fencing_token()) });
+    // Parked: seen in the store where it says so (waiters, or Redis's server-side queue, which
+    // a waiter enters a third of its claim window in). Where the store says nothing of its
+    // waiters (MySQL, a Redis Cluster, Redlock), 200 ms: far more than the one round trip its
+    // first attempt takes.
+    let mut told = false;
+    if manager.can_inspect() {
+        crate::eventually("the waiter parked", Duration::from_secs(10), async || {
+            let info = manager.inspect(name).await.map_err(|e| e.to_string())?.ok_or("not held")?;
+            match (info.waiters, info.queued) {
+                (None, None) => Ok(()),
+                (w, q) if w.unwrap_or(0) + q.unwrap_or(0) >= 1 => {
+                    told = true;
+                    Ok(())
+                }
+                _ => Err("no waiter yet".to_owned()),
+            }
+        })
+        .await;
+    }
+    if !told {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     waiter
 }
 

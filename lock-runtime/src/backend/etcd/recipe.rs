@@ -474,7 +474,7 @@ fn get_at(resp: &TxnResponse, i: usize) -> Option<Vec<etcd_client::KeyValue>> {
 }
 
 /// Deletes `key` (of an acquisition that was not granted) in a spawned task, until done (see
-/// [`delete_owed`]); when `again`, once more after the operation timeout (for a put whose
+/// [`Owed`]); when `again`, once more after the operation timeout (for a put whose
 /// answer was lost and that may still be applied).
 fn cleanup(client: Client, key: String, session: Arc<Session>, bound: Duration, again: bool) {
     let delete = async move {

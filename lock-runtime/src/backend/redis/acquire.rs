@@ -319,7 +319,6 @@ impl RedisAcquisition {
         LockError::backend(&*self.req.name, KIND, "acquire", why)
     }
 
-    /// The owner-checked release that removes what this acquisition may hold in Redis.
     /// The owner-checked undo of what this acquisition may hold; owed until done or its lease
     /// has ended, when it fails without an answer.
     fn undo(&self) -> super::held::ReleaseCall {

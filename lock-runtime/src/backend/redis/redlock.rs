@@ -605,10 +605,10 @@ struct RedlockHeld {
 
 impl RedlockHeld {
     /// A release no quorum confirmed or refused (too few nodes answered) is owed
-    /// ([`owed`](crate::background::owed)): tried again on every node in the background until a
-    /// quorum answers it or the lease has ended by itself (`until`). Owner-checked on every node: safe to repeat.
-    /// Without it, the keys on the nodes that were away blocked the lock for the rest of its
-    /// lease.
+    /// ([`owed`](crate::background::owed)): tried again on every node in the background until
+    /// a quorum answers it or the lease has ended by itself (`until`). Owner-checked on every
+    /// node: safe to repeat. Without it, the keys on the nodes that were away blocked the lock
+    /// for the rest of its lease.
     fn owe(&self, until: std::time::Instant) {
         let (backend, name, chains) = (self.backend.clone(), self.name.clone(), self.chains.clone());
         let (keys, owner) = (self.keys.clone(), self.owner.clone());
