@@ -4,7 +4,8 @@
 //! of leader, and kills the leader twice with SIGKILL to show the hand-over.
 //!
 //! ```text
-//! # three processes against one Redis (REDIS_URL, default redis://127.0.0.1:6379):
+//! # three processes against one Redis (the store is a URL: `--url URL` or LOCK_URL, default
+//! # redis://127.0.0.1:6379; any scheme of `LockManager::connect`):
 //! cargo run -p examples --features redis --example leader
 //! # against PostgreSQL (a killed leader is replaced at once: its connection ends):
 //! cargo run -p examples --features postgres --example leader -- --postgres postgres://postgres@127.0.0.1/postgres
@@ -41,74 +42,43 @@ async fn schedule(manager: &LockManager, instance: &str) -> Result<(), LockError
     Ok(())
 }
 
-/// Where the locks live, from the command line.
-enum Store {
-    Redis(String),
-    Postgres(String),
-    File(String),
+/// Where the locks live, from the command line, as the URL a manager connects to
+/// (`LockManager::connect`): `--url URL`, `--postgres URL`, `--file DIR` (`file://DIR`), or
+/// LOCK_URL (REDIS_URL), default `redis://127.0.0.1:6379`.
+fn store_url(args: &[String]) -> String {
+    let flag = |f: &str| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)).cloned();
+    match (flag("--url").or_else(|| flag("--postgres")), flag("--file")) {
+        (Some(url), _) => url,
+        (None, Some(dir)) => format!("file://{dir}"),
+        (None, None) => std::env::var("LOCK_URL")
+            .or_else(|_| std::env::var("REDIS_URL"))
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned()),
+    }
 }
 
-impl Store {
-    fn from_args(args: &[String]) -> Store {
-        let flag = |f: &str| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)).cloned();
-        match (flag("--postgres"), flag("--file")) {
-            (Some(url), _) => Store::Postgres(url),
-            (None, Some(dir)) => Store::File(dir),
-            (None, None) => {
-                Store::Redis(std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned()))
-            }
-        }
-    }
-
-    fn args(&self) -> Vec<String> {
-        match self {
-            Store::Redis(_) => Vec::new(),
-            Store::Postgres(url) => vec!["--postgres".to_owned(), url.clone()],
-            Store::File(dir) => vec!["--file".to_owned(), dir.clone()],
-        }
-    }
-
-    async fn manager(&self, builder: LockManagerBuilder) -> Result<LockManager, LockError> {
-        let builder = builder.prefix("leader-example:").default_lease(LEASE);
-        match self {
-            Store::File(dir) => builder.file(dir),
-            #[cfg(feature = "redis")]
-            Store::Redis(url) => builder.redis(url).await,
-            #[cfg(not(feature = "redis"))]
-            Store::Redis(url) => Err(LockError::invalid(
-                url.as_str(),
-                "built without the `redis` feature: build with `--features redis`, or give `--file DIR`",
-            )),
-            #[cfg(feature = "postgres")]
-            Store::Postgres(url) => builder.postgres(url).await,
-            #[cfg(not(feature = "postgres"))]
-            Store::Postgres(url) => Err(LockError::invalid(
-                url.as_str(),
-                "built without the `postgres` feature: build with `--features postgres`, or give `--file DIR`",
-            )),
-        }
-    }
+async fn manager(url: &str, builder: LockManagerBuilder) -> Result<LockManager, LockError> {
+    builder.prefix("leader-example:").default_lease(LEASE).connect(url).await
 }
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let store = Store::from_args(&args);
+    let url = store_url(&args);
     if let Some(i) = args.iter().position(|a| a == "--instance") {
         // One instance: campaign, lead, campaign again after a loss, until killed.
         let name = args.get(i + 1).cloned().unwrap_or_else(|| "x".to_owned());
-        let manager = store.manager(LockManager::builder().label(&name)).await?;
+        let manager = manager(&url, LockManager::builder().label(&name)).await?;
         return schedule(&manager, &name).await;
     }
 
-    let manager = store.manager(LockManager::builder()).await?;
+    let manager = manager(&url, LockManager::builder()).await?;
     let me = std::env::current_exe().map_err(|e| LockError::invalid("leader", e.to_string()))?;
     let mut children: Vec<(String, std::process::Child)> = ["a", "b", "c"]
         .into_iter()
         .filter_map(|name| {
             std::process::Command::new(&me)
                 .args(["--instance", name])
-                .args(store.args())
+                .args(["--url", url.as_str()])
                 .spawn()
                 .map_err(|e| eprintln!("could not start {name}: {e}"))
                 .ok()

@@ -4,13 +4,16 @@
 //! whose timer fires a little later, its clock a little behind, does not run it again).
 //!
 //! ```text
-//! # three instances (processes) against one Redis, five ticks:
+//! # three instances (processes) against one Redis, five ticks (the store is a URL: `--url URL`
+//! # or LOCK_URL, default redis://127.0.0.1:6379; any scheme of `LockManager::connect`):
 //! cargo run -p examples --features redis --example scheduled
-//! # or start instances yourself, in several terminals (REDIS_URL, default redis://127.0.0.1:6379):
+//! cargo run -p examples --features postgres --example scheduled -- --url postgres://postgres@127.0.0.1/postgres
+//! # or start instances yourself, in several terminals:
 //! cargo run -p examples --features redis --example scheduled -- --instance a
 //! # the same API on the in-process backend, instances as tasks of one process:
 //! cargo run -p examples --features redis --example scheduled -- --memory
-//! # three processes sharing lock files in a directory (one host, nothing to install):
+//! # three processes sharing lock files in a directory (one host, nothing to install; the same
+//! # as `--url file:///tmp/scheduled-locks`):
 //! cargo run -p examples --example scheduled -- --file /tmp/scheduled-locks
 //! ```
 //!
@@ -49,21 +52,6 @@ async fn instance(manager: LockManager, name: String, ticks: Option<u32>) {
     }
 }
 
-/// A manager on Redis at `url`.
-#[cfg(feature = "redis")]
-async fn redis(builder: lock_runtime::LockManagerBuilder, url: &str) -> Result<LockManager, LockError> {
-    builder.redis(url).await
-}
-
-/// Built without Redis: only `--file` and `--memory` work.
-#[cfg(not(feature = "redis"))]
-async fn redis(_: lock_runtime::LockManagerBuilder, _: &str) -> Result<LockManager, LockError> {
-    Err(LockError::invalid(
-        "",
-        "built without the `redis` feature: give `--file DIR` or `--memory`, or build with `--features redis`",
-    ))
-}
-
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -81,31 +69,27 @@ async fn main() -> Result<(), LockError> {
         }
         return Ok(());
     }
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let dir = flag("--file");
+    // The store, by URL (`LockManager::connect`): `--url URL`, `--file DIR`, or LOCK_URL.
+    let url = match (flag("--url"), flag("--file")) {
+        (Some(url), _) => url,
+        (None, Some(dir)) => format!("file://{dir}"),
+        (None, None) => std::env::var("LOCK_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned()),
+    };
     if let Some(name) = flag("--instance") {
         let builder = LockManager::builder().prefix("scheduled-example:").label(&name);
-        let manager = match &dir {
-            Some(dir) => builder.file(dir)?,
-            None => redis(builder, &url).await?,
-        };
+        let manager = builder.connect(&url).await?;
         instance(manager, name, ticks).await;
         return Ok(());
     }
     // Start three instances of this program as separate processes, five ticks each.
-    match &dir {
-        Some(dir) => println!("three instances sharing the lock files in {dir}, one report per tick:"),
-        None => println!("three instances against {url}, one report per tick:"),
-    }
+    println!("three instances against {url}, one report per tick:");
     let me = std::env::current_exe().map_err(|e| LockError::invalid("scheduled", e.to_string()))?;
     let children: Vec<_> = ["a", "b", "c"]
         .into_iter()
         .filter_map(|name| {
-            let args = ["--instance", name, "--ticks", "5"];
-            let file = dir.iter().flat_map(|dir| ["--file", dir.as_str()]);
+            let args = ["--instance", name, "--ticks", "5", "--url", url.as_str()];
             std::process::Command::new(&me)
                 .args(args)
-                .args(file)
                 .spawn()
                 .map_err(|e| eprintln!("could not start {name}: {e}"))
                 .ok()

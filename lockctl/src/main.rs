@@ -2,7 +2,8 @@
 //! Sentinel, Redlock), ZooKeeper, etcd, PostgreSQL and lock-file backends.
 //!
 //! ```text
-//! lockctl (--redis URL | --redis-cluster URLS | --redis-sentinel URLS --master NAME
+//! lockctl (--url URL
+//!          | --redis URL | --redis-cluster URLS | --redis-sentinel URLS --master NAME
 //!          | --redlock URLS | --zookeeper HOSTS [--zk-root PATH] | --etcd ENDPOINTS [--etcd-root PATH]
 //!          | --postgres URL | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
@@ -21,6 +22,12 @@
 //! view follows at once); acquisitions are announced only when the server has keyspace
 //! notifications on (`notify-keyspace-events` including `K` and `g$x`, which `lockctl` never
 //! changes), so it also looks every `--interval` (default 250 ms).
+//!
+//! `--url URL` names the store as a manager's URL does (`LockManager::connect`; every scheme
+//! and parameter of `lock_runtime::backend::url`): `redis://`, `redis+cluster://h:p,h:p`,
+//! `redis+sentinel://h:p,h:p/<master>`, `redlock://h:p,h:p,h:p`, `zookeeper://h:p/chroot`,
+//! `etcd://h:p`, `postgres://…`, `file:///dir`. The per-store options below do the same with
+//! TLS files and roots given on the command line.
 //!
 //! Over TLS: a `rediss://` URL (the platform's roots are trusted), `--tls-ca` to trust a CA
 //! of your own besides, `--tls-cert` and `--tls-key` for mutual TLS; an ACL user and password
@@ -105,7 +112,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgGroup, ArgMatches, Command};
-use lock_runtime::backend::{ChangeFeed, ForceRelease, Inspect, LockInfo, LockKind};
+use lock_runtime::backend::{BoxFuture, ChangeFeed, ForceRelease, Inspect, LockInfo, LockKind};
 use lock_runtime::LockError;
 use serde_json::{json, Value};
 
@@ -171,6 +178,12 @@ fn command() -> Command {
              backends",
         )
         .after_help(EXIT_CODES)
+        .arg(backend(
+            "url",
+            "URL",
+            "The store, by the URL a manager connects to (LockManager::connect), e.g. redis://127.0.0.1:6379, \
+             redlock://a:6379,b:6379,c:6379, zookeeper://zk1:2181, postgres://admin@db/app, file:///var/lock/app",
+        ))
         .arg(backend("redis", "URL", "The Redis server, e.g. redis://127.0.0.1:6379"))
         .arg(backend(
             "redis-cluster",
@@ -204,7 +217,17 @@ fn command() -> Command {
         .arg(Arg::new("json").long("json").action(ArgAction::SetTrue).global(true).help("Print JSON"))
         .group(
             ArgGroup::new("store")
-                .args(["redis", "redis-cluster", "redis-sentinel", "redlock", "zookeeper", "etcd", "postgres", "file"])
+                .args([
+                    "url",
+                    "redis",
+                    "redis-cluster",
+                    "redis-sentinel",
+                    "redlock",
+                    "zookeeper",
+                    "etcd",
+                    "postgres",
+                    "file",
+                ])
                 .required(true),
         )
         .subcommand_required(true)
@@ -270,6 +293,9 @@ fn main() -> ExitCode {
 /// Connects to the store the command line names, as the inspection capability every backend
 /// that `lockctl` speaks implements: nothing below knows which store it is.
 async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
+    if let Some(url) = matches.get_one::<String>("url") {
+        return connect_url(url, matches).await;
+    }
     if let Some(url) = matches.get_one::<String>("redis") {
         #[cfg(feature = "redis")]
         {
@@ -392,6 +418,79 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     }
     #[cfg(not(feature = "zookeeper"))]
     Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
+}
+
+/// `--url URL`: the backend `LockManager::connect(URL)` would use, seen through its
+/// inspection; Redlock's nodes as one quorum.
+async fn connect_url(url: &str, matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
+    if tls_given(matches) {
+        return Err(Failure::Error(
+            "--tls-ca, --tls-cert and --tls-key go with --redis, --etcd or --postgres; with --url, give TLS in the \
+             URL (rediss://, etcd+https://, postgres://…?sslmode=verify-full&sslrootcert=FILE)"
+                .into(),
+        ));
+    }
+    let scheme = url.trim().split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+    if matches!(scheme.as_deref(), Some("redlock" | "redis+redlock" | "rediss+redlock")) {
+        let nodes = lock_runtime::backend::url::redis_nodes(url)?;
+        #[cfg(feature = "redis")]
+        {
+            let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+            let options = lock_runtime::backend::redis::RedisOptions::default();
+            return Ok(Box::new(redlock::Quorum::connect(&nodes, options).await?));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {} nodes", nodes.len())));
+    }
+    if scheme.as_deref() == Some("memory") {
+        return Err(Failure::Error(
+            "memory:// locks live inside one process: there is nothing to see from here".into(),
+        ));
+    }
+    let backend = lock_runtime::backend::connect(url).await?;
+    if backend.inspector().is_none() {
+        return Err(Failure::Error(format!("the {} backend cannot be inspected", backend.kind())));
+    }
+    Ok(Box::new(Inspected(backend)))
+}
+
+/// A backend known to have an inspector, as that inspector.
+struct Inspected(Box<dyn lock_runtime::backend::LockBackend>);
+
+impl Inspected {
+    fn inspector(&self) -> &dyn Inspect {
+        self.0.inspector().expect("checked at connect")
+    }
+}
+
+impl Inspect for Inspected {
+    fn store(&self) -> &'static str {
+        self.inspector().store()
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        self.inspector().list(prefix)
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        self.inspector().inspect(key)
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        self.inspector().force_release(key, expected_owner)
+    }
+
+    fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        self.inspector().changes(prefix)
+    }
+
+    fn changes_of<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        self.inspector().changes_of(key)
+    }
 }
 
 /// The comma-separated items of `text` (URLs, endpoints), trimmed, empty ones left out.

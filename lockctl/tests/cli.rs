@@ -683,3 +683,44 @@ async fn futures_join<F: std::future::IntoFuture>(futures: impl IntoIterator<Ite
     }
     out
 }
+
+/// `--url URL`: the store a manager's URL names (`LockManager::connect`), one server, Redlock's
+/// nodes and lock files alike; a URL it cannot use says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_names_the_store_as_a_manager_does() {
+    let server = RedisServer::start();
+    let prefix = format!("{}:", unique("url"));
+    let url = format!("{}?operation_timeout=2s", server.url());
+    let builder = LockManager::builder().prefix(&prefix).label(LABEL).default_lease(Duration::from_millis(900));
+    let manager = builder.connect(&url).await.expect("connect");
+    let waiter = LockManager::builder().prefix(&prefix).connect(&url).await.expect("connect");
+    let store = Store { flag: "--url", address: url.clone() };
+    let key = format!("{prefix}order:1");
+    let guard = manager.lock("order:1").await.expect("lock");
+    list_and_show(&store, &guard, &key, &prefix).await;
+    release_frees_the_lock(&store, guard, &waiter, &key, "order:1").await;
+
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let hosts: Vec<String> = nodes.iter().map(|n| n.url().trim_start_matches("redis://").to_owned()).collect();
+    let redlock = format!("redlock://{}", hosts.join(","));
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).connect(&redlock).await.expect("redlock");
+    let store = Store { flag: "--url", address: redlock };
+    let guard = manager.lock("order:2").await.expect("lock");
+    list_and_show(&store, &guard, &format!("{prefix}order:2"), &prefix).await;
+    guard.release().await.expect("release");
+
+    let dir = std::env::temp_dir().join(format!("lockctl-url-{}", lock_runtime::backend::OwnerId::next()));
+    let file = format!("file://{}", dir.display());
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).connect(&file).await.expect("file");
+    let store = Store { flag: "--url", address: file };
+    let guard = manager.lock("ledger").await.expect("lock");
+    list_and_show(&store, &guard, &format!("{prefix}ledger"), &prefix).await;
+    guard.release().await.expect("release");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    for (url, says) in [("memory://", "inside one process"), ("consul://c:8500", "known schemes: memory://")] {
+        let run = lockctl(&["--url", url, "list"]).await;
+        assert_eq!(run.code, 1, "{url}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{url}: {}", run.stderr);
+    }
+}

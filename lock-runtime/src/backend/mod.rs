@@ -38,6 +38,7 @@ pub mod postgres;
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session;
+pub mod url;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;
@@ -49,6 +50,7 @@ pub use crate::kind::LockKind;
 pub use crate::options::Lease;
 pub use identity::{Holder, OwnerId};
 pub use inspect::{ChangeFeed, ForceRelease, Inspect, LockInfo};
+pub use url::connect;
 
 /// What an acquisition asks for: handed to [`LockBackend::begin`], kept by the acquisition.
 #[derive(Debug, Clone)]

@@ -18,6 +18,25 @@ use crate::error::LockError;
 use super::{LockManager, LockManagerBuilder};
 
 impl LockManager {
+    /// A manager on the backend `url` names by its scheme (`redis://`, `postgres://`,
+    /// `zookeeper://`, `file:///dir`, `memory://`, ...; see [`backend::url`](crate::backend::url)
+    /// for each scheme and what its URL carries), with default settings; same as
+    /// `LockManager::builder().connect(url)`. A scheme whose feature this build leaves out is
+    /// an [`is_invalid`](LockError::is_invalid) error naming the feature; an unknown scheme
+    /// lists the known ones.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".to_owned());
+    /// let manager = lock_runtime::LockManager::connect(&url).await?;
+    /// let guard = manager.lock("order:42").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: impl AsRef<str>) -> Result<LockManager, LockError> {
+        LockManager::builder().connect(url).await
+    }
+
     /// A manager on the lock files in `dir` (created if missing), shared by the processes of
     /// one host; same as `LockManager::builder().file(dir)`. Always compiled. See
     /// [`FileBackend`] for what it does and the options.
@@ -173,6 +192,26 @@ impl LockManager {
 }
 
 impl LockManagerBuilder {
+    /// A manager on the backend `url` names by its scheme (see [`LockManager::connect`] and
+    /// [`backend::url`](crate::backend::url)). `memory://` gives the in-process backend with its
+    /// fast path, as [`memory`](LockManagerBuilder::memory) does.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let manager = lock_runtime::LockManager::builder()
+    ///     .prefix("myapp:")
+    ///     .connect("redis+sentinel://s1:26379,s2:26379/mymaster")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
+        let backend = crate::backend::connect(url.as_ref()).await?;
+        Ok(match backend.kind() {
+            "memory" => self.memory(),
+            _ => self.backend_arc(backend.into()),
+        })
+    }
+
     /// A manager on the lock files in `dir` (see [`FileBackend::open`]); for other options,
     /// pass [`FileBackend::open_with`]'s backend to [`backend`](LockManagerBuilder::backend).
     ///

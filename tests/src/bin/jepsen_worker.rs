@@ -240,70 +240,24 @@ async fn connect(args: &Args) -> Result<LockManager, LockError> {
         Lease::Watchdog(lease) => lease,
         Lease::Fixed(_) => lock_runtime::DEFAULT_LEASE,
     };
-    let builder = LockManager::builder().default_lease(default_lease);
+    // `addr` is the store's URL; this worker's settings go in its query.
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    let mut params = vec![format!("operation_timeout={}", ms(args.op_timeout))];
     match args.backend.as_str() {
-        "redis" => {
-            use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
-            let options = RedisOptions::default().command_timeout(args.op_timeout);
-            Ok(builder.backend(RedisBackend::connect_with(&args.addr, options).await?))
+        "redis-sentinel" if args.replicas > 0 => {
+            params.push(format!("wait_for_replicas={}&replica_timeout={}", args.replicas, ms(args.op_timeout / 2)));
         }
-        "redis-cluster" => {
-            use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
-            let options = RedisOptions::default().command_timeout(args.op_timeout);
-            let urls: Vec<&str> = args.addr.split(',').collect();
-            Ok(builder.backend(RedisBackend::cluster(urls, options).await?))
-        }
-        "redis-sentinel" => {
-            use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
-            let mut options = RedisOptions::default().command_timeout(args.op_timeout);
-            if args.replicas > 0 {
-                options = options.wait_for_replicas(args.replicas, args.op_timeout / 2);
-            }
-            let urls: Vec<&str> = args.addr.split(',').collect();
-            Ok(builder.backend(RedisBackend::sentinel(urls, lock_tests::redis_sentinel::MASTER, options).await?))
-        }
-        "redlock" => {
-            use lock_runtime::backend::redis::{RedisOptions, RedlockBackend};
-            let options = RedisOptions::default().command_timeout(args.op_timeout);
-            let urls: Vec<&str> = args.addr.split(',').collect();
-            Ok(builder.backend(RedlockBackend::connect(urls, options).await?))
-        }
-        #[cfg(feature = "zookeeper")]
-        "zookeeper" => {
-            use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
-            let options = ZookeeperOptions::new()
-                .session_timeout(args.session)
-                .operation_timeout(args.op_timeout)
-                .root(args.root.clone());
-            Ok(builder.backend(ZookeeperBackend::connect_with(&args.addr, options).await?))
-        }
-        #[cfg(feature = "etcd")]
-        "etcd" => {
-            use lock_runtime::backend::etcd::{EtcdBackend, EtcdOptions};
-            // The shortest lease TTL etcd takes: a killed or cut-off holder's keys go with it,
-            // and `lost()` fires after 2/3 of it without a keep-alive.
-            let options = EtcdOptions::new().operation_timeout(args.op_timeout).lease_ttl(Duration::from_secs(2));
-            Ok(builder.backend(EtcdBackend::connect_with([args.addr.as_str()], options).await?))
-        }
-        "postgres" => {
-            use lock_runtime::backend::postgres::{PostgresBackend, PostgresOptions};
-            let options = PostgresOptions::new().operation_timeout(args.op_timeout);
-            Ok(builder.backend(PostgresBackend::connect_with(&args.addr, options).await?))
-        }
-        "file" => {
-            use lock_runtime::backend::file::{FileBackend, FileOptions};
-            let options = FileOptions::new().operation_timeout(args.op_timeout);
-            Ok(builder.backend(FileBackend::open_with(&args.addr, options)?))
-        }
-        #[cfg(feature = "mysql")]
-        "mysql" => {
-            use lock_runtime::backend::mysql::{MysqlBackend, MysqlOptions};
-            // A heartbeat well inside the lease, so that a cut-off holder is told quickly.
-            let options = MysqlOptions::new().operation_timeout(args.op_timeout).heartbeat(Duration::from_millis(250));
-            Ok(builder.backend(MysqlBackend::connect_with(&args.addr, options).await?))
-        }
-        other => panic!("unknown backend {other} (built without its feature?)"),
+        "zookeeper" => params.push(format!("session_timeout={}&root={}", ms(args.session), args.root)),
+        // The shortest lease TTL etcd takes: a killed or cut-off holder's keys go with it, and
+        // `lost()` fires after 2/3 of it without a keep-alive.
+        "etcd" => params.push("lease_ttl=2s".to_owned()),
+        // A heartbeat well inside the lease, so that a cut-off holder is told quickly.
+        "mysql" => params.push("heartbeat=250ms".to_owned()),
+        _ => {}
     }
+    let separator = if args.addr.contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}{}", args.addr, params.join("&"));
+    LockManager::builder().default_lease(default_lease).connect(url).await
 }
 
 #[tokio::main(flavor = "current_thread")]

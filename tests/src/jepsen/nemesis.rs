@@ -742,10 +742,17 @@ impl Nemesis {
         let workers_log = std::env::temp_dir().join(format!("{run}-{}-workers.log", backend.name()));
         let log_file = Arc::new(Mutex::new(std::fs::File::create(&workers_log).expect("the workers' log")));
         let ports = server.ports();
+        // The workers connect by URL (`LockManager::connect`).
+        let hosts =
+            |urls: Vec<String>| urls.iter().map(|u| u.trim_start_matches("redis://").to_owned()).collect::<Vec<_>>();
         let direct = match &server {
-            LockServer::Dir(dir) => Some(dir.0.display().to_string()),
-            LockServer::Cluster(cluster) => Some(cluster.urls().join(",")),
-            LockServer::Sentinel(setup) => Some(setup.sentinel_urls().join(",")),
+            LockServer::Dir(dir) => Some(format!("file://{}", dir.0.display())),
+            LockServer::Cluster(cluster) => Some(format!("redis+cluster://{}", hosts(cluster.urls()).join(","))),
+            LockServer::Sentinel(setup) => Some(format!(
+                "redis+sentinel://{}/{}",
+                hosts(setup.sentinel_urls()).join(","),
+                crate::redis_sentinel::MASTER
+            )),
             _ => None,
         };
         let nemesis = Nemesis {
@@ -814,11 +821,14 @@ impl Nemesis {
         let c = &self.config;
         let addr = match (c.backend, &self.direct, proxies.first()) {
             (_, Some(direct), _) => direct.clone(),
-            (Backend::Redlock, ..) => proxies.iter().map(|p| p.redis_url()).collect::<Vec<_>>().join(","),
-            (Backend::Zookeeper, _, Some(proxy)) => format!("127.0.0.1:{}", proxy.port()),
+            (Backend::Redlock, ..) => {
+                let hosts: Vec<String> = proxies.iter().map(|p| format!("127.0.0.1:{}", p.port())).collect();
+                format!("redlock://{}", hosts.join(","))
+            }
+            (Backend::Zookeeper, _, Some(proxy)) => format!("zookeeper://127.0.0.1:{}", proxy.port()),
             (Backend::Postgres, _, Some(proxy)) => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
             #[cfg(feature = "etcd")]
-            (Backend::Etcd, _, Some(proxy)) => format!("http://127.0.0.1:{}", proxy.port()),
+            (Backend::Etcd, _, Some(proxy)) => format!("etcd://127.0.0.1:{}", proxy.port()),
             #[cfg(feature = "mysql")]
             (Backend::Mysql, _, Some(proxy)) => format!("mysql://app:secret@127.0.0.1:{}/app", proxy.port()),
             (_, _, Some(proxy)) => proxy.redis_url(),

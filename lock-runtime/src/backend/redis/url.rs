@@ -76,21 +76,7 @@ pub(super) fn at(template: &ConnectionInfo, host: &str, port: u16) -> Connection
     template.clone().set_addr(addr)
 }
 
-/// `url` with its password masked, for messages and `Debug`.
-pub(super) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') { format!("{user}:***") } else { "***".to_owned() };
-            format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
-        }
-        None => url.to_owned(),
-    }
-}
+pub(super) use crate::backend::url::redact;
 
 #[cfg(test)]
 mod tests {

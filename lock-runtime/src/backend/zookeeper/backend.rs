@@ -80,6 +80,16 @@ impl ZookeeperBackend {
             {
                 Err(LockError::invalid(hosts, format!("not a valid ZooKeeper host list: {source}")))
             }
+            Err(LockError::Backend { source, .. })
+                if matches!(source.downcast_ref::<ZkError>(), Some(ZkError::NoNode)) && hosts.contains('/') =>
+            {
+                let chroot = &hosts[hosts.find('/').unwrap_or(0)..];
+                let why = format!(
+                    "the chroot `{chroot}` does not exist on the server: create it (`zkCli.sh create {chroot}`), \
+                     or leave it out and give the lock root instead (`ZookeeperOptions::root`)"
+                );
+                Err(LockError::invalid(hosts, why))
+            }
             Err(e) => Err(e),
         }
     }
