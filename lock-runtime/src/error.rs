@@ -80,6 +80,23 @@ pub enum LockError {
         /// The highest token the fence had recorded for the resource.
         highest: u64,
     },
+    /// A write's transaction conflicted with a concurrent one (PostgreSQL's
+    /// `serialization_failure`, SQLSTATE 40001, or `deadlock_detected`, 40P01): at REPEATABLE
+    /// READ or SERIALIZABLE, a fence row changed after the transaction's snapshot. Nothing of
+    /// the transaction is kept: roll it back and run it again. A retry whose token is the
+    /// newest is admitted; a stale one is then [`Fenced`](LockError::Fenced).
+    #[error(
+        "write to `{name}` conflicted with a concurrent transaction (SQLSTATE {sqlstate}: {message}); \
+         roll back and retry the whole transaction: a holder with the newest token is admitted on retry"
+    )]
+    Conflict {
+        /// The resource the write was for (the name given to the fence).
+        name: String,
+        /// The server's code (`40001`, `40P01`).
+        sqlstate: String,
+        /// The server's message.
+        message: String,
+    },
     /// The attribute found no manager.
     #[error(
         "lock `{name}`: no lock manager is configured; call `lock_runtime::set_default(manager)` at \
@@ -123,6 +140,29 @@ impl LockError {
         matches!(self, LockError::Fenced { .. })
     }
 
+    /// A write's transaction conflicted with a concurrent one and should be retried whole
+    /// ([`LockError::Conflict`]).
+    ///
+    /// ```
+    /// let err = lock_runtime::LockError::Conflict {
+    ///     name: "orders:42".into(),
+    ///     sqlstate: "40001".into(),
+    ///     message: "could not serialize access due to concurrent update".into(),
+    /// };
+    /// assert!(err.is_conflict() && err.is_retryable());
+    /// assert!(err.to_string().contains("SQLSTATE 40001"));
+    /// ```
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, LockError::Conflict { .. })
+    }
+
+    /// Whether doing the same again may succeed: the lock was busy ([`is_contended`](Self::is_contended)),
+    /// the store failed ([`is_backend`](Self::is_backend)), or a transaction conflicted
+    /// ([`is_conflict`](Self::is_conflict)). Not for a lost lock, a fenced write or bad input.
+    pub fn is_retryable(&self) -> bool {
+        self.is_contended() || self.is_backend() || self.is_conflict()
+    }
+
     /// The attribute found no manager (`set_default` never called and no `manager = ..`).
     pub fn is_not_configured(&self) -> bool {
         matches!(self, LockError::NotConfigured { .. })
@@ -136,6 +176,7 @@ impl LockError {
             | LockError::Backend { name, .. }
             | LockError::Invalid { name, .. }
             | LockError::Fenced { name, .. }
+            | LockError::Conflict { name, .. }
             | LockError::NotConfigured { name } => name,
         }
     }

@@ -242,6 +242,19 @@ impl PgServer {
         client
     }
 
+    /// Until the session `pid` waits on a lock (`pg_stat_activity`'s `wait_event_type`): a
+    /// waiter seen queued on the server.
+    pub async fn until_blocked(observer: &tokio_postgres::Client, pid: i32) {
+        loop {
+            let sql = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1";
+            let row = observer.query_one(sql, &[&pid]).await.expect("pg_stat_activity");
+            if row.get::<_, Option<String>>(0).as_deref() == Some("Lock") {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// An immediate shutdown (`SIGQUIT`: every process ends at once, as in a crash; the next
     /// start recovers from the WAL).
     pub fn kill(&mut self) {

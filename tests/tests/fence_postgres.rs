@@ -146,6 +146,77 @@ async fn concurrent_writers_serialise_and_the_highest_token_wins() {
     assert!(outcomes.iter().any(|(_, o)| o.is_ok()));
 }
 
+/// Two holders' transactions, both begun (their snapshots taken) before either writes, race
+/// on the fence: the first checks and holds the fence row, the second checks (and waits on
+/// the row), the first writes and commits. At READ COMMITTED the second goes on at once; at
+/// REPEATABLE READ and SERIALIZABLE it cannot (the row changed after its snapshot): it gets
+/// a conflict that says so (SQLSTATE 40001), and its retry, in a new transaction, is admitted
+/// if its token is the newer (or equal) and fenced if it is stale. Each order at each level:
+/// the newer holder's write always ends committed, the fence always ends at the highest token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_every_isolation_level_the_newer_holder_wins() {
+    use tokio_postgres::IsolationLevel::{ReadCommitted, RepeatableRead, Serializable};
+    let (server, observer) = installed().await;
+    let mut id = 100;
+    for level in [ReadCommitted, RepeatableRead, Serializable] {
+        for (first, second) in [(5u64, 10u64), (10, 5), (7, 7)] {
+            id += 1;
+            let case = format!("{level:?}, {first} then {second}");
+            let resource = format!("orders:{id}");
+            observer.execute("INSERT INTO orders VALUES ($1, 'new', 0)", &[&id]).await.expect("row");
+            check(&observer, &resource, 1).await.expect("an earlier write's token");
+            let (mut a, mut b) = (connect(&server).await, connect(&server).await);
+            let b_pid: i32 = b.query_one("SELECT pg_backend_pid()", &[]).await.expect("pid").get(0);
+            let tx_a = a.build_transaction().isolation_level(level).start().await.expect("begin a");
+            let tx_b = b.build_transaction().isolation_level(level).start().await.expect("begin b");
+            tx_a.query_one("SELECT count(*) FROM orders", &[]).await.expect("a's snapshot");
+            tx_b.query_one("SELECT count(*) FROM orders", &[]).await.expect("b's snapshot");
+            check(&tx_a, &resource, first).await.unwrap_or_else(|e| panic!("{case}: first: {e}"));
+            let update = "UPDATE orders SET state = $2, token = $3 WHERE id = $1";
+            let (second_checked, ()) = tokio::join!(check(&tx_b, &resource, second), async {
+                PgServer::until_blocked(&observer, b_pid).await;
+                tx_a.execute(update, &[&id, &"by first", &(first as i64)]).await.expect("a writes");
+                tx_a.commit().await.expect("a commits");
+            });
+            let read_committed = matches!(level, ReadCommitted);
+            let second_checked = match second_checked {
+                Err(e) if e.is_conflict() && !read_committed => {
+                    assert!(e.to_string().contains("40001") && e.to_string().contains("retry"), "{case}: {e}");
+                    tx_b.rollback().await.expect("roll back");
+                    let tx_b = b.build_transaction().isolation_level(level).start().await.expect("begin again");
+                    let again = check(&tx_b, &resource, second).await;
+                    if again.is_ok() {
+                        tx_b.execute(update, &[&id, &"by second", &(second as i64)]).await.expect("b writes");
+                        tx_b.commit().await.expect("b commits");
+                    }
+                    again
+                }
+                outcome if read_committed => {
+                    if outcome.is_ok() {
+                        tx_b.execute(update, &[&id, &"by second", &(second as i64)]).await.expect("b writes");
+                        tx_b.commit().await.expect("b commits");
+                    }
+                    outcome
+                }
+                other => panic!("{case}: the second check, against a changed row, gave {other:?}"),
+            };
+            match second_checked {
+                Ok(()) => assert!(second >= first, "{case}: a stale token admitted"),
+                Err(e) => assert!(e.is_fenced() && second < first, "{case}: {e}"),
+            }
+            let (state, token) = order(&observer, id).await;
+            let newest = first.max(second) as i64;
+            assert_eq!(token, newest, "{case}: the newest holder's write ({state})");
+            let fence: i64 = observer
+                .query_one("SELECT token FROM lock_runtime_fences WHERE resource = $1", &[&resource])
+                .await
+                .expect("fence")
+                .get(0);
+            assert_eq!(fence, newest, "{case}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_postgres_fence_store_admits_by_resource() {
     let (server, _setup) = installed().await;

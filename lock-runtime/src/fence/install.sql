@@ -5,6 +5,10 @@
 -- higher token, otherwise records `token` and returns it. The upsert locks the resource's fence
 -- row until the transaction ends, so concurrent writers serialise on it and the stale one fails;
 -- a refused transaction rolls back as a whole.
+-- The sequence every PostgreSQL lock's fencing token is drawn from (a PostgresBackend creates it
+-- too, at its first connect); `lock_in_transaction` draws from it inside the caller's transaction.
+CREATE SEQUENCE IF NOT EXISTS lock_runtime_fence;
+
 CREATE TABLE IF NOT EXISTS lock_runtime_fences (
     resource   text PRIMARY KEY,
     token      bigint NOT NULL,

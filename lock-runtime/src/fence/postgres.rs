@@ -17,6 +17,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! At every isolation level the newest holder wins: at READ COMMITTED a writer that waited on
+//! the fence row sees the other's token at once; at REPEATABLE READ and SERIALIZABLE it gets
+//! [`LockError::Conflict`] (SQLSTATE 40001, [`is_conflict`](LockError::is_conflict)) when
+//! another holder's write committed after its snapshot, and its retry, in a new transaction,
+//! is admitted if its token is the newest and fenced if not.
+//!
 //! Any client can call the function (`SELECT lock_runtime_fence('orders:42', $1)` from sqlx,
 //! diesel or psql); a refusal is SQLSTATE [`SQLSTATE`] (`LR409`), whose message says "fenced"
 //! and names both tokens, and it fails the transaction, so nothing of the stale write is kept.
@@ -46,9 +52,13 @@ pub const SQLSTATE: &str = "LR409";
 /// ends, so call it first in the transaction that writes `resource`, then write, then commit.
 ///
 /// Errors: [`is_fenced`](LockError::is_fenced) when a newer holder already wrote with a higher
-/// token (the transaction is then aborted: roll it back); [`is_invalid`](LockError::is_invalid)
-/// for a token above `i64::MAX` (PostgreSQL's `bigint`); [`is_backend`](LockError::is_backend)
-/// for anything else (e.g. [`INSTALL_SQL`] was never run).
+/// token (the transaction is then aborted: roll it back); [`is_conflict`](LockError::is_conflict)
+/// when the transaction runs at REPEATABLE READ or SERIALIZABLE and another holder's write to
+/// the fence committed after its snapshot (SQLSTATE 40001): roll back and run the transaction
+/// again, which admits a holder whose token is the newest and fences a stale one (so the newer
+/// holder wins at every isolation level, as it does at once at READ COMMITTED);
+/// [`is_invalid`](LockError::is_invalid) for a token above `i64::MAX` (PostgreSQL's `bigint`);
+/// [`is_backend`](LockError::is_backend) for anything else (e.g. [`INSTALL_SQL`] was never run).
 pub async fn check(client: &impl GenericClient, resource: &str, token: u64) -> Result<(), LockError> {
     let Ok(signed) = i64::try_from(token) else {
         return Err(LockError::invalid(resource, format!("fencing token {token} is above PostgreSQL's bigint")));
@@ -57,10 +67,24 @@ pub async fn check(client: &impl GenericClient, resource: &str, token: u64) -> R
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&signed, Type::INT8)];
     match client.query_typed("SELECT lock_runtime_fence($1, $2)", &params).await {
         Ok(_) => Ok(()),
-        Err(e) => {
-            Err(refusal(resource, token, &e).unwrap_or_else(|| LockError::backend(resource, "postgres", "fence", e)))
-        }
+        Err(e) => Err(refusal(resource, token, &e)
+            .or_else(|| conflict(resource, &e))
+            .unwrap_or_else(|| LockError::backend(resource, "postgres", "fence", e))),
     }
+}
+
+/// The [`LockError::Conflict`] of a serialization failure (`40001`) or a deadlock (`40P01`):
+/// the transaction is to be retried whole.
+fn conflict(resource: &str, error: &tokio_postgres::Error) -> Option<LockError> {
+    let db = error.as_db_error()?;
+    if *db.code() != SqlState::T_R_SERIALIZATION_FAILURE && *db.code() != SqlState::T_R_DEADLOCK_DETECTED {
+        return None;
+    }
+    Some(LockError::Conflict {
+        name: resource.to_owned(),
+        sqlstate: db.code().code().to_owned(),
+        message: db.message().to_owned(),
+    })
 }
 
 /// The [`LockError::Fenced`] of an error raised by `lock_runtime_fence`, if it is one.

@@ -143,6 +143,13 @@ impl LockError {
                     "a write to `{name}` with fencing token {token} was refused: a newer holder wrote with {highest}"
                 ),
             ),
+            LockError::Conflict { .. } => (
+                503,
+                Some(1),
+                type_uri!("conflict"),
+                "Concurrent update",
+                format!("a write to `{name}` met a concurrent one; retry shortly"),
+            ),
             LockError::Lost { .. } => (
                 500,
                 None,
@@ -186,13 +193,21 @@ pub(crate) mod tests {
             LockError::invalid("order:42", "lease 0ns is shorter than the least accepted, 1ms"),
             LockError::NotConfigured { name: "order:42".into() },
             LockError::Fenced { name: "order:42".into(), token: 7, highest: 9 },
+            LockError::Conflict {
+                name: "order:42".into(),
+                sqlstate: "40001".into(),
+                message: "concurrent update".into(),
+            },
         ]
     }
 
     #[test]
     fn answers_by_class() {
         let answers: Vec<_> = samples().iter().map(|e| (e.http_answer().status, e.http_answer().retry_after)).collect();
-        assert_eq!(answers, [(423, Some(1)), (503, Some(1)), (500, None), (500, None), (500, None), (409, None)]);
+        assert_eq!(
+            answers,
+            [(423, Some(1)), (503, Some(1)), (500, None), (500, None), (500, None), (409, None), (503, Some(1))]
+        );
         for e in samples() {
             let body = e.http_answer().problem_json();
             assert!(body.contains(r#""lock":"order:42""#), "{body}");

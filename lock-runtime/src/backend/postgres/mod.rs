@@ -8,10 +8,12 @@ mod inspect;
 mod options;
 mod semaphore;
 mod tls;
+mod transaction;
 
 pub use backend::PostgresBackend;
 pub use options::PostgresOptions;
 pub use semaphore::MAX_PERMITS;
+pub use transaction::lock_in_transaction;
 
 const KIND: &str = "postgres";
 /// The sequence the fencing tokens are drawn from.
