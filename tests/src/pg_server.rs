@@ -292,3 +292,78 @@ impl Drop for PgServer {
         self.process.stop("-QUIT");
     }
 }
+
+/// PgBouncer in front of a [`PgServer`], in `pool_mode = transaction` (the way most production
+/// PostgreSQL is reached): each client transaction runs on any of its server connections.
+#[derive(Debug)]
+pub struct PgBouncer {
+    port: u16,
+    process: ServerProcess,
+}
+
+impl PgBouncer {
+    /// Starts `pgbouncer` on a free loopback port, in transaction mode, in front of `server`
+    /// (database `postgres`, trust authentication, at most `pool_size` server connections).
+    pub fn start(server: &PgServer, pool_size: u32) -> PgBouncer {
+        let program = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect("no pgbouncer (install it: apt-get install pgbouncer; scripts/test does)");
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = server_base().join(format!("lock-tests-pgbouncer-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("pgbouncer dir");
+        std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n").expect("userlist");
+        give_to_user(&dir);
+        let upstream = server.port();
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let config = format!(
+                "[databases]\npostgres = host=127.0.0.1 port={upstream} dbname=postgres\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+                 auth_type = trust\nauth_file = {dir}/userlist.txt\npool_mode = transaction\n\
+                 default_pool_size = {pool_size}\nmax_client_conn = 2000\n\
+                 logfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n\
+                 ignore_startup_parameters = extra_float_digits,options\n",
+                dir = dir.display()
+            );
+            let ini = dir.join("pgbouncer.ini");
+            std::fs::write(&ini, config).expect("pgbouncer.ini");
+            give_to_user(&dir);
+            let (program, ini) = (program.clone(), ini.clone());
+            let spawn = move |_: &Path| {
+                let mut c = command(&program);
+                c.arg(&ini);
+                c
+            };
+            let ready = move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            let mut process = ServerProcess::new("pgbouncer", dir.clone(), spawn, ready, Duration::from_secs(15));
+            match process.try_start() {
+                Ok(()) => return PgBouncer { port, process },
+                Err(e) => {
+                    last = e;
+                    process.keep_dir();
+                }
+            }
+        }
+        panic!("could not start pgbouncer: {last}");
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`, through the pooler.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the pooler at once (SIGKILL).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+}

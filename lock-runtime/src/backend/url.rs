@@ -147,6 +147,9 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(max_idle) = parts.count("max_idle")? {
                 options = options.max_idle(max_idle);
             }
+            if let Some(pooled) = parts.flag("transaction_pooling")? {
+                options = options.transaction_pooling(pooled);
+            }
             Ok(Box::new(PostgresBackend::connect_with(parts.passed_on(), options).await?))
         }
         #[cfg(feature = "mysql")]

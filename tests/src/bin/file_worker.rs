@@ -1,8 +1,9 @@
 //! A worker process of the lock-file tests (`tests/tests/file.rs`): one process of a host that
-//! shares a lock directory with others.
+//! shares a lock directory with others; `hold` also takes a store's URL instead of a directory
+//! (`LockManager::connect`), for another store's process tests (`tests/postgres_pgbouncer.rs`).
 //!
 //! ```text
-//! file_worker hold  <dir> <name>            takes the lock, prints `held <token>`, then sleeps until killed
+//! file_worker hold  <dir|url> <name>        takes the lock, prints `held <token>`, then sleeps until killed
 //! file_worker count <dir> <name> <rounds>   per round: takes the lock, adds one to <dir>/counter
 //!                                           (read, yield, write: lost updates show an overlap), prints
 //!                                           `token <token>`, releases; then `done`
@@ -30,7 +31,12 @@ async fn run(args: &[String]) -> Result<(), String> {
     let [mode, dir, name, rest @ ..] = args else {
         return Err("usage: file_worker hold|count DIR NAME [ROUNDS]".into());
     };
-    let manager = LockManager::builder().label(format!("worker-{mode}")).file(dir).map_err(|e| e.to_string())?;
+    let builder = LockManager::builder().label(format!("worker-{mode}"));
+    let manager = match dir.contains("://") {
+        true => builder.connect(dir).await,
+        false => builder.file(dir),
+    };
+    let manager = manager.map_err(|e| e.to_string())?;
     let wait = Duration::from_secs(30);
     let mut out = std::io::stdout();
     match mode.as_str() {

@@ -95,19 +95,35 @@ impl Sessions for PgSessions {
             // The token goes out as the session's `application_name` (`<name> t=<token>`), where
             // `lockctl` reads it; the query's leading comment stays in `pg_stat_activity`.
             let (record, token) = (&key.record, self.token_sql());
+            // Held by a transaction of its own (for a transaction-mode pooler): opened here,
+            // kept open while held, committed by the release; a refusal rolls it back.
+            let pooled = self.pooled();
+            let (begin, xact) = match pooled {
+                true => ("BEGIN; SELECT set_config('idle_in_transaction_session_timeout', '0', true); ", "_xact"),
+                false => ("", ""),
+            };
             let (sql, operation) = match wait {
                 None => (
-                    format!("{record}SELECT CASE WHEN pg_try_advisory_lock{shared}({a}, {b}) THEN {token} END"),
+                    format!(
+                        "{record}{begin}SELECT CASE WHEN pg_try_advisory{xact}_lock{shared}({a}, {b}) THEN {token} END"
+                    ),
                     "attempt",
                 ),
                 Some(wait) => {
                     let settings = self.wait_settings(wait);
-                    (format!("{record}{settings}SELECT pg_advisory_lock{shared}({a}, {b}); SELECT {token}"), "wait")
+                    let lock = format!("SELECT pg_advisory{xact}_lock{shared}({a}, {b}); SELECT {token}");
+                    (format!("{record}{begin}{settings}{lock}"), "wait")
+                }
+            };
+            let refused = |conn: &'a mut Conn| async move {
+                match pooled {
+                    true => Self::query(conn, &key.name, operation, "ROLLBACK").await.map(|_| None),
+                    false => Ok(None),
                 }
             };
             match conn.client.simple_query(&sql).await {
                 Ok(rows) => match last_value(&rows) {
-                    None if wait.is_none() => Ok(None),
+                    None if wait.is_none() => refused(conn).await,
                     token => match token.as_deref().and_then(super::inspect::token) {
                         Some(token) => Ok(Some(token)),
                         // Cannot happen with a sane server; closing the connection frees the lock.
@@ -119,7 +135,7 @@ impl Sessions for PgSessions {
                         ))),
                     },
                 },
-                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => refused(conn).await,
                 Err(e) if e.is_closed() || conn.is_closed() => Err(Failure::Closed(pg_error(&key.name, operation, e))),
                 Err(e) => Err(Failure::Failed(pg_error(&key.name, operation, e))),
             }
@@ -128,6 +144,11 @@ impl Sessions for PgSessions {
 
     fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
         Box::pin(async move {
+            if self.pooled() {
+                // The transaction that holds the lock, committed: its end is the lock's (and
+                // its `application_name`'s). Answered, it held the lock until now.
+                return Self::query(conn, &key.name, "release", "COMMIT").await.map(|_| true);
+            }
             let app = &self.app_name;
             let unlock = match (&key.sem, conn.semaphore.take()) {
                 (None, _) => {
@@ -185,11 +206,12 @@ impl PostgresBackend {
         Self::connect_with(url, PostgresOptions::new()).await
     }
 
-    /// Connects to `url` with `options`: checks that the server keeps sessions (no
-    /// transaction-mode pooler in between) and creates the fencing sequence if it is missing.
-    /// Fails with an [`is_invalid`](LockError::is_invalid) error for a malformed URL, an option
-    /// out of range or a transaction-mode pooler, and an [`is_backend`](LockError::is_backend)
-    /// error when the server cannot be reached within the operation timeout.
+    /// Connects to `url` with `options`: holds each lock in a transaction of its own when the
+    /// options say so ([`PostgresOptions::transaction_pooling`]) or the sessions are seen shared
+    /// (a pooler in transaction mode), and creates the fencing sequence if it is missing. Fails
+    /// with an [`is_invalid`](LockError::is_invalid) error for a malformed URL or an option out
+    /// of range, and an [`is_backend`](LockError::is_backend) error when the server cannot be
+    /// reached within the operation timeout.
     pub async fn connect_with(url: impl AsRef<str>, options: PostgresOptions) -> Result<Self, LockError> {
         let url = url.as_ref().trim();
         if options.operation_timeout.is_zero() {
@@ -221,7 +243,8 @@ impl PostgresBackend {
             .take(30)
             .collect::<String>()
             .replace('\'', "''");
-        let sessions = PgSessions { config, tls, options, version: Default::default(), app_name };
+        let pooled = options.transaction_pooling.into();
+        let sessions = PgSessions { config, tls, options, version: Default::default(), app_name, pooled };
         let backend = PostgresBackend { pool: Arc::new(Pool::new(sessions)) };
         backend.setup().await?;
         Ok(backend)
@@ -238,13 +261,21 @@ impl PostgresBackend {
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         };
         let _ = self.pool.sessions.version.set(version);
-        if first != second {
-            return Err(LockError::invalid(
-                "",
-                "successive transactions ran on different PostgreSQL sessions (a pooler in transaction mode?): \
-                 session advisory locks need a direct connection or a session-mode pooler",
-            ));
+        // A pooler in transaction mode shares server sessions: one client's successive
+        // transactions on different ones, or two clients on one (never so with a direct
+        // connection). Seen, each lock is held by a transaction of its own. Not seen proves
+        // nothing (a pooler may happen to keep each client on its own session here): say
+        // `transaction_pooling` when a pooler is in between.
+        let other = self.pool.sessions.connect_once("").await?;
+        let third = backend_pid(&other, bound).await?;
+        if (first != second || third == first || third == second) && !self.pool.sessions.pooled() {
+            tracing::info!(
+                "the PostgreSQL sessions are shared (a pooler in transaction mode): each lock is held by a \
+                 transaction of its own"
+            );
+            self.pool.sessions.pooled.store(true, std::sync::atomic::Ordering::Relaxed);
         }
+        self.pool.checkin(other);
         // A sequence made beforehand is only used: a least-privilege role (`USAGE` on it, no
         // `CREATE` on the schema) cannot run even `CREATE SEQUENCE IF NOT EXISTS`.
         let exists = format!("SELECT to_regclass('{SEQUENCE}') IS NOT NULL");
@@ -274,6 +305,12 @@ impl PostgresBackend {
     /// The options this backend was built with.
     pub fn options(&self) -> &PostgresOptions {
         &self.pool.sessions.options
+    }
+
+    /// Whether each lock is held by a transaction of its own: asked for
+    /// ([`PostgresOptions::transaction_pooling`]), or a pooler was seen sharing sessions.
+    pub fn transaction_pooling(&self) -> bool {
+        self.pool.sessions.pooled()
     }
 
     /// Runs `sql` (simple protocol) on an idle or new connection, within the operation timeout:
@@ -318,9 +355,13 @@ impl LockBackend for PostgresBackend {
 
     /// Every kind: mutexes and read-write locks (`pg_advisory_lock` and
     /// `pg_advisory_lock_shared`), semaphores of up to [`MAX_PERMITS`](super::MAX_PERMITS)
-    /// permits (advisory keys tried in turn).
+    /// permits (advisory keys tried in turn); no semaphores with
+    /// [`transaction_pooling`](PostgresOptions::transaction_pooling).
     fn supports(&self, kind: LockKind) -> bool {
-        matches!(kind, LockKind::Exclusive | LockKind::Read | LockKind::Write | LockKind::Semaphore { .. })
+        match kind {
+            LockKind::Exclusive | LockKind::Read | LockKind::Write => true,
+            LockKind::Semaphore { .. } => !self.pool.sessions.pooled(),
+        }
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {

@@ -46,6 +46,9 @@ pub(super) struct PgSessions {
     /// The connections' `application_name` (printable ASCII, at most 30 bytes, quotes doubled):
     /// a holder's session shows it followed by ` t=<token>` (see `inspect.rs`).
     pub(super) app_name: String,
+    /// Each lock held in a transaction of its own ([`PostgresOptions::transaction_pooling`],
+    /// or a pooler seen sharing sessions at connect).
+    pub(super) pooled: std::sync::atomic::AtomicBool,
 }
 
 impl PgSessions {
@@ -77,7 +80,15 @@ impl PgSessions {
     /// The expression that draws a grant's token into the session's `application_name`
     /// (`<name> t=<token>`), where `lockctl` reads it.
     pub(super) fn token_sql(&self) -> String {
-        format!("set_config('application_name', '{} t=' || nextval('{SEQUENCE}'), false)", self.app_name)
+        // In a held transaction, the name is the transaction's own (the pooler's server
+        // connection goes back to others with its own name at the commit).
+        let local = self.pooled();
+        format!("set_config('application_name', '{} t=' || nextval('{SEQUENCE}'), {local})", self.app_name)
+    }
+
+    /// Whether each lock is held in a transaction of its own.
+    pub(super) fn pooled(&self) -> bool {
+        self.pooled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The statements that bound the wait of the implicit transaction they start to `wait`:

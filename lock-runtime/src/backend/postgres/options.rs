@@ -15,6 +15,7 @@ use std::time::Duration;
 pub struct PostgresOptions {
     pub(super) operation_timeout: Duration,
     pub(super) max_idle: usize,
+    pub(super) transaction_pooling: bool,
     #[cfg(feature = "tls")]
     pub(super) tls: Option<crate::tls::TlsOptions>,
 }
@@ -24,6 +25,7 @@ impl Default for PostgresOptions {
         PostgresOptions {
             operation_timeout: Duration::from_secs(5),
             max_idle: 16,
+            transaction_pooling: false,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -31,7 +33,7 @@ impl Default for PostgresOptions {
 }
 
 impl PostgresOptions {
-    /// The defaults: operation timeout 5 s, 16 idle connections.
+    /// The defaults: operation timeout 5 s, 16 idle connections, session locks.
     pub fn new() -> Self {
         Self::default()
     }
@@ -47,6 +49,31 @@ impl PostgresOptions {
     pub fn max_idle(mut self, max_idle: usize) -> Self {
         self.max_idle = max_idle;
         self
+    }
+
+    /// Holds each lock in a transaction of its own (`pg_advisory_xact_lock`, the transaction
+    /// open on the lock's connection until the release commits it), instead of in a session:
+    /// for a pooler in transaction mode (PgBouncer's `pool_mode = transaction`), which hands
+    /// every transaction to any server connection. Mutexes and read-write locks; semaphores
+    /// need sessions and are refused. Default `false`; turned on by itself when
+    /// [`connect_with`](super::PostgresBackend::connect_with) sees a pooler share sessions. See
+    /// the [module docs](super) for what it guarantees and costs.
+    ///
+    /// ```
+    /// use lock_runtime::backend::postgres::PostgresOptions;
+    ///
+    /// let options = PostgresOptions::new().transaction_pooling(true);
+    /// assert!(options.get_transaction_pooling());
+    /// ```
+    pub fn transaction_pooling(mut self, on: bool) -> Self {
+        self.transaction_pooling = on;
+        self
+    }
+
+    /// Whether each lock is held in a transaction of its own (see
+    /// [`transaction_pooling`](Self::transaction_pooling)).
+    pub fn get_transaction_pooling(&self) -> bool {
+        self.transaction_pooling
     }
 
     /// The operation timeout.
