@@ -724,3 +724,22 @@ async fn url_names_the_store_as_a_manager_does() {
         assert!(run.stderr.contains(says), "{url}: {}", run.stderr);
     }
 }
+
+/// `--url` through a transaction-mode PgBouncer: the locks held as transactions of their own
+/// are listed and shown, and a forced release ends the holder's server session (the pooler
+/// closes the holder's connection: its `lost()` fires) and hands the lock to the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_pgbouncer() {
+    let server = lock_tests::pg_server::PgServer::start();
+    let bouncer = lock_tests::pg_server::PgBouncer::start(&server, 8);
+    let url = format!("{}?transaction_pooling=true", bouncer.url());
+    let prefix = format!("{}:", unique("pgb"));
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).connect(&url).await.expect("connect");
+    let store = Store { flag: "--url", address: url.clone() };
+    let key = format!("{prefix}ledger");
+    let guard = manager.lock("ledger").await.expect("lock");
+    list_and_show(&store, &guard, &key, &prefix).await;
+    free_names_are_not_found(&store, &prefix).await;
+    let waiter = LockManager::builder().prefix(&prefix).connect(&url).await.expect("connect");
+    release_frees_the_lock(&store, guard, &waiter, &key, "ledger").await;
+}
