@@ -84,6 +84,25 @@ mod redis_urls {
     }
 }
 
+/// The application's own Redis client (`RedisBackend::from_client`): its server and database
+/// are the backend's.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_applications_redis_client() {
+    use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+    let server = lock_tests::redis_server::RedisServer::start();
+    let client = redis::Client::open(format!("{}/2", server.url())).expect("the app's client");
+    let backend = RedisBackend::from_client(client, RedisOptions::default()).await.expect("from the client");
+    let on_client = LockManager::builder().backend(backend);
+    let db2 = LockManager::connect(format!("{}/2", server.url())).await.expect("db 2");
+    same_store(&format!("{}/2", server.url()), "redis", &on_client).await;
+    let db0 = LockManager::connect(server.url()).await.expect("db 0");
+    let held = on_client.lock("url:client").await.expect("lock");
+    assert!(db2.try_lock("url:client").await.expect("try").is_none(), "db 2 is the client's");
+    db0.try_lock("url:client").await.expect("try").expect("db 0 is another keyspace").release().await.unwrap();
+    held.release().await.expect("release");
+}
+
 #[cfg(feature = "zookeeper")]
 mod zookeeper_url {
     use lock_runtime::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};

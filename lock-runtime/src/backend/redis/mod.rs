@@ -300,6 +300,39 @@ impl RedisBackend {
                        or `redis+unix:///run/redis.sock`";
         let info = url::connection_info(url, &options, example)?;
         let client = redis::Client::open(info).map_err(|e| LockError::invalid(&shown, e.to_string()))?;
+        Self::on_client(client, options, shown).await
+    }
+
+    /// Locks on the server of the application's own `client` (its address, database,
+    /// credentials and TLS settings, as the application configured them), with `options` (a
+    /// TLS setting there is refused: the client's own apply). The backend makes its own
+    /// connections from it (a command connection and a pub/sub one), so the application's
+    /// connections are left alone.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+    ///
+    /// let client = redis::Client::open("redis://cache:6379/0").expect("the app's client");
+    /// let backend = RedisBackend::from_client(client.clone(), RedisOptions::default()).await?;
+    /// let manager = lock_runtime::LockManager::builder().backend(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_client(client: redis::Client, options: RedisOptions) -> Result<Self, LockError> {
+        let shown = redact(&client.get_connection_info().addr().to_string());
+        if let Some(problem) = options.problem() {
+            return Err(LockError::invalid(shown, problem));
+        }
+        #[cfg(feature = "tls")]
+        if options.get_tls().is_some() {
+            let why = "TLS settings were given beside a client (`RedisOptions::tls`): the client's own apply";
+            return Err(LockError::invalid(shown, why));
+        }
+        Self::on_client(client, options, shown).await
+    }
+
+    /// The backend on `client`, connected.
+    async fn on_client(client: redis::Client, options: RedisOptions, shown: String) -> Result<Self, LockError> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
         let timeout = options.command_timeout;
