@@ -23,8 +23,9 @@
 //! another holder's write committed after its snapshot, and its retry, in a new transaction,
 //! is admitted if its token is the newest and fenced if not.
 //!
-//! Any client can call the function (`SELECT lock_runtime_fence('orders:42', $1)` from sqlx,
-//! diesel or psql); a refusal is SQLSTATE [`SQLSTATE`] (`LR409`), whose message says "fenced"
+//! [`check`] runs on a tokio-postgres client or transaction, and with the feature `sqlx` on a
+//! `&mut sqlx::PgConnection` (`check(&mut *tx, ..)` in a sqlx transaction). Any other client can
+//! call the function (`SELECT lock_runtime_fence('orders:42', $1)` from diesel or psql); a refusal is SQLSTATE [`SQLSTATE`] (`LR409`), whose message says "fenced"
 //! and names both tokens, and it fails the transaction, so nothing of the stale write is kept.
 
 use tokio_postgres::error::SqlState;
@@ -59,17 +60,67 @@ pub const SQLSTATE: &str = "LR409";
 /// holder wins at every isolation level, as it does at once at READ COMMITTED);
 /// [`is_invalid`](LockError::is_invalid) for a token above `i64::MAX` (PostgreSQL's `bigint`);
 /// [`is_backend`](LockError::is_backend) for anything else (e.g. [`INSTALL_SQL`] was never run).
-pub async fn check(client: &impl GenericClient, resource: &str, token: u64) -> Result<(), LockError> {
+pub async fn check<C: FenceClient>(mut client: C, resource: &str, token: u64) -> Result<(), LockError> {
     let Ok(signed) = i64::try_from(token) else {
         return Err(LockError::invalid(resource, format!("fencing token {token} is above PostgreSQL's bigint")));
     };
-    // Typed parameters: one round trip (no statement prepared first), on the writer's hot path.
-    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&signed, Type::INT8)];
-    match client.query_typed("SELECT lock_runtime_fence($1, $2)", &params).await {
-        Ok(_) => Ok(()),
-        Err(e) => Err(refusal(resource, token, &e)
-            .or_else(|| conflict(resource, &e))
-            .unwrap_or_else(|| LockError::backend(resource, "postgres", "fence", e))),
+    client.fence(resource, token, signed).await
+}
+
+/// What [`check`] runs on: any tokio-postgres client (`&Client`, `&Transaction`, a pool's
+/// object), or (feature `sqlx`) a `&mut sqlx::PgConnection` (`&mut *tx` of a
+/// `sqlx::Transaction<'_, Postgres>`). Sealed.
+pub trait FenceClient: Send + sealed::Sealed {
+    /// `SELECT lock_runtime_fence(resource, signed)`, its refusal as [`LockError::Fenced`].
+    #[doc(hidden)]
+    fn fence<'a>(&'a mut self, resource: &'a str, token: u64, signed: i64) -> BoxFuture<'a, Result<(), LockError>>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<C: tokio_postgres::GenericClient + Sync> Sealed for &C {}
+    #[cfg(feature = "sqlx")]
+    impl Sealed for &mut sqlx::PgConnection {}
+}
+
+impl<C: GenericClient + Sync> FenceClient for &C {
+    fn fence<'a>(&'a mut self, resource: &'a str, token: u64, signed: i64) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            // Typed parameters: one round trip (no statement prepared first), on the writer's
+            // hot path.
+            let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&signed, Type::INT8)];
+            match self.query_typed("SELECT lock_runtime_fence($1, $2)", &params).await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(refusal(resource, token, &e)
+                    .or_else(|| conflict(resource, &e))
+                    .unwrap_or_else(|| LockError::backend(resource, "postgres", "fence", e))),
+            }
+        })
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl FenceClient for &mut sqlx::PgConnection {
+    fn fence<'a>(&'a mut self, resource: &'a str, token: u64, signed: i64) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            // Not prepared for keeps: a transaction-mode pooler hands the next transaction to
+            // another server connection, which has no such statement.
+            let query = sqlx::query("SELECT lock_runtime_fence($1, $2)").bind(resource).bind(signed).persistent(false);
+            let Err(e) = query.execute(&mut **self).await else { return Ok(()) };
+            let Some(db) = e.as_database_error() else {
+                return Err(LockError::backend(resource, "postgres", "fence", e));
+            };
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            if code == SQLSTATE {
+                let detail = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().and_then(|pg| pg.detail());
+                return Err(LockError::Fenced { name: resource.to_owned(), token, highest: highest(detail) });
+            }
+            if code == "40001" || code == "40P01" {
+                let message = db.message().to_owned();
+                return Err(LockError::Conflict { name: resource.to_owned(), sqlstate: code, message });
+            }
+            Err(LockError::backend(resource, "postgres", "fence", format!("ERROR {code}: {}", db.message())))
+        })
     }
 }
 
@@ -87,14 +138,18 @@ fn conflict(resource: &str, error: &tokio_postgres::Error) -> Option<LockError> 
     })
 }
 
+/// The highest token a refusal's detail (`highest=<n>`) names.
+fn highest(detail: Option<&str>) -> u64 {
+    detail.and_then(|d| d.strip_prefix("highest=")).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
 /// The [`LockError::Fenced`] of an error raised by `lock_runtime_fence`, if it is one.
 pub fn refusal(resource: &str, token: u64, error: &tokio_postgres::Error) -> Option<LockError> {
     let db = error.as_db_error()?;
     if *db.code() != SqlState::from_code(SQLSTATE) {
         return None;
     }
-    let highest = db.detail().and_then(|d| d.strip_prefix("highest=")).and_then(|n| n.parse().ok()).unwrap_or(0);
-    Some(LockError::Fenced { name: resource.to_owned(), token, highest })
+    Some(LockError::Fenced { name: resource.to_owned(), token, highest: highest(db.detail()) })
 }
 
 /// A [`FenceStore`] on PostgreSQL for the HTTP form ([`Fenced`](crate::fence::Fenced)): each

@@ -1,0 +1,142 @@
+//! Locks and fences in an application's own sqlx transactions (feature `sqlx`), against a real
+//! PostgreSQL and a real transaction-mode PgBouncer: an axum handler that locks, checks the
+//! fence and writes in one transaction; a manager's lock of the same key excludes it; two
+//! transactions through the pooler exclude each other; a serialization failure is a conflict.
+
+#![cfg(feature = "sqlx")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::post;
+use axum::Router;
+use lock_runtime::backend::postgres::lock_in_transaction;
+use lock_runtime::fence::postgres::{check, INSTALL_SQL};
+use lock_runtime::{LockError, LockManager};
+use lock_tests::pg_server::{PgBouncer, PgServer};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+async fn pool(url: &str, connections: u32) -> PgPool {
+    PgPoolOptions::new().max_connections(connections).connect(url).await.expect("the application's pool")
+}
+
+/// A server with the fence installed and an `orders` table.
+async fn installed() -> (PgServer, PgPool) {
+    let server = PgServer::start();
+    let pool = pool(&server.url(), 4).await;
+    sqlx::raw_sql(INSTALL_SQL).execute(&pool).await.expect("install");
+    sqlx::raw_sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, state text NOT NULL, token bigint NOT NULL);
+         INSERT INTO orders VALUES (42, 'new', 0);",
+    )
+    .execute(&pool)
+    .await
+    .expect("schema");
+    (server, pool)
+}
+
+/// The handler: one transaction of the application's pool locks the order, checks the fence
+/// with the lock's token, writes, commits (which ends the lock). A busy order answers 423.
+async fn pay(State(pool): State<PgPool>, Path(id): Path<i32>) -> Result<String, LockError> {
+    let mut tx = pool.begin().await.map_err(|e| LockError::backend("orders", "postgres", "begin", e))?;
+    let name = format!("orders:{id}");
+    let token = lock_in_transaction(&mut *tx, &name, Duration::from_millis(300)).await?;
+    check(&mut *tx, &name, token).await?;
+    sqlx::query("UPDATE orders SET state = 'paid', token = $2 WHERE id = $1")
+        .bind(id)
+        .bind(token as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| LockError::backend(&name, "postgres", "write", e))?;
+    tx.commit().await.map_err(|e| LockError::backend(&name, "postgres", "commit", e))?;
+    Ok(token.to_string())
+}
+
+async fn serve(pool: PgPool) -> SocketAddr {
+    let app = Router::new().route("/orders/{id}/pay", post(pay)).with_state(pool);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_axum_handler_locks_fences_and_writes_in_one_transaction() {
+    let (server, pool) = installed().await;
+    let addr = serve(pool.clone()).await;
+    let first = lock_tests::http::request(addr, "POST", "/orders/42/pay", None).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let token: u64 = first.body.parse().expect("a token");
+    let (state, written): (String, i64) =
+        sqlx::query_as("SELECT state, token FROM orders WHERE id = 42").fetch_one(&pool).await.unwrap();
+    assert_eq!((state.as_str(), written), ("paid", token as i64));
+
+    // A manager's guard on the same key: the handler's lock is busy, 423 Locked.
+    let manager = LockManager::postgres(server.url()).await.expect("manager");
+    let guard = manager.lock("orders:42").await.expect("lock");
+    let busy = lock_tests::http::request(addr, "POST", "/orders/42/pay", None).await;
+    assert_eq!(busy.status, 423, "{}", busy.body);
+    // The guard's token is newer than the handler's: written with it, the handler's is stale.
+    let mut conn = pool.acquire().await.expect("conn");
+    check(&mut *conn, "orders:42", guard.fencing_token()).await.expect("the guard's token");
+    let err = check(&mut *conn, "orders:42", token).await.expect_err("stale");
+    assert!(err.is_fenced(), "{err}");
+    let guards = guard.fencing_token();
+    guard.release().await.expect("release");
+    let again = lock_tests::http::request(addr, "POST", "/orders/42/pay", None).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert!(again.body.parse::<u64>().expect("a token") > guards);
+}
+
+/// Through a transaction-mode PgBouncer (one server connection per transaction, none kept):
+/// two sqlx transactions exclude each other; the waiter is granted at the holder's commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_two_transactions_exclude_each_other() {
+    let (server, _pool) = installed().await;
+    let bouncer = PgBouncer::start(&server, 4);
+    let pool = pool(&bouncer.url(), 4).await;
+    let mut a = pool.begin().await.expect("begin a");
+    let first = lock_in_transaction(&mut *a, "ledger", Duration::ZERO).await.expect("a holds");
+    let mut b = pool.begin().await.expect("begin b");
+    let busy = lock_in_transaction(&mut *b, "ledger", Duration::from_millis(100)).await.expect_err("held");
+    assert!(busy.is_contended(), "{busy}");
+    // The server session b's transaction runs on (pinned by the pooler until it ends).
+    let b_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *b).await.expect("pid");
+    let admin = server.admin().await;
+    let (second, ()) = tokio::join!(lock_in_transaction(&mut *b, "ledger", Duration::from_secs(30)), async {
+        PgServer::until_blocked(&admin, b_pid).await;
+        a.commit().await.expect("a commits");
+    });
+    let second = second.expect("granted at a's commit");
+    assert!(second > first);
+    check(&mut *b, "ledger", second).await.expect("fence through the pooler");
+    b.commit().await.expect("b commits");
+}
+
+/// Under REPEATABLE READ, a fence row another holder wrote after the snapshot is a conflict
+/// (40001) that says to retry, and the retry of the newer token is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serialization_failure_is_a_conflict_to_retry() {
+    let (_server, pool) = installed().await;
+    let mut conn = pool.acquire().await.expect("conn");
+    check(&mut *conn, "orders:7", 1).await.expect("an earlier write");
+    drop(conn);
+    let mut older = pool.begin().await.expect("begin");
+    let mut newer = pool.begin().await.expect("begin");
+    for tx in [&mut older, &mut newer] {
+        sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM orders")
+            .execute(&mut **tx)
+            .await
+            .expect("snapshot");
+    }
+    check(&mut *older, "orders:7", 5).await.expect("the older holder first");
+    older.commit().await.expect("commit");
+    let err = check(&mut *newer, "orders:7", 10).await.expect_err("the row changed after the snapshot");
+    assert!(err.is_conflict() && err.to_string().contains("40001"), "{err}");
+    newer.rollback().await.expect("rollback");
+    let mut retry = pool.begin().await.expect("begin again");
+    check(&mut *retry, "orders:7", 10).await.expect("the newer token on retry");
+    retry.commit().await.expect("commit");
+}
