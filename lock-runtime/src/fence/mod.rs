@@ -1,8 +1,8 @@
 #![doc = include_str!("fence.md")]
 
 mod http;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlx"))))]
 pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

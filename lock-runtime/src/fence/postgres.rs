@@ -1,4 +1,4 @@
-//! The PostgreSQL fence (feature `postgres`): a table of the highest token written per
+//! The PostgreSQL fence (feature `postgres` or `sqlx`): a table of the highest token written per
 //! resource, and the SQL function `lock_runtime_fence(resource text, token bigint)` that a
 //! writer calls in its own transaction before writing.
 //!
@@ -23,15 +23,20 @@
 //! another holder's write committed after its snapshot, and its retry, in a new transaction,
 //! is admitted if its token is the newest and fenced if not.
 //!
-//! [`check`] runs on a tokio-postgres client or transaction, and with the feature `sqlx` on a
-//! `&mut sqlx::PgConnection` (`check(&mut *tx, ..)` in a sqlx transaction). Any other client can
-//! call the function (`SELECT lock_runtime_fence('orders:42', $1)` from diesel or psql); a refusal is SQLSTATE [`SQLSTATE`] (`LR409`), whose message says "fenced"
+//! [`check`] runs on a tokio-postgres client or transaction (feature `postgres`), and on a
+//! `&mut sqlx::PgConnection` (feature `sqlx`: `check(&mut *tx, ..)` in a sqlx transaction).
+//! Any other client can call the function (`SELECT lock_runtime_fence('orders:42', $1)` from
+//! diesel or psql); a refusal is SQLSTATE [`SQLSTATE`] (`LR409`), whose message says "fenced"
 //! and names both tokens, and it fails the transaction, so nothing of the stale write is kept.
 
+#[cfg(feature = "postgres")]
 use tokio_postgres::error::SqlState;
+#[cfg(feature = "postgres")]
 use tokio_postgres::types::{ToSql, Type};
+#[cfg(feature = "postgres")]
 use tokio_postgres::GenericClient;
 
+#[cfg(feature = "postgres")]
 use super::FenceStore;
 use crate::backend::BoxFuture;
 use crate::error::LockError;
@@ -78,11 +83,13 @@ pub trait FenceClient: Send + sealed::Sealed {
 
 mod sealed {
     pub trait Sealed {}
+    #[cfg(feature = "postgres")]
     impl<C: tokio_postgres::GenericClient + Sync> Sealed for &C {}
     #[cfg(feature = "sqlx")]
     impl Sealed for &mut sqlx::PgConnection {}
 }
 
+#[cfg(feature = "postgres")]
 impl<C: GenericClient + Sync> FenceClient for &C {
     fn fence<'a>(&'a mut self, resource: &'a str, token: u64, signed: i64) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
@@ -126,6 +133,7 @@ impl FenceClient for &mut sqlx::PgConnection {
 
 /// The [`LockError::Conflict`] of a serialization failure (`40001`) or a deadlock (`40P01`):
 /// the transaction is to be retried whole.
+#[cfg(feature = "postgres")]
 fn conflict(resource: &str, error: &tokio_postgres::Error) -> Option<LockError> {
     let db = error.as_db_error()?;
     if *db.code() != SqlState::T_R_SERIALIZATION_FAILURE && *db.code() != SqlState::T_R_DEADLOCK_DETECTED {
@@ -144,6 +152,7 @@ fn highest(detail: Option<&str>) -> u64 {
 }
 
 /// The [`LockError::Fenced`] of an error raised by `lock_runtime_fence`, if it is one.
+#[cfg(feature = "postgres")]
 pub fn refusal(resource: &str, token: u64, error: &tokio_postgres::Error) -> Option<LockError> {
     let db = error.as_db_error()?;
     if *db.code() != SqlState::from_code(SQLSTATE) {
@@ -155,10 +164,12 @@ pub fn refusal(resource: &str, token: u64, error: &tokio_postgres::Error) -> Opt
 /// A [`FenceStore`] on PostgreSQL for the HTTP form ([`Fenced`](crate::fence::Fenced)): each
 /// admission is `SELECT lock_runtime_fence(resource, token)` in its own transaction, on the
 /// table of [`INSTALL_SQL`] (which must have been run), shared by every replica of a service.
+#[cfg(feature = "postgres")]
 pub struct PostgresFences {
     client: tokio_postgres::Client,
 }
 
+#[cfg(feature = "postgres")]
 impl PostgresFences {
     /// A store on `client` (its connection task running, as `tokio_postgres::connect` leaves it).
     pub fn new(client: tokio_postgres::Client) -> Self {
@@ -166,12 +177,14 @@ impl PostgresFences {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl std::fmt::Debug for PostgresFences {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PostgresFences")
     }
 }
 
+#[cfg(feature = "postgres")]
 impl FenceStore for PostgresFences {
     fn admit<'a>(&'a self, resource: &'a str, token: u64) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(check(&self.client, resource, token))

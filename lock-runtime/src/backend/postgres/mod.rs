@@ -1,19 +1,36 @@
-#![doc = include_str!("README.md")]
+#![cfg_attr(feature = "postgres", doc = include_str!("README.md"))]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "PostgreSQL locks in the application's own sqlx transactions ([`lock_in_transaction`]); \
+           the backend of its own connections is the feature `postgres`."
+)]
 
+#[cfg(feature = "postgres")]
 use crate::error::LockError;
 
+#[cfg(feature = "postgres")]
 mod backend;
+#[cfg(feature = "postgres")]
 mod conn;
+#[cfg(feature = "postgres")]
 mod inspect;
+#[cfg(feature = "postgres")]
 mod options;
+#[cfg(feature = "postgres")]
 mod semaphore;
+#[cfg(feature = "postgres")]
 mod tls;
 mod transaction;
 
+#[cfg(feature = "postgres")]
 pub use backend::PostgresBackend;
+#[cfg(feature = "postgres")]
 pub use options::PostgresOptions;
+#[cfg(feature = "postgres")]
 pub use semaphore::MAX_PERMITS;
-pub use transaction::lock_in_transaction;
+pub use transaction::{lock_in_transaction, InTransaction};
+#[doc(hidden)]
+pub use transaction::{Canceller, Failed};
 
 const KIND: &str = "postgres";
 /// The sequence the fencing tokens are drawn from.
@@ -36,6 +53,7 @@ pub fn advisory_key(key: &str) -> (i32, i32) {
     (i32::from_be_bytes([a0, a1, a2, a3]), i32::from_be_bytes([b0, b1, b2, b3]))
 }
 
+#[cfg(feature = "postgres")]
 /// A client error as a [`LockError`]: a server's error with its severity, SQLSTATE, message,
 /// detail and hint (`ERROR 57014: canceling statement due to statement timeout`), anything
 /// else with its whole chain of causes.

@@ -2,10 +2,14 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, NoTls, SimpleQueryMessage, Transaction};
+#[cfg(feature = "postgres")]
+use tokio_postgres::{NoTls, SimpleQueryMessage, Transaction};
 
-use super::{advisory_key, pg_error, KIND, SEQUENCE};
+#[cfg(feature = "postgres")]
+use super::pg_error;
+use super::{advisory_key, KIND, SEQUENCE};
 use crate::backend::BoxFuture;
 use crate::error::LockError;
 
@@ -19,13 +23,18 @@ pub trait InTransaction: Send + sealed::Sealed {
     /// The first column of every row of `sql` (simple protocol, several statements).
     #[doc(hidden)]
     fn simple(&mut self, sql: String) -> BoxFuture<'_, Result<Vec<String>, Failed>>;
-    /// What cancels the connection's running query, where the driver has it.
+    /// What asks the server to cancel the connection's running query, where the driver can.
     #[doc(hidden)]
-    fn cancel_token(&self) -> Option<CancelToken>;
+    fn canceller(&self) -> Option<Canceller>;
 }
+
+/// Sends a cancel request for a connection's running query.
+#[doc(hidden)]
+pub type Canceller = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 
 mod sealed {
     pub trait Sealed {}
+    #[cfg(feature = "postgres")]
     impl Sealed for &tokio_postgres::Transaction<'_> {}
     #[cfg(feature = "sqlx")]
     impl Sealed for &mut sqlx::PgConnection {}
@@ -40,6 +49,7 @@ pub struct Failed {
 }
 
 impl Failed {
+    #[cfg(feature = "postgres")]
     fn of_tokio(key: &str, e: tokio_postgres::Error) -> Self {
         Failed { code: e.code().map(|c| c.code().to_owned()), error: pg_error(key, "lock in the transaction", e) }
     }
@@ -55,6 +65,7 @@ impl Failed {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl InTransaction for &Transaction<'_> {
     fn try_lock(&mut self, key: &str, k1: i32, k2: i32) -> BoxFuture<'_, Result<Option<i64>, Failed>> {
         let key = key.to_owned();
@@ -79,8 +90,13 @@ impl InTransaction for &Transaction<'_> {
         })
     }
 
-    fn cancel_token(&self) -> Option<CancelToken> {
-        Some(Transaction::cancel_token(self))
+    fn canceller(&self) -> Option<Canceller> {
+        let token = Transaction::cancel_token(self);
+        Some(Box::new(move || {
+            Box::pin(async move {
+                let _ = tokio::time::timeout(BOUND, token.cancel_query(NoTls)).await;
+            })
+        }))
     }
 }
 
@@ -101,7 +117,7 @@ impl InTransaction for &mut sqlx::PgConnection {
         Box::pin(sqlx_simple(self, sql))
     }
 
-    fn cancel_token(&self) -> Option<CancelToken> {
+    fn canceller(&self) -> Option<Canceller> {
         None
     }
 }
@@ -123,7 +139,7 @@ const SAVEPOINT: &str = "lock_runtime_wait";
 /// and a handler can lock, check the fence and write in one transaction.
 ///
 /// - `key` is the lock's key as a manager writes it (its prefix followed by the name): the
-///   lock is the same advisory lock a [`PostgresBackend`](super::PostgresBackend) takes, so a
+///   lock is the same advisory lock a `PostgresBackend` takes, so a
 ///   transaction and a manager's guard of the same key exclude each other.
 /// - `wait`: how long to wait for a holder to go (on the server, under `lock_timeout`, no
 ///   polling); zero tries once. Still held after it: [`is_contended`](LockError::is_contended),
@@ -176,7 +192,7 @@ pub async fn lock_in_transaction<T: InTransaction>(mut tx: T, key: &str, wait: D
         return Err(LockError::invalid(key, "the lock key is empty"));
     }
     let bound = wait.saturating_add(BOUND);
-    let cancel = OnDrop(tx.cancel_token());
+    let cancel = OnDrop(tx.canceller());
     match tokio::time::timeout(bound, take(&mut tx, key, wait)).await {
         Ok(taken) => {
             // Nothing runs any more: a cancel now could only hit the caller's next query.
@@ -258,7 +274,7 @@ async fn sqlx_simple(conn: &mut sqlx::PgConnection, sql: String) -> Result<Vec<S
 
 /// Asks the server to cancel the transaction's running query when dropped armed: a call
 /// dropped or timed out while it waits.
-struct OnDrop(Option<CancelToken>);
+struct OnDrop(Option<Canceller>);
 
 impl OnDrop {
     fn disarm(mut self) {
@@ -268,9 +284,7 @@ impl OnDrop {
 
 impl Drop for OnDrop {
     fn drop(&mut self) {
-        let (Some(token), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) else { return };
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(BOUND, token.cancel_query(NoTls)).await;
-        });
+        let (Some(cancel), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) else { return };
+        runtime.spawn(cancel());
     }
 }
