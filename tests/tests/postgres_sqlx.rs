@@ -12,11 +12,27 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
-use lock_runtime::backend::postgres::lock_in_transaction;
+use lock_runtime::backend::postgres::{lock_in_transaction, PostgresBackend};
 use lock_runtime::fence::postgres::{check, INSTALL_SQL};
 use lock_runtime::{LockError, LockManager};
 use lock_tests::pg_server::{PgBouncer, PgServer};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+
+// The whole conformance suite on the application's pool (`PostgresBackend::from_pool`).
+lock_tests::conformance_suite!(
+    {
+        let server = std::sync::Arc::new(PgServer::start());
+        move |builder: lock_runtime::LockManagerBuilder| {
+            let server = server.clone();
+            async move {
+                let pool = pool(&server.url(), 40).await;
+                builder.backend(PostgresBackend::from_pool(pool).await.expect("from the pool"))
+            }
+        }
+    },
+    kinds = [lock_runtime::backend::LockKind::Read, lock_runtime::backend::LockKind::Write],
+    inspect = true
+);
 
 async fn pool(url: &str, connections: u32) -> PgPool {
     PgPoolOptions::new().max_connections(connections).connect(url).await.expect("the application's pool")
@@ -139,4 +155,63 @@ async fn a_serialization_failure_is_a_conflict_to_retry() {
     let mut retry = pool.begin().await.expect("begin again");
     check(&mut *retry, "orders:7", 10).await.expect("the newer token on retry");
     retry.commit().await.expect("commit");
+}
+
+/// `PostgresBackend::from_pool`: a held lock keeps one of the pool's connections and gives it
+/// back at the release; the server ending the holder's session is found by the heartbeat
+/// (`lost()`), and the connection is not given back; a dropped waiter leaves nothing queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_pool_carries_the_managers_locks() {
+    let server = PgServer::start();
+    let app = pool(&server.url(), 3).await;
+    let manager = LockManager::builder().backend(PostgresBackend::from_pool(app.clone()).await.expect("from the pool"));
+    let other = LockManager::postgres(server.url()).await.expect("own connections");
+    let idle_before = app.num_idle();
+    let held = manager.lock("app:1").await.expect("lock");
+    assert!(other.try_lock("app:1").await.expect("try").is_none(), "the pool's lock excludes");
+    assert_eq!(app.size() as usize - app.num_idle(), 1, "one of the pool's connections holds it");
+    held.release().await.expect("release");
+    assert_eq!(app.num_idle(), idle_before.max(1), "given back at the release");
+    other.try_lock("app:1").await.expect("try").expect("free").release().await.unwrap();
+
+    // The server ends the holder's session: lost() by the heartbeat (every second; 30 s is the
+    // margin), the lock free for others.
+    let held = manager.lock("app:2").await.expect("lock");
+    let admin = server.admin().await;
+    let sql = "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted";
+    admin.execute(sql, &[]).await.expect("terminate");
+    tokio::time::timeout(Duration::from_secs(30), held.lost()).await.expect("lost() fires");
+    other.lock("app:2").wait(Duration::from_secs(10)).await.expect("free").release().await.unwrap();
+
+    // A dropped waiter's connection is closed: the server ends its wait.
+    let holder = other.lock("app:3").await.expect("held elsewhere");
+    {
+        let waiting = manager.lock("app:3").wait(Duration::from_secs(600));
+        let queued = async {
+            loop {
+                let row = admin.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).await.unwrap();
+                if row.get::<_, i64>(0) > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            out = waiting => panic!("granted while held: {:?}", out.map(|g| g.fencing_token())),
+            () = queued => {}
+        }
+    }
+    let dropped = std::time::Instant::now();
+    loop {
+        let row = admin.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).await.unwrap();
+        if row.get::<_, i64>(0) == 0 {
+            break;
+        }
+        assert!(dropped.elapsed() < Duration::from_secs(30), "the dropped waiter is still queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    holder.release().await.expect("release");
+    // The application's pool still serves its own work.
+    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&app).await.expect("the pool works");
+    assert_eq!(one, 1);
 }

@@ -12,31 +12,13 @@ use tokio_postgres::{Config, SimpleQueryMessage};
 
 use super::conn::{last_value, Conn, PgSessions};
 use super::options::PostgresOptions;
-use super::semaphore::Sem;
+use super::sql::{PgKey, PgSql};
 use super::tls;
-use super::{advisory_key, pg_error, KIND, SEQUENCE};
+use super::{pg_error, KIND};
 use crate::backend::session::{Failure, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend, LockKind};
 use crate::error::LockError;
 use crate::lost::LostSignal;
-
-/// A lock's advisory key, with its name for errors.
-#[derive(Clone)]
-pub(super) struct PgKey {
-    pub(super) name: Arc<str>,
-    key: (i32, i32),
-    /// The shared side of a read-write lock (`pg_advisory_lock_shared`).
-    shared: bool,
-    /// The comment the grant's query starts with, which `lockctl` reads back from
-    /// `pg_stat_activity` (see `inspect.rs`).
-    pub(super) record: Arc<str>,
-    /// A semaphore's keys (`key` is then its queue).
-    sem: Option<Arc<Sem>>,
-}
-
-/// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
-/// the mutex of the same name.
-const RW_SUFFIX: &str = "\u{0}rw";
 
 impl Sessions for PgSessions {
     type Conn = Conn;
@@ -54,22 +36,7 @@ impl Sessions for PgSessions {
     }
 
     fn key(&self, req: &Acquire) -> PgKey {
-        let record = super::inspect::record(req).into();
-        match req.kind {
-            // A read-write lock's two sides share one key of their own, apart from the mutex's.
-            LockKind::Read | LockKind::Write => PgKey {
-                name: req.name.clone(),
-                key: advisory_key(&format!("{}{RW_SUFFIX}", req.key)),
-                shared: req.kind == LockKind::Read,
-                record,
-                sem: None,
-            },
-            LockKind::Semaphore { permits } => {
-                let sem = Sem::new(&req.key, permits);
-                PgKey { name: req.name.clone(), key: sem.queue, shared: false, record, sem: Some(Arc::new(sem)) }
-            }
-            _ => PgKey { name: req.name.clone(), key: advisory_key(&req.key), shared: false, record, sem: None },
-        }
+        self.sql.key(req)
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
@@ -90,35 +57,11 @@ impl Sessions for PgSessions {
             if let Some(sem) = &key.sem {
                 return super::semaphore::lock(self, conn, (&key.name, &key.record), sem, wait).await;
             }
-            let (a, b) = key.key;
-            let shared = if key.shared { "_shared" } else { "" };
-            // The token goes out as the session's `application_name` (`<name> t=<token>`), where
-            // `lockctl` reads it; the query's leading comment stays in `pg_stat_activity`.
-            let (record, token) = (&key.record, self.token_sql());
-            // Held by a transaction of its own (for a transaction-mode pooler): opened here,
-            // kept open while held, committed by the release; a refusal rolls it back.
-            let pooled = self.pooled();
-            let (begin, xact) = match pooled {
-                true => ("BEGIN; SELECT set_config('idle_in_transaction_session_timeout', '0', true); ", "_xact"),
-                false => ("", ""),
-            };
-            let (sql, operation) = match wait {
-                None => (
-                    format!(
-                        "{record}{begin}SELECT CASE WHEN pg_try_advisory{xact}_lock{shared}({a}, {b}) THEN {token} END"
-                    ),
-                    "attempt",
-                ),
-                Some(wait) => {
-                    let settings = self.wait_settings(wait);
-                    let lock = format!("SELECT pg_advisory{xact}_lock{shared}({a}, {b}); SELECT {token}");
-                    (format!("{record}{begin}{settings}{lock}"), "wait")
-                }
-            };
+            let (sql, operation) = self.sql.lock(key, wait);
             let refused = |conn: &'a mut Conn| async move {
-                match pooled {
-                    true => Self::query(conn, &key.name, operation, "ROLLBACK").await.map(|_| None),
-                    false => Ok(None),
+                match self.sql.refused() {
+                    Some(end) => Self::query(conn, &key.name, operation, end).await.map(|_| None),
+                    None => Ok(None),
                 }
             };
             match conn.client.simple_query(&sql).await {
@@ -144,24 +87,20 @@ impl Sessions for PgSessions {
 
     fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
         Box::pin(async move {
-            if self.pooled() {
-                // The transaction that holds the lock, committed: its end is the lock's (and
-                // its `application_name`'s). Answered, it held the lock until now.
-                return Self::query(conn, &key.name, "release", "COMMIT").await.map(|_| true);
-            }
-            let app = &self.app_name;
-            let unlock = match (&key.sem, conn.semaphore.take()) {
-                (None, _) => {
-                    let (a, b) = key.key;
-                    let shared = if key.shared { "_shared" } else { "" };
-                    format!("pg_advisory_unlock{shared}({a}, {b})")
+            let sql = match (&key.sem, conn.semaphore.take()) {
+                (None, _) if self.pooled() => {
+                    // The transaction that holds the lock, committed: its end is the lock's (and
+                    // its `application_name`'s). Answered, it held the lock until now.
+                    return Self::query(conn, &key.name, "release", "COMMIT").await.map(|_| true);
                 }
-                (Some(_), Some(((a, b), (m0, m1)))) => {
-                    format!("pg_advisory_unlock({a}, {b}) AND pg_advisory_unlock_shared({m0}, {m1})")
-                }
+                (None, _) => self.sql.unlock(key),
+                (Some(_), Some(((a, b), (m0, m1)))) => format!(
+                    "SELECT pg_advisory_unlock({a}, {b}) AND pg_advisory_unlock_shared({m0}, {m1}), \
+                     set_config('application_name', '{}', false)",
+                    self.app_name
+                ),
                 (Some(_), None) => return Ok(false),
             };
-            let sql = format!("SELECT {unlock}, set_config('application_name', '{app}', false)");
             Ok(Self::query(conn, &key.name, "release", &sql).await?.as_deref() == Some("t"))
         })
     }
@@ -187,15 +126,28 @@ impl Sessions for PgSessions {
 /// [module docs](super) for how locks, waits, tokens and leases map onto PostgreSQL.
 #[derive(Clone)]
 pub struct PostgresBackend {
-    pool: Arc<Pool<PgSessions>>,
+    pools: Pools,
+}
+
+/// Whose connections the locks are taken on.
+#[derive(Clone)]
+enum Pools {
+    /// The backend's own.
+    Own(Arc<Pool<PgSessions>>),
+    /// The application's sqlx pool's ([`PostgresBackend::from_pool`]).
+    #[cfg(feature = "sqlx")]
+    App(Arc<Pool<super::app_pool::AppSessions>>),
 }
 
 impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresBackend")
-            .field("hosts", &self.pool.sessions.config.get_hosts())
-            .field("options", &self.pool.sessions.options)
-            .finish()
+        let mut shown = f.debug_struct("PostgresBackend");
+        match &self.pools {
+            Pools::Own(pool) => shown.field("hosts", &pool.sessions.config.get_hosts()),
+            #[cfg(feature = "sqlx")]
+            Pools::App(_) => shown.field("pool", &"the application's"),
+        };
+        shown.field("options", &self.sql().options).finish()
     }
 }
 
@@ -235,107 +187,188 @@ impl PostgresBackend {
             config.application_name("lock-runtime");
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
-        let app_name: String = config
-            .get_application_name()
-            .unwrap_or("lock-runtime")
-            .chars()
-            .filter(|c| (c.is_ascii_graphic() && *c != '\\') || *c == ' ')
-            .take(30)
-            .collect::<String>()
-            .replace('\'', "''");
-        let pooled = options.transaction_pooling.into();
-        let sessions = PgSessions { config, tls, options, version: Default::default(), app_name, pooled };
-        let backend = PostgresBackend { pool: Arc::new(Pool::new(sessions)) };
-        backend.setup().await?;
-        Ok(backend)
+        let sql = PgSql::new(options, config.get_application_name().unwrap_or("lock-runtime"));
+        let sessions = PgSessions { config, tls, sql };
+        let pool = Arc::new(Pool::new(sessions));
+        setup(&pool).await?;
+        Ok(PostgresBackend { pools: Pools::Own(pool) })
     }
 
-    /// The first connection: detects a transaction-mode pooler, creates the sequence.
-    async fn setup(&self) -> Result<(), LockError> {
-        let conn = self.pool.sessions.connect_once("").await?;
-        let bound = self.pool.sessions.options.operation_timeout;
-        let (first, second) = (backend_pid(&conn, bound).await?, backend_pid(&conn, bound).await?);
-        let version = match tokio::time::timeout(bound, conn.client.simple_query("SHOW server_version_num")).await {
-            Ok(Ok(rows)) => last_value(&rows).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0),
-            Ok(Err(e)) => return Err(pg_error("", "connect", e)),
-            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
-        };
-        let _ = self.pool.sessions.version.set(version);
-        // A pooler in transaction mode shares server sessions: one client's successive
-        // transactions on different ones, or two clients on one (never so with a direct
-        // connection). Seen, each lock is held by a transaction of its own. Not seen proves
-        // nothing (a pooler may happen to keep each client on its own session here): say
-        // `transaction_pooling` when a pooler is in between.
-        let other = self.pool.sessions.connect_once("").await?;
-        let third = backend_pid(&other, bound).await?;
-        if (first != second || third == first || third == second) && !self.pool.sessions.pooled() {
-            tracing::info!(
-                "the PostgreSQL sessions are shared (a pooler in transaction mode): each lock is held by a \
-                 transaction of its own"
-            );
-            self.pool.sessions.pooled.store(true, std::sync::atomic::Ordering::Relaxed);
+    /// Locks on connections of the application's sqlx `pool` (its TLS, credentials and
+    /// limits), with the default [`PostgresOptions`]; features `postgres` and `sqlx`. See
+    /// [`from_pool_with`](Self::from_pool_with).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::backend::postgres::PostgresBackend;
+    ///
+    /// let backend = PostgresBackend::from_pool(pool.clone()).await?;
+    /// let manager = lock_runtime::LockManager::builder().backend(backend);
+    /// let guard = manager.lock("order:42").await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    pub async fn from_pool(pool: sqlx::PgPool) -> Result<Self, LockError> {
+        Self::from_pool_with(pool, PostgresOptions::new()).await
+    }
+
+    /// Locks on connections of the application's sqlx `pool`, with `options` (TLS settings
+    /// there are refused: the pool's own apply). Each acquisition takes one of the pool's
+    /// connections for as long as it waits and holds (so the pool's size bounds the locks held
+    /// and awaited at once, beside the application's own work), and gives it back at the
+    /// release. Every guarantee of [`connect_with`](Self::connect_with) holds (fencing from
+    /// the same sequence, waiting on the server, read-write locks, inspection, the transaction
+    /// mode for a pooler), but for what sqlx cannot do: `lost()` comes from a heartbeat
+    /// (`SELECT 1` every second) instead of the connection's own notice, and a dropped waiter
+    /// closes its connection instead of sending a cancel request (the server ends the wait
+    /// within 500 ms on PostgreSQL 14 and later, at the wait's end before). No semaphores. A
+    /// connection whose session may hold a lock is closed, never given back to the pool.
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    pub async fn from_pool_with(pool: sqlx::PgPool, options: PostgresOptions) -> Result<Self, LockError> {
+        use super::app_pool::{rows, AppSessions};
+        if options.operation_timeout.is_zero() {
+            return Err(LockError::invalid("", "the PostgreSQL operation timeout must be more than zero"));
         }
-        self.pool.checkin(other);
-        // A sequence made beforehand is only used: a least-privilege role (`USAGE` on it, no
-        // `CREATE` on the schema) cannot run even `CREATE SEQUENCE IF NOT EXISTS`.
-        let exists = format!("SELECT to_regclass('{SEQUENCE}') IS NOT NULL");
-        match tokio::time::timeout(bound, conn.client.simple_query(&exists)).await {
-            Ok(Ok(rows)) if last_value(&rows).as_deref() == Some("t") => {
-                self.pool.checkin(conn);
-                return Ok(());
+        #[cfg(feature = "tls")]
+        if options.get_tls().is_some() {
+            return Err(LockError::invalid("", "TLS settings were given beside a pool: the pool's own apply"));
+        }
+        let bound = options.operation_timeout;
+        let sql = PgSql::new(options, "lock-runtime");
+        let setup = async {
+            let mut conn = pool.acquire().await?;
+            let _ = sql.version.set(conn.server_version_num().unwrap_or(0));
+            let exists = rows(&mut conn, &PgSql::sequence_exists()).await?;
+            if exists.first().and_then(|row| row.first()).map(String::as_str) != Some("t") {
+                rows(&mut conn, &PgSql::create_sequence()).await?;
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(pg_error("", "connect", e)),
-            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
-        }
-        // Serialised by a transaction-scoped advisory lock (single-bigint key space, never one
-        // of the locks' two-int keys): concurrent `CREATE SEQUENCE IF NOT EXISTS` can collide.
-        let create = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(7226519712410372941); CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}; COMMIT"
-        );
-        match tokio::time::timeout(bound, conn.client.batch_execute(&create)).await {
+            Ok::<_, sqlx::Error>(())
+        };
+        match tokio::time::timeout(bound, setup).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(pg_error("", "connect", e)),
+            Ok(Err(e)) => return Err(super::app_pool::error("", "connect", e)),
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         }
-        self.pool.checkin(conn);
-        Ok(())
+        let sessions = AppSessions { pool, sql };
+        Ok(PostgresBackend { pools: Pools::App(Arc::new(Pool::new(sessions))) })
     }
 
+    /// The statements and their settings, whoever's the connections.
+    fn sql(&self) -> &PgSql {
+        match &self.pools {
+            Pools::Own(pool) => &pool.sessions.sql,
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => &pool.sessions.sql,
+        }
+    }
+}
+
+/// The first connection: detects a transaction-mode pooler, creates the sequence.
+async fn setup(pool: &Arc<Pool<PgSessions>>) -> Result<(), LockError> {
+    let conn = pool.sessions.connect_once("").await?;
+    let bound = pool.sessions.options.operation_timeout;
+    let (first, second) = (backend_pid(&conn, bound).await?, backend_pid(&conn, bound).await?);
+    let version = match tokio::time::timeout(bound, conn.client.simple_query("SHOW server_version_num")).await {
+        Ok(Ok(rows)) => last_value(&rows).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0),
+        Ok(Err(e)) => return Err(pg_error("", "connect", e)),
+        Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+    };
+    let _ = pool.sessions.version.set(version);
+    // A pooler in transaction mode shares server sessions: one client's successive
+    // transactions on different ones, or two clients on one (never so with a direct
+    // connection). Seen, each lock is held by a transaction of its own. Not seen proves
+    // nothing (a pooler may happen to keep each client on its own session here): say
+    // `transaction_pooling` when a pooler is in between.
+    let other = pool.sessions.connect_once("").await?;
+    let third = backend_pid(&other, bound).await?;
+    if (first != second || third == first || third == second) && !pool.sessions.pooled() {
+        tracing::info!(
+            "the PostgreSQL sessions are shared (a pooler in transaction mode): each lock is held by a \
+                 transaction of its own"
+        );
+        pool.sessions.pooled.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    pool.checkin(other);
+    let exists = PgSql::sequence_exists();
+    match tokio::time::timeout(bound, conn.client.simple_query(&exists)).await {
+        Ok(Ok(rows)) if last_value(&rows).as_deref() == Some("t") => {
+            pool.checkin(conn);
+            return Ok(());
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(pg_error("", "connect", e)),
+        Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+    }
+    let create = PgSql::create_sequence();
+    match tokio::time::timeout(bound, conn.client.batch_execute(&create)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(pg_error("", "connect", e)),
+        Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+    }
+    pool.checkin(conn);
+    Ok(())
+}
+
+impl PostgresBackend {
     /// The options this backend was built with.
     pub fn options(&self) -> &PostgresOptions {
-        &self.pool.sessions.options
+        &self.sql().options
     }
 
     /// Whether each lock is held by a transaction of its own: asked for
     /// ([`PostgresOptions::transaction_pooling`]), or a pooler was seen sharing sessions.
     pub fn transaction_pooling(&self) -> bool {
-        self.pool.sessions.pooled()
+        self.sql().pooled()
     }
 
     /// Runs `sql` (simple protocol) on an idle or new connection, within the operation timeout:
-    /// its rows (for inspection).
-    pub(super) async fn rows(&self, sql: &str) -> Result<Vec<tokio_postgres::SimpleQueryRow>, LockError> {
-        let (conn, _) = self.pool.checkout("").await?;
-        let bound = self.pool.sessions.options.operation_timeout;
-        let rows = match tokio::time::timeout(bound, conn.client.simple_query(sql)).await {
-            Ok(Ok(messages)) => messages,
-            Ok(Err(e)) => return Err(pg_error("", "inspect", e)),
-            Err(_) => return Err(LockError::timed_out("", KIND, "inspect", bound)),
-        };
-        self.pool.checkin(conn);
-        Ok(rows
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) => Some(row),
-                _ => None,
-            })
-            .collect())
+    /// every row's columns as text (NULL as empty), for inspection.
+    pub(super) async fn rows(&self, sql: &str) -> Result<Vec<Vec<String>>, LockError> {
+        let bound = self.sql().options.operation_timeout;
+        match &self.pools {
+            Pools::Own(pool) => {
+                let (conn, _) = pool.checkout("").await?;
+                let rows = match tokio::time::timeout(bound, conn.client.simple_query(sql)).await {
+                    Ok(Ok(messages)) => messages,
+                    Ok(Err(e)) => return Err(pg_error("", "inspect", e)),
+                    Err(_) => return Err(LockError::timed_out("", KIND, "inspect", bound)),
+                };
+                pool.checkin(conn);
+                Ok(rows
+                    .into_iter()
+                    .filter_map(|m| match m {
+                        SimpleQueryMessage::Row(row) => {
+                            Some((0..row.len()).map(|i| row.get(i).unwrap_or_default().to_owned()).collect())
+                        }
+                        _ => None,
+                    })
+                    .collect())
+            }
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => {
+                let asked = async {
+                    let mut conn = pool.sessions.pool.acquire().await?;
+                    super::app_pool::rows(&mut conn, sql).await
+                };
+                match tokio::time::timeout(bound, asked).await {
+                    Ok(Ok(rows)) => Ok(rows),
+                    Ok(Err(e)) => Err(super::app_pool::error("", "inspect", e)),
+                    Err(_) => Err(LockError::timed_out("", KIND, "inspect", bound)),
+                }
+            }
+        }
     }
 
     /// How many idle connections are kept right now.
     pub fn idle_connections(&self) -> usize {
-        self.pool.idle()
+        match &self.pools {
+            Pools::Own(pool) => pool.idle(),
+            #[cfg(feature = "sqlx")]
+            Pools::App(_) => 0,
+        }
     }
 }
 
@@ -360,16 +393,20 @@ impl LockBackend for PostgresBackend {
     fn supports(&self, kind: LockKind) -> bool {
         match kind {
             LockKind::Exclusive | LockKind::Read | LockKind::Write => true,
-            LockKind::Semaphore { .. } => !self.pool.sessions.pooled(),
+            LockKind::Semaphore { .. } => matches!(self.pools, Pools::Own(_)) && !self.sql().pooled(),
         }
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
-        self.pool.begin(req, lost)
+        match &self.pools {
+            Pools::Own(pool) => pool.begin(req, lost),
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => pool.begin(req, lost),
+        }
     }
 
     fn operation_timeout(&self) -> Duration {
-        self.pool.sessions.options.operation_timeout
+        self.sql().options.operation_timeout
     }
 
     fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {

@@ -2,14 +2,12 @@
 //! ([`PgSessions`]): shared by the session skeleton's lock steps (`backend.rs`) and the
 //! semaphores' waiting (`semaphore.rs`).
 
-use std::time::Duration;
-
 use tokio::sync::watch;
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
-use super::options::PostgresOptions;
+use super::sql::PgSql;
 use super::tls::Connector;
-use super::{pg_error, KIND, SEQUENCE};
+use super::{pg_error, KIND};
 use crate::backend::session::Failure;
 use crate::error::LockError;
 
@@ -32,23 +30,21 @@ impl Conn {
     }
 }
 
-/// How PostgreSQL takes, releases and watches a lock on one connection (see `session.rs` for
-/// the rest).
+/// How PostgreSQL takes, releases and watches a lock on one connection of its own (see
+/// `session.rs` for the rest); the statements are [`PgSql`]'s.
 pub(super) struct PgSessions {
     pub(super) config: Config,
     /// The TLS client of the connections and cancel requests (see `tls.rs`).
     pub(super) tls: Connector,
-    pub(super) options: PostgresOptions,
-    /// The server's version (`server_version_num`), read by the setup: a wait turns off
-    /// `transaction_timeout` where the server has it (PostgreSQL 17), and has the server check
-    /// its client's connection (`client_connection_check_interval`, PostgreSQL 14).
-    pub(super) version: std::sync::OnceLock<u32>,
-    /// The connections' `application_name` (printable ASCII, at most 30 bytes, quotes doubled):
-    /// a holder's session shows it followed by ` t=<token>` (see `inspect.rs`).
-    pub(super) app_name: String,
-    /// Each lock held in a transaction of its own ([`PostgresOptions::transaction_pooling`],
-    /// or a pooler seen sharing sessions at connect).
-    pub(super) pooled: std::sync::atomic::AtomicBool,
+    pub(super) sql: PgSql,
+}
+
+impl std::ops::Deref for PgSessions {
+    type Target = PgSql;
+
+    fn deref(&self) -> &PgSql {
+        &self.sql
+    }
 }
 
 impl PgSessions {
@@ -75,44 +71,6 @@ impl PgSessions {
         })
         .abort_handle();
         Ok(Conn { client, closed, task, semaphore: None })
-    }
-
-    /// The expression that draws a grant's token into the session's `application_name`
-    /// (`<name> t=<token>`), where `lockctl` reads it.
-    pub(super) fn token_sql(&self) -> String {
-        // In a held transaction, the name is the transaction's own (the pooler's server
-        // connection goes back to others with its own name at the commit).
-        let local = self.pooled();
-        format!("set_config('application_name', '{} t=' || nextval('{SEQUENCE}'), {local})", self.app_name)
-    }
-
-    /// Whether each lock is held in a transaction of its own.
-    pub(super) fn pooled(&self) -> bool {
-        self.pooled.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The statements that bound the wait of the implicit transaction they start to `wait`:
-    /// only `lock_timeout` does (at least 1 ms: 0 would mean no limit). A `statement_timeout`
-    /// (or PostgreSQL 17's `transaction_timeout`) of the server, role, database or URL shorter
-    /// than the wait must not cut it. A waiter dropped while its query is on its way (its
-    /// cancel request may reach the server first, and be lost) closes its connection: the
-    /// server, checking it during the wait (`client_connection_check_interval`, PostgreSQL 14),
-    /// ends the session within the interval instead of keeping the request queued.
-    pub(super) fn wait_settings(&self, wait: Duration) -> String {
-        let ms = wait.as_millis().clamp(1, i32::MAX as u128);
-        let version = self.version.get().copied().unwrap_or(0);
-        let transaction = match version >= 170_000 {
-            true => "SELECT set_config('transaction_timeout', '0', true); ",
-            false => "",
-        };
-        let check = match version >= 140_000 {
-            true => "SELECT set_config('client_connection_check_interval', '500', true); ",
-            false => "",
-        };
-        format!(
-            "{transaction}{check}SELECT set_config('statement_timeout', '0', true); \
-             SELECT set_config('lock_timeout', '{ms}ms', true); "
-        )
     }
 
     /// Closes `conn` at once (its task aborted: the socket closes even with a query in flight)

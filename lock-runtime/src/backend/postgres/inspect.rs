@@ -85,7 +85,7 @@ impl PostgresBackend {
     async fn held(&self) -> Result<Vec<(i32, LockInfo)>, LockError> {
         let mut locks = Vec::new();
         for row in self.rows(HELD).await? {
-            let field = |i: usize| row.get(i).unwrap_or_default();
+            let field = |i: usize| row.get(i).map(String::as_str).unwrap_or_default();
             let Some((key, owner, holder, kind)) = parse(field(2)) else { continue };
             let mut info = LockInfo::new(key, owner);
             info.holder = holder;
@@ -135,7 +135,7 @@ impl Inspect for PostgresBackend {
             // Ending the holder's session frees its lock (one lock per session) and closes its
             // connection: its `lost()` fires.
             let ended = self.rows(&format!("SELECT pg_terminate_backend({pid})::text")).await?;
-            match ended.first().and_then(|r| r.get(0)) {
+            match ended.first().and_then(|r| r.first()).map(String::as_str) {
                 Some("true") => Ok(ForceRelease::Released(info.owner.clone())),
                 _ => Ok(ForceRelease::NotHeld),
             }

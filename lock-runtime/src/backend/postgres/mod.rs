@@ -8,6 +8,8 @@
 #[cfg(feature = "postgres")]
 use crate::error::LockError;
 
+#[cfg(all(feature = "postgres", feature = "sqlx"))]
+mod app_pool;
 #[cfg(feature = "postgres")]
 mod backend;
 #[cfg(feature = "postgres")]
@@ -18,6 +20,8 @@ mod inspect;
 mod options;
 #[cfg(feature = "postgres")]
 mod semaphore;
+#[cfg(feature = "postgres")]
+mod sql;
 #[cfg(feature = "postgres")]
 mod tls;
 mod transaction;

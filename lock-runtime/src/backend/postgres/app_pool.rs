@@ -1,0 +1,204 @@
+//! The application's own sqlx pool as the backend's connections
+//! ([`PostgresBackend::from_pool`](super::PostgresBackend::from_pool), features `postgres` and
+//! `sqlx`): each acquisition takes a connection of the pool for as long as it waits and holds,
+//! and gives it back at the release. The statements are the backend's own ([`PgSql`]).
+//!
+//! What sqlx does not offer is made up for: a connection closed under a held lock is found by a
+//! heartbeat (`SELECT 1` every second; sqlx tells nothing until the next query), and a dropped
+//! waiter's connection is closed instead of cancelled (sqlx has no cancel request; the server
+//! ends the session at its next check of the client, `client_connection_check_interval`,
+//! 500 ms, on PostgreSQL 14 and later). A connection whose session may hold or wait for a lock
+//! is never given back to the pool: it is closed, which frees whatever it held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, Postgres, Row};
+
+use super::sql::{PgKey, PgSql};
+use super::KIND;
+use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::{Acquire, BoxFuture};
+use crate::error::LockError;
+
+/// How often a held lock's connection is asked whether it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// Locks on connections of the application's pool.
+pub(super) struct AppSessions {
+    pub(super) pool: sqlx::PgPool,
+    pub(super) sql: PgSql,
+}
+
+/// One connection of the application's pool, for one acquisition.
+pub(super) struct AppConn {
+    conn: Option<PoolConnection<Postgres>>,
+    /// Holds and waits for nothing: may go back to the pool.
+    clean: bool,
+}
+
+impl Drop for AppConn {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if !self.clean {
+                // Its session may hold or wait for a lock: closed, not given back.
+                drop(conn.detach());
+            }
+        }
+    }
+}
+
+/// The value of a row's column as text (the simple protocol's values, typed by sqlx).
+fn text(row: &sqlx::postgres::PgRow, i: usize) -> Option<String> {
+    if let Ok(value) = row.try_get::<Option<String>, _>(i) {
+        return value;
+    }
+    if let Ok(value) = row.try_get::<Option<bool>, _>(i) {
+        return value.map(|b| if b { "t" } else { "f" }.to_owned());
+    }
+    row.try_get::<Option<i64>, _>(i).ok().flatten().map(|n| n.to_string())
+}
+
+/// Runs `sql` (the simple protocol: several statements) on `conn`: every row's columns as text.
+pub(super) async fn rows(conn: &mut sqlx::PgConnection, sql: &str) -> Result<Vec<Vec<String>>, sqlx::Error> {
+    let rows = conn.fetch_all(sql).await?;
+    Ok(rows.iter().map(|row| (0..row.len()).map(|i| text(row, i).unwrap_or_default()).collect()).collect())
+}
+
+/// A driver error as a [`Failure`]: the connection closed, or anything else.
+fn failure(name: &str, operation: &'static str, e: sqlx::Error) -> Failure {
+    let closed = matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed);
+    let error = error(name, operation, e);
+    if closed {
+        Failure::Closed(error)
+    } else {
+        Failure::Failed(error)
+    }
+}
+
+/// A driver error as a [`LockError`], with the server's SQLSTATE.
+pub(super) fn error(name: &str, operation: &'static str, e: sqlx::Error) -> LockError {
+    match e.as_database_error() {
+        Some(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            LockError::backend(name, KIND, operation, format!("ERROR {code}: {}", db.message()))
+        }
+        None => LockError::backend(name, KIND, operation, e),
+    }
+}
+
+impl AppSessions {
+    /// Runs `sql` on `conn`: the last row's first value. An error leaves the connection to be
+    /// closed.
+    async fn last(
+        conn: &mut AppConn,
+        name: &str,
+        operation: &'static str,
+        sql: &str,
+    ) -> Result<Option<String>, Failure> {
+        let Some(c) = conn.conn.as_mut() else {
+            return Err(Failure::Closed(LockError::backend(name, KIND, operation, "the connection was closed")));
+        };
+        match rows(c, sql).await {
+            Ok(rows) => Ok(rows.last().and_then(|row| row.first().cloned()).filter(|v| !v.is_empty())),
+            Err(e) => {
+                conn.clean = false;
+                Err(failure(name, operation, e))
+            }
+        }
+    }
+}
+
+impl Sessions for AppSessions {
+    type Conn = AppConn;
+    type Key = PgKey;
+    const KIND: &'static str = KIND;
+    const LOST: &'static str =
+        "its PostgreSQL connection (of the application's pool) stopped answering (the server ended the session and its advisory locks)";
+
+    fn operation_timeout(&self) -> Duration {
+        self.sql.options.operation_timeout
+    }
+
+    /// None: a connection goes back to the application's pool.
+    fn max_idle(&self) -> usize {
+        0
+    }
+
+    fn key(&self, req: &Acquire) -> PgKey {
+        self.sql.key(req)
+    }
+
+    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<AppConn, LockError>> {
+        Box::pin(async move {
+            let conn = self.pool.acquire().await.map_err(|e| error(name, "connect", e))?;
+            Ok(AppConn { conn: Some(conn), clean: true })
+        })
+    }
+
+    fn is_closed(conn: &AppConn) -> bool {
+        conn.conn.is_none()
+    }
+
+    fn lock<'a>(
+        &'a self,
+        conn: &'a mut AppConn,
+        key: &'a PgKey,
+        wait: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        Box::pin(async move {
+            let (sql, operation) = self.sql.lock(key, wait);
+            // Until answered, the session may hold or wait: not to be given back.
+            conn.clean = false;
+            let refused = |conn: &'a mut AppConn| async move {
+                if let Some(end) = self.sql.refused() {
+                    Self::last(conn, &key.name, operation, end).await?;
+                }
+                conn.clean = true;
+                Ok(None)
+            };
+            match Self::last(conn, &key.name, operation, &sql).await {
+                Ok(None) if wait.is_none() => refused(conn).await,
+                Ok(value) => match value.as_deref().and_then(super::inspect::token) {
+                    Some(token) => Ok(Some(token)),
+                    None => Err(Failure::Failed(LockError::backend(
+                        &*key.name,
+                        KIND,
+                        operation,
+                        "no fencing token in the answer",
+                    ))),
+                },
+                Err(Failure::Failed(e)) if e.to_string().contains("ERROR 55P03") => refused(conn).await,
+                Err(failure) => Err(failure),
+            }
+        })
+    }
+
+    fn unlock<'a>(&'a self, conn: &'a mut AppConn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
+        Box::pin(async move {
+            let released = Self::last(conn, &key.name, "release", &self.sql.unlock(key)).await?;
+            let held = self.sql.pooled() || released.as_deref() == Some("t");
+            conn.clean = held;
+            Ok(held)
+        })
+    }
+
+    fn cancel_and_close(_: &Arc<Pool<Self>>, mut conn: AppConn) {
+        conn.clean = false;
+        drop(conn);
+    }
+
+    /// sqlx tells nothing of a closed connection: the heartbeat finds it.
+    fn closed<'a>(&'a self, _: &'a AppConn) -> BoxFuture<'a, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        Some(HEARTBEAT)
+    }
+
+    fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, bool> {
+        Box::pin(async move { Self::last(conn, "", "heartbeat", "SELECT 1").await.is_ok() })
+    }
+}
