@@ -12,7 +12,7 @@ use etcd_client::{
 use tokio::task::JoinHandle;
 
 use super::session::{Session, Shared};
-use super::{etcd_error, KIND};
+use super::{etcd_error, lock, KIND};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockKind, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -129,8 +129,27 @@ impl EtcdAcquisition {
         LockError::timed_out(&*self.req.name, KIND, operation, self.bound())
     }
 
+    /// Until no key of this lock is being deleted by this process (the keys of its acquisitions
+    /// that were not granted), for at most the operation timeout: a key still there would be
+    /// ahead of the one about to be put.
+    async fn after_cleanups(&self) {
+        let until = Instant::now() + self.bound();
+        loop {
+            let cleaned = self.shared.cleaned.notified();
+            tokio::pin!(cleaned);
+            cleaned.as_mut().enable();
+            if !lock(&self.shared.cleaning).iter().any(|k| k.starts_with(&*self.prefix)) {
+                return;
+            }
+            if tokio::time::timeout_at(until.into(), cleaned).await.is_err() {
+                return;
+            }
+        }
+    }
+
     async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
         if matches!(self.state, State::Idle) {
+            self.after_cleanups().await;
             let session = self.shared.session(&self.req.name, "acquire")?;
             let role = match self.req.kind {
                 LockKind::Read => "r-".to_owned(),
@@ -161,11 +180,11 @@ impl EtcdAcquisition {
                 Ok(Ok(put)) => put,
                 Ok(Err(e)) => {
                     // The put may have been applied without its answer: delete the key.
-                    cleanup(self.shared.client.clone(), key, session, self.bound(), true);
+                    cleanup(&self.shared, key, session, self.bound(), true);
                     return Err(e);
                 }
                 Err(e) => {
-                    cleanup(self.shared.client.clone(), key, session, self.bound(), true);
+                    cleanup(&self.shared, key, session, self.bound(), true);
                     return Err(LockError::backend(&*self.req.name, KIND, "acquire", e));
                 }
             };
@@ -404,14 +423,14 @@ impl Drop for EtcdAcquisition {
         let bound = self.bound();
         match std::mem::replace(&mut self.state, State::Idle) {
             State::Putting { key, session, task, .. } => {
-                let client = self.shared.client.clone();
+                let shared = self.shared.clone();
                 let undo = async move {
                     let failed = !matches!(task.await, Ok(Ok(_)));
-                    cleanup(client, key, session, bound, failed);
+                    cleanup(&shared, key, session, bound, failed);
                 };
                 crate::background::finish(undo, "could not remove the key of a dropped acquisition; the lease will");
             }
-            State::Queued { key, session, .. } => cleanup(self.shared.client.clone(), key, session, bound, false),
+            State::Queued { key, session, .. } => cleanup(&self.shared, key, session, bound, false),
             State::Idle | State::Granted => {}
         }
     }
@@ -476,10 +495,17 @@ fn get_at(resp: &TxnResponse, i: usize) -> Option<Vec<etcd_client::KeyValue>> {
 /// Deletes `key` (of an acquisition that was not granted) in a spawned task, until done (see
 /// [`Owed`]); when `again`, once more after the operation timeout (for a put whose
 /// answer was lost and that may still be applied).
-fn cleanup(client: Client, key: String, session: Arc<Session>, bound: Duration, again: bool) {
+///
+/// Until the first delete is done, the key is in [`Shared::cleaning`]: the next acquisition of
+/// the lock waits for it (at most the operation timeout) before putting its own key.
+fn cleanup(shared: &Arc<Shared>, key: String, session: Arc<Session>, bound: Duration, again: bool) {
+    lock(&shared.cleaning).push(key.clone());
+    let shared = shared.clone();
     let delete = async move {
-        let owed = Owed { client, key, revision: None, session, bound };
+        let owed = Owed { client: shared.client.clone(), key, revision: None, session, bound };
         owed.delete().await;
+        lock(&shared.cleaning).retain(|k| *k != owed.key);
+        shared.cleaned.notify_waiters();
         if again {
             tokio::time::sleep(bound).await;
             owed.delete().await;

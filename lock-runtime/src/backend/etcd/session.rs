@@ -93,6 +93,12 @@ pub(super) struct Shared {
     pub(super) watches: AtomicU64,
     /// Waiters woken by their predecessor's deletion.
     pub(super) wakeups: AtomicU64,
+    /// The keys of acquisitions that were not granted, still being deleted (see `cleanup` in
+    /// `recipe.rs`): a new acquisition of the same lock waits for them before it puts its own
+    /// key, or it would find them ahead of it (a `try_lock` right after a busy one).
+    pub(super) cleaning: Mutex<Vec<String>>,
+    /// Told whenever a key leaves [`cleaning`](Self::cleaning).
+    pub(super) cleaned: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -116,6 +122,8 @@ impl Shared {
             waiting: AtomicU64::new(0),
             watches: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            cleaning: Mutex::new(Vec::new()),
+            cleaned: tokio::sync::Notify::new(),
         });
         tokio::spawn(keep_alive(Arc::downgrade(&shared), client, granted_at));
         Ok(shared)
