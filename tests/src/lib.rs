@@ -123,3 +123,14 @@ pub async fn hand_off(m: &lock_runtime::LockManager, name: &str) {
     first.release().await.expect("release");
     assert!(waiter.await.expect("waiter").expect("handed over") > token);
 }
+
+/// Until every connection of the application's sqlx `pool` is idle again: given back by the
+/// backend (sqlx returns a connection from a task of its own; 10 s is the margin).
+#[cfg(feature = "sqlx")]
+pub async fn until_given_back<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) {
+    let started = std::time::Instant::now();
+    while pool.num_idle() < pool.size() as usize {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "a connection was not given back");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
+#[cfg(all(feature = "sqlx", any(feature = "postgres", feature = "mysql")))]
+mod app_conn;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod credentials;
 #[cfg(feature = "etcd")]

@@ -123,9 +123,30 @@ impl MySessions {
 
 /// A lock's server-side name as a SQL literal, with its name for errors.
 #[derive(Clone)]
-struct MyKey {
-    name: Arc<str>,
+pub(super) struct MyKey {
+    pub(super) name: Arc<str>,
     literal: String,
+}
+
+impl MyKey {
+    pub(super) fn of(req: &Acquire) -> Self {
+        MyKey { name: req.name.clone(), literal: literal(&lock_name(&req.key)) }
+    }
+
+    /// `SELECT GET_LOCK(..)` at once (`wait` is `None`) or waiting at most `wait`, with
+    /// `also` selected after it; with the operation's name, for errors.
+    pub(super) fn get_lock(&self, wait: Option<Duration>, also: &str) -> (String, &'static str) {
+        let (timeout, operation) = match wait {
+            None => ("0".to_owned(), "attempt"),
+            Some(wait) => (format!("{:.3}", wait.as_secs_f64().max(0.001)), "wait"),
+        };
+        (format!("SELECT GET_LOCK({}, {timeout}){also}", self.literal), operation)
+    }
+
+    /// `SELECT RELEASE_LOCK(..)`: `1` when the session held it.
+    pub(super) fn release_lock(&self) -> String {
+        format!("SELECT RELEASE_LOCK({})", self.literal)
+    }
 }
 
 /// A failed query: [`Failure::Closed`] when the connection is broken.
@@ -153,7 +174,7 @@ impl Sessions for MySessions {
     }
 
     fn key(&self, req: &Acquire) -> MyKey {
-        MyKey { name: req.name.clone(), literal: literal(&lock_name(&req.key)) }
+        MyKey::of(req)
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
@@ -171,11 +192,7 @@ impl Sessions for MySessions {
         wait: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
         Box::pin(async move {
-            let (timeout, operation) = match wait {
-                None => ("0".to_owned(), "attempt"),
-                Some(wait) => (format!("{:.3}", wait.as_secs_f64().max(0.001)), "wait"),
-            };
-            let sql = format!("SELECT GET_LOCK({}, {timeout})", key.literal);
+            let (sql, operation) = key.get_lock(wait, "");
             match conn.query_first::<Option<i64>, _>(sql).await {
                 Ok(Some(Some(1))) => {}
                 Ok(Some(Some(_))) => return Ok(None),
@@ -203,8 +220,7 @@ impl Sessions for MySessions {
 
     fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
         Box::pin(async move {
-            let sql = format!("SELECT RELEASE_LOCK({})", key.literal);
-            match conn.query_first::<Option<i64>, _>(sql).await {
+            match conn.query_first::<Option<i64>, _>(key.release_lock()).await {
                 Ok(answer) => Ok(answer == Some(Some(1))),
                 Err(e) => Err(failure(&key.name, "release", e)),
             }
@@ -253,16 +269,30 @@ impl Sessions for MySessions {
 /// [module docs](super) for how locks, waits, tokens and leases map onto the server.
 #[derive(Clone)]
 pub struct MysqlBackend {
-    pool: Arc<Pool<MySessions>>,
+    pools: Pools,
+}
+
+/// Whose connections the locks are taken on.
+#[derive(Clone)]
+enum Pools {
+    /// The backend's own.
+    Own(Arc<Pool<MySessions>>),
+    /// The application's sqlx pool's ([`MysqlBackend::from_pool`]).
+    #[cfg(feature = "sqlx")]
+    App(Arc<Pool<super::app_pool::AppSessions>>),
 }
 
 impl fmt::Debug for MysqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlBackend")
-            .field("host", &self.pool.sessions.opts.ip_or_hostname())
-            .field("port", &self.pool.sessions.opts.tcp_port())
-            .field("options", &self.pool.sessions.options)
-            .finish()
+        let mut shown = f.debug_struct("MysqlBackend");
+        match &self.pools {
+            Pools::Own(pool) => {
+                shown.field("host", &pool.sessions.opts.ip_or_hostname()).field("port", &pool.sessions.opts.tcp_port())
+            }
+            #[cfg(feature = "sqlx")]
+            Pools::App(_) => shown.field("pool", &"the application's"),
+        };
+        shown.field("options", self.options()).finish()
     }
 }
 
@@ -309,17 +339,86 @@ impl MysqlBackend {
         };
         setup(bound, &mut conn).await?;
         pool.checkin(conn);
-        Ok(MysqlBackend { pool: Arc::new(pool) })
+        Ok(MysqlBackend { pools: Pools::Own(Arc::new(pool)) })
+    }
+
+    /// Locks on connections of the application's sqlx `pool` (its TLS, credentials and
+    /// limits), with the default [`MysqlOptions`]; features `mysql` and `sqlx`. See
+    /// [`from_pool_with`](Self::from_pool_with).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::backend::mysql::MysqlBackend;
+    ///
+    /// let backend = MysqlBackend::from_pool(pool.clone()).await?;
+    /// let manager = lock_runtime::LockManager::builder().backend(backend);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    pub async fn from_pool(pool: sqlx::MySqlPool) -> Result<Self, LockError> {
+        Self::from_pool_with(pool, MysqlOptions::new()).await
+    }
+
+    /// Locks on connections of the application's sqlx `pool`, with `options` (TLS settings
+    /// there are refused: the pool's own apply; `max_idle` does not apply: connections go back
+    /// to the pool). Each acquisition takes one of the pool's connections for as long as it
+    /// waits and holds (so the pool's size bounds the locks held and awaited at once, beside
+    /// the application's own work), and gives it back at the release; one whose session may
+    /// hold a lock is closed instead. Every guarantee of [`connect_with`](Self::connect_with)
+    /// holds: the same statements, heartbeat and `KILL QUERY` of a dropped waiter. Creates the
+    /// fencing counter table if it is missing.
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    pub async fn from_pool_with(pool: sqlx::MySqlPool, options: MysqlOptions) -> Result<Self, LockError> {
+        use sqlx::Executor;
+        if options.operation_timeout.is_zero() || options.heartbeat.is_zero() {
+            return Err(LockError::invalid("", "the MySQL operation timeout and heartbeat must be more than zero"));
+        }
+        #[cfg(feature = "tls")]
+        if options.tls.is_some() {
+            return Err(LockError::invalid("", "TLS settings were given beside a pool: the pool's own apply"));
+        }
+        let bound = options.operation_timeout;
+        let (exists, create) = counter_sql();
+        let setup = async {
+            let mut conn = pool.acquire().await?;
+            let found = match sqlx::query_scalar::<_, i64>(&exists).persistent(false).fetch_one(&mut *conn).await {
+                Ok(count) => count == 1,
+                Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42S02") => false,
+                Err(e) => return Err(e),
+            };
+            if !found {
+                conn.execute(create.as_str()).await?;
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(bound, setup).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(super::app_pool::error("", "connect", e)),
+            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+        }
+        let sessions = super::app_pool::AppSessions { pool, options };
+        Ok(MysqlBackend { pools: Pools::App(Arc::new(Pool::new(sessions))) })
     }
 
     /// The options this backend was built with.
     pub fn options(&self) -> &MysqlOptions {
-        &self.pool.sessions.options
+        match &self.pools {
+            Pools::Own(pool) => &pool.sessions.options,
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => &pool.sessions.options,
+        }
     }
 
-    /// How many idle connections are kept right now.
+    /// How many idle connections are kept right now (none on the application's pool: its
+    /// connections go back to it).
     pub fn idle_connections(&self) -> usize {
-        self.pool.idle()
+        match &self.pools {
+            Pools::Own(pool) => pool.idle(),
+            #[cfg(feature = "sqlx")]
+            Pools::App(_) => 0,
+        }
     }
 }
 
@@ -359,17 +458,23 @@ fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
 /// Raises the counter row, its new value in the OK packet's last insert id: above every
 /// earlier token, and never below the server's clock in µs (so tokens keep increasing even if
 /// the table is lost).
-const TOKEN_SQL: &str = "UPDATE lock_runtime_fence_counter SET token = LAST_INSERT_ID(GREATEST(token + 1, \
+pub(super) const TOKEN_SQL: &str = "UPDATE lock_runtime_fence_counter SET token = LAST_INSERT_ID(GREATEST(token + 1, \
                          CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED))) WHERE id = 1";
 
-/// Makes sure the counter table and its row exist (a least-privilege user needs them made
-/// beforehand; then they are only used).
-async fn setup(bound: Duration, conn: &mut Conn) -> Result<(), LockError> {
+/// Whether the counter row exists (`1`), and what creates the table and the row.
+fn counter_sql() -> (String, String) {
     let exists = format!("SELECT COUNT(*) FROM {COUNTER} WHERE id = 1");
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {COUNTER} (id TINYINT UNSIGNED PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) \
          ENGINE=InnoDB; INSERT IGNORE INTO {COUNTER} VALUES (1, 0)"
     );
+    (exists, create)
+}
+
+/// Makes sure the counter table and its row exist (a least-privilege user needs them made
+/// beforehand; then they are only used).
+async fn setup(bound: Duration, conn: &mut Conn) -> Result<(), LockError> {
+    let (exists, create) = counter_sql();
     let found = match tokio::time::timeout(bound, conn.query_first::<u64, _>(exists)).await {
         Ok(Ok(count)) => count == Some(1),
         Ok(Err(mysql_async::Error::Server(e))) if e.code == 1146 => false, // no such table yet
@@ -392,10 +497,14 @@ impl LockBackend for MysqlBackend {
     }
 
     fn begin(&self, req: Acquire, lost: LostSignal) -> Box<dyn Acquisition> {
-        self.pool.begin(req, lost)
+        match &self.pools {
+            Pools::Own(pool) => pool.begin(req, lost),
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => pool.begin(req, lost),
+        }
     }
 
     fn operation_timeout(&self) -> Duration {
-        self.pool.sessions.options.operation_timeout
+        self.options().operation_timeout
     }
 }

@@ -2,6 +2,8 @@
 
 use crate::error::LockError;
 
+#[cfg(feature = "sqlx")]
+mod app_pool;
 mod backend;
 
 pub use backend::{MysqlBackend, MysqlOptions};

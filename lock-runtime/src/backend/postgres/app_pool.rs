@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
 use sqlx::{Executor, Postgres, Row};
 
 use super::sql::{PgKey, PgSql};
@@ -32,22 +31,7 @@ pub(super) struct AppSessions {
 }
 
 /// One connection of the application's pool, for one acquisition.
-pub(super) struct AppConn {
-    conn: Option<PoolConnection<Postgres>>,
-    /// Holds and waits for nothing: may go back to the pool.
-    clean: bool,
-}
-
-impl Drop for AppConn {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if !self.clean {
-                // Its session may hold or wait for a lock: closed, not given back.
-                drop(conn.detach());
-            }
-        }
-    }
-}
+pub(super) type AppConn = crate::backend::app_conn::AppConn<Postgres>;
 
 /// The value of a row's column as text (the simple protocol's values, typed by sqlx).
 fn text(row: &sqlx::postgres::PgRow, i: usize) -> Option<String> {
@@ -66,26 +50,9 @@ pub(super) async fn rows(conn: &mut sqlx::PgConnection, sql: &str) -> Result<Vec
     Ok(rows.iter().map(|row| (0..row.len()).map(|i| text(row, i).unwrap_or_default()).collect()).collect())
 }
 
-/// A driver error as a [`Failure`]: the connection closed, or anything else.
-fn failure(name: &str, operation: &'static str, e: sqlx::Error) -> Failure {
-    let closed = matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed);
-    let error = error(name, operation, e);
-    if closed {
-        Failure::Closed(error)
-    } else {
-        Failure::Failed(error)
-    }
-}
-
 /// A driver error as a [`LockError`], with the server's SQLSTATE.
 pub(super) fn error(name: &str, operation: &'static str, e: sqlx::Error) -> LockError {
-    match e.as_database_error() {
-        Some(db) => {
-            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            LockError::backend(name, KIND, operation, format!("ERROR {code}: {}", db.message()))
-        }
-        None => LockError::backend(name, KIND, operation, e),
-    }
+    crate::backend::app_conn::error(KIND, name, operation, e)
 }
 
 impl AppSessions {
@@ -104,7 +71,7 @@ impl AppSessions {
             Ok(rows) => Ok(rows.last().and_then(|row| row.first().cloned()).filter(|v| !v.is_empty())),
             Err(e) => {
                 conn.clean = false;
-                Err(failure(name, operation, e))
+                Err(crate::backend::app_conn::failure(KIND, name, operation, e))
             }
         }
     }
@@ -131,14 +98,11 @@ impl Sessions for AppSessions {
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<AppConn, LockError>> {
-        Box::pin(async move {
-            let conn = self.pool.acquire().await.map_err(|e| error(name, "connect", e))?;
-            Ok(AppConn { conn: Some(conn), clean: true })
-        })
+        Box::pin(AppConn::acquire(&self.pool, KIND, name))
     }
 
     fn is_closed(conn: &AppConn) -> bool {
-        conn.conn.is_none()
+        conn.is_closed()
     }
 
     fn lock<'a>(

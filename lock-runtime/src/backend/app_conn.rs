@@ -1,0 +1,64 @@
+//! [`AppConn`]: one connection of the application's sqlx pool, held by one acquisition of a
+//! session backend (`PostgresBackend::from_pool`, `MysqlBackend::from_pool`), and the driver's
+//! errors as the skeleton's ([`Failure`]).
+
+use sqlx::pool::PoolConnection;
+
+use super::session::Failure;
+use crate::error::LockError;
+
+/// One connection of the application's pool, for one acquisition. Dropped clean, it goes back
+/// to the pool; otherwise it is closed (its session may hold or wait for a lock, which the
+/// server frees with the session).
+pub(crate) struct AppConn<DB: sqlx::Database> {
+    pub(crate) conn: Option<PoolConnection<DB>>,
+    /// The server's id of the connection, where a store needs it (MySQL's `KILL QUERY`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) id: Option<u64>,
+    /// Holds and waits for nothing: may go back to the pool.
+    pub(crate) clean: bool,
+}
+
+impl<DB: sqlx::Database> AppConn<DB> {
+    /// A connection of `pool`, for an acquisition of the `kind` backend.
+    pub(crate) async fn acquire(pool: &sqlx::Pool<DB>, kind: &'static str, name: &str) -> Result<Self, LockError> {
+        let conn = pool.acquire().await.map_err(|e| error(kind, name, "connect", e))?;
+        Ok(AppConn { conn: Some(conn), id: None, clean: true })
+    }
+
+    /// Whether the connection is gone (closed after a failure).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.conn.is_none()
+    }
+}
+
+impl<DB: sqlx::Database> Drop for AppConn<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if !self.clean {
+                // Its session may hold or wait for a lock: closed, not given back.
+                drop(conn.detach());
+            }
+        }
+    }
+}
+
+/// A driver error as a [`LockError`] of the `kind` backend, with the server's code.
+pub(crate) fn error(kind: &'static str, name: &str, operation: &'static str, e: sqlx::Error) -> LockError {
+    match e.as_database_error() {
+        Some(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            LockError::backend(name, kind, operation, format!("ERROR {code}: {}", db.message()))
+        }
+        None => LockError::backend(name, kind, operation, e),
+    }
+}
+
+/// A driver error as a [`Failure`]: the connection closed, or anything else.
+pub(crate) fn failure(kind: &'static str, name: &str, operation: &'static str, e: sqlx::Error) -> Failure {
+    let closed = matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed);
+    match closed {
+        true => Failure::Closed(error(kind, name, operation, e)),
+        false => Failure::Failed(error(kind, name, operation, e)),
+    }
+}

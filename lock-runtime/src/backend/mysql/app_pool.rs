@@ -1,0 +1,166 @@
+//! The application's own sqlx pool as the backend's connections
+//! ([`MysqlBackend::from_pool`](super::MysqlBackend::from_pool), features `mysql` and `sqlx`):
+//! each acquisition takes a connection of the pool for as long as it waits and holds, and
+//! gives it back at the release; the statements are the backend's own (`GET_LOCK`, the counter
+//! row, `RELEASE_LOCK`). As with the backend's own connections, a heartbeat finds a closed
+//! connection under a held lock, and a dropped waiter's query is ended by `KILL QUERY` from
+//! another of the pool's connections. A connection whose session may hold or wait for a lock
+//! is never given back to the pool: it is closed, which frees whatever it held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{Executor, MySql};
+
+use super::backend::{MyKey, MysqlOptions, TOKEN_SQL};
+use super::KIND;
+use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::{Acquire, BoxFuture};
+use crate::error::LockError;
+
+/// Locks on connections of the application's pool.
+pub(super) struct AppSessions {
+    pub(super) pool: sqlx::MySqlPool,
+    pub(super) options: MysqlOptions,
+}
+
+/// One connection of the application's pool, for one acquisition.
+pub(super) type AppConn = crate::backend::app_conn::AppConn<MySql>;
+
+/// A driver error as a [`LockError`], with the server's code.
+pub(super) fn error(name: &str, operation: &'static str, e: sqlx::Error) -> LockError {
+    crate::backend::app_conn::error(KIND, name, operation, e)
+}
+
+/// A driver error as a [`Failure`] (the connection to be closed).
+fn failure(conn: &mut AppConn, name: &str, operation: &'static str, e: sqlx::Error) -> Failure {
+    conn.clean = false;
+    crate::backend::app_conn::failure(KIND, name, operation, e)
+}
+
+impl Sessions for AppSessions {
+    type Conn = AppConn;
+    type Key = MyKey;
+    const KIND: &'static str = KIND;
+    const LOST: &'static str = "its MySQL connection (of the application's pool) was closed or stopped answering \
+                                (the server frees the session's locks with it)";
+
+    fn operation_timeout(&self) -> Duration {
+        self.options.get_operation_timeout()
+    }
+
+    /// None: a connection goes back to the application's pool.
+    fn max_idle(&self) -> usize {
+        0
+    }
+
+    fn key(&self, req: &Acquire) -> MyKey {
+        MyKey::of(req)
+    }
+
+    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<AppConn, LockError>> {
+        Box::pin(AppConn::acquire(&self.pool, KIND, name))
+    }
+
+    fn is_closed(conn: &AppConn) -> bool {
+        conn.is_closed()
+    }
+
+    fn lock<'a>(
+        &'a self,
+        conn: &'a mut AppConn,
+        key: &'a MyKey,
+        wait: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        Box::pin(async move {
+            // The connection's id with each attempt (for a `KILL QUERY` of a dropped wait).
+            let (sql, operation) = key.get_lock(wait, ", CONNECTION_ID()");
+            let Some(c) = conn.conn.as_mut() else {
+                return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
+            };
+            // Until answered, the session may hold or wait: not to be given back.
+            conn.clean = false;
+            let answer = sqlx::query_as::<_, (Option<i64>, u64)>(&sql).persistent(false).fetch_one(&mut **c).await;
+            match answer {
+                Ok((Some(1), id)) => conn.id = Some(id),
+                Ok((Some(_), id)) => {
+                    conn.id = Some(id);
+                    conn.clean = true;
+                    return Ok(None);
+                }
+                Ok((None, _)) => {
+                    let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+                    return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
+                }
+                Err(e) => return Err(failure(conn, &key.name, operation, e)),
+            }
+            // Granted: the token, on the same connection (a failure closes it, freeing the lock).
+            let Some(c) = conn.conn.as_mut() else {
+                return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
+            };
+            match c.execute(TOKEN_SQL).await {
+                Ok(done) if done.last_insert_id() > 0 => Ok(Some(done.last_insert_id())),
+                Ok(_) => Err(Failure::Failed(LockError::backend(
+                    &*key.name,
+                    KIND,
+                    operation,
+                    "no fencing token in the answer",
+                ))),
+                Err(e) => Err(failure(conn, &key.name, operation, e)),
+            }
+        })
+    }
+
+    fn unlock<'a>(&'a self, conn: &'a mut AppConn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
+        Box::pin(async move {
+            let Some(c) = conn.conn.as_mut() else {
+                return Err(Failure::Closed(LockError::backend(&*key.name, KIND, "release", "closed")));
+            };
+            let sql = key.release_lock();
+            match sqlx::query_scalar::<_, Option<i64>>(&sql).persistent(false).fetch_one(&mut **c).await {
+                Ok(answer) => {
+                    conn.clean = answer == Some(1);
+                    Ok(conn.clean)
+                }
+                Err(e) => Err(failure(conn, &key.name, "release", e)),
+            }
+        })
+    }
+
+    /// Ends the dropped waiter's query from another of the pool's connections (`KILL QUERY`),
+    /// then closes its connection.
+    fn cancel_and_close(pool: &Arc<Pool<Self>>, mut conn: AppConn) {
+        conn.clean = false;
+        let (Ok(runtime), Some(id)) = (tokio::runtime::Handle::try_current(), conn.id) else { return drop(conn) };
+        let pool = pool.clone();
+        runtime.spawn(async move {
+            let bound = pool.sessions.options.get_operation_timeout();
+            let kill = async {
+                let mut other = pool.sessions.pool.acquire().await?;
+                other.execute(format!("KILL QUERY {id}").as_str()).await
+            };
+            if !matches!(tokio::time::timeout(bound, kill).await, Ok(Ok(_))) {
+                tracing::debug!("could not end a dropped MySQL lock waiter's query; closing its connection");
+            }
+            drop(conn);
+        });
+    }
+
+    /// sqlx tells nothing of a closed connection: the heartbeat finds it.
+    fn closed<'a>(&'a self, _: &'a AppConn) -> BoxFuture<'a, ()> {
+        Box::pin(std::future::pending())
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        Some(self.options.get_heartbeat())
+    }
+
+    fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            let Some(c) = conn.conn.as_mut() else { return false };
+            let alive = c.execute("SELECT 1").await.is_ok();
+            conn.clean &= alive;
+            alive
+        })
+    }
+}
