@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use sqlx::{Executor, MySql};
 
-use super::backend::{MyKey, MysqlOptions, TOKEN_SQL};
+use super::options::MysqlOptions;
+use super::sql::{MyKey, TOKEN_SQL};
 use super::KIND;
 use crate::backend::session::{Failure, Pool, Sessions};
 use crate::backend::{Acquire, BoxFuture};

@@ -9,90 +9,13 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
 
-use super::{literal, lock_name, my_error, COUNTER, KIND};
+pub use super::options::MysqlOptions;
+use super::sql::{counter_sql, MyKey, TOKEN_SQL};
+use super::{my_error, KIND};
 use crate::backend::session::{Failure, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
-
-/// Options of a [`MysqlBackend`].
-///
-/// ```
-/// use std::time::Duration;
-/// use lock_runtime::backend::mysql::MysqlOptions;
-///
-/// let options = MysqlOptions::new().operation_timeout(Duration::from_secs(2)).heartbeat(Duration::from_millis(500));
-/// assert_eq!(options.get_operation_timeout(), Duration::from_secs(2));
-/// ```
-#[derive(Debug, Clone)]
-pub struct MysqlOptions {
-    operation_timeout: Duration,
-    heartbeat: Duration,
-    max_idle: usize,
-    #[cfg(feature = "tls")]
-    tls: Option<crate::tls::TlsOptions>,
-}
-
-impl Default for MysqlOptions {
-    fn default() -> Self {
-        MysqlOptions {
-            operation_timeout: Duration::from_secs(5),
-            heartbeat: Duration::from_secs(1),
-            max_idle: 16,
-            #[cfg(feature = "tls")]
-            tls: None,
-        }
-    }
-}
-
-impl MysqlOptions {
-    /// The defaults: operation timeout 5 s, heartbeat 1 s, 16 idle connections.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The longest one operation (connect, attempt, token, release) may take; a wait is
-    /// bounded by its remaining time plus this. More than zero.
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
-
-    /// How often a held lock's connection is pinged: a connection found dead fires the lock's
-    /// `lost()`. More than zero.
-    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
-        self.heartbeat = heartbeat;
-        self
-    }
-
-    /// How many idle connections (from released locks) are kept for the next acquisitions.
-    pub fn max_idle(mut self, max_idle: usize) -> Self {
-        self.max_idle = max_idle;
-        self
-    }
-
-    /// The operation timeout.
-    pub fn get_operation_timeout(&self) -> Duration {
-        self.operation_timeout
-    }
-
-    /// The heartbeat.
-    pub fn get_heartbeat(&self) -> Duration {
-        self.heartbeat
-    }
-
-    crate::options::tls_setters!(
-        "The server's certificate and host name are checked; the URL's `verify_ca=false` or \
-         `verify_identity=false` turn those checks off. A URL with `require_ssl=true` and no \
-         settings here trusts the platform's roots.\n\n\
-         ```\n\
-         use lock_runtime::backend::mysql::MysqlOptions;\n\
-         use lock_runtime::TlsOptions;\n\n\
-         let options = MysqlOptions::new().tls(TlsOptions::new().ca_file(\"/etc/mysql/ca.pem\"));\n\
-         assert!(options.get_tls().is_some());\n\
-         ```"
-    );
-}
 
 /// How MySQL takes, releases and watches a lock on one connection (see `session.rs` for the
 /// rest).
@@ -118,34 +41,6 @@ impl MySessions {
             }
             Err(e) => Err(my_error(name, "connect", e)),
         }
-    }
-}
-
-/// A lock's server-side name as a SQL literal, with its name for errors.
-#[derive(Clone)]
-pub(super) struct MyKey {
-    pub(super) name: Arc<str>,
-    literal: String,
-}
-
-impl MyKey {
-    pub(super) fn of(req: &Acquire) -> Self {
-        MyKey { name: req.name.clone(), literal: literal(&lock_name(&req.key)) }
-    }
-
-    /// `SELECT GET_LOCK(..)` at once (`wait` is `None`) or waiting at most `wait`, with
-    /// `also` selected after it; with the operation's name, for errors.
-    pub(super) fn get_lock(&self, wait: Option<Duration>, also: &str) -> (String, &'static str) {
-        let (timeout, operation) = match wait {
-            None => ("0".to_owned(), "attempt"),
-            Some(wait) => (format!("{:.3}", wait.as_secs_f64().max(0.001)), "wait"),
-        };
-        (format!("SELECT GET_LOCK({}, {timeout}){also}", self.literal), operation)
-    }
-
-    /// `SELECT RELEASE_LOCK(..)`: `1` when the session held it.
-    pub(super) fn release_lock(&self) -> String {
-        format!("SELECT RELEASE_LOCK({})", self.literal)
     }
 }
 
@@ -453,22 +348,6 @@ fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
         }
         None => Ok(opts),
     }
-}
-
-/// Raises the counter row, its new value in the OK packet's last insert id: above every
-/// earlier token, and never below the server's clock in µs (so tokens keep increasing even if
-/// the table is lost).
-pub(super) const TOKEN_SQL: &str = "UPDATE lock_runtime_fence_counter SET token = LAST_INSERT_ID(GREATEST(token + 1, \
-                         CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED))) WHERE id = 1";
-
-/// Whether the counter row exists (`1`), and what creates the table and the row.
-fn counter_sql() -> (String, String) {
-    let exists = format!("SELECT COUNT(*) FROM {COUNTER} WHERE id = 1");
-    let create = format!(
-        "CREATE TABLE IF NOT EXISTS {COUNTER} (id TINYINT UNSIGNED PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) \
-         ENGINE=InnoDB; INSERT IGNORE INTO {COUNTER} VALUES (1, 0)"
-    );
-    (exists, create)
 }
 
 /// Makes sure the counter table and its row exist (a least-privilege user needs them made

@@ -5,6 +5,8 @@ use crate::error::LockError;
 #[cfg(feature = "sqlx")]
 mod app_pool;
 mod backend;
+mod options;
+mod sql;
 
 pub use backend::{MysqlBackend, MysqlOptions};
 

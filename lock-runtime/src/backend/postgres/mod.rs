@@ -21,6 +21,8 @@ mod options;
 #[cfg(feature = "postgres")]
 mod semaphore;
 #[cfg(feature = "postgres")]
+mod semaphore_keys;
+#[cfg(feature = "postgres")]
 mod sql;
 #[cfg(feature = "postgres")]
 mod tls;
@@ -31,7 +33,7 @@ pub use backend::PostgresBackend;
 #[cfg(feature = "postgres")]
 pub use options::PostgresOptions;
 #[cfg(feature = "postgres")]
-pub use semaphore::MAX_PERMITS;
+pub use semaphore_keys::MAX_PERMITS;
 pub use transaction::{lock_in_transaction, InTransaction};
 #[doc(hidden)]
 pub use transaction::{Canceller, Failed};

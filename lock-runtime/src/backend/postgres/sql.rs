@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::options::PostgresOptions;
-use super::semaphore::Sem;
+use super::semaphore_keys::Sem;
 use super::{advisory_key, SEQUENCE};
 use crate::backend::{Acquire, LockKind};
 

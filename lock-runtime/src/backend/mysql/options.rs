@@ -1,0 +1,82 @@
+//! [`MysqlOptions`]: the settings of a [`MysqlBackend`](super::MysqlBackend).
+
+use std::time::Duration;
+
+/// Options of a [`MysqlBackend`](super::MysqlBackend).
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::backend::mysql::MysqlOptions;
+///
+/// let options = MysqlOptions::new().operation_timeout(Duration::from_secs(2)).heartbeat(Duration::from_millis(500));
+/// assert_eq!(options.get_operation_timeout(), Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+pub struct MysqlOptions {
+    pub(super) operation_timeout: Duration,
+    pub(super) heartbeat: Duration,
+    pub(super) max_idle: usize,
+    #[cfg(feature = "tls")]
+    pub(super) tls: Option<crate::tls::TlsOptions>,
+}
+
+impl Default for MysqlOptions {
+    fn default() -> Self {
+        MysqlOptions {
+            operation_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(1),
+            max_idle: 16,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+}
+
+impl MysqlOptions {
+    /// The defaults: operation timeout 5 s, heartbeat 1 s, 16 idle connections.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The longest one operation (connect, attempt, token, release) may take; a wait is
+    /// bounded by its remaining time plus this. More than zero.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// How often a held lock's connection is pinged: a connection found dead fires the lock's
+    /// `lost()`. More than zero.
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// How many idle connections (from released locks) are kept for the next acquisitions.
+    pub fn max_idle(mut self, max_idle: usize) -> Self {
+        self.max_idle = max_idle;
+        self
+    }
+
+    /// The operation timeout.
+    pub fn get_operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// The heartbeat.
+    pub fn get_heartbeat(&self) -> Duration {
+        self.heartbeat
+    }
+
+    crate::options::tls_setters!(
+        "The server's certificate and host name are checked; the URL's `verify_ca=false` or \
+         `verify_identity=false` turn those checks off. A URL with `require_ssl=true` and no \
+         settings here trusts the platform's roots.\n\n\
+         ```\n\
+         use lock_runtime::backend::mysql::MysqlOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let options = MysqlOptions::new().tls(TlsOptions::new().ca_file(\"/etc/mysql/ca.pem\"));\n\
+         assert!(options.get_tls().is_some());\n\
+         ```"
+    );
+}
