@@ -422,6 +422,25 @@ mod postgres_row {
         every_operation_succeeds(&manager, "kill", "an operator killed every client").await;
     }
 
+    /// The next `lock()` sent right after an operator ended the idle connection's session:
+    /// the server's `FATAL 57P01` can come as the answer to that very query, before the
+    /// connection is seen closed (a fresh-clone CI run saw `lock()` fail with it). It must be
+    /// taken as the connection's end: the attempt goes again on a new connection. 30 rounds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lock_right_after_an_operator_kill_goes_again_on_a_new_connection() {
+        let server = PgServer::start();
+        let admin = server.admin().await;
+        let manager = LockManager::postgres(server.url()).await.expect("connect");
+        for round in 0..30 {
+            manager.lock("race").await.expect("lock").release().await.expect("release");
+            for pid in others(&admin).await {
+                admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap();
+            }
+            let guard = manager.lock("race").await.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            guard.release().await.expect("release");
+        }
+    }
+
     /// An immediate shutdown (as a crash) and a start on the same data.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn after_a_crash_and_restart_every_operation_succeeds() {

@@ -54,9 +54,13 @@ pub(crate) fn error(kind: &'static str, name: &str, operation: &'static str, e: 
     }
 }
 
-/// A driver error as a [`Failure`]: the connection closed, or anything else.
+/// A driver error as a [`Failure`]: the connection closed (or the server's answer ends its
+/// session: SQLSTATE class `57P`, an operator's termination or a shutdown, or `08`, a
+/// connection exception), or anything else.
 pub(crate) fn failure(kind: &'static str, name: &str, operation: &'static str, e: sqlx::Error) -> Failure {
-    let closed = matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed);
+    let ending =
+        e.as_database_error().and_then(|db| db.code()).is_some_and(|c| c.starts_with("57P") || c.starts_with("08"));
+    let closed = ending || matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed);
     match closed {
         true => Failure::Closed(error(kind, name, operation, e)),
         false => Failure::Failed(error(kind, name, operation, e)),

@@ -79,7 +79,7 @@ impl Sessions for PgSessions {
                     },
                 },
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => refused(conn).await,
-                Err(e) if e.is_closed() || conn.is_closed() => Err(Failure::Closed(pg_error(&key.name, operation, e))),
+                Err(e) if conn.ended_by(&e) => Err(Failure::Closed(pg_error(&key.name, operation, e))),
                 Err(e) => Err(Failure::Failed(pg_error(&key.name, operation, e))),
             }
         })

@@ -28,6 +28,16 @@ impl Conn {
     pub(super) fn is_closed(&self) -> bool {
         self.client.is_closed() || *self.closed.borrow()
     }
+
+    /// Whether `e` (an answer on this connection) says that its session is gone: the
+    /// connection closed, or the server's `FATAL` that ends a session (an operator's
+    /// `pg_terminate_backend`, `57P01`; a shutdown), which can arrive as the answer to the
+    /// next query before the connection is seen closed.
+    pub(super) fn ended_by(&self, e: &tokio_postgres::Error) -> bool {
+        e.is_closed()
+            || self.is_closed()
+            || e.as_db_error().is_some_and(|db| db.severity() == "FATAL" || db.code().code().starts_with("57P"))
+    }
 }
 
 /// How PostgreSQL takes, releases and watches a lock on one connection of its own (see
@@ -97,7 +107,7 @@ impl PgSessions {
     ) -> Result<Option<String>, Failure> {
         match conn.client.simple_query(sql).await {
             Ok(rows) => Ok(last_value(&rows)),
-            Err(e) if e.is_closed() || conn.is_closed() => Err(Failure::Closed(pg_error(name, operation, e))),
+            Err(e) if conn.ended_by(&e) => Err(Failure::Closed(pg_error(name, operation, e))),
             Err(e) => Err(Failure::Failed(pg_error(name, operation, e))),
         }
     }

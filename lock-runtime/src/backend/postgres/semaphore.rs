@@ -215,7 +215,7 @@ impl Drop for Racer<'_> {
 
 /// A failed query on `conn` as the skeleton takes it.
 fn failure(conn: &Conn, name: &str, operation: &'static str, e: tokio_postgres::Error) -> Failure {
-    if e.is_closed() || conn.is_closed() {
+    if conn.ended_by(&e) {
         Failure::Closed(pg_error(name, operation, e))
     } else {
         Failure::Failed(pg_error(name, operation, e))
