@@ -23,7 +23,8 @@
 //! notifications on (`notify-keyspace-events` including `K` and `g$x`, which `lockctl` never
 //! changes), so it also looks every `--interval` (default 250 ms).
 //!
-//! `--url URL` names the store as a manager's URL does (`LockManager::connect`; every scheme
+//! `--url URL` (or, with no store on the command line, the environment's `LOCKCTL_URL`) names
+//! the store as a manager's URL does (`LockManager::connect`; every scheme
 //! and parameter of `lock_runtime::backend::url`): `redis://`, `redis+cluster://h:p,h:p`,
 //! `redis+sentinel://h:p,h:p/<master>`, `redlock://h:p,h:p,h:p`, `zookeeper://h:p/chroot`,
 //! `etcd://h:p`, `postgres://…`, `file:///dir`. The per-store options below do the same with
@@ -136,6 +137,8 @@ store: the manager's prefix followed by the lock's name, as `list` shows it.";
 enum Failure {
     /// 1: the store failed.
     Error(String),
+    /// 2: bad arguments found after parsing (no store given).
+    Usage(String),
     /// 3: nobody holds the lock.
     NotFound(String),
     /// 4: a release refused.
@@ -146,6 +149,7 @@ impl Failure {
     fn code(&self) -> u8 {
         match self {
             Failure::Error(_) => 1,
+            Failure::Usage(_) => 2,
             Failure::NotFound(_) => 3,
             Failure::Refused(_) => 4,
         }
@@ -153,7 +157,7 @@ impl Failure {
 
     fn message(&self) -> &str {
         match self {
-            Failure::Error(m) | Failure::NotFound(m) | Failure::Refused(m) => m,
+            Failure::Error(m) | Failure::Usage(m) | Failure::NotFound(m) | Failure::Refused(m) => m,
         }
     }
 }
@@ -228,7 +232,7 @@ fn command() -> Command {
                     "postgres",
                     "file",
                 ])
-                .required(true),
+                .required(false),
         )
         .subcommand_required(true)
         .subcommand(Command::new("list").about("Lists the held locks").arg(prefix()))
@@ -295,6 +299,18 @@ fn main() -> ExitCode {
 async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     if let Some(url) = matches.get_one::<String>("url") {
         return connect_url(url, matches).await;
+    }
+    let stores = ["redis", "redis-cluster", "redis-sentinel", "redlock", "zookeeper", "etcd", "postgres", "file"];
+    if !stores.iter().any(|id| matches.contains_id(id)) {
+        // No store on the command line: the environment's `LOCKCTL_URL`.
+        return match std::env::var("LOCKCTL_URL") {
+            Ok(url) if !url.trim().is_empty() => connect_url(&url, matches).await,
+            _ => Err(Failure::Usage(
+                "no store given: --url URL (or LOCKCTL_URL in the environment), --redis URL, --zookeeper HOSTS, …; \
+                 see --help"
+                    .into(),
+            )),
+        };
     }
     if let Some(url) = matches.get_one::<String>("redis") {
         #[cfg(feature = "redis")]

@@ -743,3 +743,32 @@ async fn postgres_through_pgbouncer() {
     let waiter = LockManager::builder().prefix(&prefix).connect(&url).await.expect("connect");
     release_frees_the_lock(&store, guard, &waiter, &key, "ledger").await;
 }
+
+/// With no store on the command line, `LOCKCTL_URL` names it; with neither, a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockctl_url_from_the_environment() {
+    let dir = std::env::temp_dir().join(format!("lockctl-env-{}", lock_runtime::backend::OwnerId::next()));
+    let url = format!("file://{}", dir.display());
+    let manager = LockManager::builder().label(LABEL).connect(&url).await.expect("file");
+    let guard = manager.lock("env:1").await.expect("lock");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(["list", "--json"])
+            .env("LOCKCTL_URL", &url)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lockctl")
+    })
+    .await
+    .expect("lockctl");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let listed: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(listed["locks"][0]["name"], "env:1", "{stdout}");
+    assert_eq!(listed["locks"][0]["fencing_token"], guard.fencing_token());
+    guard.release().await.expect("release");
+    let neither = lockctl(&["list"]).await;
+    assert_eq!(neither.code, 2, "{}", neither.stderr);
+    assert!(neither.stderr.contains("LOCKCTL_URL"), "{}", neither.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}
