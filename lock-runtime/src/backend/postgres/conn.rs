@@ -90,6 +90,13 @@ impl PgSessions {
         let token = conn.client.cancel_token();
         conn.task.abort();
         drop(conn);
+        if self.pooled() {
+            // Through a transaction-mode pooler a cancel request can reach a server connection
+            // already handed to another client, and cancel its query (PgBouncer #245, #684):
+            // none is sent. The pooler closes the server connection of the closed client, and
+            // the server ends the wait when it checks the client (500 ms).
+            return;
+        }
         let (bound, tls) = (self.options.operation_timeout, self.tls());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
