@@ -150,7 +150,9 @@ const SAVEPOINT: &str = "lock_runtime_wait";
 /// - The call is bounded by `wait` plus 5 s; past that, or dropped while it waits, it asks the
 ///   server to cancel the wait (tokio-postgres: a cancel request without TLS; sqlx has no
 ///   cancel request: the wait then ends at its `lock_timeout`). Either way the transaction is
-///   then in an unknown state: roll it back.
+///   then in an unknown state: roll it back. Through a transaction-mode pooler, do not drop a
+///   waiting call: a pooler can deliver the cancel request to a server connection it has
+///   handed to another client since (PgBouncer #245, #684); give a `wait` instead.
 /// - The caller's `lock_timeout` is as it was after the call.
 ///
 /// Under REPEATABLE READ or SERIALIZABLE, take the lock first in the transaction: the
