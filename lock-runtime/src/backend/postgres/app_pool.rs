@@ -64,14 +64,17 @@ impl AppSessions {
         operation: &'static str,
         sql: &str,
     ) -> Result<Option<String>, Failure> {
-        let Some(c) = conn.conn.as_mut() else {
-            return Err(Failure::Closed(LockError::backend(name, KIND, operation, "the connection was closed")));
-        };
+        Self::ask(conn, sql).await.map_err(|e| crate::backend::app_conn::failure(KIND, name, operation, e))
+    }
+
+    /// [`last`](Self::last) with the driver's own error (its SQLSTATE still readable).
+    async fn ask(conn: &mut AppConn, sql: &str) -> Result<Option<String>, sqlx::Error> {
+        let Some(c) = conn.conn.as_mut() else { return Err(sqlx::Error::PoolClosed) };
         match rows(c, sql).await {
             Ok(rows) => Ok(rows.last().and_then(|row| row.first().cloned()).filter(|v| !v.is_empty())),
             Err(e) => {
                 conn.clean = false;
-                Err(crate::backend::app_conn::failure(KIND, name, operation, e))
+                Err(e)
             }
         }
     }
@@ -122,7 +125,7 @@ impl Sessions for AppSessions {
                 conn.clean = true;
                 Ok(None)
             };
-            match Self::last(conn, &key.name, operation, &sql).await {
+            match Self::ask(conn, &sql).await {
                 Ok(None) if wait.is_none() => refused(conn).await,
                 Ok(value) => match value.as_deref().and_then(super::inspect::token) {
                     Some(token) => Ok(Some(token)),
@@ -133,8 +136,11 @@ impl Sessions for AppSessions {
                         "no fencing token in the answer",
                     ))),
                 },
-                Err(Failure::Failed(e)) if e.to_string().contains("ERROR 55P03") => refused(conn).await,
-                Err(failure) => Err(failure),
+                // `lock_not_available`: the wait ran out, the session holds nothing.
+                Err(e) if e.as_database_error().and_then(|db| db.code()).as_deref() == Some("55P03") => {
+                    refused(conn).await
+                }
+                Err(e) => Err(crate::backend::app_conn::failure(KIND, &key.name, operation, e)),
             }
         })
     }
