@@ -182,5 +182,6 @@ mod mysql_url {
         let other = LockManager::mysql(server.url()).await.expect("mysql");
         same_store(&server.url(), "mysql", &other).await;
         same_store(&server.url().replacen("mysql://", "mariadb://", 1), "mysql", &other).await;
+        same_store(&server.url().replacen("mysql://", "MariaDB://", 1), "mysql", &other).await;
     }
 }

@@ -165,11 +165,7 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(max_idle) = parts.count("max_idle")? {
                 options = options.max_idle(max_idle);
             }
-            let url = parts.passed_on();
-            let url = match url.strip_prefix("mariadb") {
-                Some(rest) => format!("mysql{rest}"),
-                None => url,
-            };
+            let url = parts.passed_on().replacen("mariadb://", "mysql://", 1);
             Ok(Box::new(MysqlBackend::connect_with(url, options).await?))
         }
         _ => Err(parts.invalid(format!("unknown scheme `{}://`; {}", parts.scheme, known()))),
@@ -358,9 +354,12 @@ impl<'a> Parts<'a> {
     /// out of its query.
     #[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql")), allow(dead_code))]
     fn passed_on(&self) -> String {
-        let base = self.url.split_once('?').map_or(self.url, |(base, _)| base);
+        // The scheme in lower case (drivers match it as written), then the rest as given.
+        let rest = self.url.split_once("://").map_or("", |(_, rest)| rest);
+        let rest = rest.split_once('?').map_or(rest, |(rest, _)| rest);
+        let base = format!("{}://{rest}", self.scheme);
         match self.query_string() {
-            query if query.is_empty() => base.to_owned(),
+            query if query.is_empty() => base,
             query => format!("{base}?{query}"),
         }
     }
@@ -524,6 +523,8 @@ mod tests {
         let mut parts = Parts::of("redis://h:1?operation_timeout=2s").unwrap();
         assert_eq!(parts.duration("operation_timeout").unwrap(), Some(Duration::from_secs(2)));
         assert_eq!(parts.passed_on(), "redis://h:1");
+        let parts = Parts::of("POSTGRES://u@db/app?sslmode=require").unwrap();
+        assert_eq!(parts.passed_on(), "postgres://u@db/app?sslmode=require");
         for bad in ["0s", "5", "1h", "s", "-1s"] {
             let url = format!("etcd://h:1?lease_ttl={bad}");
             let mut parts = Parts::of(&url).unwrap();
