@@ -150,6 +150,9 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(pooled) = parts.flag("transaction_pooling")? {
                 options = options.transaction_pooling(pooled);
             }
+            if let Some(carriers) = parts.count("multiplexing")? {
+                options = options.multiplexing(carriers);
+            }
             Ok(Box::new(PostgresBackend::connect_with(parts.passed_on(), options).await?))
         }
         #[cfg(feature = "mysql")]

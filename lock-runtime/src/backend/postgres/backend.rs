@@ -10,11 +10,13 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Config, SimpleQueryMessage};
 
+use super::carrier;
 use super::conn::{last_value, Conn, PgSessions};
 use super::options::PostgresOptions;
 use super::sql::{PgKey, PgSql};
 use super::tls;
 use super::{pg_error, KIND};
+use crate::backend::session::carrier::Carrier;
 use crate::backend::session::{Failure, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend, LockKind};
 use crate::error::LockError;
@@ -120,6 +122,42 @@ impl Sessions for PgSessions {
             let _ = closed.wait_for(|c| *c).await;
         })
     }
+
+    /// Up to [`PostgresOptions::multiplexing`] carriers; none in the transaction mode (a lock
+    /// is a transaction there).
+    fn carriers(&self) -> usize {
+        if self.pooled() {
+            0
+        } else {
+            self.options.multiplexing
+        }
+    }
+
+    /// Mutexes and read-write locks; a semaphore's permits are tried in turn on a connection
+    /// of its own.
+    fn carried(&self, key: &PgKey) -> Option<u64> {
+        (key.sem.is_none() && self.carriers() > 0).then(|| carrier::id(key))
+    }
+
+    fn open_carrier<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
+        Box::pin(self.open_carrier_conn(name))
+    }
+
+    fn serve_carrier(pool: &Arc<Pool<Self>>, carrier: std::sync::Weak<Carrier<Self>>) {
+        carrier::serve(pool, carrier);
+    }
+
+    fn try_carried<'a>(&'a self, conn: &'a Conn, key: &'a PgKey) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        Box::pin(carrier::try_carried(conn, key))
+    }
+
+    fn unlock_carried<'a>(&'a self, conn: &'a Conn, key: &'a PgKey) -> BoxFuture<'a, Result<bool, Failure>> {
+        Box::pin(carrier::unlock_carried(conn, key))
+    }
+
+    fn abort(conn: &Conn) {
+        conn.abort();
+    }
 }
 
 /// The PostgreSQL lock store. Cheap to clone: clones share the idle connections. See the
@@ -188,7 +226,7 @@ impl PostgresBackend {
         }
         config.keepalives(true).keepalives_idle(Duration::from_secs(10));
         let sql = PgSql::new(options, config.get_application_name().unwrap_or("lock-runtime"));
-        let sessions = PgSessions { config, tls, sql };
+        let sessions = PgSessions { config, tls, sql, listener: Default::default() };
         let pool = Arc::new(Pool::new(sessions));
         setup(&pool).await?;
         Ok(PostgresBackend { pools: Pools::Own(pool) })
@@ -358,6 +396,32 @@ impl PostgresBackend {
                     Ok(Err(e)) => Err(super::app_pool::error("", "inspect", e)),
                     Err(_) => Err(LockError::timed_out("", KIND, "inspect", bound)),
                 }
+            }
+        }
+    }
+
+    /// Every lock held on a carrier anywhere, with what its holder answered (none from an
+    /// application's pool, which carries no locks).
+    pub(super) async fn carried(&self) -> Result<Vec<carrier::CarriedRow>, LockError> {
+        match &self.pools {
+            Pools::Own(pool) => carrier::carried(&pool.sessions).await,
+            #[cfg(feature = "sqlx")]
+            Pools::App(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// A forced release of a carried lock (see `carrier.rs`).
+    pub(super) async fn force_carried(
+        &self,
+        pid: i32,
+        key: (i32, i32),
+        owner: Option<&str>,
+    ) -> Result<carrier::Forced, LockError> {
+        match &self.pools {
+            Pools::Own(pool) => carrier::force(&pool.sessions, pid, key, owner).await,
+            #[cfg(feature = "sqlx")]
+            Pools::App(_) => {
+                Err(LockError::invalid("", "a carried lock is released by a backend of its own connections"))
             }
         }
     }

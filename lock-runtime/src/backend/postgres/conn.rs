@@ -2,8 +2,8 @@
 //! ([`PgSessions`]): shared by the session skeleton's lock steps (`backend.rs`) and the
 //! semaphores' waiting (`semaphore.rs`).
 
-use tokio::sync::watch;
-use tokio_postgres::{Client, Config, SimpleQueryMessage};
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::{AsyncMessage, Client, Config, Notification, SimpleQueryMessage};
 
 use super::sql::PgSql;
 use super::tls::Connector;
@@ -22,6 +22,9 @@ pub(super) struct Conn {
     /// The permit and the count's marker a semaphore holder's session holds (see
     /// `semaphore.rs`), for its release.
     pub(super) semaphore: Option<((i32, i32), (i32, i32))>,
+    /// The notifications of the channels its session listens to (a carrier's, an
+    /// inspection's: see `carrier.rs`); taken by whoever listens.
+    pub(super) notifications: std::sync::Mutex<Option<mpsc::UnboundedReceiver<Notification>>>,
 }
 
 impl Conn {
@@ -38,6 +41,16 @@ impl Conn {
             || self.is_closed()
             || e.as_db_error().is_some_and(|db| db.severity() == "FATAL" || db.code().code().starts_with("57P"))
     }
+
+    /// Closes it at once (its task aborted: the socket closes even with queries in flight).
+    pub(super) fn abort(&self) {
+        self.task.abort();
+    }
+
+    /// The notifications of the channels its session listens to (once).
+    pub(super) fn take_notifications(&self) -> Option<mpsc::UnboundedReceiver<Notification>> {
+        self.notifications.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
 }
 
 /// How PostgreSQL takes, releases and watches a lock on one connection of its own (see
@@ -47,6 +60,8 @@ pub(super) struct PgSessions {
     /// The TLS client of the connections and cancel requests (see `tls.rs`).
     pub(super) tls: Connector,
     pub(super) sql: PgSql,
+    /// The connection inspections ask carriers on (see `carrier.rs`), made at the first.
+    pub(super) listener: tokio::sync::Mutex<Option<super::carrier::Listener>>,
 }
 
 impl std::ops::Deref for PgSessions {
@@ -72,15 +87,27 @@ impl PgSessions {
             Err(_) => return Err(LockError::timed_out(name, KIND, "connect", bound)),
         };
         let (tx, closed) = watch::channel(false);
+        let (notify, notifications) = mpsc::unbounded_channel();
         // Told closed when the task ends, aborted or not (the sender is dropped with it).
         let task = tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "a PostgreSQL lock connection ended");
+            let mut connection = connection;
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        let _ = notify.send(n);
+                    }
+                    Some(Ok(_)) => {} // a notice (an unlock of a lock not held warns)
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "a PostgreSQL lock connection ended");
+                        break;
+                    }
+                    None => break,
+                }
             }
             let _ = tx.send(true);
         })
         .abort_handle();
-        Ok(Conn { client, closed, task, semaphore: None })
+        Ok(Conn { client, closed, task, semaphore: None, notifications: std::sync::Mutex::new(Some(notifications)) })
     }
 
     /// Closes `conn` at once (its task aborted: the socket closes even with a query in flight)

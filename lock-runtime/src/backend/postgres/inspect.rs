@@ -1,6 +1,7 @@
 //! PostgreSQL's locks as an inspection tool sees them ([`Inspect`], for `lockctl --postgres`).
-//! Advisory keys are hashes, so a holder leaves what it is where a tool can read it, at no
-//! cost of its own: its grant query starts with a comment naming the lock's key (hex), the
+//! Locks held on carriers (connections shared by many locks) are asked of their holders'
+//! processes (see `carrier.rs`). Advisory keys are hashes, so a holder of a session of its own
+//! leaves what it is where a tool can read it, at no cost of its own: its grant query starts with a comment naming the lock's key (hex), the
 //! owner and the holding process (`/* lock-runtime k=… o=… h=… m=mutex */`), which
 //! `pg_stat_activity.query` keeps while the session idles, holding the lock; and the token is
 //! drawn into the session's `application_name` (`lock-runtime t=<token>`, put back at the
@@ -80,10 +81,39 @@ const HELD: &str = "SELECT a.pid::text, coalesce(a.application_name, ''), coales
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND a.query LIKE '/* lock-runtime %' \
      AND NOT (l.mode = 'ShareLock' AND a.query LIKE '/* lock-runtime % m=semaphore %')";
 
+/// Where a lock is held.
+#[derive(Clone, Copy)]
+enum Place {
+    /// By a session of its own (its pid).
+    Session(i32),
+    /// On a carrier (its pid), under an advisory key.
+    Carried(i32, (i32, i32)),
+}
+
 impl PostgresBackend {
-    /// The held locks, with their holders' server pids.
-    async fn held(&self) -> Result<Vec<(i32, LockInfo)>, LockError> {
+    /// The held locks, with where they are held. A carried lock whose holder did not answer
+    /// is listed under its advisory key (`advisory:<a>,<b>`), with no owner.
+    async fn held(&self) -> Result<Vec<(Place, LockInfo)>, LockError> {
         let mut locks = Vec::new();
+        for row in self.carried().await? {
+            let place = Place::Carried(row.pid, row.key);
+            let Some((token, age, record)) = row.answer else {
+                let mut info = LockInfo::new(format!("advisory:{},{}", row.key.0, row.key.1), String::new());
+                info.session_bound = true;
+                info.waiters = row.waiters;
+                locks.push((place, info));
+                continue;
+            };
+            let Some((key, owner, holder, kind)) = parse(&record) else { continue };
+            let mut info = LockInfo::new(key, owner);
+            info.holder = holder;
+            info.kind = kind;
+            info.fencing_token = Some(token);
+            info.age = Some(age);
+            info.session_bound = true;
+            info.waiters = row.waiters;
+            locks.push((place, info));
+        }
         for row in self.rows(HELD).await? {
             let field = |i: usize| row.get(i).map(String::as_str).unwrap_or_default();
             let Some((key, owner, holder, kind)) = parse(field(2)) else { continue };
@@ -94,10 +124,31 @@ impl PostgresBackend {
             info.age = field(3).parse::<f64>().ok().filter(|s| *s >= 0.0).map(Duration::from_secs_f64);
             info.session_bound = true;
             info.waiters = field(4).parse().ok();
-            locks.push((field(0).parse().unwrap_or(0), info));
+            locks.push((Place::Session(field(0).parse().unwrap_or(0)), info));
         }
         locks.sort_by(|a, b| a.1.key.cmp(&b.1.key));
         Ok(locks)
+    }
+
+    /// The holders of `key`: by name, or (a carried lock whose holder did not answer) by its
+    /// advisory key.
+    async fn holders(&self, key: &str) -> Result<Vec<(Place, LockInfo)>, LockError> {
+        let advisory = [super::advisory_key(key), super::advisory_key(&format!("{key}{}", super::sql::RW_SUFFIX))];
+        let unnamed = advisory.map(|(a, b)| format!("advisory:{a},{b}"));
+        Ok(self
+            .held()
+            .await?
+            .into_iter()
+            .filter_map(|(place, mut info)| {
+                if info.key == key {
+                    return Some((place, info));
+                }
+                unnamed.contains(&info.key).then(|| {
+                    info.key = key.to_owned();
+                    (place, info)
+                })
+            })
+            .collect())
     }
 }
 
@@ -113,7 +164,7 @@ impl Inspect for PostgresBackend {
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
-        Box::pin(async move { Ok(self.held().await?.into_iter().map(|(_, info)| info).find(|i| i.key == key)) })
+        Box::pin(async move { Ok(self.holders(key).await?.into_iter().map(|(_, info)| info).next()) })
     }
 
     fn force_release<'a>(
@@ -122,16 +173,36 @@ impl Inspect for PostgresBackend {
         expected_owner: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
         Box::pin(async move {
-            let holders: Vec<(i32, LockInfo)> = self.held().await?.into_iter().filter(|(_, i)| i.key == key).collect();
-            let Some((pid, info)) = (match expected_owner {
+            let holders = self.holders(key).await?;
+            let Some((place, info)) = (match expected_owner {
                 Some(owner) => holders.iter().find(|(_, i)| i.owner == owner).or(holders.first()),
                 None => holders.first(),
             }) else {
                 return Ok(ForceRelease::NotHeld);
             };
-            if expected_owner.is_some_and(|owner| owner != info.owner) {
+            if expected_owner.is_some_and(|owner| owner != info.owner) && !info.owner.is_empty() {
                 return Ok(ForceRelease::OwnerChanged(info.owner.clone()));
             }
+            let pid = match *place {
+                Place::Session(pid) => pid,
+                Place::Carried(pid, advisory) => {
+                    // Its holder frees it and fires its `lost()`; one that does not answer has
+                    // its carrier's session ended, with every lock on it.
+                    return Ok(match self.force_carried(pid, advisory, expected_owner).await? {
+                        super::carrier::Forced::Released => ForceRelease::Released(info.owner.clone()),
+                        super::carrier::Forced::Ended => {
+                            tracing::warn!(
+                                pid,
+                                "the holder of a carried PostgreSQL lock did not answer: its carrier's session was \
+                                 ended, with every lock on it"
+                            );
+                            ForceRelease::Released(info.owner.clone())
+                        }
+                        super::carrier::Forced::Owner(owner) => ForceRelease::OwnerChanged(owner),
+                        super::carrier::Forced::Gone => ForceRelease::NotHeld,
+                    });
+                }
+            };
             // Ending the holder's session frees its lock (one lock per session) and closes its
             // connection: its `lost()` fires.
             let ended = self.rows(&format!("SELECT pg_terminate_backend({pid})::text")).await?;

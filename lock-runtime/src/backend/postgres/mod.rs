@@ -13,6 +13,8 @@ mod app_pool;
 #[cfg(feature = "postgres")]
 mod backend;
 #[cfg(feature = "postgres")]
+mod carrier;
+#[cfg(feature = "postgres")]
 mod conn;
 #[cfg(feature = "postgres")]
 mod inspect;

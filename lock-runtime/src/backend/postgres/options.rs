@@ -16,6 +16,7 @@ pub struct PostgresOptions {
     pub(super) operation_timeout: Duration,
     pub(super) max_idle: usize,
     pub(super) transaction_pooling: bool,
+    pub(super) multiplexing: usize,
     #[cfg(feature = "tls")]
     pub(super) tls: Option<crate::tls::TlsOptions>,
 }
@@ -26,6 +27,7 @@ impl Default for PostgresOptions {
             operation_timeout: Duration::from_secs(5),
             max_idle: 16,
             transaction_pooling: false,
+            multiplexing: 4,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -33,7 +35,8 @@ impl Default for PostgresOptions {
 }
 
 impl PostgresOptions {
-    /// The defaults: operation timeout 5 s, 16 idle connections, session locks.
+    /// The defaults: operation timeout 5 s, 16 idle connections, session locks, held locks
+    /// sharing up to 4 connections.
     pub fn new() -> Self {
         Self::default()
     }
@@ -74,6 +77,30 @@ impl PostgresOptions {
     /// [`transaction_pooling`](Self::transaction_pooling)).
     pub fn get_transaction_pooling(&self) -> bool {
         self.transaction_pooling
+    }
+
+    /// How many connections the uncontended locks a backend holds share (default 4): an
+    /// acquisition is first tried on one of these carriers, beside the locks they hold; one
+    /// that finds its lock busy waits on a connection of its own, and keeps it while it holds
+    /// the lock. `0` gives every lock a connection of its own, as
+    /// [`transaction_pooling`](Self::transaction_pooling) and semaphores always do. A carrier
+    /// that closes (a server restart, an operator's kill) fires `lost()` for every lock on
+    /// it. See the [module docs](super) for what each mode guarantees and costs.
+    ///
+    /// ```
+    /// use lock_runtime::backend::postgres::PostgresOptions;
+    ///
+    /// assert_eq!(PostgresOptions::new().get_multiplexing(), 4);
+    /// assert_eq!(PostgresOptions::new().multiplexing(0).get_multiplexing(), 0);
+    /// ```
+    pub fn multiplexing(mut self, carriers: usize) -> Self {
+        self.multiplexing = carriers;
+        self
+    }
+
+    /// How many connections held locks share (see [`multiplexing`](Self::multiplexing)).
+    pub fn get_multiplexing(&self) -> usize {
+        self.multiplexing
     }
 
     /// The operation timeout.

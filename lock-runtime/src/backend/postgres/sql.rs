@@ -27,7 +27,7 @@ pub(super) struct PgKey {
 
 /// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
 /// the mutex of the same name.
-const RW_SUFFIX: &str = "\u{0}rw";
+pub(super) const RW_SUFFIX: &str = "\u{0}rw";
 
 /// The settings the statements depend on.
 pub(super) struct PgSql {

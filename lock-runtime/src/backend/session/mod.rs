@@ -2,7 +2,8 @@
 //! acquisition (PostgreSQL's advisory locks, MySQL's `GET_LOCK`): the idle connections, one
 //! [`Acquisition`] that owns its connection until it is granted or dropped, and one
 //! [`HeldLock`] whose connection a monitor task keeps. A store says how to connect, take,
-//! release and watch a lock on one connection ([`Sessions`]); the rest is here, once.
+//! release and watch a lock on one connection ([`Sessions`]); the rest is here, once. Held
+//! locks may share a few connections ([`carrier`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -13,6 +14,10 @@ use tokio::task::JoinHandle;
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
+
+pub(crate) mod carrier;
+
+use carrier::{Carried, CarriedLock, Carrier};
 
 /// How one operation on a connection failed.
 pub(crate) enum Failure {
@@ -25,7 +30,7 @@ pub(crate) enum Failure {
 /// What a store does on one connection. Every future is bounded by the skeleton.
 pub(crate) trait Sessions: Send + Sync + Sized + 'static {
     /// One connection: one server session.
-    type Conn: Send + 'static;
+    type Conn: Send + Sync + 'static;
     /// A lock's name on the server, computed once per acquisition.
     type Key: Send + Sync + Clone + 'static;
     /// The backend's kind, for errors.
@@ -68,6 +73,47 @@ pub(crate) trait Sessions: Send + Sync + Sized + 'static {
         let _ = conn;
         Box::pin(std::future::ready(true))
     }
+
+    /// How many connections held locks share ([`carrier`]); 0 (the default): every lock
+    /// holds a connection of its own.
+    fn carriers(&self) -> usize {
+        0
+    }
+    /// The identity of `key`'s lock on a carrier (equal for two locks a session cannot hold
+    /// apart), or `None` when it is never carried (a semaphore's).
+    fn carried(&self, key: &Self::Key) -> Option<u64> {
+        let _ = key;
+        None
+    }
+    /// A new carrier's connection.
+    fn open_carrier<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Self::Conn, LockError>> {
+        self.connect(name)
+    }
+    /// Starts what a carrier's connection needs beside its locks (PostgreSQL: answering
+    /// inspections); ends when the carrier is gone.
+    fn serve_carrier(pool: &Arc<Pool<Self>>, carrier: std::sync::Weak<Carrier<Self>>) {
+        let _ = (pool, carrier);
+    }
+    /// Takes `key`'s lock at once on a carrier's connection (shared: other operations may be
+    /// on it at the same time) and draws its token: `Some(token)` granted, `None` busy.
+    fn try_carried<'a>(
+        &'a self,
+        conn: &'a Self::Conn,
+        key: &'a Self::Key,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        let _ = (conn, key);
+        Box::pin(std::future::ready(Err(Failure::Failed(LockError::invalid("", "this store carries no locks")))))
+    }
+    /// Releases `key`'s lock on a carrier's connection: `false` when its session did not hold
+    /// it.
+    fn unlock_carried<'a>(&'a self, conn: &'a Self::Conn, key: &'a Self::Key) -> BoxFuture<'a, Result<bool, Failure>> {
+        let _ = (conn, key);
+        Box::pin(std::future::ready(Ok(false)))
+    }
+    /// Closes a shared connection at once (its session's locks are freed by the server).
+    fn abort(conn: &Self::Conn) {
+        let _ = conn;
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -78,11 +124,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Pool<S: Sessions> {
     pub(crate) sessions: S,
     idle: Mutex<Vec<S::Conn>>,
+    /// The connections held locks share, by slot ([`carrier`]).
+    carriers: Mutex<Vec<Option<Arc<Carrier<S>>>>>,
+    /// Held while a carrier is opened.
+    opening: tokio::sync::Mutex<()>,
 }
 
 impl<S: Sessions> Pool<S> {
     pub(crate) fn new(sessions: S) -> Self {
-        Pool { sessions, idle: Mutex::new(Vec::new()) }
+        Pool {
+            sessions,
+            idle: Mutex::new(Vec::new()),
+            carriers: Mutex::new(Vec::new()),
+            opening: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// An idle connection (`true`: reused, the server may have closed it since) or a new one.
@@ -220,18 +275,35 @@ impl<S: Sessions> SessionAcquisition<S> {
         let Some(conn) = self.conn.take() else {
             return Err(LockError::backend(&*self.req.name, S::KIND, "grant", "no connection after the grant"));
         };
+        Ok(self.grant_kept(Kept::Own(conn), token, granted_at))
+    }
+
+    /// The grant of a lock kept by `kept` (its own connection, or a carrier).
+    fn grant_kept(&mut self, kept: Kept<S>, token: u64, granted_at: Instant) -> Grant {
         let lease_end = match self.req.lease {
             Lease::Fixed(lease) => granted_at.checked_add(lease),
             Lease::Renewed(_) => None,
         };
         let lost = self.lost.take().unwrap_or_else(LostSignal::never);
-        let monitor = Monitor::spawn(self.pool.clone(), conn, lease_end, lost);
+        let monitor = Monitor::spawn(self.pool.clone(), kept, lease_end, lost);
         let held = SessionHeld { pool: self.pool.clone(), name: self.req.name.clone(), key: self.key.clone(), monitor };
-        Ok(Grant { fencing_token: token, granted_at: Some(granted_at), lock: Held::new(held) })
+        Grant { fencing_token: token, granted_at: Some(granted_at), lock: Held::new(held) }
     }
 
     async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
         let granted_at = crate::clock::now();
+        // Uncontended locks share a few connections; a lock held on this acquisition's own
+        // connection (it waited) is not tried there again.
+        if let (Some(id), None) = (self.pool.sessions.carried(&self.key), &self.conn) {
+            let lost = self.lost.clone().unwrap_or_else(LostSignal::never);
+            match self.pool.attempt_carried(&self.req.name, id, &self.key, &lost).await? {
+                Carried::Granted(token, lock) => {
+                    return Ok(Attempt::Acquired(self.grant_kept(Kept::Carried(lock), token, granted_at)))
+                }
+                Carried::Busy => return Ok(Attempt::Busy),
+                Carried::Elsewhere => {}
+            }
+        }
         match self.lock(None, self.pool.sessions.operation_timeout(), "attempt").await? {
             Some(token) => Ok(Attempt::Acquired(self.grant(token, granted_at)?)),
             None => Ok(Attempt::Busy),
@@ -262,12 +334,36 @@ impl<S: Sessions> Acquisition for SessionAcquisition<S> {
     }
 }
 
-/// The task that keeps a held lock's connection: fires `lost()` when the connection closes (or
-/// stops answering its heartbeat), ends a fixed lease (firing `lost()`, then closing the
-/// connection, which frees the lock), and gives the connection back to the release.
+/// What keeps a held lock: its own connection, or its place on a carrier.
+enum Kept<S: Sessions> {
+    Own(S::Conn),
+    Carried(CarriedLock<S>),
+}
+
+impl<S: Sessions> Kept<S> {
+    /// The connection whose end is the lock's.
+    fn conn(&self) -> &S::Conn {
+        match self {
+            Kept::Own(conn) => conn,
+            Kept::Carried(lock) => &lock.carrier.conn,
+        }
+    }
+
+    fn is_usable(&self) -> bool {
+        match self {
+            Kept::Own(conn) => !S::is_closed(conn),
+            Kept::Carried(lock) => lock.is_usable(),
+        }
+    }
+}
+
+/// The task that keeps a held lock: fires `lost()` when its connection closes (or stops
+/// answering its heartbeat), ends a fixed lease (firing `lost()`, then freeing the lock: its
+/// own connection closed, or its carrier's unlock), and gives the lock back to the release.
+/// Dropped, what it keeps frees the lock (a connection closes, a carried lock unlocks).
 struct Monitor<S: Sessions> {
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Option<S::Conn>>>,
+    task: Option<JoinHandle<Option<Kept<S>>>>,
 }
 
 /// Why the monitor's wait ended.
@@ -279,7 +375,7 @@ enum Woke {
 }
 
 impl<S: Sessions> Monitor<S> {
-    fn spawn(pool: Arc<Pool<S>>, mut conn: S::Conn, lease_end: Option<Instant>, lost: LostSignal) -> Self {
+    fn spawn(pool: Arc<Pool<S>>, mut kept: Kept<S>, lease_end: Option<Instant>, lost: LostSignal) -> Self {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Monitor { stop: None, task: None };
         };
@@ -294,10 +390,11 @@ impl<S: Sessions> Monitor<S> {
             };
             tokio::pin!(lease_over);
             loop {
+                // A carrier's connection is not asked by each of its locks.
                 let heartbeat = async {
-                    match sessions.heartbeat() {
-                        Some(every) => tokio::time::sleep(every).await,
-                        None => std::future::pending().await,
+                    match (sessions.heartbeat(), &kept) {
+                        (Some(every), Kept::Own(_)) => tokio::time::sleep(every).await,
+                        _ => std::future::pending().await,
                     }
                 };
                 // Only cancel-safe waits here: a heartbeat's query runs below, to its end.
@@ -305,14 +402,14 @@ impl<S: Sessions> Monitor<S> {
                     biased;
                     asked = &mut stopped => Woke::Stop(asked.is_ok()),
                     () = &mut lease_over => Woke::LeaseOver,
-                    () = sessions.closed(&conn) => Woke::Closed,
+                    () = sessions.closed(kept.conn()) => Woke::Closed,
                     () = heartbeat => Woke::Heartbeat,
                 };
                 match woke {
-                    // Asked for by the release; a dropped lock's connection is closed.
-                    Woke::Stop(asked) => return asked.then_some(conn),
+                    // Asked for by the release; a dropped lock is freed.
+                    Woke::Stop(asked) => return asked.then_some(kept),
                     Woke::LeaseOver => {
-                        // Told before the session ends (a holder paused past its lease runs
+                        // Told before the lock is freed (a holder paused past its lease runs
                         // this late, and the runtime's own timer may not have run yet).
                         lost.fire("its fixed lease ended");
                         return None;
@@ -323,7 +420,8 @@ impl<S: Sessions> Monitor<S> {
                     }
                     Woke::Heartbeat => {
                         let bound = sessions.operation_timeout();
-                        if !matches!(tokio::time::timeout(bound, sessions.alive(&mut conn)).await, Ok(true)) {
+                        let Kept::Own(conn) = &mut kept else { continue };
+                        if !matches!(tokio::time::timeout(bound, sessions.alive(conn)).await, Ok(true)) {
                             lost.fire(S::LOST);
                             return None;
                         }
@@ -334,24 +432,24 @@ impl<S: Sessions> Monitor<S> {
         Monitor { stop: Some(stop), task: Some(task) }
     }
 
-    /// The connection back from the task, if it still holds the lock.
-    async fn take(&mut self) -> Option<S::Conn> {
+    /// The lock back from the task, if it still holds it.
+    async fn take(&mut self) -> Option<Kept<S>> {
         let stop = self.stop.take()?;
         let _ = stop.send(());
-        let conn = self.task.take()?.await.ok().flatten()?;
-        (!S::is_closed(&conn)).then_some(conn)
+        let kept = self.task.take()?.await.ok().flatten()?;
+        kept.is_usable().then_some(kept)
     }
 }
 
 impl<S: Sessions> Drop for Monitor<S> {
     fn drop(&mut self) {
-        // Not released: the task closes the connection (its sender is gone), which frees the
+        // Not released: the task drops what it keeps (its sender is gone), which frees the
         // lock.
         drop(self.stop.take());
     }
 }
 
-/// A granted lock: the monitor that keeps its connection.
+/// A granted lock: the monitor that keeps it.
 struct SessionHeld<S: Sessions> {
     pool: Arc<Pool<S>>,
     name: Arc<str>,
@@ -360,7 +458,7 @@ struct SessionHeld<S: Sessions> {
 }
 
 impl<S: Sessions> SessionHeld<S> {
-    async fn conn(&mut self) -> Result<S::Conn, LockError> {
+    async fn kept(&mut self) -> Result<Kept<S>, LockError> {
         self.monitor.take().await.ok_or_else(|| {
             LockError::lost(
                 &*self.name,
@@ -370,25 +468,45 @@ impl<S: Sessions> SessionHeld<S> {
     }
 
     async fn release_lock(&mut self) -> Result<(), LockError> {
-        let conn = self.conn().await?;
-        unlock(&self.pool, &self.name, &self.key, conn).await
+        let kept = self.kept().await?;
+        free(&self.pool, &self.name, &self.key, kept).await
     }
 
     async fn release_lock_after(&mut self, remaining: Duration) -> Result<(), LockError> {
-        let conn = self.conn().await?;
+        let kept = self.kept().await?;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("released outside a tokio runtime: the lock is freed at once");
-            drop(conn);
+            drop(kept);
             return Ok(());
         };
         let (pool, name, key) = (self.pool.clone(), self.name.clone(), self.key.clone());
         runtime.spawn(async move {
             tokio::time::sleep(remaining).await;
-            if let Err(e) = unlock(&pool, &name, &key, conn).await {
+            if let Err(e) = free(&pool, &name, &key, kept).await {
                 tracing::debug!(error = %e, "unlock after hold_at_least");
             }
         });
         Ok(())
+    }
+}
+
+/// Frees a held lock: [`unlock`] on its own connection, or its carrier's.
+async fn free<S: Sessions>(pool: &Pool<S>, name: &str, key: &S::Key, kept: Kept<S>) -> Result<(), LockError> {
+    match kept {
+        Kept::Own(conn) => unlock(pool, name, key, conn).await,
+        Kept::Carried(lock) => {
+            let bound = pool.sessions.operation_timeout();
+            // The carrier's task ends the release even if this future is dropped.
+            match tokio::time::timeout(bound.saturating_mul(2), lock.release()).await {
+                Ok(Ok(Ok(true))) => Ok(()),
+                Ok(Ok(Ok(false))) => Err(LockError::lost(name, "its session no longer held the lock")),
+                Ok(Ok(Err(Failure::Closed(e)))) => {
+                    Err(LockError::lost(name, format!("{} (the session's locks went with it): {e}", S::LOST)))
+                }
+                Ok(Ok(Err(Failure::Failed(e)))) => Err(e),
+                Ok(Err(_)) | Err(_) => Err(LockError::timed_out(name, S::KIND, "release", bound)),
+            }
+        }
     }
 }
 

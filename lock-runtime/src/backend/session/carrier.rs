@@ -1,0 +1,353 @@
+//! Carriers: a few connections shared by many held locks (multiplexing, as the .NET
+//! DistributedLock does for PostgreSQL). An uncontended acquisition is tried on a carrier, a
+//! connection that already holds other locks; one that finds its lock busy waits on a
+//! connection of its own, as before (a wait blocks its session).
+//!
+//! A session may take a lock it already holds (PostgreSQL's advisory locks, MySQL's
+//! `GET_LOCK` are re-entrant, and a session's second shared lock passes a waiting writer), so
+//! each carrier keeps the set of keys it holds or is taking: at most one acquisition per key
+//! per carrier. A lock's key starts on its own carrier (a hash of the key picks it) and moves
+//! on to the next one that has not got it; with every carrier taken for that key, the attempt
+//! goes on a connection of its own.
+//!
+//! Every operation on a carrier runs in a task of its own, which owns its outcome: an attempt
+//! whose caller went away frees what it was granted, and a release whose caller went away
+//! still ends. A carrier whose state is unknown (an operation failed or ran out of time) is
+//! closed, which frees every lock on it and fires each one's `lost()`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::{lock, Failure, Pool, Sessions};
+use crate::error::LockError;
+use crate::lost::LostSignal;
+
+/// One connection shared by held locks, and the keys it holds or is taking.
+pub(crate) struct Carrier<S: Sessions> {
+    pub(crate) conn: S::Conn,
+    keys: Mutex<HashMap<u64, Entry<S>>>,
+    /// Closed by us (its state unknown): no acquisition is tried on it any more.
+    dead: AtomicBool,
+}
+
+/// A key on a carrier.
+struct Entry<S: Sessions> {
+    key: S::Key,
+    state: State,
+}
+
+enum State {
+    /// An attempt is on its way.
+    Taking,
+    /// Held since `since`, with `token`; `lost` is its holder's signal.
+    Held { token: u64, since: Instant, lost: LostSignal },
+    /// Freed by a forced release; the entry stays until its holder lets go, so that no other
+    /// acquisition takes the key on this carrier while the holder may still send its release.
+    Forced,
+}
+
+/// A held lock on a carrier, as an inspection sees it.
+pub(crate) struct CarriedInfo<K> {
+    pub(crate) key: K,
+    pub(crate) token: u64,
+    pub(crate) age: Duration,
+}
+
+impl<S: Sessions> Carrier<S> {
+    fn new(conn: S::Conn) -> Self {
+        Carrier { conn, keys: Mutex::new(HashMap::new()), dead: AtomicBool::new(false) }
+    }
+
+    /// Whether acquisitions may still be tried on it.
+    pub(crate) fn is_usable(&self) -> bool {
+        !self.dead.load(Ordering::Relaxed) && !S::is_closed(&self.conn)
+    }
+
+    /// Closes it at once: the server frees every lock on it, and each one's monitor fires its
+    /// `lost()`.
+    pub(crate) fn close(&self) {
+        self.dead.store(true, Ordering::Relaxed);
+        S::abort(&self.conn);
+    }
+
+    /// Takes `id` for one attempt: `false` when the carrier holds or is taking it already.
+    fn reserve(&self, id: u64, key: &S::Key) -> bool {
+        let mut keys = lock(&self.keys);
+        if keys.contains_key(&id) {
+            return false;
+        }
+        keys.insert(id, Entry { key: key.clone(), state: State::Taking });
+        true
+    }
+
+    fn forget(&self, id: u64) {
+        lock(&self.keys).remove(&id);
+    }
+
+    /// The locks it holds now.
+    pub(crate) fn held(&self) -> Vec<CarriedInfo<S::Key>> {
+        let now = crate::clock::now();
+        lock(&self.keys)
+            .values()
+            .filter_map(|e| match &e.state {
+                State::Held { token, since, .. } => {
+                    Some(CarriedInfo { key: e.key.clone(), token: *token, age: now.saturating_duration_since(*since) })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A forced release of the lock held under `id` (by `owner`, if given, checked by
+    /// `owned`): its holder's `lost()` fires and the lock is freed on the server. `None` when
+    /// it does not hold it (or not for that owner).
+    pub(crate) async fn force(
+        self: &Arc<Self>,
+        sessions: &S,
+        id: u64,
+        owned: impl Fn(&S::Key) -> bool,
+    ) -> Option<Result<bool, Failure>> {
+        let key = {
+            let mut keys = lock(&self.keys);
+            let entry = keys.get_mut(&id).filter(|e| owned(&e.key))?;
+            let State::Held { lost, .. } = &entry.state else { return None };
+            lost.fire("an operator forced its release");
+            entry.state = State::Forced;
+            entry.key.clone()
+        };
+        let bound = sessions.operation_timeout();
+        let freed = match tokio::time::timeout(bound, sessions.unlock_carried(&self.conn, &key)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Failure::Failed(LockError::timed_out("", S::KIND, "force release", bound))),
+        };
+        if freed.is_err() {
+            self.close();
+        }
+        Some(freed)
+    }
+}
+
+/// One lock held on a carrier: frees it when dropped (in the background).
+pub(crate) struct CarriedLock<S: Sessions> {
+    pool: Arc<Pool<S>>,
+    pub(crate) carrier: Arc<Carrier<S>>,
+    id: u64,
+    key: S::Key,
+    armed: bool,
+}
+
+impl<S: Sessions> CarriedLock<S> {
+    /// Frees the lock, in a task that ends even if its caller goes away: `Ok(true)` when the
+    /// carrier held it until now.
+    pub(crate) fn release(mut self) -> oneshot::Receiver<Result<bool, Failure>> {
+        self.armed = false;
+        let (tx, rx) = oneshot::channel();
+        let (pool, carrier, id, key) = (self.pool.clone(), self.carrier.clone(), self.id, self.key.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = tx.send(free(&pool, &carrier, id, &key).await);
+                });
+            }
+            Err(_) => {
+                // No runtime to send the release on: closing the carrier frees it (with the
+                // others it carries, whose monitors report them lost).
+                carrier.close();
+                let _ = tx.send(Ok(false));
+            }
+        }
+        rx
+    }
+
+    /// Whether its carrier may still hold it.
+    pub(crate) fn is_usable(&self) -> bool {
+        self.carrier.is_usable()
+    }
+}
+
+impl<S: Sessions> Drop for CarriedLock<S> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.armed = false;
+            let fresh = CarriedLock {
+                pool: self.pool.clone(),
+                carrier: self.carrier.clone(),
+                id: self.id,
+                key: self.key.clone(),
+                armed: false,
+            };
+            drop(fresh.release());
+        }
+    }
+}
+
+/// Unlocks `id` on `carrier` and forgets it there; a carrier whose answer is unknown is
+/// closed. A lock whose release was forced is only forgotten (`Ok(false)`).
+async fn free<S: Sessions>(pool: &Pool<S>, carrier: &Arc<Carrier<S>>, id: u64, key: &S::Key) -> Result<bool, Failure> {
+    let forced = matches!(lock(&carrier.keys).get(&id).map(|e| &e.state), Some(State::Forced));
+    if forced {
+        carrier.forget(id);
+        return Ok(false);
+    }
+    let bound = pool.sessions.operation_timeout();
+    let answer = match tokio::time::timeout(bound, pool.sessions.unlock_carried(&carrier.conn, key)).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Failure::Failed(LockError::timed_out("", S::KIND, "release", bound))),
+    };
+    if answer.is_err() {
+        carrier.close();
+    }
+    carrier.forget(id);
+    answer
+}
+
+/// What an attempt on a carrier gave.
+pub(crate) enum Carried<S: Sessions> {
+    /// Granted, with its token.
+    Granted(u64, CarriedLock<S>),
+    /// Someone holds it.
+    Busy,
+    /// Every carrier holds or is taking this key: try on a connection of its own.
+    Elsewhere,
+}
+
+impl<S: Sessions> Pool<S> {
+    /// One attempt on a carrier for the lock `key` (carrier identity `id`), whose holder's
+    /// signal is `lost`.
+    pub(crate) async fn attempt_carried(
+        self: &Arc<Self>,
+        name: &str,
+        id: u64,
+        key: &S::Key,
+        lost: &LostSignal,
+    ) -> Result<Carried<S>, LockError> {
+        let bound = self.sessions.operation_timeout();
+        // A carrier found closed is replaced once (an idle timeout or an operator's kill
+        // closed it; its locks went with it and were reported lost).
+        for round in 0..2 {
+            let Some(carrier) = self.reserve(name, id, key).await? else { return Ok(Carried::Elsewhere) };
+            let answer = attempt(self.clone(), carrier, id, key.clone(), lost.clone());
+            match tokio::time::timeout(bound.saturating_mul(2), answer).await {
+                Ok(Ok(Ok(Some((token, lock))))) => return Ok(Carried::Granted(token, lock)),
+                Ok(Ok(Ok(None))) => return Ok(Carried::Busy),
+                Ok(Ok(Err(Failure::Closed(_)))) if round == 0 => continue,
+                Ok(Ok(Err(Failure::Closed(e) | Failure::Failed(e)))) => return Err(e),
+                Ok(Err(_)) | Err(_) => return Err(LockError::timed_out(name, S::KIND, "attempt", bound)),
+            }
+        }
+        Ok(Carried::Elsewhere)
+    }
+
+    /// A carrier that has taken `id` for this attempt: the key's own first, then the next
+    /// ones, opened as needed; `None` when every one holds or is taking it.
+    async fn reserve(
+        self: &Arc<Self>,
+        name: &str,
+        id: u64,
+        key: &S::Key,
+    ) -> Result<Option<Arc<Carrier<S>>>, LockError> {
+        let n = self.sessions.carriers();
+        for i in 0..n {
+            let slot = (id as usize).wrapping_add(i) % n;
+            let found = lock(&self.carriers).get(slot).cloned().flatten().filter(|c| c.is_usable());
+            let carrier = match found {
+                Some(carrier) => carrier,
+                None => self.open_carrier(name, slot).await?,
+            };
+            if carrier.reserve(id, key) {
+                return Ok(Some(carrier));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The carrier of `slot`, opened now (or by another acquisition meanwhile: one opens at a
+    /// time, so that a burst of first acquisitions opens one connection, not one each).
+    async fn open_carrier(self: &Arc<Self>, name: &str, slot: usize) -> Result<Arc<Carrier<S>>, LockError> {
+        let bound = self.sessions.operation_timeout();
+        let opened = async {
+            let _opening = self.opening.lock().await;
+            if let Some(theirs) = lock(&self.carriers).get(slot).cloned().flatten().filter(|c| c.is_usable()) {
+                return Ok(Err(theirs));
+            }
+            self.sessions.open_carrier(name).await.map(Ok)
+        };
+        let conn = match tokio::time::timeout(bound, opened).await {
+            Ok(Ok(Ok(conn))) => conn,
+            Ok(Ok(Err(theirs))) => return Ok(theirs),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(LockError::timed_out(name, S::KIND, "connect", bound)),
+        };
+        let carrier = {
+            let mut carriers = lock(&self.carriers);
+            if carriers.len() <= slot {
+                carriers.resize(slot + 1, None);
+            }
+            let carrier = Arc::new(Carrier::new(conn));
+            carriers[slot] = Some(carrier.clone());
+            carrier
+        };
+        S::serve_carrier(self, Arc::downgrade(&carrier));
+        Ok(carrier)
+    }
+}
+
+/// What an attempt's task sends: the token and the lock, `None` (busy), or how it failed.
+type AttemptOutcome<S> = Result<Option<(u64, CarriedLock<S>)>, Failure>;
+
+/// An attempt on `carrier`, which has taken `id` for it, in a task that owns its outcome: a
+/// grant whose caller went away is freed; a failure leaves the carrier as it was (an
+/// `unlock` undoes what may have been taken) or closes it.
+fn attempt<S: Sessions>(
+    pool: Arc<Pool<S>>,
+    carrier: Arc<Carrier<S>>,
+    id: u64,
+    key: S::Key,
+    lost: LostSignal,
+) -> oneshot::Receiver<AttemptOutcome<S>> {
+    let (tx, rx) = oneshot::channel();
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        carrier.forget(id);
+        let _ = tx.send(Err(Failure::Failed(LockError::invalid("", "a lock is taken inside a tokio runtime"))));
+        return rx;
+    };
+    runtime.spawn(async move {
+        let bound = pool.sessions.operation_timeout();
+        let answer = match tokio::time::timeout(bound, pool.sessions.try_carried(&carrier.conn, &key)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Failure::Failed(LockError::timed_out("", S::KIND, "attempt", bound))),
+        };
+        let sent = match answer {
+            Ok(Some(token)) => {
+                if let Some(entry) = lock(&carrier.keys).get_mut(&id) {
+                    entry.state = State::Held { token, since: crate::clock::now(), lost };
+                }
+                let held = CarriedLock { pool: pool.clone(), carrier: carrier.clone(), id, key, armed: true };
+                // Not taken: dropping it frees the lock.
+                tx.send(Ok(Some((token, held)))).is_ok()
+            }
+            Ok(None) => {
+                carrier.forget(id);
+                tx.send(Ok(None)).is_ok()
+            }
+            Err(Failure::Closed(e)) => {
+                // Seen ended (maybe by the server's answer, before the socket closes).
+                carrier.close();
+                carrier.forget(id);
+                tx.send(Err(Failure::Closed(e))).is_ok()
+            }
+            Err(Failure::Failed(e)) => {
+                // It may have been taken: undone (or the carrier closed) before the key is
+                // given to another attempt.
+                let _ = free(&pool, &carrier, id, &key).await;
+                tx.send(Err(Failure::Failed(e))).is_ok()
+            }
+        };
+        let _ = sent;
+    });
+    rx
+}
