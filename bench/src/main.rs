@@ -13,6 +13,8 @@
 //! of a full run to `history.tsv` there (the ranges in the table are over those runs).
 
 mod contenders;
+#[cfg(feature = "ours-postgres")]
+mod postgres;
 #[cfg(feature = "ours-redis")]
 mod redlock;
 mod report;
@@ -83,6 +85,10 @@ struct Args {
     redlock_ports: Vec<u16>,
     /// Run the Redlock comparison alone.
     redlock_only: bool,
+    /// A PostgreSQL server for the multiplexing figures (`postgres://…`).
+    pg_url: Option<String>,
+    /// Run the PostgreSQL part alone (printed, not written).
+    postgres_only: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -93,6 +99,8 @@ fn args() -> Result<Args, String> {
         memory_only: false,
         redlock_ports: Vec::new(),
         redlock_only: false,
+        pg_url: None,
+        postgres_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -109,10 +117,12 @@ fn args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "--redlock-only" => a.redlock_only = true,
+            "--pg-url" => a.pg_url = Some(it.next().ok_or("--pg-url needs a postgres:// URL")?),
+            "--postgres-only" => a.postgres_only = true,
             other => {
                 return Err(format!(
                     "unknown argument {other:?} (use --port N --out DIR [--quick] [--memory-only] \
-                     [--redlock-ports P1,P2,P3] [--redlock-only])"
+                     [--redlock-ports P1,P2,P3] [--redlock-only] [--pg-url URL] [--postgres-only])"
                 ))
             }
         }
@@ -150,9 +160,28 @@ async fn redlock_part(args: &Args) -> Result<(), String> {
     Err("the Redlock comparison needs the `ours-redis` feature".into())
 }
 
+/// The PostgreSQL part on `--pg-url` (nothing when none was given).
+async fn postgres_part(args: &Args) -> Result<Option<report::PgFigures>, String> {
+    let Some(url) = &args.pg_url else { return Ok(None) };
+    #[cfg(feature = "ours-postgres")]
+    {
+        postgres::run(url, args.quick).await.map(Some)
+    }
+    #[cfg(not(feature = "ours-postgres"))]
+    {
+        let _ = url;
+        Err("the PostgreSQL part needs the `ours-postgres` feature".into())
+    }
+}
+
 async fn run(args: Args) -> Result<(), String> {
     if args.redlock_only {
         return redlock_part(&args).await;
+    }
+    if args.postgres_only {
+        let figures = postgres_part(&args).await?.ok_or("--postgres-only needs --pg-url")?;
+        println!("{}", report::postgres_markdown(&figures));
+        return Ok(());
     }
     let plan = if args.quick { Plan::quick() } else { Plan::full() };
     let url = format!("redis://127.0.0.1:{}/", args.port);
@@ -206,6 +235,8 @@ async fn run(args: Args) -> Result<(), String> {
     #[cfg(not(all(feature = "attribute", feature = "ours-redis")))]
     let attribute_redis: Option<report::Attribute> = None;
 
+    let postgres = postgres_part(&args).await?;
+
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
     let history_file = args.out.join("history.tsv");
     let mut results = Results {
@@ -219,6 +250,7 @@ async fn run(args: Args) -> Result<(), String> {
         attribute,
         attribute_redis,
         ours_redis_built: cfg!(feature = "ours-redis"),
+        postgres,
         instructions: report::Instructions::from_env(),
         history: Vec::new(),
     };

@@ -115,6 +115,8 @@ pub struct Results {
     /// The same over the Redis backend.
     pub attribute_redis: Option<Attribute>,
     pub ours_redis_built: bool,
+    /// The PostgreSQL part (`--pg-url`).
+    pub postgres: Option<PgFigures>,
     /// Instruction counts (callgrind), which the machine's load does not disturb.
     pub instructions: Instructions,
     /// Earlier runs' target figures (`history.tsv`), this run's included once recorded.
@@ -154,6 +156,47 @@ impl Instructions {
             metrics_ns: pair("BENCH_TIME_METRICS"),
         }
     }
+}
+
+/// What the PostgreSQL part measured (see `postgres.rs`).
+#[cfg(feature = "ours-postgres")]
+pub use crate::postgres::PgFigures;
+
+/// Without the PostgreSQL part built, nothing is measured.
+#[cfg(not(feature = "ours-postgres"))]
+pub struct PgFigures {
+    pub cycle_us: (f64, f64),
+    pub connections: Vec<(usize, i64, Option<i64>)>,
+    pub rounds: usize,
+}
+
+#[cfg(not(feature = "ours-postgres"))]
+impl PgFigures {
+    pub fn cycle_ratio(&self) -> f64 {
+        self.cycle_us.0 / self.cycle_us.1.max(1e-9)
+    }
+}
+
+/// The PostgreSQL section of RESULTS.md.
+pub fn postgres_markdown(pg: &PgFigures) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n## PostgreSQL\n\nThe backend's default, held locks sharing up to 4 connections (multiplexing), against a \
+         connection per lock (`?multiplexing=0`), on one local server. Uncontended: one task's lock+release on 64 \
+         rotating names, µs per cycle, best of {} alternating rounds. Connections: the server sessions of the manager \
+         (`pg_stat_activity` by its `application_name`, idle ones included) while it holds that many locks taken with \
+         `try_lock`; a connection per lock is not taken to 1,000 (past the server's `max_connections`).\n",
+        pg.rounds
+    );
+    let _ = writeln!(s, "| | multiplexed (default) | a connection per lock |\n|---|---:|---:|");
+    let _ = writeln!(s, "| uncontended cycle, 1 task | {:.0} µs | {:.0} µs |", pg.cycle_us.0, pg.cycle_us.1);
+    for (held, mux, own) in &pg.connections {
+        let own = own.map_or("-".to_owned(), |o| o.to_string());
+        let per = *mux as f64 / *held as f64;
+        let _ = writeln!(s, "| connections at {held} held ({per:.3} per held lock, multiplexed) | {mux} | {own} |");
+    }
+    s
 }
 
 /// One target of issue 10 and how this run did.
@@ -382,6 +425,36 @@ impl Results {
             }
             _ => t.push(not_measured("metrics_no_recorder_ns", what, "<= 10 ns", "valgrind not installed")),
         }
+        match &self.postgres {
+            Some(pg) => {
+                let ratio = pg.cycle_ratio();
+                t.push(Target {
+                    key: "pg_multiplexed_cycle",
+                    value: ratio,
+                    what: "PostgreSQL uncontended cycle, multiplexed vs a connection per lock",
+                    goal: "<= 1.10x",
+                    measured: format!("{ratio:.2}x ({:.0} vs {:.0} µs)", pg.cycle_us.0, pg.cycle_us.1),
+                    met: Some(ratio <= 1.10),
+                    gap: format!("{:.0}% over", (ratio - 1.10) * 100.0),
+                });
+                let thousand = pg.connections.iter().find(|c| c.0 == 1000).map(|c| c.1 as f64).unwrap_or(f64::NAN);
+                t.push(Target {
+                    key: "pg_connections_at_1000",
+                    value: thousand,
+                    what: "PostgreSQL server connections with 1,000 held locks",
+                    goal: "<= 16",
+                    measured: format!("{thousand:.0}"),
+                    met: Some(thousand <= 16.0),
+                    gap: format!("{:.0} over", thousand - 16.0),
+                });
+            }
+            None => t.push(not_measured(
+                "pg_multiplexed_cycle",
+                "PostgreSQL uncontended cycle, multiplexed vs a connection per lock",
+                "<= 1.10x",
+                "no --pg-url",
+            )),
+        }
         if let Some(a) = &self.attribute {
             t.push(Target {
                 key: "attribute_time_pct",
@@ -417,6 +490,7 @@ impl Results {
                     "handoff_p99_ms" => " ms",
                     "metrics_no_recorder_ns" => " ns",
                     "handoff_p50_rtts" => " round trips",
+                    "pg_connections_at_1000" => " connections",
                     k if k.ends_with("_pct") => "%",
                     "fairness" => "",
                     _ => "x",
@@ -733,6 +807,9 @@ keyed map looks the name up (inserting when missing) and locks the mutex inside.
                 ms(c.wait_p99),
                 c.fairness
             );
+        }
+        if let Some(pg) = &self.postgres {
+            s.push_str(&postgres_markdown(pg));
         }
         let _ = writeln!(s, "\n## Attribute overhead\n");
         match &self.attribute {

@@ -10,17 +10,17 @@
 //! on to the next one that has not got it; with every carrier taken for that key, the attempt
 //! goes on a connection of its own.
 //!
-//! Every operation on a carrier runs in a task of its own, which owns its outcome: an attempt
-//! whose caller went away frees what it was granted, and a release whose caller went away
-//! still ends. A carrier whose state is unknown (an operation failed or ran out of time) is
-//! closed, which frees every lock on it and fires each one's `lost()`.
+//! A key taken on a carrier has one owner from the moment its attempt is sent
+//! ([`CarriedLock`]), which frees it when dropped: an attempt or a release whose caller went
+//! away with its query in flight unlocks in the background (the key stays reserved until then,
+//! so a second unlock harms nobody). The queries run in the caller's task (no hop to another
+//! task on the fast path). A carrier whose state is unknown (an operation failed or ran out of
+//! time) is closed, which frees every lock on it and fires each one's `lost()`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use tokio::sync::oneshot;
 
 use super::{lock, Failure, Pool, Sessions};
 use crate::error::LockError;
@@ -131,7 +131,10 @@ impl<S: Sessions> Carrier<S> {
     }
 }
 
-/// One lock held on a carrier: frees it when dropped (in the background).
+/// A key taken on a carrier, from the attempt on: frees it when dropped (in the background),
+/// so that an attempt or a release dropped with its query in flight leaves nothing behind.
+/// Its key stays reserved on the carrier until the unlock is answered: an unlock sent again
+/// (the first one's answer unread) finds nothing and harms no other acquisition.
 pub(crate) struct CarriedLock<S: Sessions> {
     pool: Arc<Pool<S>>,
     pub(crate) carrier: Arc<Carrier<S>>,
@@ -141,26 +144,12 @@ pub(crate) struct CarriedLock<S: Sessions> {
 }
 
 impl<S: Sessions> CarriedLock<S> {
-    /// Frees the lock, in a task that ends even if its caller goes away: `Ok(true)` when the
-    /// carrier held it until now.
-    pub(crate) fn release(mut self) -> oneshot::Receiver<Result<bool, Failure>> {
+    /// Frees the lock: `Ok(true)` when the carrier held it until now. Dropped before its
+    /// answer, the lock frees itself again in the background.
+    pub(crate) async fn release(mut self) -> Result<bool, Failure> {
+        let answer = free(&self.pool, &self.carrier, self.id, &self.key).await;
         self.armed = false;
-        let (tx, rx) = oneshot::channel();
-        let (pool, carrier, id, key) = (self.pool.clone(), self.carrier.clone(), self.id, self.key.clone());
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let _ = tx.send(free(&pool, &carrier, id, &key).await);
-                });
-            }
-            Err(_) => {
-                // No runtime to send the release on: closing the carrier frees it (with the
-                // others it carries, whose monitors report them lost).
-                carrier.close();
-                let _ = tx.send(Ok(false));
-            }
-        }
-        rx
+        answer
     }
 
     /// Whether its carrier may still hold it.
@@ -171,16 +160,19 @@ impl<S: Sessions> CarriedLock<S> {
 
 impl<S: Sessions> Drop for CarriedLock<S> {
     fn drop(&mut self) {
-        if self.armed {
-            self.armed = false;
-            let fresh = CarriedLock {
-                pool: self.pool.clone(),
-                carrier: self.carrier.clone(),
-                id: self.id,
-                key: self.key.clone(),
-                armed: false,
-            };
-            drop(fresh.release());
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        let (pool, carrier, id, key) = (self.pool.clone(), self.carrier.clone(), self.id, self.key.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = free(&pool, &carrier, id, &key).await;
+                });
+            }
+            // No runtime to send the unlock on: closing the carrier frees the lock (with the
+            // others it carries, whose monitors report them lost).
+            Err(_) => carrier.close(),
         }
     }
 }
@@ -230,13 +222,38 @@ impl<S: Sessions> Pool<S> {
         // closed it; its locks went with it and were reported lost).
         for round in 0..2 {
             let Some(carrier) = self.reserve(name, id, key).await? else { return Ok(Carried::Elsewhere) };
-            let answer = attempt(self.clone(), carrier, id, key.clone(), lost.clone());
-            match tokio::time::timeout(bound.saturating_mul(2), answer).await {
-                Ok(Ok(Ok(Some((token, lock))))) => return Ok(Carried::Granted(token, lock)),
-                Ok(Ok(Ok(None))) => return Ok(Carried::Busy),
-                Ok(Ok(Err(Failure::Closed(_)))) if round == 0 => continue,
-                Ok(Ok(Err(Failure::Closed(e) | Failure::Failed(e)))) => return Err(e),
-                Ok(Err(_)) | Err(_) => return Err(LockError::timed_out(name, S::KIND, "attempt", bound)),
+            // Armed before the query goes: dropped from here on, it unlocks in the background.
+            let mut taken = CarriedLock { pool: self.clone(), carrier, id, key: key.clone(), armed: true };
+            let carrier = taken.carrier.clone();
+            let answer = match tokio::time::timeout(bound, self.sessions.try_carried(&carrier.conn, key)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(Failure::Failed(LockError::timed_out(name, S::KIND, "attempt", bound))),
+            };
+            match answer {
+                Ok(Some(token)) => {
+                    if let Some(entry) = lock(&carrier.keys).get_mut(&id) {
+                        entry.state = State::Held { token, since: crate::clock::now(), lost: lost.clone() };
+                    }
+                    return Ok(Carried::Granted(token, taken));
+                }
+                Ok(None) => {
+                    taken.armed = false;
+                    carrier.forget(id);
+                    return Ok(Carried::Busy);
+                }
+                Err(Failure::Closed(e)) => {
+                    // Seen ended (maybe by the server's answer, before the socket closes): its
+                    // locks went with it.
+                    taken.armed = false;
+                    carrier.close();
+                    carrier.forget(id);
+                    if round > 0 {
+                        return Err(e);
+                    }
+                }
+                // It may have been taken: dropping `taken` unlocks it (or closes the carrier)
+                // before the key is given to another attempt.
+                Err(Failure::Failed(e)) => return Err(e),
             }
         }
         Ok(Carried::Elsewhere)
@@ -294,60 +311,4 @@ impl<S: Sessions> Pool<S> {
         S::serve_carrier(self, Arc::downgrade(&carrier));
         Ok(carrier)
     }
-}
-
-/// What an attempt's task sends: the token and the lock, `None` (busy), or how it failed.
-type AttemptOutcome<S> = Result<Option<(u64, CarriedLock<S>)>, Failure>;
-
-/// An attempt on `carrier`, which has taken `id` for it, in a task that owns its outcome: a
-/// grant whose caller went away is freed; a failure leaves the carrier as it was (an
-/// `unlock` undoes what may have been taken) or closes it.
-fn attempt<S: Sessions>(
-    pool: Arc<Pool<S>>,
-    carrier: Arc<Carrier<S>>,
-    id: u64,
-    key: S::Key,
-    lost: LostSignal,
-) -> oneshot::Receiver<AttemptOutcome<S>> {
-    let (tx, rx) = oneshot::channel();
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        carrier.forget(id);
-        let _ = tx.send(Err(Failure::Failed(LockError::invalid("", "a lock is taken inside a tokio runtime"))));
-        return rx;
-    };
-    runtime.spawn(async move {
-        let bound = pool.sessions.operation_timeout();
-        let answer = match tokio::time::timeout(bound, pool.sessions.try_carried(&carrier.conn, &key)).await {
-            Ok(answer) => answer,
-            Err(_) => Err(Failure::Failed(LockError::timed_out("", S::KIND, "attempt", bound))),
-        };
-        let sent = match answer {
-            Ok(Some(token)) => {
-                if let Some(entry) = lock(&carrier.keys).get_mut(&id) {
-                    entry.state = State::Held { token, since: crate::clock::now(), lost };
-                }
-                let held = CarriedLock { pool: pool.clone(), carrier: carrier.clone(), id, key, armed: true };
-                // Not taken: dropping it frees the lock.
-                tx.send(Ok(Some((token, held)))).is_ok()
-            }
-            Ok(None) => {
-                carrier.forget(id);
-                tx.send(Ok(None)).is_ok()
-            }
-            Err(Failure::Closed(e)) => {
-                // Seen ended (maybe by the server's answer, before the socket closes).
-                carrier.close();
-                carrier.forget(id);
-                tx.send(Err(Failure::Closed(e))).is_ok()
-            }
-            Err(Failure::Failed(e)) => {
-                // It may have been taken: undone (or the carrier closed) before the key is
-                // given to another attempt.
-                let _ = free(&pool, &carrier, id, &key).await;
-                tx.send(Err(Failure::Failed(e))).is_ok()
-            }
-        };
-        let _ = sent;
-    });
-    rx
 }

@@ -494,19 +494,15 @@ impl<S: Sessions> SessionHeld<S> {
 async fn free<S: Sessions>(pool: &Pool<S>, name: &str, key: &S::Key, kept: Kept<S>) -> Result<(), LockError> {
     match kept {
         Kept::Own(conn) => unlock(pool, name, key, conn).await,
-        Kept::Carried(lock) => {
-            let bound = pool.sessions.operation_timeout();
-            // The carrier's task ends the release even if this future is dropped.
-            match tokio::time::timeout(bound.saturating_mul(2), lock.release()).await {
-                Ok(Ok(Ok(true))) => Ok(()),
-                Ok(Ok(Ok(false))) => Err(LockError::lost(name, "its session no longer held the lock")),
-                Ok(Ok(Err(Failure::Closed(e)))) => {
-                    Err(LockError::lost(name, format!("{} (the session's locks went with it): {e}", S::LOST)))
-                }
-                Ok(Ok(Err(Failure::Failed(e)))) => Err(e),
-                Ok(Err(_)) | Err(_) => Err(LockError::timed_out(name, S::KIND, "release", bound)),
+        // Bounded by the operation timeout; dropped midway, the lock frees itself.
+        Kept::Carried(lock) => match lock.release().await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LockError::lost(name, "its session no longer held the lock")),
+            Err(Failure::Closed(e)) => {
+                Err(LockError::lost(name, format!("{} (the session's locks went with it): {e}", S::LOST)))
             }
-        }
+            Err(Failure::Failed(e)) => Err(e),
+        },
     }
 }
 
