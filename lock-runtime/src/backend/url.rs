@@ -168,6 +168,9 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(max_idle) = parts.count("max_idle")? {
                 options = options.max_idle(max_idle);
             }
+            if let Some(carriers) = parts.count("multiplexing")? {
+                options = options.multiplexing(carriers);
+            }
             let url = parts.passed_on().replacen("mariadb://", "mysql://", 1);
             Ok(Box::new(MysqlBackend::connect_with(url, options).await?))
         }

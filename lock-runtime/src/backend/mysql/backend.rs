@@ -9,9 +9,11 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
 
+use super::conn::MyConn;
 pub use super::options::MysqlOptions;
 use super::sql::{counter_sql, MyKey, TOKEN_SQL};
 use super::{my_error, KIND};
+use crate::backend::session::carrier::Carrier;
 use crate::backend::session::{Failure, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
@@ -44,6 +46,56 @@ impl MySessions {
     }
 }
 
+/// The connection a lock's query runs on, or [`Failure::Closed`] when it was closed.
+fn open<'a>(conn: &'a mut Option<Conn>, name: &str, operation: &'static str) -> Result<&'a mut Conn, Failure> {
+    conn.as_mut().ok_or_else(|| Failure::Closed(LockError::backend(name, KIND, operation, "the connection was closed")))
+}
+
+/// `GET_LOCK` on `conn` and, granted, the token drawn on the same session: `Some(token)`,
+/// `None` (not granted).
+async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Result<Option<u64>, Failure> {
+    let (sql, operation) = key.get_lock(wait, "");
+    match conn.query_first::<Option<i64>, _>(sql).await {
+        Ok(Some(Some(1))) => {}
+        Ok(Some(Some(_))) => return Ok(None),
+        Ok(_) => {
+            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+            return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
+        }
+        Err(e) => return Err(failure(&key.name, operation, e)),
+    }
+    // Granted: the token, on the same connection (a failure closes it, freeing the lock).
+    match conn.query_drop(TOKEN_SQL).await {
+        Ok(()) => match conn.last_insert_id() {
+            Some(token) => Ok(Some(token)),
+            None => {
+                Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, "no fencing token in the answer")))
+            }
+        },
+        Err(e) => Err(failure(&key.name, operation, e)),
+    }
+}
+
+/// `RELEASE_LOCK` on `conn`: `true` when its session held the lock.
+async fn release_lock(conn: &mut Conn, key: &MyKey) -> Result<bool, Failure> {
+    match conn.query_first::<Option<i64>, _>(key.release_lock()).await {
+        Ok(answer) => Ok(answer == Some(Some(1))),
+        Err(e) => Err(failure(&key.name, "release", e)),
+    }
+}
+
+/// Runs `query` in a task of its own, to its end even if the caller goes away.
+async fn to_the_end<T: Send + 'static>(
+    name: Arc<str>,
+    operation: &'static str,
+    query: impl std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::spawn(query).await {
+        Ok(answer) => answer,
+        Err(e) => Err(Failure::Failed(LockError::backend(&*name, KIND, operation, e))),
+    }
+}
+
 /// A failed query: [`Failure::Closed`] when the connection is broken.
 fn failure(name: &str, operation: &'static str, e: mysql_async::Error) -> Failure {
     if e.is_fatal() {
@@ -54,7 +106,7 @@ fn failure(name: &str, operation: &'static str, e: mysql_async::Error) -> Failur
 }
 
 impl Sessions for MySessions {
-    type Conn = Conn;
+    type Conn = MyConn;
     type Key = MyKey;
     const KIND: &'static str = KIND;
     const LOST: &'static str =
@@ -72,67 +124,48 @@ impl Sessions for MySessions {
         MyKey::of(req)
     }
 
-    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Conn, LockError>> {
-        Box::pin(self.connect_once(name))
+    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<MyConn, LockError>> {
+        Box::pin(async move { self.connect_once(name).await.map(MyConn::new) })
     }
 
-    fn is_closed(conn: &Conn) -> bool {
-        conn.is_disconnected()
+    fn is_closed(conn: &MyConn) -> bool {
+        conn.is_closed()
     }
 
     fn lock<'a>(
         &'a self,
-        conn: &'a mut Conn,
+        conn: &'a mut MyConn,
         key: &'a MyKey,
         wait: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
         Box::pin(async move {
-            let (sql, operation) = key.get_lock(wait, "");
-            match conn.query_first::<Option<i64>, _>(sql).await {
-                Ok(Some(Some(1))) => {}
-                Ok(Some(Some(_))) => return Ok(None),
-                Ok(_) => {
-                    let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
-                    return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
-                }
-                Err(e) => return Err(failure(&key.name, operation, e)),
-            }
-            // Granted: the token, on the same connection (a failure closes it, freeing the lock).
-            match conn.query_drop(TOKEN_SQL).await {
-                Ok(()) => match conn.last_insert_id() {
-                    Some(token) => Ok(Some(token)),
-                    None => Err(Failure::Failed(LockError::backend(
-                        &*key.name,
-                        KIND,
-                        operation,
-                        "no fencing token in the answer",
-                    ))),
-                },
-                Err(e) => Err(failure(&key.name, operation, e)),
-            }
+            let mut conn = conn.lock().await;
+            get_lock(open(&mut conn, &key.name, "attempt")?, key, wait).await
         })
     }
 
-    fn unlock<'a>(&'a self, conn: &'a mut Conn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
+    fn unlock<'a>(&'a self, conn: &'a mut MyConn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
         Box::pin(async move {
-            match conn.query_first::<Option<i64>, _>(key.release_lock()).await {
-                Ok(answer) => Ok(answer == Some(Some(1))),
-                Err(e) => Err(failure(&key.name, "release", e)),
-            }
+            let mut conn = conn.lock().await;
+            release_lock(open(&mut conn, &key.name, "release")?, key).await
         })
     }
 
     /// Ends connection `conn`'s running query from another connection (a waiter that was
     /// dropped), then lets `conn` go (closing it ends its session and anything it holds).
-    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Conn) {
+    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: MyConn) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return drop(conn) };
         let pool = pool.clone();
         runtime.spawn(async move {
             let bound = pool.sessions.options.operation_timeout;
             let id = conn.id();
             let killed = tokio::time::timeout(bound, async {
-                let (mut other, _) = pool.checkout("").await?;
-                match other.query_drop(format!("KILL QUERY {id}")).await {
+                let (other, _) = pool.checkout("").await?;
+                let answer = match other.lock().await.as_mut() {
+                    Some(open) => open.query_drop(format!("KILL QUERY {id}")).await,
+                    None => Ok(()),
+                };
+                match answer {
                     Ok(()) => pool.checkin(other),
                     Err(e) => tracing::debug!(error = %e, "KILL QUERY of a dropped MySQL lock waiter"),
                 }
@@ -146,17 +179,85 @@ impl Sessions for MySessions {
         });
     }
 
-    /// The client tells nothing of a connection closed while idle: the heartbeat finds it.
-    fn closed<'a>(&'a self, _conn: &'a Conn) -> BoxFuture<'a, ()> {
-        Box::pin(std::future::pending())
+    /// The client tells nothing of a connection closed while idle: the heartbeat finds it (a
+    /// carrier's own heartbeat, for the locks it carries, which closes it).
+    fn closed<'a>(&'a self, conn: &'a MyConn) -> BoxFuture<'a, ()> {
+        Box::pin(conn.ended())
     }
 
     fn heartbeat(&self) -> Option<Duration> {
         Some(self.options.heartbeat)
     }
 
-    fn alive<'a>(&'a self, conn: &'a mut Conn) -> BoxFuture<'a, bool> {
-        Box::pin(async move { conn.ping().await.is_ok() })
+    fn alive<'a>(&'a self, conn: &'a mut MyConn) -> BoxFuture<'a, bool> {
+        Box::pin(async move {
+            match conn.lock().await.as_mut() {
+                Some(open) => open.ping().await.is_ok(),
+                None => false,
+            }
+        })
+    }
+
+    fn carriers(&self) -> usize {
+        self.options.multiplexing
+    }
+
+    fn carried(&self, key: &MyKey) -> Option<u64> {
+        (self.options.multiplexing > 0).then_some(key.id)
+    }
+
+    /// Pings the carrier every heartbeat while it holds a lock; one found dead is closed,
+    /// which fires `lost()` for every lock on it. An empty carrier is left alone (the server
+    /// may close it when idle; the next attempt then opens another).
+    fn serve_carrier(pool: &Arc<Pool<Self>>, carrier: std::sync::Weak<Carrier<Self>>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (every, bound) = (pool.sessions.options.heartbeat, pool.sessions.options.operation_timeout);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(carrier) = carrier.upgrade() else { return };
+                if !carrier.is_usable() {
+                    return;
+                }
+                if !carrier.holds_any() {
+                    continue;
+                }
+                let alive = tokio::time::timeout(bound, async {
+                    match carrier.conn.lock().await.as_mut() {
+                        Some(open) => open.ping().await.is_ok(),
+                        None => false,
+                    }
+                })
+                .await;
+                if !matches!(alive, Ok(true)) {
+                    carrier.close();
+                    return;
+                }
+            }
+        });
+    }
+
+    /// In a task of its own: the driver reads an answer in the query's future, so a caller
+    /// that went away midway would leave the shared connection with an answer half read.
+    fn try_carried<'a>(&'a self, conn: &'a MyConn, key: &'a MyKey) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        let (shared, key) = (conn.shared(), key.clone());
+        Box::pin(to_the_end(key.name.clone(), "attempt", async move {
+            let mut conn = shared.lock().await;
+            get_lock(open(&mut conn, &key.name, "attempt")?, &key, None).await
+        }))
+    }
+
+    /// In a task of its own, as [`try_carried`](Self::try_carried).
+    fn unlock_carried<'a>(&'a self, conn: &'a MyConn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
+        let (shared, key) = (conn.shared(), key.clone());
+        Box::pin(to_the_end(key.name.clone(), "release", async move {
+            let mut conn = shared.lock().await;
+            release_lock(open(&mut conn, &key.name, "release")?, &key).await
+        }))
+    }
+
+    fn abort(conn: &MyConn) {
+        conn.abort();
     }
 }
 
@@ -233,7 +334,7 @@ impl MysqlBackend {
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         };
         setup(bound, &mut conn).await?;
-        pool.checkin(conn);
+        pool.checkin(MyConn::new(conn));
         Ok(MysqlBackend { pools: Pools::Own(Arc::new(pool)) })
     }
 

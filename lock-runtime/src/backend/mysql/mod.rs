@@ -5,6 +5,7 @@ use crate::error::LockError;
 #[cfg(feature = "sqlx")]
 mod app_pool;
 mod backend;
+mod conn;
 mod options;
 mod sql;
 

@@ -16,6 +16,7 @@ pub struct MysqlOptions {
     pub(super) operation_timeout: Duration,
     pub(super) heartbeat: Duration,
     pub(super) max_idle: usize,
+    pub(super) multiplexing: usize,
     #[cfg(feature = "tls")]
     pub(super) tls: Option<crate::tls::TlsOptions>,
 }
@@ -26,6 +27,7 @@ impl Default for MysqlOptions {
             operation_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_secs(1),
             max_idle: 16,
+            multiplexing: 4,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -33,7 +35,8 @@ impl Default for MysqlOptions {
 }
 
 impl MysqlOptions {
-    /// The defaults: operation timeout 5 s, heartbeat 1 s, 16 idle connections.
+    /// The defaults: operation timeout 5 s, heartbeat 1 s, 16 idle connections, held locks
+    /// sharing up to 4 connections.
     pub fn new() -> Self {
         Self::default()
     }
@@ -56,6 +59,28 @@ impl MysqlOptions {
     pub fn max_idle(mut self, max_idle: usize) -> Self {
         self.max_idle = max_idle;
         self
+    }
+
+    /// How many connections the uncontended locks a backend holds share (default 4): an
+    /// acquisition is first tried on one of these carriers (`GET_LOCK(name, 0)` beside the
+    /// locks they hold); one that finds its lock busy waits on a connection of its own, and
+    /// keeps it while it holds the lock. Each carrier is pinged every heartbeat; one found
+    /// dead fires `lost()` for every lock on it. `0` gives every lock a connection of its own.
+    ///
+    /// ```
+    /// use lock_runtime::backend::mysql::MysqlOptions;
+    ///
+    /// assert_eq!(MysqlOptions::new().get_multiplexing(), 4);
+    /// assert_eq!(MysqlOptions::new().multiplexing(0).get_multiplexing(), 0);
+    /// ```
+    pub fn multiplexing(mut self, carriers: usize) -> Self {
+        self.multiplexing = carriers;
+        self
+    }
+
+    /// How many connections held locks share (see [`multiplexing`](Self::multiplexing)).
+    pub fn get_multiplexing(&self) -> usize {
+        self.multiplexing
     }
 
     /// The operation timeout.

@@ -13,11 +13,23 @@ use crate::backend::Acquire;
 pub(super) struct MyKey {
     pub(super) name: Arc<str>,
     literal: String,
+    /// Equal for every two names the server could take as one (see [`MyKey::of`]).
+    pub(super) id: u64,
 }
 
 impl MyKey {
+    /// The server compares lock names without case (MariaDB's and MySQL's docs): the key's
+    /// identity on a carrier folds ASCII case and takes every other character as one, so that
+    /// two names the server may take as one are never held side by side on one session
+    /// (where `GET_LOCK` is re-entrant).
     pub(super) fn of(req: &Acquire) -> Self {
-        MyKey { name: req.name.clone(), literal: literal(&lock_name(&req.key)) }
+        use std::hash::{Hash, Hasher};
+        let server = lock_name(&req.key);
+        let mut hasher = std::hash::DefaultHasher::new();
+        for c in server.chars() {
+            (if c.is_ascii() { c.to_ascii_lowercase() } else { '\u{fffd}' }).hash(&mut hasher);
+        }
+        MyKey { name: req.name.clone(), literal: literal(&server), id: hasher.finish() }
     }
 
     /// `SELECT GET_LOCK(..)` at once (`wait` is `None`) or waiting at most `wait`, with

@@ -88,6 +88,11 @@ impl<S: Sessions> Carrier<S> {
         lock(&self.keys).remove(&id);
     }
 
+    /// Whether it holds or is taking any key.
+    pub(crate) fn holds_any(&self) -> bool {
+        !lock(&self.keys).is_empty()
+    }
+
     /// The locks it holds now.
     pub(crate) fn held(&self) -> Vec<CarriedInfo<S::Key>> {
         let now = crate::clock::now();

@@ -1,0 +1,180 @@
+//! Held MySQL locks sharing a few connections (`MysqlOptions::multiplexing`, on by default)
+//! against a real MariaDB: 1,000 held locks on at most 16 server connections, one carrier's
+//! death (an operator's `KILL`) reported to every lock on it, a lock never taken twice through
+//! a carrier's re-entrant session, an attempt dropped after any poll leaving nothing behind; and the
+//! conformance suite with multiplexing off.
+
+#![cfg(feature = "mysql")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use lock_runtime::backend::mysql::{lock_name, MysqlBackend, MysqlOptions};
+use lock_runtime::{LockGuard, LockManager, LockManagerBuilder};
+use lock_tests::mysql_server::MysqlServer;
+use mysql_async::prelude::Queryable;
+
+/// The suite with every lock on a connection of its own (multiplexing off).
+mod own_connections {
+    use super::*;
+
+    lock_tests::conformance_suite!(
+        {
+            let server = Arc::new(MysqlServer::start());
+            move |builder: LockManagerBuilder| {
+                let (url, _server) = (server.url(), server.clone());
+                async move {
+                    let backend = MysqlBackend::connect_with(url, MysqlOptions::new().multiplexing(0)).await;
+                    builder.backend(backend.expect("connect"))
+                }
+            }
+        },
+        kinds = [],
+        inspect = false
+    );
+}
+
+async fn raw(server: &MysqlServer) -> mysql_async::Conn {
+    mysql_async::Conn::new(mysql_async::Opts::from_url(&server.url()).unwrap()).await.expect("raw")
+}
+
+/// The server's client connections but `admin`'s own.
+async fn connections(admin: &mut mysql_async::Conn) -> i64 {
+    let sql = "SELECT COUNT(*) FROM information_schema.processlist WHERE command <> 'Daemon' AND id <> CONNECTION_ID()";
+    admin.query_first::<i64, _>(sql).await.expect("processlist").unwrap_or(0)
+}
+
+async fn holder_id(admin: &mut mysql_async::Conn, key: &str) -> Option<u64> {
+    admin.exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (lock_name(key),)).await.unwrap().flatten()
+}
+
+async fn hold(m: &LockManager, prefix: &str, target: usize, held: &mut Vec<LockGuard>) {
+    for chunk in (held.len()..target).collect::<Vec<_>>().chunks(100) {
+        let taken = futures_util::future::join_all(chunk.iter().map(|i| m.try_lock(format!("{prefix}{i}")))).await;
+        held.extend(taken.into_iter().map(|g| g.expect("try_lock").expect("uncontended")));
+    }
+}
+
+/// 1,000 uncontended held locks from one manager on at most 16 server connections (the
+/// default: 4 carriers), counted in `information_schema.processlist`; each still excludes
+/// another manager, and all are free after their release. Figures at 1, 100 and 1,000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_held_locks_use_at_most_sixteen_connections() {
+    let server = MysqlServer::start();
+    let mut admin = raw(&server).await;
+    let m = LockManager::mysql(server.url()).await.expect("connect");
+    let mut held = Vec::new();
+    for target in [1, 100, 1000] {
+        hold(&m, "many:", target, &mut held).await;
+        let used = connections(&mut admin).await;
+        lock_tests::figure(
+            "mysql a_thousand_held_locks_use_at_most_sixteen_connections",
+            &format!("{target} held locks: {used} server connections of the holder, idle ones included"),
+        );
+        assert!(used <= 16, "{target} held locks used {used} connections");
+    }
+    let other = LockManager::mysql(server.url()).await.expect("other");
+    for name in ["many:0", "many:500", "many:999"] {
+        assert!(other.try_lock(name).await.expect("try").is_none(), "{name} is held");
+    }
+    for guard in held {
+        guard.release().await.expect("release");
+    }
+    for name in ["many:0", "many:500", "many:999"] {
+        other.try_lock(name).await.expect("try").expect("free after the release").release().await.unwrap();
+    }
+}
+
+/// An operator's `KILL` of the carrier's connection fires `lost()` for every lock on it (its
+/// heartbeat finds it dead); each is free for others, and the manager's next `lock()`
+/// succeeds on a new carrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carriers_death_reports_every_lock_on_it_lost() {
+    let server = MysqlServer::start();
+    let mut admin = raw(&server).await;
+    let backend = MysqlBackend::connect_with(server.url(), MysqlOptions::new().multiplexing(1)).await.unwrap();
+    let m = LockManager::builder().backend(backend);
+    let mut held = Vec::new();
+    hold(&m, "dies:", 30, &mut held).await;
+    let id = holder_id(&mut admin, "dies:0").await.expect("held");
+    assert_eq!(holder_id(&mut admin, "dies:29").await, Some(id), "one carrier holds them all");
+    admin.query_drop(format!("KILL {id}")).await.unwrap();
+    for guard in &held {
+        tokio::time::timeout(Duration::from_secs(20), guard.lost()).await.expect("lost() of a carried lock");
+    }
+    let other = LockManager::mysql(server.url()).await.expect("other");
+    other.try_lock("dies:7").await.unwrap().expect("freed with its carrier").release().await.unwrap();
+    for guard in held {
+        assert!(guard.release().await.expect_err("its carrier died").is_lost());
+    }
+    m.lock("dies:after").await.expect("the next lock()").release().await.expect("release");
+}
+
+/// `GET_LOCK` is re-entrant within a session (and MariaDB's docs say it compares names
+/// without case): with one carrier, a held name is never taken again by the same manager, and
+/// for names differing in case the same manager gets what another manager gets (whatever the
+/// server's rule, never a second holder through the carrier's session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carrier_never_takes_a_lock_twice() {
+    let server = MysqlServer::start();
+    let backend = MysqlBackend::connect_with(server.url(), MysqlOptions::new().multiplexing(1)).await.unwrap();
+    let m = LockManager::builder().backend(backend);
+    let other = LockManager::connect(format!("{}?multiplexing=0", server.url())).await.expect("other");
+    let held = m.lock("Twice").await.expect("holder");
+    assert!(m.try_lock("Twice").await.expect("try").is_none(), "a held name is not taken again");
+    for name in ["twice", "TWICE", "tWiCe"] {
+        let theirs = other.try_lock(name).await.expect("other's try");
+        let server_says_free = theirs.is_some();
+        if let Some(g) = theirs {
+            g.release().await.unwrap();
+        }
+        let ours = m.try_lock(name).await.expect("try");
+        assert_eq!(ours.is_some(), server_says_free, "{name} while `Twice` is held");
+        if let Some(g) = ours {
+            g.release().await.unwrap();
+        }
+    }
+    held.release().await.unwrap();
+    m.try_lock("Twice").await.unwrap().expect("free after the release").release().await.unwrap();
+}
+
+/// An attempt dropped after any poll leaves nothing behind: the name is free for the same
+/// manager and for another one right after (a query on a carrier always runs to its end, so
+/// the shared connection never holds a half-read answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_dropped_after_any_poll_leaves_nothing() {
+    let server = MysqlServer::start();
+    let m = LockManager::mysql(server.url()).await.expect("connect");
+    let other = LockManager::mysql(server.url()).await.expect("other");
+    let neighbour = m.lock("neighbour").await.expect("a lock its carrier keeps meanwhile");
+    for polls in 0..16 {
+        let name = format!("dropped{polls}");
+        let mut attempt = Box::pin(m.lock(&name).wait(Duration::from_secs(5)).into_future());
+        let mut done = None;
+        for _ in 0..=polls {
+            if let Poll::Ready(out) = futures_util::poll!(attempt.as_mut()) {
+                done = Some(out);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(attempt);
+        if let Some(guard) = done {
+            guard.expect("granted").release().await.unwrap();
+        }
+        other
+            .lock(&name)
+            .wait(Duration::from_secs(5))
+            .await
+            .expect("free for another manager")
+            .release()
+            .await
+            .unwrap();
+        m.lock(&name).wait(Duration::from_secs(5)).await.expect("free for the same manager").release().await.unwrap();
+    }
+    assert!(other.try_lock("neighbour").await.unwrap().is_none(), "the carrier's other lock is still held");
+    neighbour.release().await.expect("the neighbour's release");
+}
