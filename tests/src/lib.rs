@@ -6,6 +6,8 @@ pub mod etcd_server;
 pub mod http;
 pub mod jepsen;
 pub mod lifecycle;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub mod multiplexing;
 #[cfg(feature = "mysql")]
 pub mod mysql_server;
 #[cfg(feature = "postgres")]

@@ -7,13 +7,11 @@
 #![cfg(feature = "mysql")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::future::IntoFuture;
 use std::sync::Arc;
-use std::task::Poll;
-use std::time::Duration;
 
 use lock_runtime::backend::mysql::{lock_name, MysqlBackend, MysqlOptions};
-use lock_runtime::{LockGuard, LockManager, LockManagerBuilder};
+use lock_runtime::{LockManager, LockManagerBuilder};
+use lock_tests::multiplexing::{after_a_carriers_death, dropped_attempts_leave_nothing, hold};
 use lock_tests::mysql_server::MysqlServer;
 use mysql_async::prelude::Queryable;
 
@@ -49,13 +47,6 @@ async fn connections(admin: &mut mysql_async::Conn) -> i64 {
 
 async fn holder_id(admin: &mut mysql_async::Conn, key: &str) -> Option<u64> {
     admin.exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (lock_name(key),)).await.unwrap().flatten()
-}
-
-async fn hold(m: &LockManager, prefix: &str, target: usize, held: &mut Vec<LockGuard>) {
-    for chunk in (held.len()..target).collect::<Vec<_>>().chunks(100) {
-        let taken = futures_util::future::join_all(chunk.iter().map(|i| m.try_lock(format!("{prefix}{i}")))).await;
-        held.extend(taken.into_iter().map(|g| g.expect("try_lock").expect("uncontended")));
-    }
 }
 
 /// 1,000 uncontended held locks from one manager on at most 16 server connections (the
@@ -102,15 +93,8 @@ async fn a_carriers_death_reports_every_lock_on_it_lost() {
     let id = holder_id(&mut admin, "dies:0").await.expect("held");
     assert_eq!(holder_id(&mut admin, "dies:29").await, Some(id), "one carrier holds them all");
     admin.query_drop(format!("KILL {id}")).await.unwrap();
-    for guard in &held {
-        tokio::time::timeout(Duration::from_secs(20), guard.lost()).await.expect("lost() of a carried lock");
-    }
     let other = LockManager::mysql(server.url()).await.expect("other");
-    other.try_lock("dies:7").await.unwrap().expect("freed with its carrier").release().await.unwrap();
-    for guard in held {
-        assert!(guard.release().await.expect_err("its carrier died").is_lost());
-    }
-    m.lock("dies:after").await.expect("the next lock()").release().await.expect("release");
+    after_a_carriers_death(&m, &other, "dies:", held).await;
 }
 
 /// `GET_LOCK` is re-entrant within a session (and MariaDB's docs say it compares names
@@ -150,31 +134,7 @@ async fn an_attempt_dropped_after_any_poll_leaves_nothing() {
     let m = LockManager::mysql(server.url()).await.expect("connect");
     let other = LockManager::mysql(server.url()).await.expect("other");
     let neighbour = m.lock("neighbour").await.expect("a lock its carrier keeps meanwhile");
-    for polls in 0..16 {
-        let name = format!("dropped{polls}");
-        let mut attempt = Box::pin(m.lock(&name).wait(Duration::from_secs(5)).into_future());
-        let mut done = None;
-        for _ in 0..=polls {
-            if let Poll::Ready(out) = futures_util::poll!(attempt.as_mut()) {
-                done = Some(out);
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        drop(attempt);
-        if let Some(guard) = done {
-            guard.expect("granted").release().await.unwrap();
-        }
-        other
-            .lock(&name)
-            .wait(Duration::from_secs(5))
-            .await
-            .expect("free for another manager")
-            .release()
-            .await
-            .unwrap();
-        m.lock(&name).wait(Duration::from_secs(5)).await.expect("free for the same manager").release().await.unwrap();
-    }
+    dropped_attempts_leave_nothing(&m, &other, 16).await;
     assert!(other.try_lock("neighbour").await.unwrap().is_none(), "the carrier's other lock is still held");
     neighbour.release().await.expect("the neighbour's release");
 }
