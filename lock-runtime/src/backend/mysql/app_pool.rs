@@ -15,7 +15,7 @@ use sqlx::{Executor, MySql};
 use super::options::MysqlOptions;
 use super::sql::{MyKey, TOKEN_SQL};
 use super::KIND;
-use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::session::{Carry, Failure, Sessions};
 use crate::backend::{Acquire, BoxFuture};
 use crate::error::LockError;
 
@@ -130,14 +130,14 @@ impl Sessions for AppSessions {
 
     /// Ends the dropped waiter's query from another of the pool's connections (`KILL QUERY`),
     /// then closes its connection.
-    fn cancel_and_close(pool: &Arc<Pool<Self>>, mut conn: AppConn) {
+    fn cancel_and_close(sessions: &Arc<Self>, mut conn: AppConn) {
         conn.clean = false;
         let (Ok(runtime), Some(id)) = (tokio::runtime::Handle::try_current(), conn.id) else { return drop(conn) };
-        let pool = pool.clone();
+        let sessions = sessions.clone();
         runtime.spawn(async move {
-            let bound = pool.sessions.options.get_operation_timeout();
+            let bound = sessions.options.get_operation_timeout();
             let kill = async {
-                let mut other = pool.sessions.pool.acquire().await?;
+                let mut other = sessions.pool.acquire().await?;
                 other.execute(format!("KILL QUERY {id}").as_str()).await
             };
             if !matches!(tokio::time::timeout(bound, kill).await, Ok(Ok(_))) {
@@ -165,3 +165,6 @@ impl Sessions for AppSessions {
         })
     }
 }
+
+/// An application's pool carries no locks side by side: each lock keeps one of its connections.
+impl Carry for AppSessions {}

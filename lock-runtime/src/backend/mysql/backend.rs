@@ -13,8 +13,7 @@ use super::conn::MyConn;
 pub use super::options::MysqlOptions;
 use super::sql::{counter_sql, MyKey, TOKEN_SQL};
 use super::{my_error, KIND};
-use crate::backend::session::carrier::Carrier;
-use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::session::{Carrier, Carry, Failure, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -151,23 +150,18 @@ impl Sessions for MySessions {
         })
     }
 
-    /// Ends connection `conn`'s running query from another connection (a waiter that was
+    /// Ends connection `conn`'s running query from a connection of its own (a waiter that was
     /// dropped), then lets `conn` go (closing it ends its session and anything it holds).
-    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: MyConn) {
+    fn cancel_and_close(sessions: &Arc<Self>, conn: MyConn) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return drop(conn) };
-        let pool = pool.clone();
+        let sessions = sessions.clone();
         runtime.spawn(async move {
-            let bound = pool.sessions.options.operation_timeout;
+            let bound = sessions.options.operation_timeout;
             let id = conn.id();
             let killed = tokio::time::timeout(bound, async {
-                let (other, _) = pool.checkout("").await?;
-                let answer = match other.lock().await.as_mut() {
-                    Some(open) => open.query_drop(format!("KILL QUERY {id}")).await,
-                    None => Ok(()),
-                };
-                match answer {
-                    Ok(()) => pool.checkin(other),
-                    Err(e) => tracing::debug!(error = %e, "KILL QUERY of a dropped MySQL lock waiter"),
+                let mut other = sessions.connect_once("").await?;
+                if let Err(e) = other.query_drop(format!("KILL QUERY {id}")).await {
+                    tracing::debug!(error = %e, "KILL QUERY of a dropped MySQL lock waiter");
                 }
                 Ok::<(), LockError>(())
             })
@@ -197,7 +191,9 @@ impl Sessions for MySessions {
             }
         })
     }
+}
 
+impl Carry for MySessions {
     fn carriers(&self) -> usize {
         self.options.multiplexing
     }
@@ -209,9 +205,9 @@ impl Sessions for MySessions {
     /// Pings the carrier every heartbeat while it holds a lock; one found dead is closed,
     /// which fires `lost()` for every lock on it. An empty carrier is left alone (the server
     /// may close it when idle; the next attempt then opens another).
-    fn serve_carrier(pool: &Arc<Pool<Self>>, carrier: std::sync::Weak<Carrier<Self>>) {
+    fn serve_carrier(sessions: &Arc<Self>, carrier: std::sync::Weak<Carrier<Self>>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (every, bound) = (pool.sessions.options.heartbeat, pool.sessions.options.operation_timeout);
+        let (every, bound) = (sessions.options.heartbeat, sessions.options.operation_timeout);
         runtime.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;

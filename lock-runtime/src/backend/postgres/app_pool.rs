@@ -17,7 +17,7 @@ use sqlx::{Executor, Postgres, Row};
 
 use super::sql::{PgKey, PgSql};
 use super::KIND;
-use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::session::{Carry, Failure, Sessions};
 use crate::backend::{Acquire, BoxFuture};
 use crate::error::LockError;
 
@@ -154,7 +154,7 @@ impl Sessions for AppSessions {
         })
     }
 
-    fn cancel_and_close(_: &Arc<Pool<Self>>, mut conn: AppConn) {
+    fn cancel_and_close(_: &Arc<Self>, mut conn: AppConn) {
         conn.clean = false;
         drop(conn);
     }
@@ -172,3 +172,6 @@ impl Sessions for AppSessions {
         Box::pin(async move { Self::last(conn, "", "heartbeat", "SELECT 1").await.is_ok() })
     }
 }
+
+/// An application's pool carries no locks side by side: each lock keeps one of its connections.
+impl Carry for AppSessions {}

@@ -16,8 +16,7 @@ use super::options::PostgresOptions;
 use super::sql::{PgKey, PgSql};
 use super::tls;
 use super::{pg_error, KIND};
-use crate::backend::session::carrier::Carrier;
-use crate::backend::session::{Failure, Pool, Sessions};
+use crate::backend::session::{Carrier, Carry, Failure, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend, LockKind};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -112,8 +111,8 @@ impl Sessions for PgSessions {
     /// ends, freeing anything it holds. A cancel request that reaches the server before the
     /// query does is lost; the server then finds the connection closed during the wait
     /// (`client_connection_check_interval`, PostgreSQL 14 and later).
-    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Conn) {
-        pool.sessions.close_now(conn);
+    fn cancel_and_close(sessions: &Arc<Self>, conn: Conn) {
+        sessions.close_now(conn);
     }
 
     fn closed<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, ()> {
@@ -122,7 +121,9 @@ impl Sessions for PgSessions {
             let _ = closed.wait_for(|c| *c).await;
         })
     }
+}
 
+impl Carry for PgSessions {
     /// Up to [`PostgresOptions::multiplexing`] carriers; none in the transaction mode (a lock
     /// is a transaction there).
     fn carriers(&self) -> usize {
@@ -143,8 +144,8 @@ impl Sessions for PgSessions {
         Box::pin(self.open_carrier_conn(name))
     }
 
-    fn serve_carrier(pool: &Arc<Pool<Self>>, carrier: std::sync::Weak<Carrier<Self>>) {
-        carrier::serve(pool, carrier);
+    fn serve_carrier(sessions: &Arc<Self>, carrier: std::sync::Weak<Carrier<Self>>) {
+        carrier::serve(sessions, carrier);
     }
 
     fn try_carried<'a>(&'a self, conn: &'a Conn, key: &'a PgKey) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
@@ -416,9 +417,10 @@ impl PostgresBackend {
         pid: i32,
         key: (i32, i32),
         owner: Option<&str>,
-    ) -> Result<carrier::Forced, LockError> {
+        shown: &str,
+    ) -> Result<crate::backend::ForceRelease, LockError> {
         match &self.pools {
-            Pools::Own(pool) => carrier::force(&pool.sessions, pid, key, owner).await,
+            Pools::Own(pool) => carrier::force(&pool.sessions, pid, key, owner, shown).await,
             #[cfg(feature = "sqlx")]
             Pools::App(_) => {
                 Err(LockError::invalid("", "a carried lock is released by a backend of its own connections"))

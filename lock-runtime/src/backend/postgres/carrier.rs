@@ -17,14 +17,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-use tokio_postgres::Notification;
-
-use super::conn::{last_value, Conn, PgSessions};
+use super::conn::{last_value, Conn, Listener, PgSessions};
 use super::sql::PgKey;
 use super::{pg_error, KIND, SEQUENCE};
-use crate::backend::session::carrier::Carrier;
-use crate::backend::session::{Failure, Pool};
+use crate::backend::session::{Carrier, Failure};
+use crate::backend::ForceRelease;
 use crate::error::LockError;
 
 /// What every carrier query starts with, for `pg_stat_activity`.
@@ -71,19 +68,19 @@ impl PgSessions {
 }
 
 /// Answers the inspections of `carrier` while it lives.
-pub(super) fn serve(pool: &Arc<Pool<PgSessions>>, carrier: Weak<Carrier<PgSessions>>) {
+pub(super) fn serve(sessions: &Arc<PgSessions>, carrier: Weak<Carrier<PgSessions>>) {
     let Some(mut asked) = carrier.upgrade().and_then(|c| c.conn.take_notifications()) else { return };
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let bound = pool.sessions.options.operation_timeout;
-    let pool = Arc::downgrade(pool);
+    let bound = sessions.options.operation_timeout;
+    let sessions = Arc::downgrade(sessions);
     runtime.spawn(async move {
         // Ends when the connection does (its sender goes with its task).
         while let Some(request) = asked.recv().await {
-            let (Some(carrier), Some(pool)) = (carrier.upgrade(), pool.upgrade()) else { break };
+            let (Some(carrier), Some(sessions)) = (carrier.upgrade(), sessions.upgrade()) else { break };
             if request.channel() != ASK {
                 continue;
             }
-            let _ = tokio::time::timeout(bound, answer(&pool.sessions, &carrier, request.payload())).await;
+            let _ = tokio::time::timeout(bound, answer(&sessions, &carrier, request.payload())).await;
         }
     });
 }
@@ -158,12 +155,6 @@ pub(super) struct CarriedRow {
     pub(super) waiters: Option<u64>,
     /// Token, age, record.
     pub(super) answer: Option<(u64, Duration, String)>,
-}
-
-/// The connection an inspection asks carriers on, listening to their answers.
-pub(crate) struct Listener {
-    conn: Conn,
-    answers: mpsc::UnboundedReceiver<Notification>,
 }
 
 /// Every carrier's advisory lock (pid, key halves, shared, waiters on the key).
@@ -298,23 +289,16 @@ pub(super) async fn carried(sessions: &PgSessions) -> Result<Vec<CarriedRow>, Lo
     .await
 }
 
-/// How a forced release of a carried lock ended.
-pub(super) enum Forced {
-    Released,
-    Gone,
-    Owner(String),
-    /// The holder did not answer: its carrier's session was ended.
-    Ended,
-}
-
-/// Asks the holder of `key` on carrier `pid` to free it (for `owner`, if given); a holder
-/// that does not answer has its carrier's session ended.
+/// Asks the holder of `key` on carrier `pid` to free it (for `owner`, if given; `shown` is the
+/// owner an inspection saw); a holder that does not answer has its carrier's session ended,
+/// with every lock on it.
 pub(super) async fn force(
     sessions: &PgSessions,
     pid: i32,
     key: (i32, i32),
     owner: Option<&str>,
-) -> Result<Forced, LockError> {
+    shown: &str,
+) -> Result<ForceRelease, LockError> {
     let bound = sessions.options.operation_timeout;
     with_listener(sessions, async |listener| {
         let pids = HashSet::from([pid]);
@@ -324,14 +308,21 @@ pub(super) async fn force(
         let Some(said) = answers.get(&pid).and_then(|lines| lines.first().cloned()) else {
             let ended = rows(listener, &format!("SELECT pg_terminate_backend({pid})::text"), bound).await?;
             return Ok(match ended.first().and_then(|r| r.first()).map(String::as_str) {
-                Some("true") => Forced::Ended,
-                _ => Forced::Gone,
+                Some("true") => {
+                    tracing::warn!(
+                        pid,
+                        "the holder of a carried PostgreSQL lock did not answer: its carrier's session was ended, \
+                         with every lock on it"
+                    );
+                    ForceRelease::Released(shown.to_owned())
+                }
+                _ => ForceRelease::NotHeld,
             });
         };
         Ok(match said.split_once(' ') {
-            _ if said == "released" => Forced::Released,
-            Some(("owner", other)) => Forced::Owner(other.to_owned()),
-            _ => Forced::Gone,
+            _ if said == "released" => ForceRelease::Released(shown.to_owned()),
+            Some(("owner", other)) => ForceRelease::OwnerChanged(other.to_owned()),
+            _ => ForceRelease::NotHeld,
         })
     })
     .await

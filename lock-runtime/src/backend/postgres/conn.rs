@@ -53,6 +53,13 @@ impl Conn {
     }
 }
 
+/// The connection an inspection asks carriers on (see `carrier.rs`), with the notifications
+/// of the channel it listens to (their answers).
+pub(super) struct Listener {
+    pub(super) conn: Conn,
+    pub(super) answers: mpsc::UnboundedReceiver<Notification>,
+}
+
 /// How PostgreSQL takes, releases and watches a lock on one connection of its own (see
 /// `session.rs` for the rest); the statements are [`PgSql`]'s.
 pub(super) struct PgSessions {
@@ -61,7 +68,7 @@ pub(super) struct PgSessions {
     pub(super) tls: Connector,
     pub(super) sql: PgSql,
     /// The connection inspections ask carriers on (see `carrier.rs`), made at the first.
-    pub(super) listener: tokio::sync::Mutex<Option<super::carrier::Listener>>,
+    pub(super) listener: tokio::sync::Mutex<Option<Listener>>,
 }
 
 impl std::ops::Deref for PgSessions {

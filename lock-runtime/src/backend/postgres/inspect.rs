@@ -133,7 +133,7 @@ impl PostgresBackend {
     /// The holders of `key`: by name, or (a carried lock whose holder did not answer) by its
     /// advisory key.
     async fn holders(&self, key: &str) -> Result<Vec<(Place, LockInfo)>, LockError> {
-        let advisory = [super::advisory_key(key), super::advisory_key(&format!("{key}{}", super::sql::RW_SUFFIX))];
+        let advisory = [super::advisory_key(key), super::advisory_key(&format!("{key}{}", super::RW_SUFFIX))];
         let unnamed = advisory.map(|(a, b)| format!("advisory:{a},{b}"));
         Ok(self
             .held()
@@ -188,19 +188,7 @@ impl Inspect for PostgresBackend {
                 Place::Carried(pid, advisory) => {
                     // Its holder frees it and fires its `lost()`; one that does not answer has
                     // its carrier's session ended, with every lock on it.
-                    return Ok(match self.force_carried(pid, advisory, expected_owner).await? {
-                        super::carrier::Forced::Released => ForceRelease::Released(info.owner.clone()),
-                        super::carrier::Forced::Ended => {
-                            tracing::warn!(
-                                pid,
-                                "the holder of a carried PostgreSQL lock did not answer: its carrier's session was \
-                                 ended, with every lock on it"
-                            );
-                            ForceRelease::Released(info.owner.clone())
-                        }
-                        super::carrier::Forced::Owner(owner) => ForceRelease::OwnerChanged(owner),
-                        super::carrier::Forced::Gone => ForceRelease::NotHeld,
-                    });
+                    return self.force_carried(pid, advisory, expected_owner, &info.owner).await;
                 }
             };
             // Ending the holder's session frees its lock (one lock per session) and closes its

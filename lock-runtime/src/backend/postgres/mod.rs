@@ -43,6 +43,10 @@ pub use transaction::{Canceller, Failed};
 const KIND: &str = "postgres";
 /// The sequence the fencing tokens are drawn from.
 const SEQUENCE: &str = "lock_runtime_fence";
+/// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
+/// the mutex of the same name.
+#[cfg(feature = "postgres")]
+const RW_SUFFIX: &str = "\u{0}rw";
 
 /// The two-int advisory lock key of lock `key` (the manager's prefix followed by the name):
 /// the first 8 bytes of `md5(key)` as two big-endian `int4`, for

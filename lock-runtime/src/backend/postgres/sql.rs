@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::options::PostgresOptions;
 use super::semaphore_keys::Sem;
-use super::{advisory_key, SEQUENCE};
+use super::{advisory_key, RW_SUFFIX, SEQUENCE};
 use crate::backend::{Acquire, LockKind};
 
 /// A lock's advisory key, with its name for errors.
@@ -24,10 +24,6 @@ pub(super) struct PgKey {
     /// A semaphore's keys (`key` is then its queue).
     pub(super) sem: Option<Arc<Sem>>,
 }
-
-/// Appended to a read-write lock's key before it is hashed: its own advisory key, apart from
-/// the mutex of the same name.
-pub(super) const RW_SUFFIX: &str = "\u{0}rw";
 
 /// The settings the statements depend on.
 pub(super) struct PgSql {

@@ -17,17 +17,67 @@
 //! task on the fast path). A carrier whose state is unknown (an operation failed or ran out of
 //! time) is closed, which frees every lock on it and fires each one's `lost()`.
 
+// What one store's carriers use and the other's do not (PostgreSQL answers inspections from
+// the held set; MySQL's heartbeat skips an empty carrier).
+#![cfg_attr(not(all(feature = "postgres", feature = "mysql")), allow(dead_code))]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{lock, Failure, Pool, Sessions};
+use super::sessions::{lock, Failure, Sessions};
+use crate::backend::BoxFuture;
 use crate::error::LockError;
 use crate::lost::LostSignal;
 
+/// What a store does to carry locks side by side on shared connections: a capability of its
+/// own beside [`Sessions`]; the defaults carry none.
+pub(crate) trait Carry: Sessions {
+    /// How many connections held locks share (see the module docs); 0 (the default): every lock
+    /// holds a connection of its own.
+    fn carriers(&self) -> usize {
+        0
+    }
+    /// The identity of `key`'s lock on a carrier (equal for two locks a session cannot hold
+    /// apart), or `None` when it is never carried (a semaphore's).
+    fn carried(&self, key: &Self::Key) -> Option<u64> {
+        let _ = key;
+        None
+    }
+    /// A new carrier's connection.
+    fn open_carrier<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Self::Conn, LockError>> {
+        self.connect(name)
+    }
+    /// Starts what a carrier's connection needs beside its locks (PostgreSQL: answering
+    /// inspections); ends when the carrier is gone.
+    fn serve_carrier(sessions: &Arc<Self>, carrier: std::sync::Weak<Carrier<Self>>) {
+        let _ = (sessions, carrier);
+    }
+    /// Takes `key`'s lock at once on a carrier's connection (shared: other operations may be
+    /// on it at the same time) and draws its token: `Some(token)` granted, `None` busy.
+    fn try_carried<'a>(
+        &'a self,
+        conn: &'a Self::Conn,
+        key: &'a Self::Key,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
+        let _ = (conn, key);
+        Box::pin(std::future::ready(Err(Failure::Failed(LockError::invalid("", "this store carries no locks")))))
+    }
+    /// Releases `key`'s lock on a carrier's connection: `false` when its session did not hold
+    /// it.
+    fn unlock_carried<'a>(&'a self, conn: &'a Self::Conn, key: &'a Self::Key) -> BoxFuture<'a, Result<bool, Failure>> {
+        let _ = (conn, key);
+        Box::pin(std::future::ready(Ok(false)))
+    }
+    /// Closes a shared connection at once (its session's locks are freed by the server).
+    fn abort(conn: &Self::Conn) {
+        let _ = conn;
+    }
+}
+
 /// One connection shared by held locks, and the keys it holds or is taking.
-pub(crate) struct Carrier<S: Sessions> {
+pub(crate) struct Carrier<S: Carry> {
     pub(crate) conn: S::Conn,
     keys: Mutex<HashMap<u64, Entry<S>>>,
     /// Closed by us (its state unknown): no acquisition is tried on it any more.
@@ -35,7 +85,7 @@ pub(crate) struct Carrier<S: Sessions> {
 }
 
 /// A key on a carrier.
-struct Entry<S: Sessions> {
+struct Entry<S: Carry> {
     key: S::Key,
     state: State,
 }
@@ -57,7 +107,7 @@ pub(crate) struct CarriedInfo<K> {
     pub(crate) age: Duration,
 }
 
-impl<S: Sessions> Carrier<S> {
+impl<S: Carry> Carrier<S> {
     fn new(conn: S::Conn) -> Self {
         Carrier { conn, keys: Mutex::new(HashMap::new()), dead: AtomicBool::new(false) }
     }
@@ -140,19 +190,19 @@ impl<S: Sessions> Carrier<S> {
 /// so that an attempt or a release dropped with its query in flight leaves nothing behind.
 /// Its key stays reserved on the carrier until the unlock is answered: an unlock sent again
 /// (the first one's answer unread) finds nothing and harms no other acquisition.
-pub(crate) struct CarriedLock<S: Sessions> {
-    pool: Arc<Pool<S>>,
+pub(crate) struct CarriedLock<S: Carry> {
+    carriers: Arc<Carriers<S>>,
     pub(crate) carrier: Arc<Carrier<S>>,
     id: u64,
     key: S::Key,
     armed: bool,
 }
 
-impl<S: Sessions> CarriedLock<S> {
+impl<S: Carry> CarriedLock<S> {
     /// Frees the lock: `Ok(true)` when the carrier held it until now. Dropped before its
     /// answer, the lock frees itself again in the background.
     pub(crate) async fn release(mut self) -> Result<bool, Failure> {
-        let answer = free(&self.pool, &self.carrier, self.id, &self.key).await;
+        let answer = free(&*self.carriers.sessions, &self.carrier, self.id, &self.key).await;
         self.armed = false;
         answer
     }
@@ -163,16 +213,16 @@ impl<S: Sessions> CarriedLock<S> {
     }
 }
 
-impl<S: Sessions> Drop for CarriedLock<S> {
+impl<S: Carry> Drop for CarriedLock<S> {
     fn drop(&mut self) {
         if !std::mem::take(&mut self.armed) {
             return;
         }
-        let (pool, carrier, id, key) = (self.pool.clone(), self.carrier.clone(), self.id, self.key.clone());
+        let (carriers, carrier, id, key) = (self.carriers.clone(), self.carrier.clone(), self.id, self.key.clone());
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let _ = free(&pool, &carrier, id, &key).await;
+                    let _ = free(&*carriers.sessions, &carrier, id, &key).await;
                 });
             }
             // No runtime to send the unlock on: closing the carrier frees the lock (with the
@@ -184,14 +234,14 @@ impl<S: Sessions> Drop for CarriedLock<S> {
 
 /// Unlocks `id` on `carrier` and forgets it there; a carrier whose answer is unknown is
 /// closed. A lock whose release was forced is only forgotten (`Ok(false)`).
-async fn free<S: Sessions>(pool: &Pool<S>, carrier: &Arc<Carrier<S>>, id: u64, key: &S::Key) -> Result<bool, Failure> {
+async fn free<S: Carry>(sessions: &S, carrier: &Arc<Carrier<S>>, id: u64, key: &S::Key) -> Result<bool, Failure> {
     let forced = matches!(lock(&carrier.keys).get(&id).map(|e| &e.state), Some(State::Forced));
     if forced {
         carrier.forget(id);
         return Ok(false);
     }
-    let bound = pool.sessions.operation_timeout();
-    let answer = match tokio::time::timeout(bound, pool.sessions.unlock_carried(&carrier.conn, key)).await {
+    let bound = sessions.operation_timeout();
+    let answer = match tokio::time::timeout(bound, sessions.unlock_carried(&carrier.conn, key)).await {
         Ok(answer) => answer,
         Err(_) => Err(Failure::Failed(LockError::timed_out("", S::KIND, "release", bound))),
     };
@@ -203,7 +253,7 @@ async fn free<S: Sessions>(pool: &Pool<S>, carrier: &Arc<Carrier<S>>, id: u64, k
 }
 
 /// What an attempt on a carrier gave.
-pub(crate) enum Carried<S: Sessions> {
+pub(crate) enum Carried<S: Carry> {
     /// Granted, with its token.
     Granted(u64, CarriedLock<S>),
     /// Someone holds it.
@@ -212,10 +262,22 @@ pub(crate) enum Carried<S: Sessions> {
     Elsewhere,
 }
 
-impl<S: Sessions> Pool<S> {
+/// A backend's carriers, by slot.
+pub(crate) struct Carriers<S: Carry> {
+    sessions: Arc<S>,
+    slots: Mutex<Vec<Option<Arc<Carrier<S>>>>>,
+    /// Held while a carrier is opened.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl<S: Carry> Carriers<S> {
+    pub(crate) fn new(sessions: Arc<S>) -> Self {
+        Carriers { sessions, slots: Mutex::new(Vec::new()), opening: tokio::sync::Mutex::new(()) }
+    }
+
     /// One attempt on a carrier for the lock `key` (carrier identity `id`), whose holder's
     /// signal is `lost`.
-    pub(crate) async fn attempt_carried(
+    pub(crate) async fn attempt(
         self: &Arc<Self>,
         name: &str,
         id: u64,
@@ -228,7 +290,7 @@ impl<S: Sessions> Pool<S> {
         for round in 0..2 {
             let Some(carrier) = self.reserve(name, id, key).await? else { return Ok(Carried::Elsewhere) };
             // Armed before the query goes: dropped from here on, it unlocks in the background.
-            let mut taken = CarriedLock { pool: self.clone(), carrier, id, key: key.clone(), armed: true };
+            let mut taken = CarriedLock { carriers: self.clone(), carrier, id, key: key.clone(), armed: true };
             let carrier = taken.carrier.clone();
             let answer = match tokio::time::timeout(bound, self.sessions.try_carried(&carrier.conn, key)).await {
                 Ok(answer) => answer,
@@ -275,7 +337,7 @@ impl<S: Sessions> Pool<S> {
         let n = self.sessions.carriers();
         for i in 0..n {
             let slot = (id as usize).wrapping_add(i) % n;
-            let found = lock(&self.carriers).get(slot).cloned().flatten().filter(|c| c.is_usable());
+            let found = lock(&self.slots).get(slot).cloned().flatten().filter(|c| c.is_usable());
             let carrier = match found {
                 Some(carrier) => carrier,
                 None => self.open_carrier(name, slot).await?,
@@ -293,7 +355,7 @@ impl<S: Sessions> Pool<S> {
         let bound = self.sessions.operation_timeout();
         let opened = async {
             let _opening = self.opening.lock().await;
-            if let Some(theirs) = lock(&self.carriers).get(slot).cloned().flatten().filter(|c| c.is_usable()) {
+            if let Some(theirs) = lock(&self.slots).get(slot).cloned().flatten().filter(|c| c.is_usable()) {
                 return Ok(Err(theirs));
             }
             self.sessions.open_carrier(name).await.map(Ok)
@@ -305,7 +367,7 @@ impl<S: Sessions> Pool<S> {
             Err(_) => return Err(LockError::timed_out(name, S::KIND, "connect", bound)),
         };
         let carrier = {
-            let mut carriers = lock(&self.carriers);
+            let mut carriers = lock(&self.slots);
             if carriers.len() <= slot {
                 carriers.resize(slot + 1, None);
             }
@@ -313,7 +375,7 @@ impl<S: Sessions> Pool<S> {
             carriers[slot] = Some(carrier.clone());
             carrier
         };
-        S::serve_carrier(self, Arc::downgrade(&carrier));
+        S::serve_carrier(&self.sessions, Arc::downgrade(&carrier));
         Ok(carrier)
     }
 }

@@ -5,7 +5,7 @@
 //! release and watch a lock on one connection ([`Sessions`]); the rest is here, once. Held
 //! locks may share a few connections ([`carrier`]).
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -16,128 +16,25 @@ use crate::error::LockError;
 use crate::lost::LostSignal;
 
 pub(crate) mod carrier;
+mod sessions;
 
-use carrier::{Carried, CarriedLock, Carrier};
-
-/// How one operation on a connection failed.
-pub(crate) enum Failure {
-    /// The connection was found closed (a reused idle one is replaced, with every idle one).
-    Closed(LockError),
-    /// Anything else; the connection's state is unknown.
-    Failed(LockError),
-}
-
-/// What a store does on one connection. Every future is bounded by the skeleton.
-pub(crate) trait Sessions: Send + Sync + Sized + 'static {
-    /// One connection: one server session.
-    type Conn: Send + Sync + 'static;
-    /// A lock's name on the server, computed once per acquisition.
-    type Key: Send + Sync + Clone + 'static;
-    /// The backend's kind, for errors.
-    const KIND: &'static str;
-    /// Why a held lock was lost when its connection died.
-    const LOST: &'static str;
-
-    /// The longest one operation may take.
-    fn operation_timeout(&self) -> Duration;
-    /// How many idle connections are kept.
-    fn max_idle(&self) -> usize;
-    /// The server-side name of `req`'s lock.
-    fn key(&self, req: &Acquire) -> Self::Key;
-    /// A new connection.
-    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Self::Conn, LockError>>;
-    /// Whether `conn` is known to be closed.
-    fn is_closed(conn: &Self::Conn) -> bool;
-    /// Takes the lock on `conn`, at once (`wait` is `None`) or waiting on the server for at
-    /// most `wait`, and draws its token: `Some(token)` granted, `None` not (the connection is
-    /// fine). On an error the skeleton closes the connection, which frees anything it holds.
-    fn lock<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        key: &'a Self::Key,
-        wait: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<u64>, Failure>>;
-    /// Releases the lock held on `conn`: `false` when the session no longer held it.
-    fn unlock<'a>(&'a self, conn: &'a mut Self::Conn, key: &'a Self::Key) -> BoxFuture<'a, Result<bool, Failure>>;
-    /// Ends the query running on `conn` (a dropped waiter) and closes it, in the background.
-    fn cancel_and_close(pool: &Arc<Pool<Self>>, conn: Self::Conn);
-    /// Completes once `conn` is known closed; cancel-safe.
-    fn closed<'a>(&'a self, conn: &'a Self::Conn) -> BoxFuture<'a, ()>;
-    /// How often a held lock's connection is asked whether it is [`alive`](Self::alive), if
-    /// ever (a store whose client tells of a closed connection by itself needs no heartbeat).
-    fn heartbeat(&self) -> Option<Duration> {
-        None
-    }
-    /// Whether `conn` still answers.
-    fn alive<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, bool> {
-        let _ = conn;
-        Box::pin(std::future::ready(true))
-    }
-
-    /// How many connections held locks share ([`carrier`]); 0 (the default): every lock
-    /// holds a connection of its own.
-    fn carriers(&self) -> usize {
-        0
-    }
-    /// The identity of `key`'s lock on a carrier (equal for two locks a session cannot hold
-    /// apart), or `None` when it is never carried (a semaphore's).
-    fn carried(&self, key: &Self::Key) -> Option<u64> {
-        let _ = key;
-        None
-    }
-    /// A new carrier's connection.
-    fn open_carrier<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Self::Conn, LockError>> {
-        self.connect(name)
-    }
-    /// Starts what a carrier's connection needs beside its locks (PostgreSQL: answering
-    /// inspections); ends when the carrier is gone.
-    fn serve_carrier(pool: &Arc<Pool<Self>>, carrier: std::sync::Weak<Carrier<Self>>) {
-        let _ = (pool, carrier);
-    }
-    /// Takes `key`'s lock at once on a carrier's connection (shared: other operations may be
-    /// on it at the same time) and draws its token: `Some(token)` granted, `None` busy.
-    fn try_carried<'a>(
-        &'a self,
-        conn: &'a Self::Conn,
-        key: &'a Self::Key,
-    ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
-        let _ = (conn, key);
-        Box::pin(std::future::ready(Err(Failure::Failed(LockError::invalid("", "this store carries no locks")))))
-    }
-    /// Releases `key`'s lock on a carrier's connection: `false` when its session did not hold
-    /// it.
-    fn unlock_carried<'a>(&'a self, conn: &'a Self::Conn, key: &'a Self::Key) -> BoxFuture<'a, Result<bool, Failure>> {
-        let _ = (conn, key);
-        Box::pin(std::future::ready(Ok(false)))
-    }
-    /// Closes a shared connection at once (its session's locks are freed by the server).
-    fn abort(conn: &Self::Conn) {
-        let _ = conn;
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use carrier::{Carried, CarriedLock, Carriers};
+pub(crate) use carrier::{Carrier, Carry};
+use sessions::lock;
+pub(crate) use sessions::{Failure, Sessions};
 
 /// A store and its idle connections (from released locks), shared by a backend's clones.
-pub(crate) struct Pool<S: Sessions> {
-    pub(crate) sessions: S,
+pub(crate) struct Pool<S: Carry> {
+    pub(crate) sessions: Arc<S>,
     idle: Mutex<Vec<S::Conn>>,
-    /// The connections held locks share, by slot ([`carrier`]).
-    carriers: Mutex<Vec<Option<Arc<Carrier<S>>>>>,
-    /// Held while a carrier is opened.
-    opening: tokio::sync::Mutex<()>,
+    /// The connections held locks share ([`carrier`]).
+    carriers: Arc<Carriers<S>>,
 }
 
-impl<S: Sessions> Pool<S> {
+impl<S: Carry> Pool<S> {
     pub(crate) fn new(sessions: S) -> Self {
-        Pool {
-            sessions,
-            idle: Mutex::new(Vec::new()),
-            carriers: Mutex::new(Vec::new()),
-            opening: tokio::sync::Mutex::new(()),
-        }
+        let sessions = Arc::new(sessions);
+        Pool { carriers: Arc::new(Carriers::new(sessions.clone())), sessions, idle: Mutex::new(Vec::new()) }
     }
 
     /// An idle connection (`true`: reused, the server may have closed it since) or a new one.
@@ -195,7 +92,7 @@ impl<S: Sessions> Pool<S> {
 
 /// One `lock()` call: owns its connection from the first attempt until it is granted (the
 /// [`SessionHeld`] owns it then) or dropped.
-struct SessionAcquisition<S: Sessions> {
+struct SessionAcquisition<S: Carry> {
     pool: Arc<Pool<S>>,
     req: Acquire,
     key: S::Key,
@@ -206,11 +103,11 @@ struct SessionAcquisition<S: Sessions> {
     in_flight: bool,
 }
 
-impl<S: Sessions> Drop for SessionAcquisition<S> {
+impl<S: Carry> Drop for SessionAcquisition<S> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.in_flight {
-                S::cancel_and_close(&self.pool, conn);
+                S::cancel_and_close(&self.pool.sessions, conn);
             } else {
                 self.pool.checkin(conn);
             }
@@ -218,7 +115,7 @@ impl<S: Sessions> Drop for SessionAcquisition<S> {
     }
 }
 
-impl<S: Sessions> SessionAcquisition<S> {
+impl<S: Carry> SessionAcquisition<S> {
     /// [`Sessions::lock`] on the acquisition's connection, within `bound`. A reused
     /// connection found closed is replaced by a new one (and every idle connection is dropped
     /// with it: the event that closed it, an idle timeout, an operator's kill or a restart,
@@ -253,7 +150,7 @@ impl<S: Sessions> SessionAcquisition<S> {
                 Ok(Ok(granted)) => return Ok(granted),
                 Err(_) => {
                     if let Some(conn) = self.conn.take() {
-                        S::cancel_and_close(&self.pool, conn);
+                        S::cancel_and_close(&self.pool.sessions, conn);
                     }
                     return Err(LockError::timed_out(&*self.req.name, S::KIND, operation, bound));
                 }
@@ -296,7 +193,7 @@ impl<S: Sessions> SessionAcquisition<S> {
         // connection (it waited) is not tried there again.
         if let (Some(id), None) = (self.pool.sessions.carried(&self.key), &self.conn) {
             let lost = self.lost.clone().unwrap_or_else(LostSignal::never);
-            match self.pool.attempt_carried(&self.req.name, id, &self.key, &lost).await? {
+            match self.pool.carriers.attempt(&self.req.name, id, &self.key, &lost).await? {
                 Carried::Granted(token, lock) => {
                     return Ok(Attempt::Acquired(self.grant_kept(Kept::Carried(lock), token, granted_at)))
                 }
@@ -324,7 +221,7 @@ impl<S: Sessions> SessionAcquisition<S> {
     }
 }
 
-impl<S: Sessions> Acquisition for SessionAcquisition<S> {
+impl<S: Carry> Acquisition for SessionAcquisition<S> {
     fn attempt(&mut self) -> BoxFuture<'_, Result<Attempt, LockError>> {
         Box::pin(self.attempt_once())
     }
@@ -335,12 +232,12 @@ impl<S: Sessions> Acquisition for SessionAcquisition<S> {
 }
 
 /// What keeps a held lock: its own connection, or its place on a carrier.
-enum Kept<S: Sessions> {
+enum Kept<S: Carry> {
     Own(S::Conn),
     Carried(CarriedLock<S>),
 }
 
-impl<S: Sessions> Kept<S> {
+impl<S: Carry> Kept<S> {
     /// The connection whose end is the lock's.
     fn conn(&self) -> &S::Conn {
         match self {
@@ -361,7 +258,7 @@ impl<S: Sessions> Kept<S> {
 /// answering its heartbeat), ends a fixed lease (firing `lost()`, then freeing the lock: its
 /// own connection closed, or its carrier's unlock), and gives the lock back to the release.
 /// Dropped, what it keeps frees the lock (a connection closes, a carried lock unlocks).
-struct Monitor<S: Sessions> {
+struct Monitor<S: Carry> {
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Option<Kept<S>>>>,
 }
@@ -374,7 +271,7 @@ enum Woke {
     Heartbeat,
 }
 
-impl<S: Sessions> Monitor<S> {
+impl<S: Carry> Monitor<S> {
     fn spawn(pool: Arc<Pool<S>>, mut kept: Kept<S>, lease_end: Option<Instant>, lost: LostSignal) -> Self {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Monitor { stop: None, task: None };
@@ -441,7 +338,7 @@ impl<S: Sessions> Monitor<S> {
     }
 }
 
-impl<S: Sessions> Drop for Monitor<S> {
+impl<S: Carry> Drop for Monitor<S> {
     fn drop(&mut self) {
         // Not released: the task drops what it keeps (its sender is gone), which frees the
         // lock.
@@ -450,14 +347,14 @@ impl<S: Sessions> Drop for Monitor<S> {
 }
 
 /// A granted lock: the monitor that keeps it.
-struct SessionHeld<S: Sessions> {
+struct SessionHeld<S: Carry> {
     pool: Arc<Pool<S>>,
     name: Arc<str>,
     key: S::Key,
     monitor: Monitor<S>,
 }
 
-impl<S: Sessions> SessionHeld<S> {
+impl<S: Carry> SessionHeld<S> {
     async fn kept(&mut self) -> Result<Kept<S>, LockError> {
         self.monitor.take().await.ok_or_else(|| {
             LockError::lost(
@@ -491,7 +388,7 @@ impl<S: Sessions> SessionHeld<S> {
 }
 
 /// Frees a held lock: [`unlock`] on its own connection, or its carrier's.
-async fn free<S: Sessions>(pool: &Pool<S>, name: &str, key: &S::Key, kept: Kept<S>) -> Result<(), LockError> {
+async fn free<S: Carry>(pool: &Pool<S>, name: &str, key: &S::Key, kept: Kept<S>) -> Result<(), LockError> {
     match kept {
         Kept::Own(conn) => unlock(pool, name, key, conn).await,
         // Bounded by the operation timeout; dropped midway, the lock frees itself.
@@ -508,7 +405,7 @@ async fn free<S: Sessions>(pool: &Pool<S>, name: &str, key: &S::Key, kept: Kept<
 
 /// [`Sessions::unlock`] on the holder's connection; the connection goes back to the idle set
 /// when all went well, and is closed (freeing the lock) otherwise.
-async fn unlock<S: Sessions>(pool: &Pool<S>, name: &str, key: &S::Key, mut conn: S::Conn) -> Result<(), LockError> {
+async fn unlock<S: Carry>(pool: &Pool<S>, name: &str, key: &S::Key, mut conn: S::Conn) -> Result<(), LockError> {
     let bound = pool.sessions.operation_timeout();
     match tokio::time::timeout(bound, pool.sessions.unlock(&mut conn, key)).await {
         Ok(Ok(true)) => {
@@ -524,7 +421,7 @@ async fn unlock<S: Sessions>(pool: &Pool<S>, name: &str, key: &S::Key, mut conn:
     }
 }
 
-impl<S: Sessions> HeldLock for SessionHeld<S> {
+impl<S: Carry> HeldLock for SessionHeld<S> {
     fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(self.release_lock())
     }

@@ -1,0 +1,68 @@
+//! What a store does on one connection ([`Sessions`]) and how an operation failed
+//! ([`Failure`]): the contract between the session skeleton (`mod.rs`) and a store.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::backend::{Acquire, BoxFuture};
+use crate::error::LockError;
+
+/// How one operation on a connection failed.
+pub(crate) enum Failure {
+    /// The connection was found closed (a reused idle one is replaced, with every idle one).
+    Closed(LockError),
+    /// Anything else; the connection's state is unknown.
+    Failed(LockError),
+}
+
+/// What a store does on one connection. Every future is bounded by the skeleton.
+pub(crate) trait Sessions: Send + Sync + Sized + 'static {
+    /// One connection: one server session.
+    type Conn: Send + Sync + 'static;
+    /// A lock's name on the server, computed once per acquisition.
+    type Key: Send + Sync + Clone + 'static;
+    /// The backend's kind, for errors.
+    const KIND: &'static str;
+    /// Why a held lock was lost when its connection died.
+    const LOST: &'static str;
+
+    /// The longest one operation may take.
+    fn operation_timeout(&self) -> Duration;
+    /// How many idle connections are kept.
+    fn max_idle(&self) -> usize;
+    /// The server-side name of `req`'s lock.
+    fn key(&self, req: &Acquire) -> Self::Key;
+    /// A new connection.
+    fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Self::Conn, LockError>>;
+    /// Whether `conn` is known to be closed.
+    fn is_closed(conn: &Self::Conn) -> bool;
+    /// Takes the lock on `conn`, at once (`wait` is `None`) or waiting on the server for at
+    /// most `wait`, and draws its token: `Some(token)` granted, `None` not (the connection is
+    /// fine). On an error the skeleton closes the connection, which frees anything it holds.
+    fn lock<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        key: &'a Self::Key,
+        wait: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Option<u64>, Failure>>;
+    /// Releases the lock held on `conn`: `false` when the session no longer held it.
+    fn unlock<'a>(&'a self, conn: &'a mut Self::Conn, key: &'a Self::Key) -> BoxFuture<'a, Result<bool, Failure>>;
+    /// Ends the query running on `conn` (a dropped waiter) and closes it, in the background.
+    fn cancel_and_close(sessions: &Arc<Self>, conn: Self::Conn);
+    /// Completes once `conn` is known closed; cancel-safe.
+    fn closed<'a>(&'a self, conn: &'a Self::Conn) -> BoxFuture<'a, ()>;
+    /// How often a held lock's connection is asked whether it is [`alive`](Self::alive), if
+    /// ever (a store whose client tells of a closed connection by itself needs no heartbeat).
+    fn heartbeat(&self) -> Option<Duration> {
+        None
+    }
+    /// Whether `conn` still answers.
+    fn alive<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, bool> {
+        let _ = conn;
+        Box::pin(std::future::ready(true))
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
