@@ -463,7 +463,7 @@ async fn connect_url(url: &str, matches: &ArgMatches) -> Result<Box<dyn Inspect>
             "memory:// locks live inside one process: there is nothing to see from here".into(),
         ));
     }
-    let backend = lock_runtime::backend::connect(url).await?;
+    let backend = lock_runtime::backend::url::connect(url).await?;
     if backend.inspector().is_none() {
         return Err(Failure::Error(format!("the {} backend cannot be inspected", backend.kind())));
     }

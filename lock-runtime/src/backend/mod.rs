@@ -52,7 +52,6 @@ pub use crate::kind::LockKind;
 pub use crate::options::Lease;
 pub use identity::{Holder, OwnerId};
 pub use inspect::{ChangeFeed, ForceRelease, Inspect, LockInfo};
-pub use url::connect;
 
 /// What an acquisition asks for: handed to [`LockBackend::begin`], kept by the acquisition.
 #[derive(Debug, Clone)]

@@ -35,10 +35,10 @@ const SCHEMES: &[(&str, Option<&str>)] = &[
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
-/// let backend = lock_runtime::backend::connect("memory://").await?;
+/// let backend = lock_runtime::backend::url::connect("memory://").await?;
 /// assert_eq!(backend.kind(), "memory");
 ///
-/// let Err(err) = lock_runtime::backend::connect("consul://127.0.0.1:8500").await else { unreachable!() };
+/// let Err(err) = lock_runtime::backend::url::connect("consul://127.0.0.1:8500").await else { unreachable!() };
 /// assert!(err.is_invalid());
 /// assert!(err.to_string().contains("redis://"));
 /// # Ok(()) }

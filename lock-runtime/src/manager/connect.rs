@@ -205,7 +205,7 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn connect(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
-        let backend = crate::backend::connect(url.as_ref()).await?;
+        let backend = crate::backend::url::connect(url.as_ref()).await?;
         Ok(match backend.kind() {
             "memory" => self.memory(),
             _ => self.backend_arc(backend.into()),
