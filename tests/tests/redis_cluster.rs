@@ -2,7 +2,7 @@
 //! this binary starts): the conformance suite on a shared 3-primary cluster, locks spread over
 //! primaries, wake-ups across nodes, a primary killed under contention (failover), a slot
 //! migrated under contention, a slot left half-migrated (`ASK`, `TRYAGAIN`), a failover that loses
-//! a just-granted lock, and bad input.
+//! a just-granted lock, the application's own `ClusterClient`, and bad input.
 
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -182,6 +182,38 @@ async fn a_lost_pubsub_connection_moves_to_another_node_and_still_wakes_waiters(
     let granted = task.await.expect("task").expect("woken through the new connection");
     granted.release().await.expect("release");
     println!("pub/sub moved from node {first} to node {second}");
+}
+
+/// The application's own `ClusterClient` carries the locks: a lock held through it excludes a
+/// manager made from the URLs (and the other way round), a waiter on it is woken by the
+/// release (its pub/sub connections go to the nodes given; the lease, 30 s, outlasts the wait,
+/// so only the publication can grant it), and a client given with no node URL is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_applications_cluster_client_carries_the_locks() {
+    let cluster = redis_cluster::shared();
+    let urls = cluster.urls();
+    let client = redis::cluster::ClusterClient::new(urls.clone()).expect("the application's client");
+    let backend = RedisBackend::cluster_from_client(client.clone(), &urls[..1], RedisOptions::default())
+        .await
+        .expect("on the client");
+    let theirs = Arc::new(LockManager::builder().backend(backend));
+    let ours = manager(&urls, Duration::from_secs(2)).await;
+    let name = lock_tests::unique("app-client");
+    let held = theirs.lock(&name).lease(Duration::from_secs(30)).await.expect("lock through the client");
+    assert!(ours.try_lock(&name).await.expect("try").is_none(), "held through the client");
+    held.release().await.expect("release");
+    let held = ours.lock(&name).lease(Duration::from_secs(30)).await.expect("lock through the URLs");
+    let waiter = {
+        let (theirs, name) = (theirs.clone(), name.clone());
+        tokio::spawn(async move { theirs.lock(&name).wait(Duration::from_secs(10)).await })
+    };
+    await_marked(cluster, &name).await;
+    held.release().await.expect("release");
+    let granted = waiter.await.expect("task").expect("woken by the release");
+    granted.release().await.expect("release");
+    let none: [&str; 0] = [];
+    let err = RedisBackend::cluster_from_client(client, none, RedisOptions::default()).await.expect_err("no nodes");
+    assert!(err.is_invalid() && err.to_string().contains("pub/sub"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use sqlx::{Executor, MySql};
 use super::options::MysqlOptions;
 use super::sql::{MyKey, TOKEN_SQL};
 use super::KIND;
-use crate::backend::session::{Carry, Failure, Sessions};
+use crate::backend::session::{Carry, Failure, Idle, Sessions};
 use crate::backend::{Acquire, BoxFuture};
 use crate::error::LockError;
 
@@ -130,7 +130,7 @@ impl Sessions for AppSessions {
 
     /// Ends the dropped waiter's query from another of the pool's connections (`KILL QUERY`),
     /// then closes its connection.
-    fn cancel_and_close(sessions: &Arc<Self>, mut conn: AppConn) {
+    fn cancel_and_close(sessions: &Arc<Self>, _: &Arc<Idle<AppConn>>, mut conn: AppConn) {
         conn.clean = false;
         let (Ok(runtime), Some(id)) = (tokio::runtime::Handle::try_current(), conn.id) else { return drop(conn) };
         let sessions = sessions.clone();

@@ -13,7 +13,7 @@ use super::conn::MyConn;
 pub use super::options::MysqlOptions;
 use super::sql::{counter_sql, MyKey, TOKEN_SQL};
 use super::{my_error, KIND};
-use crate::backend::session::{Carrier, Carry, Failure, Pool, Sessions};
+use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -150,18 +150,27 @@ impl Sessions for MySessions {
         })
     }
 
-    /// Ends connection `conn`'s running query from a connection of its own (a waiter that was
-    /// dropped), then lets `conn` go (closing it ends its session and anything it holds).
-    fn cancel_and_close(sessions: &Arc<Self>, conn: MyConn) {
+    /// Ends connection `conn`'s running query from another connection (a waiter that was
+    /// dropped: an idle one at once, else a new one), then lets `conn` go (closing it ends its
+    /// session and anything it holds).
+    fn cancel_and_close(sessions: &Arc<Self>, idle: &Arc<Idle<MyConn>>, conn: MyConn) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return drop(conn) };
-        let sessions = sessions.clone();
+        let (sessions, idle) = (sessions.clone(), idle.clone());
         runtime.spawn(async move {
             let bound = sessions.options.operation_timeout;
             let id = conn.id();
             let killed = tokio::time::timeout(bound, async {
-                let mut other = sessions.connect_once("").await?;
-                if let Err(e) = other.query_drop(format!("KILL QUERY {id}")).await {
-                    tracing::debug!(error = %e, "KILL QUERY of a dropped MySQL lock waiter");
+                let other = match idle.take().filter(|c| !c.is_closed()) {
+                    Some(other) => other,
+                    None => MyConn::new(sessions.connect_once("").await?),
+                };
+                let answer = match other.lock().await.as_mut() {
+                    Some(open) => open.query_drop(format!("KILL QUERY {id}")).await,
+                    None => Ok(()),
+                };
+                match answer {
+                    Ok(()) => idle.put(other, sessions.options.max_idle),
+                    Err(e) => tracing::debug!(error = %e, "KILL QUERY of a dropped MySQL lock waiter"),
                 }
                 Ok::<(), LockError>(())
             })
@@ -169,7 +178,12 @@ impl Sessions for MySessions {
             if !matches!(killed, Ok(Ok(()))) {
                 tracing::debug!("could not end a dropped MySQL lock waiter's query; closing its connection");
             }
-            drop(conn);
+            // Closed, not merely dropped: a grant that raced the kill is freed with the session
+            // (the driver reads the waiter's answer, then says goodbye), within the bound.
+            let open = conn.shared().lock().await.take();
+            if let Some(open) = open {
+                let _ = tokio::time::timeout(bound, open.disconnect()).await;
+            }
         });
     }
 

@@ -17,7 +17,7 @@ use sqlx::{Executor, Postgres, Row};
 
 use super::sql::{PgKey, PgSql};
 use super::KIND;
-use crate::backend::session::{Carry, Failure, Sessions};
+use crate::backend::session::{Carry, Failure, Idle, Sessions};
 use crate::backend::{Acquire, BoxFuture};
 use crate::error::LockError;
 
@@ -154,7 +154,7 @@ impl Sessions for AppSessions {
         })
     }
 
-    fn cancel_and_close(_: &Arc<Self>, mut conn: AppConn) {
+    fn cancel_and_close(_: &Arc<Self>, _: &Arc<Idle<AppConn>>, mut conn: AppConn) {
         conn.clean = false;
         drop(conn);
     }

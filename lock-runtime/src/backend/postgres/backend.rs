@@ -16,7 +16,7 @@ use super::options::PostgresOptions;
 use super::sql::{PgKey, PgSql};
 use super::tls;
 use super::{pg_error, KIND};
-use crate::backend::session::{Carrier, Carry, Failure, Pool, Sessions};
+use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend, LockKind};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -111,7 +111,7 @@ impl Sessions for PgSessions {
     /// ends, freeing anything it holds. A cancel request that reaches the server before the
     /// query does is lost; the server then finds the connection closed during the wait
     /// (`client_connection_check_interval`, PostgreSQL 14 and later).
-    fn cancel_and_close(sessions: &Arc<Self>, conn: Conn) {
+    fn cancel_and_close(sessions: &Arc<Self>, _: &Arc<Idle<Conn>>, conn: Conn) {
         sessions.close_now(conn);
     }
 

@@ -164,7 +164,7 @@ const CARRIED: &str = "SELECT a.pid::text, l.classid::text, l.objid::text, (l.mo
      FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND a.query LIKE '/* lock-runtime carrier */%'";
 
-/// Runs `f` on the inspections' listener (made, or made again, as needed).
+/// Runs `f` on the inspections' connection (made, or made again, as needed).
 async fn with_listener<T>(
     sessions: &PgSessions,
     f: impl AsyncFnOnce(&mut Listener) -> Result<T, LockError>,
@@ -172,12 +172,6 @@ async fn with_listener<T>(
     let mut slot = sessions.listener.lock().await;
     if slot.as_ref().is_none_or(|l| l.conn.is_closed()) {
         let conn = sessions.connect_once("").await?;
-        let bound = sessions.options.operation_timeout;
-        match tokio::time::timeout(bound, conn.client.batch_execute(&format!("LISTEN {ANSWERS}"))).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(pg_error("", "inspect", e)),
-            Err(_) => return Err(LockError::timed_out("", KIND, "inspect", bound)),
-        }
         let Some(answers) = conn.take_notifications() else {
             return Err(LockError::backend("", KIND, "inspect", "no notifications"));
         };
@@ -221,7 +215,9 @@ async fn ask(
     while listener.answers.try_recv().is_ok() {} // an earlier inspection's late answers
     let nonce = crate::backend::OwnerId::next().to_string();
     let request = request(&nonce).replace('\'', "");
-    let notify = format!("SELECT pg_notify('{ASK}', '{request}')");
+    // Listening only while it asks: answers to other processes' inspections do not pile up
+    // in between.
+    let notify = format!("LISTEN {ANSWERS}; SELECT pg_notify('{ASK}', '{request}')");
     let _ = last_value(&match tokio::time::timeout(bound, listener.conn.client.simple_query(&notify)).await {
         Ok(Ok(rows)) => rows,
         Ok(Err(e)) => return Err(pg_error("", "inspect", e)),
@@ -243,6 +239,12 @@ async fn ask(
         }
     }
     answered.retain(|pid, _| done.contains(pid));
+    match tokio::time::timeout(bound, listener.conn.client.batch_execute(&format!("UNLISTEN {ANSWERS}"))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(pg_error("", "inspect", e)),
+        Err(_) => return Err(LockError::timed_out("", KIND, "inspect", bound)),
+    }
+    while listener.answers.try_recv().is_ok() {}
     Ok(answered)
 }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, PubSub};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value};
@@ -50,15 +50,7 @@ impl RedisBackend {
         if given.is_empty() {
             return Err(LockError::invalid(shown, "a Redis Cluster needs at least one node URL; none was given"));
         }
-        let mut seeds = Vec::with_capacity(given.len());
-        for url in &given {
-            let info = url::connection_info(url, &options, "`redis://127.0.0.1:7000` (a Cluster node)")?;
-            if !matches!(info.addr(), ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }) {
-                let why = "a Redis Cluster node URL must be a TCP one (`redis://host:port`)";
-                return Err(LockError::invalid(redact(url), why));
-            }
-            seeds.push(info);
-        }
+        let seeds = seeds(&given, &options)?;
         let timeout = options.command_timeout;
         let builder = ClusterClientBuilder::new(seeds.clone());
         #[cfg(feature = "tls")]
@@ -73,6 +65,54 @@ impl RedisBackend {
             .max_retry_wait(RETRY_WAIT_MS.1)
             .build()
             .map_err(|e| LockError::invalid(&shown, format!("not a usable Redis Cluster configuration ({e})")))?;
+        Self::on_cluster(client, seeds, options, shown).await
+    }
+
+    /// Locks on the application's own Redis Cluster `client` (its credentials, TLS, routing and
+    /// timeouts carry every lock command), for a service that configured its client already.
+    /// `nodes` are URLs of some of the cluster's nodes, with the same credentials and TLS: the
+    /// backend's pub/sub connections (which wake waiters) go to them and to the nodes the
+    /// cluster reports, and a `ClusterClient` tells neither its nodes nor its credentials. The
+    /// options' TLS settings are refused (the client's own apply; put the URLs' TLS in them as
+    /// `rediss://`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
+    /// let nodes = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"];
+    /// let client = redis::cluster::ClusterClient::new(nodes.to_vec())?;
+    /// let backend = RedisBackend::cluster_from_client(client, &nodes, RedisOptions::default()).await?;
+    /// let manager = lock_runtime::LockManager::builder().backend(backend);
+    /// # Ok(()) }
+    /// ```
+    pub async fn cluster_from_client<E: AsRef<str>, S: AsRef<[E]>>(
+        client: ClusterClient,
+        nodes: S,
+        options: RedisOptions,
+    ) -> Result<Self, LockError> {
+        let given: Vec<&str> = nodes.as_ref().iter().map(AsRef::as_ref).collect();
+        let shown = given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        Self::check_beside_client_options(&options, &shown)?;
+        if options.wait_for_replicas.is_some() {
+            let why = "wait_for_replicas is not available on a Redis Cluster: leave it unset";
+            return Err(LockError::invalid(shown, why));
+        }
+        if given.is_empty() {
+            let why = "give the URL of at least one of the cluster's nodes, for the pub/sub connections";
+            return Err(LockError::invalid(shown, why));
+        }
+        let seeds = seeds(&given, &options)?;
+        Self::on_cluster(client, seeds, options, shown).await
+    }
+
+    /// The backend on cluster `client`, connected, with `seeds` for its pub/sub connections.
+    async fn on_cluster(
+        client: ClusterClient,
+        seeds: Vec<ConnectionInfo>,
+        options: RedisOptions,
+        shown: String,
+    ) -> Result<Self, LockError> {
+        let timeout = options.command_timeout;
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
         let conn = match tokio::time::timeout(timeout, client.get_async_connection()).await {
@@ -89,6 +129,20 @@ impl RedisBackend {
         };
         Ok(Self::from_parts(conn, Arc::new(source), options, shown, &runtime))
     }
+}
+
+/// The connection settings of each node URL in `given` (TCP only).
+fn seeds(given: &[&str], options: &RedisOptions) -> Result<Vec<ConnectionInfo>, LockError> {
+    let mut seeds = Vec::with_capacity(given.len());
+    for url in given {
+        let info = url::connection_info(url, options, "`redis://127.0.0.1:7000` (a Cluster node)")?;
+        if !matches!(info.addr(), ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }) {
+            let why = "a Redis Cluster node URL must be a TCP one (`redis://host:port`)";
+            return Err(LockError::invalid(redact(url), why));
+        }
+        seeds.push(info);
+    }
+    Ok(seeds)
 }
 
 /// The nodes of a cluster that pub/sub connections are made to, in turn.

@@ -320,6 +320,13 @@ impl RedisBackend {
     /// ```
     pub async fn from_client(client: redis::Client, options: RedisOptions) -> Result<Self, LockError> {
         let shown = redact(&client.get_connection_info().addr().to_string());
+        Self::check_beside_client_options(&options, &shown)?;
+        Self::on_client(client, options, shown).await
+    }
+
+    /// Refuses options a backend on the application's own client cannot take: any out of
+    /// range, and TLS settings (the client's own apply).
+    fn check_beside_client_options(options: &RedisOptions, shown: &str) -> Result<(), LockError> {
         if let Some(problem) = options.problem() {
             return Err(LockError::invalid(shown, problem));
         }
@@ -328,7 +335,7 @@ impl RedisBackend {
             let why = "TLS settings were given beside a client (`RedisOptions::tls`): the client's own apply";
             return Err(LockError::invalid(shown, why));
         }
-        Self::on_client(client, options, shown).await
+        Ok(())
     }
 
     /// The backend on `client`, connected.

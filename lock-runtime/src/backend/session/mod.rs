@@ -5,7 +5,7 @@
 //! release and watch a lock on one connection ([`Sessions`]); the rest is here, once. Held
 //! locks may share a few connections ([`carrier`]).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -20,13 +20,12 @@ mod sessions;
 
 use carrier::{Carried, CarriedLock, Carriers};
 pub(crate) use carrier::{Carrier, Carry};
-use sessions::lock;
-pub(crate) use sessions::{Failure, Sessions};
+pub(crate) use sessions::{Failure, Idle, Sessions};
 
 /// A store and its idle connections (from released locks), shared by a backend's clones.
 pub(crate) struct Pool<S: Carry> {
     pub(crate) sessions: Arc<S>,
-    idle: Mutex<Vec<S::Conn>>,
+    idle: Arc<Idle<S::Conn>>,
     /// The connections held locks share ([`carrier`]).
     carriers: Arc<Carriers<S>>,
 }
@@ -34,13 +33,13 @@ pub(crate) struct Pool<S: Carry> {
 impl<S: Carry> Pool<S> {
     pub(crate) fn new(sessions: S) -> Self {
         let sessions = Arc::new(sessions);
-        Pool { carriers: Arc::new(Carriers::new(sessions.clone())), sessions, idle: Mutex::new(Vec::new()) }
+        Pool { carriers: Arc::new(Carriers::new(sessions.clone())), sessions, idle: Arc::new(Idle::new()) }
     }
 
     /// An idle connection (`true`: reused, the server may have closed it since) or a new one.
     pub(crate) async fn checkout(&self, name: &str) -> Result<(S::Conn, bool), LockError> {
         loop {
-            let conn = lock(&self.idle).pop();
+            let conn = self.idle.take();
             match conn {
                 Some(conn) if S::is_closed(&conn) => continue,
                 Some(conn) => return Ok((conn, true)),
@@ -60,21 +59,17 @@ impl<S: Carry> Pool<S> {
         if S::is_closed(&conn) {
             return;
         }
-        let mut idle = lock(&self.idle);
-        if idle.len() < self.sessions.max_idle() {
-            idle.push(conn);
-        }
+        self.idle.put(conn, self.sessions.max_idle());
     }
 
     /// Drops every idle connection (one was found closed: the others are suspect).
     fn drop_idle(&self) {
-        let stale = std::mem::take(&mut *lock(&self.idle));
-        drop(stale);
+        self.idle.clear();
     }
 
     /// How many idle connections are kept right now.
     pub(crate) fn idle(&self) -> usize {
-        lock(&self.idle).len()
+        self.idle.len()
     }
 
     /// The acquisition of `req`.
@@ -107,7 +102,7 @@ impl<S: Carry> Drop for SessionAcquisition<S> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.in_flight {
-                S::cancel_and_close(&self.pool.sessions, conn);
+                S::cancel_and_close(&self.pool.sessions, &self.pool.idle, conn);
             } else {
                 self.pool.checkin(conn);
             }
@@ -150,7 +145,7 @@ impl<S: Carry> SessionAcquisition<S> {
                 Ok(Ok(granted)) => return Ok(granted),
                 Err(_) => {
                     if let Some(conn) = self.conn.take() {
-                        S::cancel_and_close(&self.pool.sessions, conn);
+                        S::cancel_and_close(&self.pool.sessions, &self.pool.idle, conn);
                     }
                     return Err(LockError::timed_out(&*self.req.name, S::KIND, operation, bound));
                 }

@@ -48,7 +48,7 @@ pub(crate) trait Sessions: Send + Sync + Sized + 'static {
     /// Releases the lock held on `conn`: `false` when the session no longer held it.
     fn unlock<'a>(&'a self, conn: &'a mut Self::Conn, key: &'a Self::Key) -> BoxFuture<'a, Result<bool, Failure>>;
     /// Ends the query running on `conn` (a dropped waiter) and closes it, in the background.
-    fn cancel_and_close(sessions: &Arc<Self>, conn: Self::Conn);
+    fn cancel_and_close(sessions: &Arc<Self>, idle: &Arc<Idle<Self::Conn>>, conn: Self::Conn);
     /// Completes once `conn` is known closed; cancel-safe.
     fn closed<'a>(&'a self, conn: &'a Self::Conn) -> BoxFuture<'a, ()>;
     /// How often a held lock's connection is asked whether it is [`alive`](Self::alive), if
@@ -65,4 +65,38 @@ pub(crate) trait Sessions: Send + Sync + Sized + 'static {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A backend's idle connections (from released locks), kept for the next acquisitions.
+pub(crate) struct Idle<C> {
+    conns: Mutex<Vec<C>>,
+}
+
+impl<C> Idle<C> {
+    pub(crate) fn new() -> Self {
+        Idle { conns: Mutex::new(Vec::new()) }
+    }
+
+    /// The last one kept, if any (the server may have closed it since).
+    pub(crate) fn take(&self) -> Option<C> {
+        lock(&self.conns).pop()
+    }
+
+    /// Keeps `conn` if fewer than `max` are kept.
+    pub(crate) fn put(&self, conn: C, max: usize) {
+        let mut conns = lock(&self.conns);
+        if conns.len() < max {
+            conns.push(conn);
+        }
+    }
+
+    /// Drops every one kept.
+    pub(crate) fn clear(&self) {
+        let stale = std::mem::take(&mut *lock(&self.conns));
+        drop(stale);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.conns).len()
+    }
 }
