@@ -1,6 +1,6 @@
 //! Declarative distributed locks for async Rust.
 //!
-//! Put [`#[distributed_locked]`](distributed_locked) on an async fn and it runs only while
+//! Put [`#[distributed_locked]`][distributed_locked] on an async fn and it runs only while
 //! a lock is held, on whatever your system already runs: in-process memory and lock files of
 //! one host ([`LockManager::file`]) (always available), Redis (feature `redis`), ZooKeeper
 //! (feature `zookeeper`), PostgreSQL (feature `postgres`), MySQL/MariaDB (feature `mysql`),
@@ -33,7 +33,7 @@
 //! ```
 //!
 //! Every option (`name`, `wait`, `lease`, `retry`, `fallback`, `manager`, `on_lost`, ...) has a
-//! section with an example in the [attribute's documentation](distributed_locked).
+//! section with an example in the [attribute's documentation][distributed_locked].
 //!
 //! # Without the attribute
 //!
@@ -145,6 +145,82 @@
 //!
 //! The lock name is not a label (there may be millions of names); a bounded one can be added
 //! with [`LockManagerBuilder::metrics_name_label`] (e.g. the name up to its first `:`).
+// Links to what a feature brings, to docs.rs when the feature is off (`cargo doc` of one
+// feature alone stays clean).
+#![doc = ""]
+#![cfg_attr(feature = "macros", doc = "[distributed_locked]: distributed_locked")]
+#![cfg_attr(
+    not(feature = "macros"),
+    doc = "[distributed_locked]: https://docs.rs/lock-runtime/latest/lock_runtime/attr.distributed_locked.html"
+)]
+#![cfg_attr(feature = "redis", doc = "[`LockManager::redis`]: LockManager::redis")]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`LockManager::redis`]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.LockManager.html#method.redis"
+)]
+#![cfg_attr(feature = "redis", doc = "[`backend::redis`]: backend::redis")]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`backend::redis`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/redis/index.html"
+)]
+#![cfg_attr(feature = "zookeeper", doc = "[`LockManager::zookeeper`]: LockManager::zookeeper")]
+#![cfg_attr(
+    not(feature = "zookeeper"),
+    doc = "[`LockManager::zookeeper`]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.LockManager.html#method.zookeeper"
+)]
+#![cfg_attr(feature = "zookeeper", doc = "[`backend::zookeeper`]: backend::zookeeper")]
+#![cfg_attr(
+    not(feature = "zookeeper"),
+    doc = "[`backend::zookeeper`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/zookeeper/index.html"
+)]
+#![cfg_attr(feature = "postgres", doc = "[`LockManager::postgres`]: LockManager::postgres")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`LockManager::postgres`]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.LockManager.html#method.postgres"
+)]
+#![cfg_attr(any(feature = "postgres", feature = "sqlx"), doc = "[`backend::postgres`]: backend::postgres")]
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlx")),
+    doc = "[`backend::postgres`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/postgres/index.html"
+)]
+#![cfg_attr(feature = "mysql", doc = "[`LockManager::mysql`]: LockManager::mysql")]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`LockManager::mysql`]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.LockManager.html#method.mysql"
+)]
+#![cfg_attr(feature = "mysql", doc = "[`backend::mysql`]: backend::mysql")]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`backend::mysql`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/mysql/index.html"
+)]
+#![cfg_attr(feature = "etcd", doc = "[`LockManager::etcd`]: LockManager::etcd")]
+#![cfg_attr(
+    not(feature = "etcd"),
+    doc = "[`LockManager::etcd`]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.LockManager.html#method.etcd"
+)]
+#![cfg_attr(feature = "etcd", doc = "[`backend::etcd`]: backend::etcd")]
+#![cfg_attr(
+    not(feature = "etcd"),
+    doc = "[`backend::etcd`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/etcd/index.html"
+)]
+#![cfg_attr(feature = "conformance", doc = "[`conformance`]: conformance")]
+#![cfg_attr(
+    not(feature = "conformance"),
+    doc = "[`conformance`]: https://docs.rs/lock-runtime/latest/lock_runtime/conformance/index.html"
+)]
+#![cfg_attr(feature = "testing", doc = "[`testing`]: testing")]
+#![cfg_attr(
+    not(feature = "testing"),
+    doc = "[`testing`]: https://docs.rs/lock-runtime/latest/lock_runtime/testing/index.html"
+)]
+#![cfg_attr(
+    feature = "metrics",
+    doc = "[`LockManagerBuilder::metrics_name_label`]: LockManagerBuilder::metrics_name_label"
+)]
+#![cfg_attr(
+    not(feature = "metrics"),
+    doc = "[`LockManagerBuilder::metrics_name_label`]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.LockManagerBuilder.html#method.metrics_name_label"
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]

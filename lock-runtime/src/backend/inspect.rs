@@ -71,8 +71,14 @@ impl LockInfo {
     }
 }
 
-/// How a forced release ([`RedisBackend::force_release`](super::redis::RedisBackend::force_release),
+/// How a forced release ([`RedisBackend::force_release`],
 /// …) ended.
+#[doc = ""]
+#[cfg_attr(feature = "redis", doc = "[`RedisBackend::force_release`]: super::redis::RedisBackend::force_release")]
+#[cfg_attr(
+    not(feature = "redis"),
+    doc = "[`RedisBackend::force_release`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/redis/struct.RedisBackend.html#method.force_release"
+)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForceRelease {
     /// The lock was freed (its waiters are woken); holds the owner it was taken from.

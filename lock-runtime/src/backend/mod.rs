@@ -313,8 +313,8 @@ pub trait Renewal: Send + Sync + 'static {
 
 /// A lock store. Object-safe; used as `Arc<dyn LockBackend>`.
 ///
-/// Contract (checked by the conformance suite, [`crate::conformance`] with the feature
-/// `conformance`):
+/// Contract (checked by the conformance suite, [`crate::conformance`][conformance] with the
+/// feature `conformance`):
 /// - at most one owner holds a key at a time; only the owner can renew or release it;
 /// - fencing tokens strictly increase per key, for the life of the store;
 /// - a lock held past its lease is lost: its release reports [`LockError::is_lost`];
@@ -335,6 +335,12 @@ pub trait Renewal: Send + Sync + 'static {
 /// holders of a semaphore at once, and a `permits` that differs from the name's current
 /// holders' or waiters' is refused as [`is_invalid`](LockError::is_invalid). Multi-name locks
 /// (`lock_all`) need nothing from a backend: the runtime composes them from exclusive locks.
+#[doc = ""]
+#[cfg_attr(feature = "conformance", doc = "[conformance]: crate::conformance")]
+#[cfg_attr(
+    not(feature = "conformance"),
+    doc = "[conformance]: https://docs.rs/lock-runtime/latest/lock_runtime/conformance/index.html"
+)]
 pub trait LockBackend: Send + Sync + 'static {
     /// A short name for messages and metrics (`"memory"`, `"redis"`, …).
     fn kind(&self) -> &'static str;
