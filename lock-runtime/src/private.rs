@@ -191,10 +191,12 @@ impl<R> SkipWithDefault<R> for &Probe<R> {
 #[inline(never)]
 pub fn skip<R>(error: LockError, carry: Carry<R>, skipped: impl FnOnce() -> R) -> R {
     if error.is_contended() {
-        tracing::debug!(error = %error, "lock held elsewhere; skipping the call");
+        // The error's own advice (`wait`, a `fallback`) is for a caller that handles it; a
+        // skipped call is the outcome asked for.
+        tracing::debug!(target: "lock_runtime", lock = %crate::telemetry::shown_name(error.lock_name()), "lock held elsewhere; skipping the call (skip_if_locked)");
         return skipped();
     }
-    tracing::error!(error = %error, "lock not acquired; skipping the call");
+    tracing::error!(target: "lock_runtime", error = %error, "lock not acquired; skipping the call");
     match carry {
         Some(carry) => carry(error),
         None => skipped(),

@@ -44,6 +44,7 @@ mod capture {
     #[derive(Debug, Clone)]
     pub(crate) struct EventRec {
         pub(crate) level: Level,
+        pub(crate) target: &'static str,
         pub(crate) parent: Option<u64>,
         pub(crate) fields: BTreeMap<String, String>,
     }
@@ -107,7 +108,12 @@ mod capture {
             let parent = event.parent().map(Id::into_u64).or_else(|| event.is_contextual().then(current).flatten());
             let mut fields = BTreeMap::new();
             event.record(&mut Fields(&mut fields));
-            records().events.push(EventRec { level: *event.metadata().level(), parent, fields });
+            records().events.push(EventRec {
+                level: *event.metadata().level(),
+                target: event.metadata().target(),
+                parent,
+                fields,
+            });
         }
         fn enter(&self, span: &Id) {
             ENTERED.with(|e| e.borrow_mut().push(span.into_u64()));
@@ -289,6 +295,41 @@ async fn guarded(manager: &LockManager, name: &str) -> &'static str {
 
 async fn not_now(_: &LockManager, _: &str) -> &'static str {
     "fallback"
+}
+
+#[distributed_locked(name = "{name}", manager = manager, skip_if_locked)]
+async fn nightly(manager: &LockManager, name: &str) -> u32 {
+    1
+}
+
+/// A `skip_if_locked` call that finds its lock held logs one debug event under the crate's
+/// target (`lock_runtime`, not its private module's path), naming the lock and the skip, with
+/// none of the error's advice (raise `wait`, give a `fallback`), which that mode refuses.
+#[tokio::test]
+async fn a_skipped_call_logs_under_the_crates_target_without_advice() {
+    capture::install();
+    let backend = TestBackend::new();
+    let manager = LockManager::builder().backend(backend.clone());
+    let test = "skipped call";
+    async {
+        let _held = backend.hold("nightly-report");
+        assert_eq!(nightly(&manager, "nightly-report").await, 0, "skipped");
+    }
+    .instrument(root(test))
+    .await;
+    let (spans, events) = capture::snapshot();
+    let root = root_id(&spans, test);
+    let mine: Vec<&EventRec> = events.iter().filter(|e| under(&spans, e.parent, root)).collect();
+    let skipped = mine
+        .iter()
+        .find(|e| e.fields.get("message").is_some_and(|m| m.contains("skipping the call")))
+        .unwrap_or_else(|| panic!("the skip's event: {mine:#?}"));
+    assert_eq!(skipped.target, "lock_runtime", "{skipped:?}");
+    assert_eq!(skipped.fields.get("lock").map(String::as_str), Some("nightly-report"), "{skipped:?}");
+    let text = format!("{:?}", skipped.fields);
+    assert!(!text.contains("`fallback`"), "{text}");
+    assert!(!text.contains("raise `wait`"), "{text}");
+    assert!(mine.iter().all(|e| !e.target.contains("__private") && !e.target.ends_with("::private")), "{mine:#?}");
 }
 
 /// With hashed or hidden names, the raw name (`user:…@example.com`) appears in no span field

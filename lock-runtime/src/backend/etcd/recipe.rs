@@ -428,7 +428,10 @@ impl Drop for EtcdAcquisition {
                     let failed = !matches!(task.await, Ok(Ok(_)));
                     cleanup(&shared, key, session, bound, failed);
                 };
-                crate::background::finish(undo, "could not remove the key of a dropped acquisition; the lease will");
+                crate::background::finish(
+                    undo,
+                    "could not remove the key of a dropped acquisition; its lease will remove it",
+                );
             }
             State::Queued { key, session, .. } => cleanup(&self.shared, key, session, bound, false),
             State::Idle | State::Granted => {}
@@ -511,7 +514,7 @@ fn cleanup(shared: &Arc<Shared>, key: String, session: Arc<Session>, bound: Dura
             owed.delete().await;
         }
     };
-    crate::background::finish(delete, "could not remove the key of a dropped acquisition; the lease will");
+    crate::background::finish(delete, "could not remove the key of a dropped acquisition; its lease will remove it");
 }
 
 /// A deletion the library owes the store: a release, a dropped guard's or acquisition's key,
@@ -674,7 +677,10 @@ impl Drop for EtcdHeld {
             let client = self.shared.client.clone();
             let session = self.session.clone();
             let delete = delete_at(client, std::mem::take(&mut self.key), self.revision, session, at, self.bound());
-            crate::background::finish(delete, "could not finish a release whose answer never came; the lease will");
+            crate::background::finish(
+                delete,
+                "could not finish a release whose answer never came; its lease will free the lock",
+            );
         }
     }
 }

@@ -306,13 +306,17 @@ pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
                         call.owe(started + lease);
                     }
                     _ => {
-                        tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left; its lease will");
+                        tracing::warn!(lock = %shown, error = %crate::telemetry::shown_error(&e), "could not undo what a dropped acquisition left; its lease will free the lock");
                     }
                 }
             }
         }
     };
-    finish_in_background(&runtime, undo, "could not undo what a dropped acquisition left; its lease will");
+    finish_in_background(
+        &runtime,
+        undo,
+        "could not undo what a dropped acquisition left; its lease will free the lock",
+    );
 }
 
 /// A lock held in Redis, of any kind: the mutex's key, or a read-write lock's or semaphore's
