@@ -319,7 +319,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             return Ok(Box::new(lock_runtime::backend::redis::RedisBackend::connect_with(url, options).await?));
         }
         #[cfg(not(feature = "redis"))]
-        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {url}")));
+        return Err(Failure::Error(format!(
+            "built without the `redis` feature (build it with `--features redis`): cannot use {url}"
+        )));
     }
     if let Some(urls) = matches.get_one::<String>("redis-cluster") {
         #[cfg(feature = "redis")]
@@ -328,7 +330,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             return Ok(Box::new(lock_runtime::backend::redis::RedisBackend::cluster(list(urls), options).await?));
         }
         #[cfg(not(feature = "redis"))]
-        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls}")));
+        return Err(Failure::Error(format!(
+            "built without the `redis` feature (build it with `--features redis`): cannot use {urls}"
+        )));
     }
     if let Some(urls) = matches.get_one::<String>("redis-sentinel") {
         let master = matches.get_one::<String>("master").map_or("", String::as_str);
@@ -339,7 +343,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             return Ok(Box::new(backend));
         }
         #[cfg(not(feature = "redis"))]
-        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls} ({master})")));
+        return Err(Failure::Error(format!(
+            "built without the `redis` feature (build it with `--features redis`): cannot use {urls} ({master})"
+        )));
     }
     if let Some(urls) = matches.get_one::<String>("redlock") {
         #[cfg(feature = "redis")]
@@ -348,7 +354,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             return Ok(Box::new(redlock::Quorum::connect(&list(urls), options).await?));
         }
         #[cfg(not(feature = "redis"))]
-        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {urls}")));
+        return Err(Failure::Error(format!(
+            "built without the `redis` feature (build it with `--features redis`): cannot use {urls}"
+        )));
     }
     if let Some(endpoints) = matches.get_one::<String>("etcd") {
         #[cfg(feature = "etcd")]
@@ -378,7 +386,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             return Ok(Box::new(EtcdBackend::connect_with(list(endpoints), options).await?));
         }
         #[cfg(not(feature = "etcd"))]
-        return Err(Failure::Error(format!("built without the `etcd` feature: cannot use {endpoints}")));
+        return Err(Failure::Error(format!(
+            "built without the `etcd` feature (build it with `--features etcd`): cannot use {endpoints}"
+        )));
     }
     if let Some(url) = matches.get_one::<String>("postgres") {
         #[cfg(feature = "postgres")]
@@ -397,7 +407,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             return Ok(Box::new(PostgresBackend::connect_with(url, options).await?));
         }
         #[cfg(not(feature = "postgres"))]
-        return Err(Failure::Error(format!("built without the `postgres` feature: cannot use {url}")));
+        return Err(Failure::Error(format!(
+            "built without the `postgres` feature (build it with `--features postgres`): cannot use {url}"
+        )));
     }
     if tls_given(matches) {
         return Err(Failure::Error(
@@ -433,7 +445,9 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
         Ok(Box::new(ZookeeperBackend::connect_with(hosts, options).await?))
     }
     #[cfg(not(feature = "zookeeper"))]
-    Err(Failure::Error(format!("built without the `zookeeper` feature: cannot use {hosts}")))
+    Err(Failure::Error(format!(
+        "built without the `zookeeper` feature (build it with `--features zookeeper`): cannot use {hosts}"
+    )))
 }
 
 /// `--url URL`: the backend `LockManager::connect(URL)` would use, seen through its
@@ -456,7 +470,10 @@ async fn connect_url(url: &str, matches: &ArgMatches) -> Result<Box<dyn Inspect>
             return Ok(Box::new(redlock::Quorum::connect(&nodes, options).await?));
         }
         #[cfg(not(feature = "redis"))]
-        return Err(Failure::Error(format!("built without the `redis` feature: cannot use {} nodes", nodes.len())));
+        return Err(Failure::Error(format!(
+            "built without the `redis` feature (build it with `--features redis`): cannot use {} nodes",
+            nodes.len()
+        )));
     }
     if scheme.as_deref() == Some("memory") {
         return Err(Failure::Error(
