@@ -88,6 +88,18 @@ struct RawOption {
 
 impl Parse for RawOption {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        // A value with no key (`#[distributed_locked("order:{id}")]`): say which key it wants.
+        if input.peek(syn::Lit) {
+            let lit: syn::Lit = input.parse()?;
+            let hint = match &lit {
+                syn::Lit::Str(s) => {
+                    format!("options are `key = value` pairs: write `name = {:?}` for the lock's name", s.value())
+                }
+                _ => "options are `key = value` pairs (`name = \"..\"`, `wait = \"2s\"`, ..): this value has no key"
+                    .to_owned(),
+            };
+            return Err(syn::Error::new(lit.span(), hint));
+        }
         let key = Ident::parse_any(input)?;
         if FLAGS.contains(&key.to_string().as_str()) {
             if input.peek(Token![=]) {
@@ -519,5 +531,7 @@ mod tests {
         assert!(parse_err(quote!(fallback = "f"))[0].contains("path of an async fn"));
         assert!(parse_err(quote!(crate = "not a path"))[0].contains("`crate`"));
         assert!(parse_err(quote!(wait))[0].contains("expected `=` after `wait`"));
+        assert!(parse_err(quote!("e"))[0].contains("write `name = \"e\"`"), "{:?}", parse_err(quote!("e")));
+        assert!(parse_err(quote!(name = "a", 5))[0].contains("this value has no key"));
     }
 }
