@@ -15,7 +15,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// let manager = lock_runtime::LockManager::memory();
 /// let err = manager.lock("").await.unwrap_err();
 /// assert!(err.is_invalid());
-/// assert!(err.to_string().contains("lock ``"));
+/// assert!(err.to_string().starts_with("invalid input: "));
 /// # }
 /// ```
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,12 @@ pub enum LockError {
         reason: String,
     },
     /// The backend failed or could not be reached within its time bound.
-    #[error("lock `{name}`: the {backend} backend failed to {operation}: {source}; {hint}", hint = hint(source))]
+    #[error(
+        "{}the {backend} backend failed to {operation}{}: {source}; {hint}",
+        subject(name, operation),
+        server(name, operation),
+        hint = hint(source)
+    )]
     Backend {
         /// The lock's name (without the manager prefix).
         name: String,
@@ -59,7 +64,7 @@ pub enum LockError {
         source: BoxError,
     },
     /// Bad input: an empty or over-long name, a zero or absurd duration, a malformed URL, ….
-    #[error("lock `{name}`: invalid input: {reason}")]
+    #[error("{}invalid input: {reason}", subject(name, ""))]
     Invalid {
         /// The lock's name (without the manager prefix), or the URL/host string being parsed.
         name: String,
@@ -226,6 +231,26 @@ impl LockError {
 
 /// What to check after a backend failure, from what its source says: the TLS settings after a
 /// refused handshake, the credentials after a refused login or command, else the server.
+/// What an error is about, as its message starts: `` lock `name`: ``, a server's address
+/// (`` `redis://db:6379`: ``, said after the operation for a connect, see [`server`]), or
+/// nothing when there is no name (a backend's setup).
+fn subject(name: &str, operation: &str) -> String {
+    match name {
+        "" => String::new(),
+        _ if name.contains("://") && operation == "connect" => String::new(),
+        _ if name.contains("://") => format!("`{name}`: "),
+        _ => format!("lock `{name}`: "),
+    }
+}
+
+/// The server a connect failed to reach, when the error's name is one: `` to `redis://db` ``.
+fn server(name: &str, operation: &str) -> String {
+    match operation == "connect" && name.contains("://") {
+        true => format!(" to `{name}`"),
+        false => String::new(),
+    }
+}
+
 fn hint(source: &BoxError) -> &'static str {
     let text = source.to_string();
     let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
@@ -258,5 +283,21 @@ mod tests {
         assert!(shown("invalid peer certificate: UnknownIssuer").contains("TLS settings"));
         assert!(shown("WRONGPASS invalid username-password pair").contains("credentials"));
         assert!(shown("Connection refused (os error 111)").contains("reachable"));
+    }
+
+    /// An error names what it is about once: a lock, a server (after the operation, for a
+    /// connect), or nothing at all, never an empty ``lock ``: `` nor a URL called a lock.
+    #[test]
+    fn an_error_names_its_lock_or_its_server() {
+        let refused = || "Connection refused (os error 111)".to_owned();
+        let text = LockError::backend("redis://db:6379", "redis", "connect", refused()).to_string();
+        assert!(text.starts_with("the redis backend failed to connect to `redis://db:6379`: "), "{text}");
+        let text = LockError::backend("", "postgres", "connect", refused()).to_string();
+        assert!(text.starts_with("the postgres backend failed to connect: "), "{text}");
+        let text = LockError::backend("order:1", "postgres", "connect", refused()).to_string();
+        assert!(text.starts_with("lock `order:1`: the postgres backend failed to connect: "), "{text}");
+        assert_eq!(LockError::invalid("", "not a URL").to_string(), "invalid input: not a URL");
+        assert_eq!(LockError::invalid("redis://x", "bad").to_string(), "`redis://x`: invalid input: bad");
+        assert_eq!(LockError::invalid("order:1", "too long").to_string(), "lock `order:1`: invalid input: too long");
     }
 }
