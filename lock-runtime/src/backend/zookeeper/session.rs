@@ -163,8 +163,8 @@ impl Shared {
         Ok(session)
     }
 
-    /// The current session if it is connected; waits briefly for a disconnected one to
-    /// reconnect; `None` when there is none.
+    /// The current session if it is connected; waits up to half the operation timeout for a
+    /// disconnected one to reconnect; `None` when there is none.
     async fn usable(&self, name: &str, operation: &'static str) -> Result<Option<Arc<Session>>, LockError> {
         let Some(session) = lock(&self.current).clone() else { return Ok(None) };
         if session.is_dead() {
@@ -178,7 +178,10 @@ impl Shared {
         if state.is_terminated() {
             return Ok(None);
         }
-        let patience = (self.options.get_operation_timeout() / 2).min(Duration::from_secs(1));
+        // Half the operation's bound: a client reconnecting after a server restart can take more
+        // than a second on a loaded machine (a fresh-clone CI run saw the first `lock()` after a
+        // restart fail at 1 s), and the operation itself keeps the other half.
+        let patience = self.options.get_operation_timeout() / 2;
         let until = tokio::time::Instant::now() + patience;
         while state != SessionState::SyncConnected && !state.is_terminated() {
             match tokio::time::timeout_at(until, watcher.changed()).await {
