@@ -138,15 +138,13 @@ async fn a_carrier_never_takes_a_lock_twice() {
         w.release().await.unwrap();
     });
     let admin = server.admin().await;
-    while admin
-        .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
-        tokio::task::yield_now().await;
-    }
+    // No signal tells that the writer queued on the server: looked at every 10 ms, 30 s at most.
+    lock_tests::eventually("the writer queued on the server", Duration::from_secs(30), async || {
+        let sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+        let queued: i64 = admin.query_one(sql, &[]).await.expect("pg_locks").get(0);
+        lock_tests::reached(queued, 1)
+    })
+    .await;
     assert!(m.try_read_lock("shared").await.expect("try").is_none(), "a waiting writer blocks new readers");
     for r in readers {
         r.release().await.unwrap();
