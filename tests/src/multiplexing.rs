@@ -56,3 +56,24 @@ pub async fn dropped_attempts_leave_nothing(m: &LockManager, other: &LockManager
         m.lock(&name).wait(Duration::from_secs(5)).await.expect("free for the same manager").release().await.unwrap();
     }
 }
+
+/// `m.lock(name)` dropped after its first poll (its attempt sent on a carrier, the caller gone)
+/// `rounds` times over distinct names: each name is free for `other` right after (5 s bound a
+/// hang: a lock left on the carrier stays held for good). The undo runs in the background
+/// beside the attempt, so this is a race to repeat, not a case to hit once.
+pub async fn attempts_dropped_at_once_are_undone(m: &LockManager, other: &LockManager, rounds: usize) {
+    for round in 0..rounds {
+        let name = format!("undone{round}");
+        let mut attempt = Box::pin(m.lock(&name).wait(Duration::from_secs(5)).into_future());
+        if let Poll::Ready(out) = crate::poll_once(&mut attempt).await {
+            out.expect("granted").release().await.unwrap();
+        }
+        drop(attempt);
+        let again = other.lock(&name).wait(Duration::from_secs(5)).await;
+        again
+            .unwrap_or_else(|e| panic!("round {round}: the dropped attempt's lock stayed taken: {e}"))
+            .release()
+            .await
+            .unwrap();
+    }
+}

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use lock_runtime::backend::mysql::{lock_name, MysqlBackend, MysqlOptions};
 use lock_runtime::{LockManager, LockManagerBuilder};
-use lock_tests::multiplexing::{after_a_carriers_death, dropped_attempts_leave_nothing, hold};
+use lock_tests::multiplexing::{
+    after_a_carriers_death, attempts_dropped_at_once_are_undone, dropped_attempts_leave_nothing, hold,
+};
 use lock_tests::mysql_server::MysqlServer;
 use mysql_async::prelude::Queryable;
 
@@ -137,4 +139,20 @@ async fn an_attempt_dropped_after_any_poll_leaves_nothing() {
     dropped_attempts_leave_nothing(&m, &other, 16).await;
     assert!(other.try_lock("neighbour").await.unwrap().is_none(), "the carrier's other lock is still held");
     neighbour.release().await.expect("the neighbour's release");
+}
+
+/// An attempt dropped right after its first poll, 300 times, on a worker where a task spawned
+/// last runs first (one worker: deterministic): its undo (a `RELEASE_LOCK` sent in the
+/// background) never runs before the attempt's own `GET_LOCK` on the carrier, which would leave
+/// the lock held on the carrier for good (a fresh-clone CI run saw the conformance case
+/// `lock_all_cancelled_after_any_poll_rolls_back` fail so; this failed in round 0 before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn an_attempt_dropped_at_once_is_undone_after_it() {
+    let server = MysqlServer::start();
+    let m = LockManager::mysql(server.url()).await.expect("connect");
+    let other = LockManager::mysql(server.url()).await.expect("other");
+    m.lock("warm").await.expect("a carrier opened").release().await.expect("release");
+    // On a worker (not the test's own thread), where a task spawned last runs first.
+    let rounds = tokio::spawn(async move { attempts_dropped_at_once_are_undone(&m, &other, 300).await });
+    rounds.await.expect("rounds");
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use lock_runtime::backend::postgres::{PostgresBackend, PostgresOptions};
 use lock_runtime::backend::{ForceRelease, Inspect};
 use lock_runtime::{LockGuard, LockManager, LockManagerBuilder};
-use lock_tests::multiplexing::{after_a_carriers_death, dropped_attempts_leave_nothing, hold};
+use lock_tests::multiplexing::{
+    after_a_carriers_death, attempts_dropped_at_once_are_undone, dropped_attempts_leave_nothing, hold,
+};
 use lock_tests::pg_server::PgServer;
 
 /// The suite with every lock on a connection of its own (multiplexing off).
@@ -161,6 +163,18 @@ async fn an_attempt_dropped_after_any_poll_leaves_nothing() {
     let other = LockManager::connect(format!("{}?multiplexing=0", server.url())).await.expect("other");
     m.lock("warm").await.unwrap().release().await.unwrap();
     dropped_attempts_leave_nothing(&m, &other, 12).await;
+}
+
+/// An attempt dropped right after its first poll, 300 times, on a worker where a task spawned
+/// last runs first: its undo never overtakes its attempt (as on MySQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn an_attempt_dropped_at_once_is_undone_after_it() {
+    let server = PgServer::start();
+    let m = LockManager::postgres(server.url()).await.expect("connect");
+    let other = LockManager::connect(format!("{}?multiplexing=0", server.url())).await.expect("other");
+    m.lock("warm").await.expect("a carrier opened").release().await.expect("release");
+    let rounds = tokio::spawn(async move { attempts_dropped_at_once_are_undone(&m, &other, 300).await });
+    rounds.await.expect("rounds");
 }
 
 /// A carried lock is inspected with its owner, token and process like any other; a forced

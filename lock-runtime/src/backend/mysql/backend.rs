@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
+use tokio::sync::OwnedMutexGuard;
 
 use super::conn::MyConn;
 pub use super::options::MysqlOptions;
@@ -83,13 +84,22 @@ async fn release_lock(conn: &mut Conn, key: &MyKey) -> Result<bool, Failure> {
     }
 }
 
-/// Runs `query` in a task of its own, to its end even if the caller goes away.
-async fn to_the_end<T: Send + 'static>(
+/// Runs `query` on `conn` in a task of its own, to its end even if the caller goes away. The
+/// connection is taken in the caller's task before that task starts, so queries sent one after
+/// another run in that order: an undo sent after a dropped attempt (from a task spawned later,
+/// which may well run first) runs after the attempt's own query, never before it.
+async fn to_the_end<T, Q>(
+    conn: &MyConn,
     name: Arc<str>,
     operation: &'static str,
-    query: impl std::future::Future<Output = Result<T, Failure>> + Send + 'static,
-) -> Result<T, Failure> {
-    match tokio::spawn(query).await {
+    query: impl FnOnce(OwnedMutexGuard<Option<Conn>>) -> Q,
+) -> Result<T, Failure>
+where
+    T: Send + 'static,
+    Q: std::future::Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    let turn = conn.take_turn().await;
+    match tokio::spawn(query(turn)).await {
         Ok(answer) => answer,
         Err(e) => Err(Failure::Failed(LockError::backend(&*name, KIND, operation, e))),
     }
@@ -180,7 +190,7 @@ impl Sessions for MySessions {
             }
             // Closed, not merely dropped: a grant that raced the kill is freed with the session
             // (the driver reads the waiter's answer, then says goodbye), within the bound.
-            let open = conn.shared().lock().await.take();
+            let open = conn.take_turn().await.take();
             if let Some(open) = open {
                 let _ = tokio::time::timeout(bound, open.disconnect()).await;
             }
@@ -250,18 +260,16 @@ impl Carry for MySessions {
     /// In a task of its own: the driver reads an answer in the query's future, so a caller
     /// that went away midway would leave the shared connection with an answer half read.
     fn try_carried<'a>(&'a self, conn: &'a MyConn, key: &'a MyKey) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
-        let (shared, key) = (conn.shared(), key.clone());
-        Box::pin(to_the_end(key.name.clone(), "attempt", async move {
-            let mut conn = shared.lock().await;
+        let key = key.clone();
+        Box::pin(to_the_end(conn, key.name.clone(), "attempt", |mut conn| async move {
             get_lock(open(&mut conn, &key.name, "attempt")?, &key, None).await
         }))
     }
 
     /// In a task of its own, as [`try_carried`](Self::try_carried).
     fn unlock_carried<'a>(&'a self, conn: &'a MyConn, key: &'a MyKey) -> BoxFuture<'a, Result<bool, Failure>> {
-        let (shared, key) = (conn.shared(), key.clone());
-        Box::pin(to_the_end(key.name.clone(), "release", async move {
-            let mut conn = shared.lock().await;
+        let key = key.clone();
+        Box::pin(to_the_end(conn, key.name.clone(), "release", |mut conn| async move {
             release_lock(open(&mut conn, &key.name, "release")?, &key).await
         }))
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use mysql_async::Conn;
-use tokio::sync::{watch, Mutex, MutexGuard};
+use tokio::sync::{watch, Mutex, MutexGuard, OwnedMutexGuard};
 
 pub(super) struct MyConn {
     /// `None` once closed by [`abort`](Self::abort).
@@ -32,9 +32,10 @@ impl MyConn {
         self.inner.lock().await
     }
 
-    /// The connection, for a task of its own.
-    pub(super) fn shared(&self) -> Arc<Mutex<Option<Conn>>> {
-        self.inner.clone()
+    /// The connection once the query before is done, for a task of its own: queries run in
+    /// the order their callers asked (waiting turns are first come, first served).
+    pub(super) async fn take_turn(&self) -> OwnedMutexGuard<Option<Conn>> {
+        self.inner.clone().lock_owned().await
     }
 
     /// Whether it is known closed (a connection busy with a query is taken as open).
