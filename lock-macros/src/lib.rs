@@ -431,7 +431,8 @@ mod template;
 /// `mode = write` takes its write side (`manager.write_lock(name)`). Read-write locks are a
 /// namespace apart from the plain lock of the same name. In one task, a read inside a read or
 /// a write re-enters; a write inside a read is refused with an `is_invalid()` error (it would
-/// deadlock). Backends: memory, Redis and ZooKeeper.
+/// deadlock). Backends: memory, Redis (one server, Cluster, Sentinel), ZooKeeper, etcd and
+/// PostgreSQL.
 ///
 /// ```
 /// use lock_runtime::{distributed_locked, LockError, LockManager};
@@ -456,7 +457,8 @@ mod template;
 ///
 /// `permits = N` (an integer of at least 1) takes one of `N` permits of the semaphore `name`
 /// (`manager.semaphore(name, N)`): at most `N` calls run at once. Every holder of a name must
-/// agree on `N`. Backends: memory, Redis and ZooKeeper.
+/// agree on `N`. Backends: memory, Redis (one server, Cluster, Sentinel), ZooKeeper, etcd and
+/// PostgreSQL (at most 64 permits).
 ///
 /// ```
 /// use lock_runtime::{distributed_locked, LockError, LockManager};

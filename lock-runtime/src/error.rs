@@ -102,6 +102,13 @@ pub enum LockError {
         /// The server's message.
         message: String,
     },
+    /// The manager was shut down ([`LockManager::shutdown`](crate::LockManager::shutdown)):
+    /// it takes no lock any more, and a wait or a campaign under way ended.
+    #[error("lock `{name}`: the lock manager was shut down; it takes no lock any more")]
+    ShutDown {
+        /// The lock's name.
+        name: String,
+    },
     /// The attribute found no manager.
     #[error(
         "lock `{name}`: no lock manager is configured; call `lock_runtime::set_default(manager)` at \
@@ -173,6 +180,13 @@ impl LockError {
         matches!(self, LockError::NotConfigured { .. })
     }
 
+    /// The manager was shut down ([`LockManager::shutdown`](crate::LockManager::shutdown)):
+    /// not retryable on this manager; a leader loop ([`Election::lead`](crate::Election::lead),
+    /// the attribute's `leader`) ends with it.
+    pub fn is_shut_down(&self) -> bool {
+        matches!(self, LockError::ShutDown { .. })
+    }
+
     /// The name of the lock this error is about (without the manager prefix).
     pub fn lock_name(&self) -> &str {
         match self {
@@ -182,6 +196,7 @@ impl LockError {
             | LockError::Invalid { name, .. }
             | LockError::Fenced { name, .. }
             | LockError::Conflict { name, .. }
+            | LockError::ShutDown { name }
             | LockError::NotConfigured { name } => name,
         }
     }

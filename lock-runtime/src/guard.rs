@@ -94,6 +94,15 @@ impl LockGuard {
         self
     }
 
+    /// Its lock as the manager's shutdown releases it, told this guard's signal and
+    /// `hold_at_least` (`None` for an in-process lock, or once released).
+    pub(crate) fn shared_for_shutdown(&self) -> Option<&Arc<crate::backend::SharedHeld>> {
+        let state = self.state.as_ref()?;
+        let shared = state.lock.shared()?;
+        shared.held_by(&self.name, &self.lost, state.hold_until);
+        Some(shared)
+    }
+
     #[inline(always)]
     pub(crate) fn hold_span(&self) -> Option<&tracing::Span> {
         self.state.as_ref().and_then(|state| state.holding.span())

@@ -12,7 +12,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::LockError;
@@ -89,34 +90,28 @@ pub struct Grant {
 /// A granted lock's [`HeldLock`], as a [`Grant`] carries it: `Held::new(your_lock)`.
 ///
 /// The in-process backend's locks are kept inline (no allocation on its fast path); every
-/// other backend's are boxed.
+/// other backend's are shared between the guard and its manager's
+/// [`shutdown`](crate::LockManager::shutdown), and released by whichever comes first.
 pub struct Held(HeldRepr);
 
 enum HeldRepr {
     Memory(memory::MemoryHeld),
-    Boxed(Box<Bounded<dyn HeldLock>>),
-}
-
-/// A boxed lock with what bounds the release its guard awaits: the backend's operation timeout
-/// and kind (in the box, so that a guard stays small on the in-process path, which never
-/// awaits a release).
-struct Bounded<L: ?Sized> {
-    bound: Duration,
-    kind: &'static str,
-    lock: L,
+    Shared(Arc<SharedHeld>),
 }
 
 impl Held {
     /// Wraps a backend's held lock.
     pub fn new(lock: impl HeldLock) -> Self {
-        Held(HeldRepr::Boxed(Box::new(Bounded { bound: Duration::from_secs(5), kind: "backend", lock })))
+        Held(HeldRepr::Shared(Arc::new(SharedHeld::new(Box::new(lock)))))
     }
 
     /// Sets what bounds an awaited release: the backend's operation timeout and kind.
     #[inline]
-    pub(crate) fn bound_by(&mut self, (bound, kind): (Duration, &'static str)) {
-        if let HeldRepr::Boxed(boxed) = &mut self.0 {
-            (boxed.bound, boxed.kind) = (bound, kind);
+    pub(crate) fn bound_by(&mut self, bound: (Duration, &'static str)) {
+        if let HeldRepr::Shared(shared) = &mut self.0 {
+            if let Some(shared) = Arc::get_mut(shared) {
+                shared.bound = bound;
+            }
         }
     }
 
@@ -124,7 +119,16 @@ impl Held {
     pub(crate) fn bound(&self) -> (Duration, &'static str) {
         match &self.0 {
             HeldRepr::Memory(_) => (Duration::from_secs(5), "memory"),
-            HeldRepr::Boxed(boxed) => (boxed.bound, boxed.kind),
+            HeldRepr::Shared(shared) => shared.bound,
+        }
+    }
+
+    /// The lock as its manager's shutdown releases it (`None` for an in-process one, which
+    /// goes with its process).
+    pub(crate) fn shared(&self) -> Option<&Arc<SharedHeld>> {
+        match &self.0 {
+            HeldRepr::Memory(_) => None,
+            HeldRepr::Shared(shared) => Some(shared),
         }
     }
 
@@ -132,11 +136,12 @@ impl Held {
         Held(HeldRepr::Memory(lock))
     }
 
-    /// [`HeldLock::release`].
+    /// [`HeldLock::release`]. A lock its manager's shutdown released already is `Ok` here
+    /// (its guard reports it lost).
     pub fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => lock.release(),
-            HeldRepr::Boxed(boxed) => boxed.lock.release(),
+            HeldRepr::Shared(shared) => Box::pin(shared.release(None)),
         }
     }
 
@@ -145,7 +150,7 @@ impl Held {
     pub fn release_now(&mut self) -> Option<Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => lock.release_now(),
-            HeldRepr::Boxed(boxed) => boxed.lock.release_now(),
+            HeldRepr::Shared(shared) => shared.release_now(),
         }
     }
 
@@ -153,7 +158,7 @@ impl Held {
     pub fn release_after(&mut self, remaining: Duration) -> BoxFuture<'_, Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => Box::pin(std::future::ready(lock.release_after_now(remaining))),
-            HeldRepr::Boxed(boxed) => boxed.lock.release_after(remaining),
+            HeldRepr::Shared(shared) => Box::pin(shared.release(Some(remaining))),
         }
     }
 
@@ -163,7 +168,7 @@ impl Held {
     pub(crate) fn release_after_now(&mut self, remaining: Duration) -> Option<Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => Some(lock.release_after_now(remaining)),
-            HeldRepr::Boxed(_) => None,
+            HeldRepr::Shared(_) => None,
         }
     }
 
@@ -171,7 +176,7 @@ impl Held {
     pub fn renewal(&self) -> Option<Box<dyn Renewal>> {
         match &self.0 {
             HeldRepr::Memory(lock) => lock.renewal(),
-            HeldRepr::Boxed(boxed) => boxed.lock.renewal(),
+            HeldRepr::Shared(shared) => shared.renewal(),
         }
     }
 }
@@ -204,6 +209,108 @@ impl<L: HeldLock + ?Sized> HeldLock for Box<L> {
 
     fn renewal(&self) -> Option<Box<dyn Renewal>> {
         (**self).renewal()
+    }
+}
+
+/// Why a shutdown's release takes a lock away from its holder.
+pub(crate) const SHUT_DOWN: &str = "the lock manager was shut down";
+
+/// A backend's held lock, shared by its guard and its manager's shutdown: whichever comes
+/// first releases it, once. The guard's release (awaited, or in the background after a drop)
+/// holds the lock's slot until the store answered, so a shutdown that comes meanwhile waits for
+/// that release instead of racing it; a shutdown that comes first fires the holder's `lost()`,
+/// releases, and leaves the slot empty, so the guard's own release later does nothing and
+/// reports the lock lost.
+pub(crate) struct SharedHeld {
+    /// The backend's operation timeout and kind: what bounds an awaited release.
+    pub(crate) bound: (Duration, &'static str),
+    /// `None` once released.
+    lock: tokio::sync::Mutex<Option<Box<dyn HeldLock>>>,
+    /// Its name, its holder's signal and `hold_at_least`'s end, told by the manager when it
+    /// registers the lock for its shutdown.
+    holder: OnceLock<(Arc<str>, LostSignal, Option<Instant>)>,
+    /// Released by a shutdown: its guard's release reports it lost.
+    taken: AtomicBool,
+}
+
+impl SharedHeld {
+    pub(crate) fn new(lock: Box<dyn HeldLock>) -> Self {
+        SharedHeld {
+            bound: (Duration::from_secs(5), "backend"),
+            lock: tokio::sync::Mutex::new(Some(lock)),
+            holder: OnceLock::new(),
+            taken: AtomicBool::new(false),
+        }
+    }
+
+    /// Tells the lock its name, its holder's signal and when `hold_at_least` ends, for a
+    /// shutdown.
+    pub(crate) fn held_by(&self, name: &Arc<str>, lost: &LostSignal, hold_until: Option<Instant>) {
+        let _ = self.holder.set((name.clone(), lost.clone(), hold_until));
+    }
+
+    /// What a release finds once the lock is gone: lost when a shutdown took it.
+    fn gone(&self) -> Result<(), LockError> {
+        match (self.taken.load(Ordering::Acquire), self.holder.get()) {
+            (true, Some((name, ..))) => Err(LockError::lost(&**name, SHUT_DOWN)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The guard's release (`release_after` with `remaining`); nothing to do once released.
+    pub(crate) async fn release(&self, remaining: Option<Duration>) -> Result<(), LockError> {
+        let mut slot = self.lock.lock().await;
+        let Some(lock) = slot.as_mut() else { return self.gone() };
+        let released = match remaining {
+            None => lock.release().await,
+            Some(remaining) => lock.release_after(remaining).await,
+        };
+        // Emptied once answered (an answer either way: a release dropped before it leaves the
+        // slot full, and the guard's drop releases again).
+        *slot = None;
+        released
+    }
+
+    /// [`HeldLock::release_now`], when nothing else is releasing it.
+    pub(crate) fn release_now(&self) -> Option<Result<(), LockError>> {
+        let mut slot = self.lock.try_lock().ok()?;
+        let Some(lock) = slot.as_mut() else { return Some(self.gone()) };
+        let released = lock.release_now()?;
+        *slot = None;
+        Some(released)
+    }
+
+    pub(crate) fn renewal(&self) -> Option<Box<dyn Renewal>> {
+        self.lock.try_lock().ok()?.as_ref()?.renewal()
+    }
+
+    /// The shutdown's release: waits for a release under way to finish; a lock still held
+    /// fires its holder's `lost()`, then is released (a `hold_at_least` still running keeps the
+    /// name taken for its remainder, by the store). Bounded by the backend's operation timeout.
+    pub(crate) async fn shut_down(&self) -> Result<(), LockError> {
+        let (bound, kind) = self.bound;
+        let release = async {
+            let mut slot = self.lock.lock().await;
+            let Some(lock) = slot.as_mut() else { return Ok(()) };
+            self.taken.store(true, Ordering::Release);
+            let remaining = match self.holder.get() {
+                Some((_, lost, hold_until)) => {
+                    lost.fire(SHUT_DOWN);
+                    hold_until.map(|until| until.saturating_duration_since(crate::clock::now()))
+                }
+                None => None,
+            };
+            let released = match remaining.filter(|r| !r.is_zero()) {
+                None => lock.release().await,
+                Some(remaining) => lock.release_after(remaining).await,
+            };
+            *slot = None;
+            released
+        };
+        match crate::bounded::bounded(bound, release).await {
+            Some(released) => released,
+            None => Err(LockError::timed_out("", kind, "release at shutdown", bound)),
+        }
     }
 }
 
@@ -393,6 +500,14 @@ pub trait LockBackend: Send + Sync + 'static {
     /// ```
     fn inspector(&self) -> Option<&dyn Inspect> {
         None
+    }
+
+    /// Ends what the store keeps for this backend beyond its locks (a session, a lease,
+    /// connections), at [`LockManager::shutdown`](crate::LockManager::shutdown), once every
+    /// lock the manager held was released. Bounded by the runtime with the operation timeout;
+    /// the backend takes no lock after it. The default does nothing.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
     }
 }
 

@@ -31,6 +31,9 @@ impl Election {
     ///   [`is_backend`](LockError::is_backend) error) is tried again after a pause (100 ms,
     ///   doubling up to 5 s), logged as a warning; errors that another try cannot mend (an
     ///   [`is_invalid`](LockError::is_invalid) name) are returned.
+    /// - **Shutdown:** [`LockManager::shutdown`](crate::LockManager::shutdown) ends it with an
+    ///   [`is_shut_down`](LockError::is_shut_down) error: the term under way is stopped and
+    ///   resigned, a campaign under way leaves the queue, no new campaign starts.
     /// - **Cancellation:** dropping the returned future drops the body (in its context) and its
     ///   leadership, which resigns, or leaves the campaign's queue.
     ///
@@ -74,6 +77,10 @@ impl Election {
             locked.as_mut().adopt(&self.manager, leadership.guard());
             match locked.start(body(leadership)).await {
                 Ok(output) => return Ok(output),
+                // Taken by the manager's shutdown: no new campaign.
+                Err(e) if e.is_lost() && self.manager.is_shut_down() => {
+                    return Err(LockError::ShutDown { name: self.name.to_string() });
+                }
                 Err(e) if e.is_lost() => {
                     tracing::warn!(election = %self.name, token, reason = %e, "leadership lost; campaigning again");
                 }

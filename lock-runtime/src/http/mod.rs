@@ -9,6 +9,7 @@
 //! | [`is_backend`](LockError::is_backend) | `503 Service Unavailable` | `Retry-After: 1` |
 //! | [`is_fenced`](LockError::is_fenced) | `409 Conflict` | |
 //! | [`is_lost`](LockError::is_lost) | `500 Internal Server Error` | |
+//! | [`is_shut_down`](LockError::is_shut_down) | `503 Service Unavailable` | `Retry-After: 1` |
 //! | [`is_invalid`](LockError::is_invalid), [`is_not_configured`](LockError::is_not_configured) | `500 Internal Server Error` | |
 //!
 //! The body is an RFC 9457 problem (`Content-Type: application/problem+json`), so JSON APIs
@@ -29,7 +30,7 @@
 //! accepted).
 //!
 //! <a id="contended"></a><a id="backend"></a><a id="fenced"></a><a id="lost"></a>
-//! <a id="misconfigured"></a>
+//! <a id="misconfigured"></a><a id="shut-down"></a><a id="conflict"></a>
 #![doc = include_str!("handlers.md")]
 
 use crate::error::LockError;
@@ -150,6 +151,13 @@ impl LockError {
                 "Concurrent update",
                 format!("a write to `{name}` met a concurrent one; retry shortly"),
             ),
+            LockError::ShutDown { .. } => (
+                503,
+                Some(1),
+                type_uri!("shut-down"),
+                "Shutting down",
+                format!("this server is shutting down and takes no lock on `{name}`; retry shortly"),
+            ),
             LockError::Lost { .. } => (
                 500,
                 None,
@@ -192,6 +200,7 @@ pub(crate) mod tests {
             LockError::lost("order:42", "its lease ran out"),
             LockError::invalid("order:42", "lease 0ns is shorter than the least accepted, 1ms"),
             LockError::NotConfigured { name: "order:42".into() },
+            LockError::ShutDown { name: "order:42".into() },
             LockError::Fenced { name: "order:42".into(), token: 7, highest: 9 },
             LockError::Conflict {
                 name: "order:42".into(),
@@ -206,7 +215,16 @@ pub(crate) mod tests {
         let answers: Vec<_> = samples().iter().map(|e| (e.http_answer().status, e.http_answer().retry_after)).collect();
         assert_eq!(
             answers,
-            [(423, Some(1)), (503, Some(1)), (500, None), (500, None), (500, None), (409, None), (503, Some(1))]
+            [
+                (423, Some(1)),
+                (503, Some(1)),
+                (500, None),
+                (500, None),
+                (500, None),
+                (503, Some(1)),
+                (409, None),
+                (503, Some(1))
+            ]
         );
         for e in samples() {
             let body = e.http_answer().problem_json();

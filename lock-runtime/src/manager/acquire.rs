@@ -26,6 +26,9 @@ impl LockManager {
         acquiring: &Acquiring,
     ) -> Result<Plan, LockError> {
         let inner = &*self.inner;
+        if inner.shutdown.is_closed() {
+            return Err(shut_down(&name));
+        }
         options::check_name(&name)?;
         let wait = options.wait_for().unwrap_or(inner.default_wait);
         options::check_wait(&name, wait)?;
@@ -61,9 +64,14 @@ impl LockManager {
     #[inline(always)]
     pub(super) fn attempt_now(&self, plan: Plan, mut acquiring: Acquiring) -> FastPath {
         match self.inner.backend.try_acquire_now(&plan.req) {
-            Some(Ok(Attempt::Acquired(grant))) => {
-                FastPath::Done(Ok(self.guard(plan.req.name, plan.req.lease, grant, None, acquiring, plan.hold)))
-            }
+            Some(Ok(Attempt::Acquired(grant))) => FastPath::Done(self.admit_now(self.guard(
+                plan.req.name,
+                plan.req.lease,
+                grant,
+                None,
+                acquiring,
+                plan.hold,
+            ))),
             Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true, acquiring },
             Some(Err(e)) => {
                 acquiring.failed(&e);
@@ -177,14 +185,15 @@ impl LockManager {
             match self.bounded(&plan.req.name, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => {
                     acquiring.waited_since(started);
-                    return Ok(self.guard(
+                    let guard = self.guard(
                         plan.req.name.clone(),
                         plan.req.lease,
                         grant,
                         Some(lost),
                         acquiring.take(),
                         plan.hold,
-                    ));
+                    );
+                    return self.admit(guard).await;
                 }
                 Attempt::Busy => {}
             }
@@ -195,7 +204,14 @@ impl LockManager {
                 return Err(contended(attempts));
             }
             let bound_wait = deadline.saturating_duration_since(crate::clock::now()).saturating_add(bound);
-            match self.bounded(&plan.req.name, "wait for", bound_wait, acquisition.wait(deadline)).await? {
+            let wait = self.bounded(&plan.req.name, "wait for", bound_wait, acquisition.wait(deadline));
+            // A shutdown ends the wait (dropping the acquisition cleans up).
+            let woken = tokio::select! {
+                biased;
+                () = self.inner.shutdown.closed() => return Err(shut_down(&plan.req.name)),
+                woken = wait => woken?,
+            };
+            match woken {
                 Wake::Acquired(grant) => break grant,
                 Wake::TimedOut => return Err(contended(attempts)),
                 Wake::Retry => {}
@@ -208,7 +224,8 @@ impl LockManager {
             }
         };
         acquiring.waited_since(started);
-        Ok(self.guard(plan.req.name.clone(), plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold))
+        let guard = self.guard(plan.req.name.clone(), plan.req.lease, grant, Some(lost), acquiring.take(), plan.hold);
+        self.admit(guard).await
     }
 
     /// The acquisition of a kind beside the mutex (a read lock, a write lock, a permit): the
@@ -290,4 +307,11 @@ pub(super) enum FastPath {
     /// Without a verdict: the acquisition goes on in the background; `busy` when an attempt
     /// already found the lock held.
     Slow { plan: Plan, busy: bool, acquiring: Acquiring },
+}
+
+/// The error of a request made to a manager that was shut down.
+#[cold]
+#[inline(never)]
+fn shut_down(name: &str) -> LockError {
+    LockError::ShutDown { name: name.to_owned() }
 }

@@ -143,6 +143,7 @@ impl LockManagerBuilder {
                 telemetry: self.telemetry.build(backend.kind()),
                 backend,
                 memory,
+                shutdown: Default::default(),
             }),
         }
     }

@@ -1,4 +1,4 @@
-//! The manager's requests for the lock kinds beside the mutex (see [`crate::kinds`]).
+//! The manager's requests for the lock kinds beside the mutex (the kinds themselves: `kind.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,8 @@ impl LockManager {
     /// Read-write locks are a namespace apart from [`lock`](Self::lock): `read_lock("catalog")`
     /// and `lock("catalog")` never exclude each other. `.await` it for a [`LockGuard`].
     ///
-    /// Backends: memory, Redis, ZooKeeper; one that does not offer it refuses it with an
+    /// Backends: memory, Redis (one server, Cluster, Sentinel), ZooKeeper, etcd and
+    /// PostgreSQL; one that does not offer it (Redlock, MySQL, lock files) refuses it with an
     /// [`is_invalid`](LockError::is_invalid) error.
     ///
     /// ```
@@ -57,7 +58,8 @@ impl LockManager {
     /// an [`is_invalid`](LockError::is_invalid) error (never more holders than agreed), and so
     /// is zero. Semaphores are a namespace of their own.
     ///
-    /// Backends: memory, Redis, ZooKeeper; one that does not offer it refuses it with an
+    /// Backends: memory, Redis (one server, Cluster, Sentinel), ZooKeeper, etcd and
+    /// PostgreSQL; one that does not offer it (Redlock, MySQL, lock files) refuses it with an
     /// [`is_invalid`](LockError::is_invalid) error.
     ///
     /// ```
@@ -140,7 +142,7 @@ pub(super) fn unsupported(name: &str, backend: &'static str, kind: LockKind) -> 
         name,
         format!(
             "the {backend} backend does not support a {kind} (it offers exclusive locks); use `lock` or `lock_all`, \
-             or a backend that offers it (memory, Redis on one server, Cluster or Sentinel, ZooKeeper)"
+             or a backend that offers it (memory, Redis on one server, Cluster or Sentinel, ZooKeeper, etcd, PostgreSQL)"
         ),
     )
 }

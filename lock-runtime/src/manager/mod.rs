@@ -19,6 +19,7 @@ mod connect;
 mod kinds;
 mod lock_all;
 mod request;
+mod shutdown;
 
 pub use builder::LockManagerBuilder;
 pub(crate) use lock_all::acquire_all;
@@ -65,6 +66,8 @@ pub(crate) struct Inner {
     pub(crate) bound: Duration,
     pub(crate) kind: &'static str,
     pub(crate) telemetry: telemetry::Telemetry,
+    /// What [`LockManager::shutdown`] closes and releases.
+    pub(crate) shutdown: shutdown::Shutdown,
 }
 
 impl std::fmt::Debug for LockManager {

@@ -170,6 +170,11 @@ impl LockBackend for EtcdBackend {
     fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
         Some(self)
     }
+
+    /// Revokes the manager's lease: every key it still holds is deleted at once.
+    fn shutdown(&self) -> crate::backend::BoxFuture<'_, ()> {
+        Box::pin(self.shared.shut_down())
+    }
 }
 
 /// The client's TLS settings for `options`: the CAs given and the platform's roots, and the

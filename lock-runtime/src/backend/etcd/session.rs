@@ -99,6 +99,8 @@ pub(super) struct Shared {
     pub(super) cleaning: Mutex<Vec<String>>,
     /// Told whenever a key leaves [`cleaning`](Self::cleaning).
     pub(super) cleaned: tokio::sync::Notify,
+    /// Set by [`shut_down`](Self::shut_down): no lease is granted after it.
+    shut: AtomicBool,
 }
 
 impl Shared {
@@ -124,6 +126,7 @@ impl Shared {
             wakeups: AtomicU64::new(0),
             cleaning: Mutex::new(Vec::new()),
             cleaned: tokio::sync::Notify::new(),
+            shut: AtomicBool::new(false),
         });
         tokio::spawn(keep_alive(Arc::downgrade(&shared), client, granted_at));
         Ok(shared)
@@ -151,6 +154,30 @@ impl Shared {
     /// The id of the current lease.
     pub(super) fn lease_id(&self) -> i64 {
         lock(&self.session).lease
+    }
+}
+
+impl Shared {
+    /// The manager's shutdown: the lease is revoked (the server deletes every key it still
+    /// holds, waiters' too, and their successors' watches fire at once) and none is granted
+    /// after it.
+    pub(super) async fn shut_down(&self) {
+        self.shut.store(true, Ordering::SeqCst);
+        let session = lock(&self.session).clone();
+        session.lose("the lock manager was shut down");
+        let mut client = self.client.clone();
+        let bound = self.options.get_operation_timeout();
+        let failed = match tokio::time::timeout(bound, client.lease_revoke(session.lease)).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {bound:?}"),
+        };
+        tracing::warn!(lease = session.lease, error = %failed, "etcd: the lease was not revoked at shutdown; its keys go when its TTL ends");
+    }
+
+    /// Whether [`shut_down`](Self::shut_down) was called.
+    fn is_shut(&self) -> bool {
+        self.shut.load(Ordering::SeqCst)
     }
 }
 
@@ -199,13 +226,13 @@ async fn keep_alive(shared: Weak<Shared>, mut client: Client, mut granted_at: In
             return;
         };
         keep_session(&shared, &mut client, &session, ttl, options.get_operation_timeout(), granted_at).await;
-        if shared.strong_count() == 0 {
+        if shared.upgrade().is_none_or(|s| s.is_shut()) {
             return;
         }
         // Free the old lease's keys (if the server still has them), then take a new lease.
         let _ = tokio::time::timeout(options.get_operation_timeout(), client.lease_revoke(session.lease)).await;
         loop {
-            if shared.strong_count() == 0 {
+            if shared.upgrade().is_none_or(|s| s.is_shut()) {
                 return;
             }
             granted_at = Instant::now();

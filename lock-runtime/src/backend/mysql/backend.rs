@@ -502,6 +502,16 @@ impl LockBackend for MysqlBackend {
         }
     }
 
+    /// Closes the idle connections and the carriers left empty (every lock's session ends).
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        match &self.pools {
+            Pools::Own(pool) => pool.shut_down(),
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => pool.shut_down(),
+        }
+        Box::pin(std::future::ready(()))
+    }
+
     fn operation_timeout(&self) -> Duration {
         self.options().operation_timeout
     }

@@ -471,6 +471,16 @@ impl LockBackend for PostgresBackend {
         }
     }
 
+    /// Closes the idle connections and the carriers left empty (every lock's session ends).
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        match &self.pools {
+            Pools::Own(pool) => pool.shut_down(),
+            #[cfg(feature = "sqlx")]
+            Pools::App(pool) => pool.shut_down(),
+        }
+        Box::pin(std::future::ready(()))
+    }
+
     fn operation_timeout(&self) -> Duration {
         self.sql().options.operation_timeout
     }

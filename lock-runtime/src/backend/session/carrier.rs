@@ -275,6 +275,18 @@ impl<S: Carry> Carriers<S> {
         Carriers { sessions, slots: Mutex::new(Vec::new()), opening: tokio::sync::Mutex::new(()) }
     }
 
+    /// Closes and forgets every carrier that holds no lock (a shutdown).
+    pub(crate) fn close_idle(&self) {
+        let mut slots = lock(&self.slots);
+        for slot in slots.iter_mut() {
+            if slot.as_ref().is_some_and(|carrier| !carrier.holds_any()) {
+                if let Some(carrier) = slot.take() {
+                    carrier.close();
+                }
+            }
+        }
+    }
+
     /// One attempt on a carrier for the lock `key` (carrier identity `id`), whose holder's
     /// signal is `lost`.
     pub(crate) async fn attempt(

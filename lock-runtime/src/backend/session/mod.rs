@@ -36,6 +36,13 @@ impl<S: Carry> Pool<S> {
         Pool { carriers: Arc::new(Carriers::new(sessions.clone())), sessions, idle: Arc::new(Idle::new()) }
     }
 
+    /// The manager's shutdown: closes the idle connections and the carriers that hold no lock
+    /// (a carrier still holding one, a lock of another manager on this backend, is left).
+    pub(crate) fn shut_down(&self) {
+        self.idle.clear();
+        self.carriers.close_idle();
+    }
+
     /// An idle connection (`true`: reused, the server may have closed it since) or a new one.
     pub(crate) async fn checkout(&self, name: &str) -> Result<(S::Conn, bool), LockError> {
         loop {

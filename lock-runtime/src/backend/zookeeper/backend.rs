@@ -140,6 +140,11 @@ impl LockBackend for ZookeeperBackend {
         self.shared.options.get_operation_timeout()
     }
 
+    /// Lets the session go once the clean-ups under way finished (see `session.rs`).
+    fn shutdown(&self) -> crate::backend::BoxFuture<'_, ()> {
+        Box::pin(self.shared.shut_down())
+    }
+
     fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
         Some(self)
     }

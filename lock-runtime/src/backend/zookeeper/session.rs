@@ -105,6 +105,20 @@ impl Shared {
         }
     }
 
+    /// The manager's shutdown: the clean-ups of dropped acquisitions under way finish, then
+    /// the session is let go of (the client closes it once its last handle is gone, and the
+    /// server deletes its ephemeral nodes at once).
+    pub(super) async fn shut_down(&self) {
+        loop {
+            let purged = self.purged.notified();
+            if lock(&self.purging).is_empty() {
+                break;
+            }
+            purged.await;
+        }
+        drop(lock(&self.current).take());
+    }
+
     pub(super) fn sessions(&self) -> u64 {
         self.generations.load(Ordering::Relaxed)
     }
