@@ -349,13 +349,22 @@ fn duration(key: &Ident, value: &Expr) -> syn::Result<Millis> {
         Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => {
             parse_duration(&s.value()).map_err(|m| syn::Error::new(s.span(), m))?
         }
-        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => i.base10_parse::<u64>().map_err(|_| {
-            syn::Error::new(i.span(), format!("`{key}` in milliseconds must be a whole number up to {MAX_MILLIS}"))
-        })?,
+        // A bare number says no unit (is `wait = 2` two seconds or two milliseconds?): only 0
+        // is taken as it is.
+        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => match i.base10_parse::<u64>() {
+            Ok(0) => 0,
+            _ => {
+                let n = i.base10_digits();
+                return Err(syn::Error::new(
+                    i.span(),
+                    format!("`{key} = {n}` gives no unit: write `{key} = \"{n}ms\"` or `{key} = \"{n}s\"`"),
+                ));
+            }
+        },
         _ => {
             return Err(syn::Error::new(
                 value.span(),
-                format!("`{key}` takes a duration: \"250ms\", \"2s\", \"1m\", \"1h\", or an integer (milliseconds)"),
+                format!("`{key}` takes a duration: \"250ms\", \"2s\", \"1m\", \"1h\""),
             ))
         }
     };
@@ -370,12 +379,8 @@ fn duration(key: &Ident, value: &Expr) -> syn::Result<Millis> {
 
 /// `"250ms"`, `"2s"`, `"1m"`, `"1h"` to milliseconds.
 pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
-    let malformed = || {
-        format!(
-            "malformed duration \"{text}\"; write a whole number and a unit: \"250ms\", \"2s\", \"1m\", \"1h\" \
-             (or an integer number of milliseconds)"
-        )
-    };
+    let malformed =
+        || format!("malformed duration \"{text}\"; write a whole number and a unit: \"250ms\", \"2s\", \"1m\", \"1h\"");
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = text.split_at(digits);
     if number.is_empty() {
@@ -456,7 +461,7 @@ mod tests {
         let o = parse_ok(quote!(
             name = "order:{order.id}",
             wait = "2s",
-            lease = 1500,
+            lease = "1500ms",
             retry = 3,
             fallback = Self::later,
             manager = &self.locks,
@@ -524,7 +529,11 @@ mod tests {
     #[test]
     fn limits() {
         assert!(parse_err(quote!(wait = "25h"))[0].contains("longer than the most accepted"));
-        assert!(parse_err(quote!(lease = 86400001))[0].contains("longer than the most accepted"));
+        assert!(parse_err(quote!(lease = "86400001ms"))[0].contains("longer than the most accepted"));
+        // A bare number names no unit: refused with both spellings to pick from (0 is 0).
+        let bare = &parse_err(quote!(wait = 2))[0];
+        assert!(bare.contains("gives no unit") && bare.contains("\"2ms\"") && bare.contains("\"2s\""), "{bare}");
+        assert!(parse_ok(quote!(wait = 0)).wait.is_some());
         assert!(parse_ok(quote!(wait = "24h", lease = "1ms")).lease.is_some());
         assert!(parse_err(quote!(retry = 1000001))[0].contains("up to 1000000"));
         assert!(parse_err(quote!(name = order))[0].contains("string literal"));

@@ -18,14 +18,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// assert!(err.to_string().starts_with("invalid input: "));
 /// # }
 /// ```
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum LockError {
     /// Someone else held the lock for the whole `wait` (or all `retry` attempts).
-    #[error(
-        "lock `{name}` is held by someone else: not acquired after {attempts} attempt(s) in {waited:?}; \
-         retry later, raise `wait`, or give a `fallback`"
-    )]
     Contended {
         /// The lock's name (without the manager prefix).
         name: String,
@@ -35,10 +31,6 @@ pub enum LockError {
         attempts: u32,
     },
     /// The lease ran out, or the lock was taken away, while it was held.
-    #[error(
-        "lock `{name}` was lost while held ({reason}); work done since may not have been exclusive: \
-         use a longer lease, or the watchdog (no `lease`), and check fencing tokens downstream"
-    )]
     Lost {
         /// The lock's name (without the manager prefix).
         name: String,
@@ -46,12 +38,6 @@ pub enum LockError {
         reason: String,
     },
     /// The backend failed or could not be reached within its time bound.
-    #[error(
-        "{}the {backend} backend failed to {operation}{}: {source}; {hint}",
-        subject(name, operation),
-        server(name, operation),
-        hint = hint(source)
-    )]
     Backend {
         /// The lock's name (without the manager prefix).
         name: String,
@@ -60,11 +46,9 @@ pub enum LockError {
         /// What was being done (`"acquire"`, `"release"`, `"connect"`, …).
         operation: &'static str,
         /// The client library's error.
-        #[source]
         source: BoxError,
     },
     /// Bad input: an empty or over-long name, a zero or absurd duration, a malformed URL, ….
-    #[error("{}invalid input: {reason}", subject(name, ""))]
     Invalid {
         /// The lock's name (without the manager prefix), or the URL/host string being parsed.
         name: String,
@@ -73,10 +57,6 @@ pub enum LockError {
     },
     /// A write was refused by a fence ([`crate::fence`]): a newer holder of the lock had already
     /// written to the resource with a higher fencing token, so this holder's lock is gone.
-    #[error(
-        "write to `{name}` fenced: token {token} is stale, a newer holder already wrote with token {highest}; \
-         this holder lost its lock: stop, and do not retry with the same token"
-    )]
     Fenced {
         /// The resource the write was for (the name given to the fence).
         name: String,
@@ -90,10 +70,6 @@ pub enum LockError {
     /// READ or SERIALIZABLE, a fence row changed after the transaction's snapshot. Nothing of
     /// the transaction is kept: roll it back and run it again. A retry whose token is the
     /// newest is admitted; a stale one is then [`Fenced`](LockError::Fenced).
-    #[error(
-        "write to `{name}` conflicted with a concurrent transaction (SQLSTATE {sqlstate}: {message}); \
-         roll back and retry the whole transaction: a holder with the newest token is admitted on retry"
-    )]
     Conflict {
         /// The resource the write was for (the name given to the fence).
         name: String,
@@ -104,20 +80,71 @@ pub enum LockError {
     },
     /// The manager was shut down ([`LockManager::shutdown`](crate::LockManager::shutdown)):
     /// it takes no lock any more, and a wait or a campaign under way ended.
-    #[error("lock `{name}`: the lock manager was shut down; it takes no lock any more")]
     ShutDown {
         /// The lock's name.
         name: String,
     },
     /// The attribute found no manager.
-    #[error(
-        "lock `{name}`: no lock manager is configured; call `lock_runtime::set_default(manager)` at \
-         startup, or pass `manager = ..` to the attribute"
-    )]
     NotConfigured {
         /// The lock's name.
         name: String,
     },
+}
+
+/// One sentence that names what the error is about, the cause, and what to do next. The cause
+/// of a backend failure is in it; [`source`](std::error::Error::source) goes on from the cause's
+/// own source (as `std::io::Error` does), so a report that prints the chain (`anyhow`) does not
+/// repeat it.
+impl std::fmt::Display for LockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockError::Contended { name, waited, attempts } => write!(
+                f,
+                "lock `{name}` is held by someone else: not acquired after {attempts} attempt(s) in {waited:?}; \
+                 retry later, raise `wait`, or give a `fallback`"
+            ),
+            LockError::Lost { name, reason } => write!(
+                f,
+                "lock `{name}` was lost while held ({reason}); work done since may not have been exclusive: \
+                 use a longer lease, or the watchdog (no `lease`), and check fencing tokens downstream"
+            ),
+            LockError::Backend { name, backend, operation, source } => write!(
+                f,
+                "{}the {backend} backend failed to {operation}{}: {source}; {}",
+                subject(name, operation),
+                server(name, operation),
+                hint(backend, source)
+            ),
+            LockError::Invalid { name, reason } => write!(f, "{}invalid input: {reason}", subject(name, "")),
+            LockError::Fenced { name, token, highest } => write!(
+                f,
+                "write to `{name}` fenced: token {token} is stale, a newer holder already wrote with token {highest}; \
+                 this holder lost its lock: stop, and do not retry with the same token"
+            ),
+            LockError::Conflict { name, sqlstate, message } => write!(
+                f,
+                "write to `{name}` conflicted with a concurrent transaction (SQLSTATE {sqlstate}: {message}); \
+                 roll back and retry the whole transaction: a holder with the newest token is admitted on retry"
+            ),
+            LockError::ShutDown { name } => {
+                write!(f, "lock `{name}`: the lock manager was shut down; it takes no lock any more")
+            }
+            LockError::NotConfigured { name } => write!(
+                f,
+                "lock `{name}`: no lock manager is configured; call `lock_runtime::set_default(manager)` at \
+                 startup, or pass `manager = ..` to the attribute"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LockError::Backend { source, .. } => source.source(),
+            _ => None,
+        }
+    }
 }
 
 impl LockError {
@@ -266,10 +293,14 @@ fn server(name: &str, operation: &str) -> String {
     }
 }
 
-fn hint(source: &BoxError) -> &'static str {
+fn hint(backend: &str, source: &BoxError) -> &'static str {
     let text = source.to_string();
     let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
-    if has(&["certificate", "handshake", "TLS", "tls", "CertificateRequired", "alert"]) {
+    if backend == "file" {
+        "check the lock directory: that it exists, is on a local file system, and this process may write in it"
+    } else if has(&["WRONGTYPE"]) {
+        "a key this library uses holds a value of another type: check what else writes under the lock prefix"
+    } else if has(&["certificate", "handshake", "TLS", "tls", "SSL", "CertificateRequired", "alert"]) {
         "check the TLS settings (the CA trusted, the client certificate, the host name in the URL) against the server's"
     } else if has(&[
         "WRONGPASS",
@@ -298,6 +329,41 @@ mod tests {
         assert!(shown("invalid peer certificate: UnknownIssuer").contains("TLS settings"));
         assert!(shown("WRONGPASS invalid username-password pair").contains("credentials"));
         assert!(shown("Connection refused (os error 111)").contains("reachable"));
+        // What the audit found advising a reachable server where none is involved.
+        assert!(shown("WRONGTYPE Operation against a key holding the wrong kind of value").contains("another type"));
+        assert!(shown("Server does not have SSL").contains("TLS settings"));
+        let file = LockError::backend("n", "file", "acquire", "Permission denied (os error 13)").to_string();
+        assert!(file.contains("lock directory") && !file.contains("reachable"), "{file}");
+    }
+
+    /// A report that prints the error and its chain of sources (`anyhow`'s `{:#}`, `{:?}`)
+    /// shows each cause once: the error's text holds the client's error, and `source()` goes on
+    /// from that error's own source (it printed the client's error twice, or three times).
+    #[test]
+    fn a_report_of_the_chain_shows_each_cause_once() {
+        use std::error::Error;
+        #[derive(Debug)]
+        struct Broken(std::io::Error);
+        impl std::fmt::Display for Broken {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the connection broke")
+            }
+        }
+        impl Error for Broken {
+            fn source(&self) -> Option<&(dyn Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = LockError::backend("n", "redis", "acquire", Broken(std::io::Error::other("reset by peer")));
+        let mut report = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(cause) = next {
+            report.push(cause.to_string());
+            next = cause.source();
+        }
+        let report = report.join(": ");
+        assert_eq!(report.matches("the connection broke").count(), 1, "{report}");
+        assert_eq!(report.matches("reset by peer").count(), 1, "{report}");
     }
 
     /// An error names what it is about once: a lock, a server (after the operation, for a

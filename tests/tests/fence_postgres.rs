@@ -227,3 +227,16 @@ async fn the_postgres_fence_store_admits_by_resource() {
     assert!(matches!(err, lock_runtime::LockError::Fenced { token: 6, highest: 7, .. }), "{err}");
     fences.admit("orders:43", 1).await.expect("independent");
 }
+
+/// A fence on a server where `INSTALL_SQL` was never run: an `is_backend` error that gives the
+/// server's SQLSTATE and message (the client's own text was only "db error").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_never_installed_names_the_servers_error() {
+    let server = PgServer::start();
+    let client = connect(&server).await;
+    let err = check(&client, "orders:42", 7).await.expect_err("no fence function");
+    let text = err.to_string();
+    assert!(err.is_backend(), "{text}");
+    assert!(text.contains("42883") && text.contains("lock_runtime_fence"), "{text}");
+    assert!(!text.contains("db error"), "{text}");
+}

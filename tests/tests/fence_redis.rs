@@ -56,6 +56,9 @@ async fn a_value_and_its_token_expire_together_and_a_delete_keeps_the_fence() {
         redis::pipe().pttl("k").pttl(fence_key("k")).query_async(&mut conn).await.expect("pttl");
     assert!(value_ttl > 90_000 && fence_ttl > 90_000, "both expire: {value_ttl} {fence_ttl}");
     assert!(set_expiring(&mut conn, "k", "v", 5, Duration::ZERO).await.expect_err("0 ms").is_invalid());
+    // Past Redis' range: refused before Redis is asked (it was Redis' own error, `is_backend`).
+    let err = set_expiring(&mut conn, "k", "v", 5, Duration::MAX).await.expect_err("Duration::MAX");
+    assert!(err.is_invalid() && err.to_string().contains("100 years"), "{err}");
 
     assert!(del(&mut conn, "k", 4).await.expect_err("a stale delete").is_fenced());
     assert_eq!(conn.get::<_, Option<String>>("k").await.expect("get"), Some("v".to_owned()));

@@ -234,3 +234,19 @@ fn unusable_directories_are_invalid_with_the_cause() {
     let zero = FileOptions::new().operation_timeout(Duration::ZERO);
     assert!(FileBackend::open_with(dir.path(), zero).unwrap_err().is_invalid());
 }
+
+/// A lock directory removed under a running manager: the next `lock()` is an `is_backend` error
+/// that names the directory and says to check it (it named no path, and advised a reachable
+/// server).
+#[tokio::test]
+async fn a_removed_lock_directory_is_named() {
+    let dir = TempDir::new();
+    let manager = LockManager::file(dir.path()).expect("open");
+    manager.lock("before").await.expect("lock").release().await.expect("release");
+    std::fs::remove_dir_all(dir.path()).expect("remove the directory");
+    let err = manager.lock("after").await.expect_err("no directory");
+    let text = err.to_string();
+    assert!(err.is_backend(), "{text}");
+    assert!(text.contains(&dir.path().display().to_string()), "{text}");
+    assert!(text.contains("lock directory") && !text.contains("reachable"), "{text}");
+}

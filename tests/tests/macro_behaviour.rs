@@ -91,7 +91,7 @@ async fn no_retry(m: &LockManager, id: u32) -> Result<u32, AppError> {
     Ok(id)
 }
 
-#[distributed_locked(name = "busy:{id}", wait = 10_000, manager = m)]
+#[distributed_locked(name = "busy:{id}", wait = "10s", manager = m)]
 async fn waits(m: &LockManager, id: u32) -> Result<u64, AppError> {
     Ok(lock_runtime::current().expect("inside").fencing_token())
 }

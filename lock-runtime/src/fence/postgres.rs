@@ -100,9 +100,24 @@ impl<C: GenericClient + Sync> FenceClient for &C {
                 Ok(_) => Ok(()),
                 Err(e) => Err(refusal(resource, token, &e)
                     .or_else(|| conflict(resource, &e))
-                    .unwrap_or_else(|| LockError::backend(resource, "postgres", "fence", e))),
+                    .unwrap_or_else(|| failed(resource, e))),
             }
         })
+    }
+}
+
+/// Any other failure of the fence's query: the server's severity, SQLSTATE and message (the
+/// client's own text is only "db error").
+#[cfg(feature = "postgres")]
+fn failed(resource: &str, e: tokio_postgres::Error) -> LockError {
+    match e.as_db_error() {
+        Some(db) => LockError::backend(
+            resource,
+            "postgres",
+            "fence",
+            format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        ),
+        None => LockError::backend(resource, "postgres", "fence", e),
     }
 }
 

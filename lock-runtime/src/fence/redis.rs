@@ -47,7 +47,11 @@ pub async fn set<C: ConnectionLike>(
     .await
 }
 
-/// [`set`] with a TTL (`SET .. PX`): the value and its recorded token expire together.
+/// The longest TTL [`set_expiring`] accepts.
+const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// [`set`] with a TTL (`SET .. PX`): the value and its recorded token expire together. A TTL
+/// under 1 ms or over 100 years is an [`is_invalid`](LockError::is_invalid) error.
 pub async fn set_expiring<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
@@ -58,6 +62,12 @@ pub async fn set_expiring<C: ConnectionLike>(
     let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     if ms == 0 {
         return Err(LockError::invalid(key, format!("TTL {ttl:?} is below Redis' 1 ms")));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::invalid(
+            key,
+            format!("TTL {ttl:?} is more than the 100 years accepted (Redis refuses an expiry past its clock's range); use `set` for a value that does not expire"),
+        ));
     }
     fenced(conn, &SET, key, Keys::ValueAndFence, token, |script| {
         script.arg(value).arg(padded(token)).arg(ms);

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{distributed_locked, LockManager};
 
-#[distributed_locked(name = "report", skip_if_locked, hold_at_least = 250, manager = m)]
+#[distributed_locked(name = "report", skip_if_locked, hold_at_least = "250ms", manager = m)]
 async fn report(m: &LockManager, tick: u64, job: Duration) {
     println!("ran report {tick}");
     tokio::time::sleep(job).await;

@@ -41,7 +41,7 @@ pub async fn settle_later(order: &Order) -> Result<u64, AppError> {
     Ok(order.id + 1000)
 }
 
-#[distributed_locked(name = "n:{id}", wait = 250, lease = "1m", on_lost = ignore, manager = LOCKS.clone())]
+#[distributed_locked(name = "n:{id}", wait = "250ms", lease = "1m", on_lost = ignore, manager = LOCKS.clone())]
 pub async fn ignore(id: u32) -> Result<u32, AppError> {
     Ok(id)
 }

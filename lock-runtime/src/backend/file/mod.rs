@@ -182,8 +182,9 @@ impl LockBackend for FileBackend {
     }
 }
 
-fn io_error(name: &str, operation: &'static str, e: impl Into<crate::error::BoxError>) -> LockError {
-    LockError::backend(name, KIND, operation, e)
+/// A failure on the lock directory `dir`, which it names (an I/O error names no path).
+fn io_error(dir: &Path, name: &str, operation: &'static str, e: impl std::fmt::Display) -> LockError {
+    LockError::backend(name, KIND, operation, format!("{e} (in the lock directory `{}`)", dir.display()))
 }
 
 /// One `lock()` call: owns its place in this process's line for the name while it waits.
@@ -211,8 +212,8 @@ impl FileAcquisition {
         match tokio::task::spawn_blocking(move || queue::take(&shared, &name, false)).await {
             Ok(Ok(Some(handed))) => Ok(Attempt::Acquired(self.grant(handed, granted_at))),
             Ok(Ok(None)) => Ok(Attempt::Busy),
-            Ok(Err(e)) => Err(io_error(&self.req.name, "attempt", e)),
-            Err(e) => Err(io_error(&self.req.name, "attempt", e)),
+            Ok(Err(e)) => Err(io_error(&self.shared.dir, &self.req.name, "attempt", e)),
+            Err(e) => Err(io_error(&self.shared.dir, &self.req.name, "attempt", e)),
         }
     }
 
@@ -222,7 +223,8 @@ impl FileAcquisition {
         }
         if self.queued.is_none() {
             let (tx, rx) = oneshot::channel();
-            queue::join(&self.shared, &self.name, self.id, tx).map_err(|e| io_error(&self.req.name, "wait", e))?;
+            queue::join(&self.shared, &self.name, self.id, tx)
+                .map_err(|e| io_error(&self.shared.dir, &self.req.name, "wait", e))?;
             self.queued = Some(rx);
         }
         let Some(queued) = self.queued.as_mut() else { return Ok(Wake::Retry) };
@@ -231,7 +233,7 @@ impl FileAcquisition {
                 self.queued = None;
                 match sent {
                     Ok(Ok(handed)) => Ok(Wake::Acquired(self.grant(handed, crate::clock::now()))),
-                    Ok(Err(why)) => Err(io_error(&self.req.name, "wait", why)),
+                    Ok(Err(why)) => Err(io_error(&self.shared.dir, &self.req.name, "wait", why)),
                     Err(_) => Ok(Wake::Retry),
                 }
             }

@@ -42,7 +42,7 @@ pub(super) fn split_url(url: &str) -> Result<(String, Params), String> {
                     "verify-full" => Mode::VerifyFull,
                     other => {
                         return Err(format!(
-                            "unknown sslmode `{other}`: give disable, prefer, require, verify-ca or verify-full"
+                            "unknown sslmode `{other}`: give disable, allow (taken as prefer), prefer, require, verify-ca or verify-full"
                         ))
                     }
                 })
@@ -317,5 +317,10 @@ mod tests {
         assert_eq!(split_url("postgres://h/db?sslmode=require").expect("require").0, "postgres://h/db");
         let e = split_url("postgres://h/db?sslmode=verify").expect_err("unknown mode");
         assert!(e.contains("verify-full"), "{e}");
+        // Every mode accepted is named (`allow` was accepted and not named).
+        for mode in ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] {
+            assert!(e.contains(mode), "{mode} not named: {e}");
+            split_url(&format!("postgres://h/db?sslmode={mode}")).expect(mode);
+        }
     }
 }
