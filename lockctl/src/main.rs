@@ -11,13 +11,17 @@
 //!   list [--prefix P]            held locks: kind, holder, fencing token, age, lease left, waiters
 //!   show NAME                    one lock in detail
 //!   release NAME --force         frees a lock whose holder is gone
-//!   watch [--prefix P]           a live view, printed again on every change
+//!   watch [--prefix P]           the locks followed live
 //!         [--interval MS] [--count N]
 //! ```
 //!
-//! `watch` prints the table (with `--json`: one JSON line) at once and again whenever a
-//! lock is taken, released, changes hands or gains or loses waiters (not when only ages and
-//! leases move on), and exits after `--count` views if given. On ZooKeeper it waits on
+//! `watch` on a terminal redraws the screen in place: one line per held lock, ages and leases
+//! counting, a lock that just changed highlighted, and the latest events under the table
+//! ("acquired `order:1` (mutex) by db-1/4242/billing (token 17)", "released …", "waiting on …:
+//! 3"). Piped, it prints one line per event, each with its time of day (UTC); with `--json`,
+//! one JSON line per view. A view changes when a lock is taken, released, changes hands or
+//! gains or loses waiters (not when only ages and leases move on), and it exits after
+//! `--count` views if given. On ZooKeeper it waits on
 //! watches. On Redis, a release that was waited for and a forced release are announced (the
 //! view follows at once); acquisitions are announced only when the server has keyspace
 //! notifications on (`notify-keyspace-events` including `K` and `g$x`, which `lockctl` never
@@ -119,6 +123,7 @@ use serde_json::{json, Value};
 
 #[cfg(feature = "redis")]
 mod redlock;
+mod watch;
 
 /// `lockctl --help`'s closing section.
 const EXIT_CODES: &str = "\
@@ -250,7 +255,7 @@ fn command() -> Command {
         )
         .subcommand(
             Command::new("watch")
-                .about("Prints the held locks again on every change")
+                .about("Follows the held locks: a live screen on a terminal, a line per event when piped")
                 .arg(prefix())
                 .arg(
                     Arg::new("interval")
@@ -635,7 +640,12 @@ async fn run(matches: &ArgMatches) -> Result<(), Failure> {
             let prefix = sub.get_one::<String>("prefix").map_or("", String::as_str);
             let interval = Duration::from_millis(sub.get_one::<u64>("interval").copied().unwrap_or(250));
             let count = sub.get_one::<u64>("count").copied();
-            watch(store, prefix, interval, count, json, |text| print(&mut out, text)).await
+            let mode = match (json, std::io::stdout().is_terminal()) {
+                (true, _) => watch::Mode::Json,
+                (false, true) => watch::Mode::Screen,
+                (false, false) => watch::Mode::Lines,
+            };
+            watch::watch(store, prefix, interval, count, mode, |text| print(&mut out, text)).await
         }
         _ => Err(Failure::Error("no command given (see lockctl --help)".to_owned())),
     }
@@ -660,59 +670,6 @@ fn confirm(info: &LockInfo) -> Result<(), Failure> {
     } else {
         Err(Failure::Refused(format!("`{}` left alone", info.key)))
     }
-}
-
-/// Waits for the next reason to look again: the store's announcement of a change, or
-/// `interval` when the store does not announce every change.
-async fn next_change(changes: &mut dyn ChangeFeed, interval: Duration) -> Result<(), LockError> {
-    if changes.complete() {
-        return changes.changed().await;
-    }
-    tokio::select! {
-        changed = changes.changed() => changed,
-        _ = tokio::time::sleep(interval) => Ok(()),
-    }
-}
-
-/// Prints the locks, then again whenever they change (holder, token, waiters; not the ages);
-/// stops after `count` views.
-async fn watch(
-    store: &dyn Inspect,
-    prefix: &str,
-    interval: Duration,
-    count: Option<u64>,
-    json: bool,
-    mut print: impl FnMut(&str) -> Result<(), Failure>,
-) -> Result<(), Failure> {
-    let mut changes = store.changes(prefix).await?;
-    let mut last: Option<Vec<Value>> = None;
-    let mut shown = 0u64;
-    loop {
-        let locks = store.list(prefix).await?;
-        let state: Vec<Value> = locks.iter().map(change_key).collect();
-        if last.as_ref() != Some(&state) {
-            last = Some(state);
-            shown += 1;
-            let text = if json {
-                let line = list_json(store, &locks);
-                format!("{line}\n")
-            } else {
-                let stamp =
-                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-                format!("-- update {shown} (unix ms {stamp}) --\n{}", table(&locks))
-            };
-            print(&text)?;
-            if count.is_some_and(|n| shown >= n) {
-                return Ok(());
-            }
-        }
-        next_change(&mut *changes, interval).await?;
-    }
-}
-
-/// What makes a lock's view change (the ages and leases left always do; they do not count).
-fn change_key(info: &LockInfo) -> Value {
-    json!([info.key, info.owner, info.fencing_token, info.waiters, info.waited_on, info.subscribers, info.queued])
 }
 
 fn opt<T: std::fmt::Display>(value: Option<T>) -> String {

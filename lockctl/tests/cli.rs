@@ -181,9 +181,14 @@ impl Watch {
 
     /// The next view, within `within`.
     async fn next(&mut self, within: Duration) -> Value {
-        let line = tokio::time::timeout(within, self.lines.recv()).await.expect("a view in time");
-        let line = line.expect("a line");
+        let line = self.next_line(within).await;
         serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// The next line, within `within`.
+    async fn next_line(&mut self, within: Duration) -> String {
+        let line = tokio::time::timeout(within, self.lines.recv()).await.expect("a line in time");
+        line.expect("a line")
     }
 
     async fn exits_cleanly(mut self) {
@@ -212,6 +217,32 @@ async fn watch_prints_changes(store: &Store, manager: &LockManager, prefix: &str
     guard.release().await.expect("release");
     let freed = watch.next(Duration::from_secs(10)).await;
     assert_eq!(freed["locks"].as_array().map(Vec::len), Some(0), "{freed}");
+    watch.exits_cleanly().await;
+}
+
+/// `watch` piped (not a terminal, no `--json`): one plain line per event, each starting with
+/// its time of day (`14:03:07.412`), naming the lock, its holder and token (it printed whole
+/// tables headed with unix milliseconds).
+async fn watch_piped_prints_events(store: &Store, manager: &LockManager, prefix: &str, name: &str) {
+    let mut watch = Watch::start(&store.args(&["watch", "--prefix", prefix, "--interval", "50", "--count", "3"]));
+    let within = Duration::from_secs(10);
+    let clock = |line: &str| {
+        let time = line.split(' ').next().unwrap_or_default();
+        assert!(time.len() == 12 && &time[2..3] == ":" && &time[8..9] == ".", "no time of day: {line}");
+    };
+    let first = watch.next_line(within).await;
+    clock(&first);
+    assert!(first.ends_with("no lock held"), "{first}");
+    let guard = manager.lock(name).await.expect("lock");
+    let taken = watch.next_line(within).await;
+    clock(&taken);
+    let key = format!("{prefix}{name}");
+    assert!(taken.contains(&format!("acquired `{key}`")), "{taken}");
+    assert!(taken.contains(LABEL) && taken.contains(&format!("token {}", guard.fencing_token())), "{taken}");
+    guard.release().await.expect("release");
+    let freed = watch.next_line(within).await;
+    clock(&freed);
+    assert!(freed.contains(&format!("released `{key}`")), "{freed}");
     watch.exits_cleanly().await;
 }
 
@@ -460,6 +491,7 @@ async fn file_list_show_watch_and_refused_release() {
     guard.release().await.expect("release");
 
     watch_prints_changes(&store, &manager, &prefix, "ledger").await;
+    watch_piped_prints_events(&store, &manager, &prefix, "ledger").await;
     let missing = lockctl(&["--file", "/nonexistent/locks", "list"]).await;
     assert_eq!(missing.code, 1, "{}", missing.stderr);
     let _ = std::fs::remove_dir_all(&dir);
