@@ -344,6 +344,7 @@ fn leader(
 
 /// The new body of the locked fn.
 fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> syn::Block {
+    let (name_tokens, manager_tokens) = (name.clone(), opts.manager.as_ref().map(ToTokens::to_token_stream));
     let m = Span::mixed_site();
     let private = private(opts);
     let (run_var, error, output, name_var, manager_var, carry) = (
@@ -464,10 +465,17 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
 
     // The body, in `async move`, with its output pinned to the declared return type. (Inner
     // attributes stay in `func.attrs`; `ItemFn` prints them inside the new block.)
+    // A binding the attribute uses (in `manager = &state.locks`, in a name template) is used,
+    // though the body may not use it: said so after binding it, or rustc warns "unused
+    // variable" about code the user wrote correctly. An unused one still warns.
+    let in_attribute = quote!(#name_tokens #manager_tokens);
     let by_value: Vec<TokenStream> = params
         .iter()
         .filter_map(|p| match p {
-            Param::Pattern { hidden, pat, .. } => Some(quote!(let #pat = #hidden;)),
+            Param::Pattern { hidden, pat, bindings } => {
+                let used = bindings.iter().filter(|b| mentions(&in_attribute, b));
+                Some(quote!(let #pat = #hidden; #(let _ = &#used;)*))
+            }
             _ => None,
         })
         .collect();
@@ -551,6 +559,15 @@ fn body(func: &ItemFn, opts: &Options, params: &[Param], name: TokenStream) -> s
         #run
     }};
     block(tokens)
+}
+
+/// Whether `tokens` name `ident` anywhere (in a group too).
+fn mentions(tokens: &TokenStream, ident: &Ident) -> bool {
+    tokens.clone().into_iter().any(|tree| match tree {
+        proc_macro2::TokenTree::Ident(i) => i == *ident,
+        proc_macro2::TokenTree::Group(g) => mentions(&g.stream(), ident),
+        _ => false,
+    })
 }
 
 #[cfg(test)]

@@ -164,8 +164,9 @@ enum HolderText {
 const HOLDER_PART_MAX: usize = 64;
 
 impl Holder {
-    /// This process, with `label` (`None` or empty for none). The host name is read from
-    /// `/proc/sys/kernel/hostname`, else the `HOSTNAME` variable, else `unknown`.
+    /// This process, with `label` (`None` or empty for none). The host name is the system's
+    /// (`uname` on Unix, `COMPUTERNAME` on Windows), else the `HOSTNAME` variable, else
+    /// `unknown`.
     pub fn of_process(label: Option<&str>) -> Holder {
         let text = match label.map(sanitize).filter(|l| !l.is_empty()) {
             None => format!("{}/{}", host_name(), std::process::id()),
@@ -264,12 +265,32 @@ fn sanitize(part: &str) -> String {
         .collect()
 }
 
+/// The system's name for this machine.
+#[cfg(unix)]
+fn system_host_name() -> Option<String> {
+    Some(rustix::system::uname().nodename().to_string_lossy().into_owned())
+}
+
+/// The system's name for this machine.
+#[cfg(windows)]
+fn system_host_name() -> Option<String> {
+    std::env::var("COMPUTERNAME").ok()
+}
+
+#[cfg(not(any(unix, windows)))]
+fn system_host_name() -> Option<String> {
+    None
+}
+
 /// This machine's host name (sanitised), read once.
 fn host_name() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(|| {
-        let read = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
-        let name = read.or_else(|| std::env::var("HOSTNAME").ok()).map(|h| sanitize(&h)).unwrap_or_default();
+        let name = system_host_name()
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| sanitize(&h))
+            .unwrap_or_default();
         if name.is_empty() {
             "unknown".to_owned()
         } else {
@@ -281,6 +302,17 @@ fn host_name() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host name is the system's (`uname -n`), read by a platform call rather than from
+    /// Linux's `/proc` alone.
+    #[cfg(unix)]
+    #[test]
+    fn the_host_name_is_the_systems() {
+        let Ok(out) = std::process::Command::new("uname").arg("-n").output() else { return };
+        let expected = sanitize(String::from_utf8_lossy(&out.stdout).trim());
+        assert_eq!(host_name(), expected);
+        assert!(Holder::of_process(None).to_string().starts_with(&format!("{expected}/")));
+    }
 
     /// The owner text is stored in Redis and compared by scripts: built by hand, it must stay
     /// exactly the formatted one.

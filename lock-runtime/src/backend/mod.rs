@@ -136,8 +136,8 @@ impl Held {
         Held(HeldRepr::Memory(lock))
     }
 
-    /// [`HeldLock::release`]. A lock its manager's shutdown released already is `Ok` here
-    /// (its guard reports it lost).
+    /// [`HeldLock::release`]. A lock its manager's shutdown released already is
+    /// [`is_lost`](LockError::is_lost) here.
     pub fn release(&mut self) -> BoxFuture<'_, Result<(), LockError>> {
         match &mut self.0 {
             HeldRepr::Memory(lock) => lock.release(),
@@ -224,13 +224,16 @@ pub(crate) const SHUT_DOWN: &str = "the lock manager was shut down";
 pub(crate) struct SharedHeld {
     /// The backend's operation timeout and kind: what bounds an awaited release.
     pub(crate) bound: (Duration, &'static str),
-    /// `None` once released.
+    /// `None` once a shutdown released it.
     lock: tokio::sync::Mutex<Option<Box<dyn HeldLock>>>,
     /// Its name, its holder's signal and `hold_at_least`'s end, told by the manager when it
     /// registers the lock for its shutdown.
     holder: OnceLock<(Arc<str>, LostSignal, Option<Instant>)>,
     /// Released by a shutdown: its guard's release reports it lost.
     taken: AtomicBool,
+    /// Released by its guard (or found gone): a shutdown leaves it alone. The guard's own
+    /// releases still reach the backend, which answers a second one as it sees fit (lost).
+    released: AtomicBool,
 }
 
 impl SharedHeld {
@@ -240,6 +243,7 @@ impl SharedHeld {
             lock: tokio::sync::Mutex::new(Some(lock)),
             holder: OnceLock::new(),
             taken: AtomicBool::new(false),
+            released: AtomicBool::new(false),
         }
     }
 
@@ -265,10 +269,15 @@ impl SharedHeld {
             None => lock.release().await,
             Some(remaining) => lock.release_after(remaining).await,
         };
-        // Emptied once answered (an answer either way: a release dropped before it leaves the
-        // slot full, and the guard's drop releases again).
-        *slot = None;
+        self.answered(&released);
         released
+    }
+
+    /// Notes a release's answer: freed, or found gone, the lock is not the shutdown's to free.
+    fn answered(&self, released: &Result<(), LockError>) {
+        if released.as_ref().map_or_else(LockError::is_lost, |()| true) {
+            self.released.store(true, Ordering::Release);
+        }
     }
 
     /// [`HeldLock::release_now`], when nothing else is releasing it.
@@ -276,7 +285,7 @@ impl SharedHeld {
         let mut slot = self.lock.try_lock().ok()?;
         let Some(lock) = slot.as_mut() else { return Some(self.gone()) };
         let released = lock.release_now()?;
-        *slot = None;
+        self.answered(&released);
         Some(released)
     }
 
@@ -292,6 +301,9 @@ impl SharedHeld {
         let release = async {
             let mut slot = self.lock.lock().await;
             let Some(lock) = slot.as_mut() else { return Ok(()) };
+            if self.released.load(Ordering::Acquire) {
+                return Ok(());
+            }
             self.taken.store(true, Ordering::Release);
             let remaining = match self.holder.get() {
                 Some((_, lost, hold_until)) => {
