@@ -45,6 +45,28 @@ async fn the_fence_answers(addr: SocketAddr) {
         assert_eq!(answer.status, 400, "{bad:?}: {answer:?}");
         assert_eq!(answer.header("content-type"), Some(PROBLEM));
     }
+    // What the audit found: a control character in the resource (503 with `Retry-After`
+    // before), a sign in a %-escape and a token above `i64::MAX` (admitted before; PostgreSQL's
+    // fences answered 500), an overflowing token called "not a whole number".
+    for bad in ["orders%00 1", "orders%+F 1", "orders:44 9223372036854775808"] {
+        let answer = post(addr, "/write", Some(bad)).await;
+        assert_eq!(answer.status, 400, "{bad}: {answer:?}");
+    }
+    let overflow = post(addr, "/write", Some("orders:44 99999999999999999999999")).await;
+    assert_eq!(overflow.status, 400);
+    assert!(overflow.body.contains("out of range"), "{overflow:?}");
+    // Two headers, `[fresh, stale]`: which one was meant cannot be known (only the first was
+    // read: 200 before).
+    let two = request_with(
+        addr,
+        "POST",
+        "/write",
+        &[("Fencing-Token", "orders:42 9"), ("Fencing-Token", "orders:42 1")],
+        None,
+    )
+    .await;
+    assert_eq!(two.status, 400, "{two:?}");
+    assert!(two.body.contains("several"), "{two:?}");
     assert_eq!(post(addr, "/unfenced", Some("orders:42 10")).await.status, 500, "no store configured");
 
     let busy = post(addr, "/busy", None).await;

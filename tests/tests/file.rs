@@ -250,3 +250,21 @@ async fn a_removed_lock_directory_is_named() {
     assert!(text.contains(&dir.path().display().to_string()), "{text}");
     assert!(text.contains("lock directory") && !text.contains("reachable"), "{text}");
 }
+
+/// A fencing counter at the largest token refuses to grant rather than repeat a token: the
+/// grant after `u64::MAX` is an `is_backend` error naming the counter file (three grants got
+/// the same token, 18446744073709551615, before).
+#[tokio::test]
+async fn a_saturated_fencing_counter_refuses_to_grant() {
+    let dir = TempDir::new();
+    let manager = LockManager::file(dir.path()).expect("open");
+    std::fs::write(dir.path().join(".fence"), format!("{}\n", u64::MAX - 1)).expect("write the counter");
+    let last = manager.lock("a").await.expect("the last token there is");
+    assert_eq!(last.fencing_token(), u64::MAX);
+    last.release().await.expect("release");
+    let err = manager.lock("a").await.expect_err("no token above u64::MAX");
+    let text = err.to_string();
+    assert!(err.is_backend(), "{text}");
+    assert!(text.contains(".fence") && text.contains("largest token"), "{text}");
+    assert!(text.contains(&dir.path().display().to_string()), "{text}");
+}

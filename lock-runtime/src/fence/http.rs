@@ -79,7 +79,16 @@ impl FencingToken {
         let bad =
             |why: &str| LockError::invalid(value, format!("not a `Fencing-Token: <resource> <token>` value: {why}"));
         let (resource, token) = value.trim().rsplit_once(' ').ok_or_else(|| bad("no space before the token"))?;
-        let token = token.parse().map_err(|_| bad("the token is not a whole number"))?;
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad("the token is not a whole number"));
+        }
+        // Above `i64::MAX` no store agrees (PostgreSQL's `bigint` cannot hold it) and no lock
+        // hands one out: refused here, the same for every store.
+        let token = token
+            .parse::<u64>()
+            .ok()
+            .filter(|t| i64::try_from(*t).is_ok())
+            .ok_or_else(|| bad(&format!("the token is out of range (at most {})", i64::MAX)))?;
         if resource.contains(' ') {
             return Err(bad("a space in the resource is written `%20`"));
         }
@@ -87,7 +96,9 @@ impl FencingToken {
         let mut rest = resource.as_bytes();
         while let Some((&b, tail)) = rest.split_first() {
             if b == b'%' {
-                let hex = tail.get(..2).and_then(|h| std::str::from_utf8(h).ok());
+                // Two hex digits exactly (`from_str_radix` alone takes a sign: `%+F`).
+                let hex = tail.get(..2).filter(|h| h.iter().all(u8::is_ascii_hexdigit));
+                let hex = hex.and_then(|h| std::str::from_utf8(h).ok());
                 let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or_else(|| bad("a bad %-escape"))?;
                 bytes.push(byte);
                 rest = &tail[2..];
@@ -100,6 +111,11 @@ impl FencingToken {
         if resource.is_empty() {
             return Err(bad("the resource is empty"));
         }
+        // A resource is named as a lock is (no control characters, a bounded length).
+        crate::options::check_name(&resource).map_err(|e| match e {
+            LockError::Invalid { reason, .. } => bad(&format!("the resource: {reason}")),
+            other => other,
+        })?;
         Ok(FencingToken { resource, token })
     }
 }
@@ -233,6 +249,13 @@ impl Fenced {
     }
 }
 
+/// A request with more than one `Fencing-Token` header: which one the caller meant cannot be
+/// known (only the first was read, so `[fresh, stale]` passed).
+#[cfg(any(feature = "axum", feature = "actix"))]
+fn several_headers() -> FenceRejection {
+    bad_request("the request has several `Fencing-Token` headers; send exactly one")
+}
+
 fn bad_request(detail: &str) -> FenceRejection {
     FenceRejection(crate::http::HttpAnswer {
         status: 400,
@@ -287,6 +310,9 @@ mod axum {
         type Rejection = FenceRejection;
 
         async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+            if parts.headers.get_all(FencingToken::HEADER).iter().nth(1).is_some() {
+                return Err(super::several_headers());
+            }
             let header = parts.headers.get(FencingToken::HEADER).map(|v| v.as_bytes());
             Fenced::admit(header, parts.extensions.get::<Fences>()).await
         }
@@ -319,6 +345,9 @@ mod actix {
         type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Fenced, FenceRejection>>>>;
 
         fn from_request(req: &HttpRequest, _payload: &mut Payload) -> Self::Future {
+            if req.headers().get_all(FencingToken::HEADER).nth(1).is_some() {
+                return Box::pin(std::future::ready(Err(super::several_headers())));
+            }
             let header = req.headers().get(FencingToken::HEADER).map(|v| v.as_bytes().to_vec());
             let fences = req.app_data::<Fences>().cloned();
             Box::pin(async move { Fenced::admit(header.as_deref(), fences.as_ref()).await })

@@ -6,7 +6,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,13 +17,16 @@ pub(super) const FILE: &str = ".fence";
 /// everything using the same open file); processes, through its file lock.
 pub(super) struct Fence {
     file: Mutex<File>,
+    /// Its path, for errors.
+    path: PathBuf,
 }
 
 impl Fence {
     /// Opens (or creates) `dir/.fence`: fails when the directory cannot be written.
     pub(super) fn open(dir: &Path) -> io::Result<Fence> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(FILE))?;
-        Ok(Fence { file: Mutex::new(file) })
+        let path = dir.join(FILE);
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
+        Ok(Fence { file: Mutex::new(file), path })
     }
 
     /// The next token: above every token handed out from this directory before. Waits at most
@@ -48,7 +51,7 @@ impl Fence {
                 Err(TryLockError::Error(e)) => return Err(e),
             }
         }
-        let next = raise(&mut file);
+        let next = raise(&mut file, &self.path);
         let unlocked = file.unlock();
         let next = next?;
         unlocked?;
@@ -57,7 +60,7 @@ impl Fence {
 }
 
 /// Reads the counter, writes the next value and syncs it; the caller holds the file lock.
-fn raise(file: &mut File) -> io::Result<u64> {
+fn raise(file: &mut File, path: &Path) -> io::Result<u64> {
     let mut text = String::new();
     file.seek(SeekFrom::Start(0))?;
     file.read_to_string(&mut text)?;
@@ -71,7 +74,19 @@ fn raise(file: &mut File) -> io::Result<u64> {
         })?,
     };
     let clock = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-    let next = last.saturating_add(1).max(clock);
+    // At the largest value there is no higher token: refused, never the same one again (equal
+    // tokens pass every fence).
+    let next = last.checked_add(1).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the fencing counter `{}` is at the largest token ({last}): no token above it exists; \
+                 write a lower number there only once no token it handed out is in use",
+                path.display()
+            ),
+        )
+    })?;
+    let next = next.max(clock);
     file.seek(SeekFrom::Start(0))?;
     // Fixed width: a shorter number never leaves digits of a longer one behind.
     file.write_all(format!("{next:020}\n").as_bytes())?;
