@@ -268,3 +268,28 @@ async fn a_saturated_fencing_counter_refuses_to_grant() {
     assert!(text.contains(".fence") && text.contains("largest token"), "{text}");
     assert!(text.contains(&dir.path().display().to_string()), "{text}");
 }
+
+/// Looking at a lock never denies it: a `try_lock` of a free name made while an inspection
+/// holds its shared probe on the file (here held for 50 ms, as a look does for a moment) is
+/// granted once the look is over, not refused (79 of 914 tries failed while another manager
+/// inspected in a loop, so `skip_if_locked` jobs skipped and `campaign().wait(ZERO)` failed).
+/// A holder's lock still refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspecting_a_lock_never_denies_it() {
+    let dir = TempDir::new();
+    let taker = LockManager::file(dir.path()).expect("open");
+    let path = dir.path().join(file_name("looked-at"));
+    let look =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).expect("open");
+    look.try_lock_shared().expect("a look's shared probe");
+    let ending = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(look);
+    });
+    let granted = taker.try_lock("looked-at").await.expect("try_lock");
+    ending.join().expect("look");
+    assert!(granted.is_some(), "a look at a free lock denied it");
+    let other = LockManager::file(dir.path()).expect("open");
+    assert!(other.try_lock("looked-at").await.expect("try_lock").is_none(), "a holder still refuses");
+    granted.unwrap().release().await.expect("release");
+}

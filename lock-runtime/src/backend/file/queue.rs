@@ -8,6 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -57,10 +58,8 @@ pub(super) fn take(shared: &Shared, name: &str, blocking: bool) -> io::Result<Op
         if blocking {
             file.lock()?;
         } else {
-            match file.try_lock() {
-                Ok(()) => {}
-                Err(TryLockError::WouldBlock) => return Ok(None),
-                Err(TryLockError::Error(e)) => return Err(e),
+            if !try_exclusive(&file, shared.options.operation_timeout)? {
+                return Ok(None);
             }
         }
         if path::names(&path, &file)? {
@@ -70,6 +69,30 @@ pub(super) fn take(shared: &Shared, name: &str, blocking: bool) -> io::Result<Op
         if blocking {
             return Ok(None);
         }
+    }
+}
+
+/// Takes `file`'s lock at once: `false` when a holder has it. An inspection looks with a shared
+/// lock for a moment (`inspect.rs`); a holder's lock is always exclusive. So a refusal while a
+/// shared lock is still to be had came from lookers only, and the exclusive lock is tried again
+/// (within `bound`): looking at a lock never denies it.
+fn try_exclusive(file: &File, bound: Duration) -> io::Result<bool> {
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(true),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        match file.try_lock_shared() {
+            Ok(()) => file.unlock()?,                          // only lookers: again
+            Err(TryLockError::WouldBlock) => return Ok(false), // a holder
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        if started.elapsed() >= bound {
+            return Ok(false);
+        }
+        std::thread::yield_now();
     }
 }
 
