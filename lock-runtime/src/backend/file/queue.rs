@@ -106,6 +106,8 @@ pub(super) fn free(shared: &Shared, name: &str, file: File) {
         if matches!(path::names(&path, &file), Ok(true)) {
             let _ = std::fs::remove_file(&path);
         }
+    } else {
+        super::inspect::clear(&file);
     }
     drop(file);
 }
