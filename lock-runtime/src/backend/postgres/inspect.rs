@@ -1,14 +1,18 @@
 //! PostgreSQL's locks as an inspection tool sees them ([`Inspect`], for `lockctl --postgres`).
 //! Locks held on carriers (connections shared by many locks) are asked of their holders'
 //! processes (see `carrier.rs`). Advisory keys are hashes, so a holder of a session of its own
-//! leaves what it is where a tool can read it, at no cost of its own: its grant query starts with a comment naming the lock's key (hex), the
-//! owner and the holding process (`/* lock-runtime k=… o=… h=… m=mutex */`), which
+//! leaves what it is where a tool can read it, at no cost of its own: its grant query starts
+//! with a comment naming the owner, the holding process, the kind and the lock's key (hex)
+//! (`/* lock-runtime o=… h=… m=mutex k=… */`), which
 //! `pg_stat_activity.query` keeps while the session idles, holding the lock; and the token is
 //! drawn into the session's `application_name` (`lock-runtime t=<token>`, put back at the
 //! release). A tool joins `pg_locks` (granted advisory locks, and the requests waiting on the
 //! same key) with `pg_stat_activity`: it needs to see other sessions' queries (a superuser,
 //! the holders' own role, or `pg_read_all_stats`). `pg_stat_activity.query` is cut at
-//! `track_activity_query_size` (1 kB by default): a longer key shows cut. A forced release
+//! `track_activity_query_size` (1 kB by default), which a long name's hex passes: the key comes
+//! last, so a cut takes only the key, and such a lock is found by its advisory key
+//! (`inspect(name)`, an election's `leader()` and `observe()`, `release`) and listed as
+//! `advisory:<a>,<b>`. A forced release
 //! ends the holder's session (`pg_terminate_backend`, which needs `pg_signal_backend` or the
 //! holders' role): the server frees its lock and the holder's `lost()` fires at once.
 
@@ -19,8 +23,11 @@ use crate::backend::inspect::Unannounced;
 use crate::backend::{Acquire, BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
 
-/// The comment a grant's query starts with: the lock's key in hex (no `*/` can appear), its
-/// owner, the holding process and the kind.
+/// The comment a grant's query starts with: its owner, the holding process, the kind, and last
+/// the lock's key in hex (no `*/` can appear). `pg_stat_activity.query` is cut at
+/// `track_activity_query_size` (1 kB by default), and a name's hex may be twice that long: the
+/// bounded fields come first, so a cut takes only the key, and the lock is then found by its
+/// advisory key.
 pub(super) fn record(req: &Acquire) -> String {
     let hex: String = req.key.bytes().map(|b| format!("{b:02x}")).collect();
     let mode = match req.kind {
@@ -29,7 +36,7 @@ pub(super) fn record(req: &Acquire) -> String {
         LockKind::Semaphore { permits } => format!("semaphore n={permits}"),
         _ => "mutex".to_owned(),
     };
-    format!("/* lock-runtime k={hex} o={} h={} m={mode} */ ", req.owner, req.holder)
+    format!("/* lock-runtime o={} h={} m={mode} k={hex} */ ", req.owner, req.holder)
 }
 
 /// The token in an `application_name` set at a grant (`<name> t=<token>`).
@@ -37,13 +44,21 @@ pub(super) fn token(application_name: &str) -> Option<u64> {
     application_name.rsplit_once(" t=")?.1.parse().ok()
 }
 
-/// The key, owner, holder and kind in a grant query's comment.
-fn parse(query: &str) -> Option<(String, String, Option<Holder>, Option<LockKind>)> {
-    let inside = query.strip_prefix("/* lock-runtime ")?.split(" */").next()?;
+/// What a grant's comment says: the key (`None` when the comment was cut inside it), the owner,
+/// the holder and the kind.
+type Record = (Option<String>, String, Option<Holder>, Option<LockKind>);
+
+/// The [`Record`] in a grant query's comment.
+fn parse(query: &str) -> Option<Record> {
+    let rest = query.strip_prefix("/* lock-runtime ")?;
+    let (inside, whole) = match rest.split_once(" */") {
+        Some((inside, _)) => (inside, true),
+        None => (rest, false),
+    };
     let (mut key, mut owner, mut holder, mut kind, mut permits) = (None, None, None, None, None);
     for field in inside.split(' ') {
         match field.split_once('=') {
-            Some(("k", hex)) => {
+            Some(("k", hex)) if whole => {
                 let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
                     .map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
                     .collect();
@@ -67,7 +82,9 @@ fn parse(query: &str) -> Option<(String, String, Option<Holder>, Option<LockKind
     if let (Some(LockKind::Semaphore { .. }), Some(permits)) = (kind, permits) {
         kind = Some(LockKind::Semaphore { permits });
     }
-    Some((key?, owner.unwrap_or_default(), holder, kind))
+    // Every grant's record names its owner (a carrier's mark, `/* lock-runtime carrier */`,
+    // names none: its locks are asked of it instead).
+    Some((key, owner?, holder, kind))
 }
 
 /// Every granted advisory lock of a lock-runtime session (but a semaphore holder's marker of
@@ -76,10 +93,16 @@ fn parse(query: &str) -> Option<(String, String, Option<Holder>, Option<LockKind
 const HELD: &str = "SELECT a.pid::text, coalesce(a.application_name, ''), coalesce(a.query, ''), \
      extract(epoch FROM now() - a.state_change)::float8::text, \
      (SELECT count(*) FROM pg_locks w WHERE w.locktype = 'advisory' AND NOT w.granted \
-        AND w.classid = l.classid AND w.objid = l.objid AND w.objsubid = 2)::text \
+        AND w.classid = l.classid AND w.objid = l.objid AND w.objsubid = 2)::text, \
+     l.classid::text, l.objid::text \
      FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND a.query LIKE '/* lock-runtime %' \
      AND NOT (l.mode = 'ShareLock' AND a.query LIKE '/* lock-runtime % m=semaphore %')";
+
+/// How a lock whose name is not known is listed: by its advisory key.
+fn unnamed((a, b): (i32, i32)) -> String {
+    format!("advisory:{a},{b}")
+}
 
 /// Where a lock is held.
 #[derive(Clone, Copy)]
@@ -98,13 +121,14 @@ impl PostgresBackend {
         for row in self.carried().await? {
             let place = Place::Carried(row.pid, row.key);
             let Some((token, age, record)) = row.answer else {
-                let mut info = LockInfo::new(format!("advisory:{},{}", row.key.0, row.key.1), String::new());
+                let mut info = LockInfo::new(unnamed(row.key), String::new());
                 info.session_bound = true;
                 info.waiters = row.waiters;
                 locks.push((place, info));
                 continue;
             };
             let Some((key, owner, holder, kind)) = parse(&record) else { continue };
+            let key = key.unwrap_or_else(|| unnamed(row.key));
             let mut info = LockInfo::new(key, owner);
             info.holder = holder;
             info.kind = kind;
@@ -117,6 +141,13 @@ impl PostgresBackend {
         for row in self.rows(HELD).await? {
             let field = |i: usize| row.get(i).map(String::as_str).unwrap_or_default();
             let Some((key, owner, holder, kind)) = parse(field(2)) else { continue };
+            // A name cut with its comment: the lock is listed under its advisory key, which
+            // `holders` matches with the name asked for.
+            let key = match (key, field(5).parse::<u32>(), field(6).parse::<u32>()) {
+                (Some(key), ..) => key,
+                (None, Ok(a), Ok(b)) => unnamed((a as i32, b as i32)),
+                (None, ..) => continue,
+            };
             let mut info = LockInfo::new(key, owner);
             info.holder = holder;
             info.kind = kind;
@@ -134,7 +165,7 @@ impl PostgresBackend {
     /// advisory key.
     async fn holders(&self, key: &str) -> Result<Vec<(Place, LockInfo)>, LockError> {
         let advisory = [super::advisory_key(key), super::advisory_key(&format!("{key}{}", super::RW_SUFFIX))];
-        let unnamed = advisory.map(|(a, b)| format!("advisory:{a},{b}"));
+        let unnamed = advisory.map(unnamed);
         Ok(self
             .held()
             .await?
@@ -225,7 +256,12 @@ mod tests {
         let text = record(&req);
         assert_eq!(text.matches("*/").count(), 1, "{text}");
         let (key, read_owner, read_holder, kind) = parse(&format!("{text}SELECT 1")).expect("parses");
-        assert_eq!((key.as_str(), read_owner), ("app:order:1 */ DROP", owner.to_string()));
+        assert_eq!((key.as_deref(), read_owner), (Some("app:order:1 */ DROP"), owner.to_string()));
+        assert_eq!((read_holder, kind), (Some(holder.clone()), Some(LockKind::Exclusive)));
+        // Cut at `track_activity_query_size` inside the key: owner, holder and kind kept.
+        let cut = &text[..text.find(" k=").expect("the key") + 8];
+        let (key, read_owner, read_holder, kind) = parse(cut).expect("parses");
+        assert_eq!((key, read_owner), (None, owner.to_string()));
         assert_eq!((read_holder, kind), (Some(holder), Some(LockKind::Exclusive)));
         let reader = record(&Acquire { kind: LockKind::Read, ..req.clone() });
         assert_eq!(parse(&reader).map(|r| r.3), Some(Some(LockKind::Read)));
