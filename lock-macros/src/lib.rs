@@ -113,8 +113,8 @@ mod template;
 ///
 /// ## `wait`: how long to wait for the lock
 ///
-/// `"250ms"`, `"2s"`, `"1m"`, `"1h"` (a bare number other than `0` is refused: it names no
-/// unit); at most 24 hours.
+/// `"250ms"`, `"2s"`, `"1m"`, `"1h"`, or an integer number of milliseconds (`wait = 250` is
+/// 250 ms; prefer the string, which names its unit); at most 24 hours.
 /// `"0s"` makes one attempt. Default: the manager's `default_wait` (3 s unless configured).
 ///
 /// ```

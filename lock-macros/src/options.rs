@@ -349,22 +349,14 @@ fn duration(key: &Ident, value: &Expr) -> syn::Result<Millis> {
         Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => {
             parse_duration(&s.value()).map_err(|m| syn::Error::new(s.span(), m))?
         }
-        // A bare number says no unit (is `wait = 2` two seconds or two milliseconds?): only 0
-        // is taken as it is.
-        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => match i.base10_parse::<u64>() {
-            Ok(0) => 0,
-            _ => {
-                let n = i.base10_digits();
-                return Err(syn::Error::new(
-                    i.span(),
-                    format!("`{key} = {n}` gives no unit: write `{key} = \"{n}ms\"` or `{key} = \"{n}s\"`"),
-                ));
-            }
-        },
+        // A bare number is milliseconds (the documented meaning; `"250ms"` says it outright).
+        Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => i.base10_parse::<u64>().map_err(|_| {
+            syn::Error::new(i.span(), format!("`{key}` in milliseconds must be a whole number up to {MAX_MILLIS}"))
+        })?,
         _ => {
             return Err(syn::Error::new(
                 value.span(),
-                format!("`{key}` takes a duration: \"250ms\", \"2s\", \"1m\", \"1h\""),
+                format!("`{key}` takes a duration: \"250ms\", \"2s\", \"1m\", \"1h\", or an integer (milliseconds)"),
             ))
         }
     };
@@ -530,10 +522,8 @@ mod tests {
     fn limits() {
         assert!(parse_err(quote!(wait = "25h"))[0].contains("longer than the most accepted"));
         assert!(parse_err(quote!(lease = "86400001ms"))[0].contains("longer than the most accepted"));
-        // A bare number names no unit: refused with both spellings to pick from (0 is 0).
-        let bare = &parse_err(quote!(wait = 2))[0];
-        assert!(bare.contains("gives no unit") && bare.contains("\"2ms\"") && bare.contains("\"2s\""), "{bare}");
-        assert!(parse_ok(quote!(wait = 0)).wait.is_some());
+        // A bare number is milliseconds (the public contract uses `wait = 250`).
+        assert_eq!(parse_ok(quote!(wait = 250)).wait.map(|w| w.ms), Some(250));
         assert!(parse_ok(quote!(wait = "24h", lease = "1ms")).lease.is_some());
         assert!(parse_err(quote!(retry = 1000001))[0].contains("up to 1000000"));
         assert!(parse_err(quote!(name = order))[0].contains("string literal"));
