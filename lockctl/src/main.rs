@@ -738,9 +738,14 @@ fn kind_text(info: &LockInfo) -> String {
 }
 
 fn holder_text(info: &LockInfo) -> String {
-    match &info.holder {
+    let holder = match &info.holder {
         Some(h) => h.to_string(),
         None => format!("unknown (owner {})", info.owner),
+    };
+    if info.unclaimed {
+        format!("{holder} (granted, not claimed yet)")
+    } else {
+        holder
     }
 }
 
@@ -830,6 +835,7 @@ fn lock_json(info: &LockInfo) -> Value {
         "waited_on": info.waited_on,
         "subscribers": info.subscribers,
         "queued": info.queued,
+        "unclaimed": info.unclaimed,
     })
 }
 

@@ -126,7 +126,8 @@ fn change_key(info: &LockInfo) -> Value {
         info.waiters,
         info.waited_on,
         info.subscribers,
-        info.queued
+        info.queued,
+        info.unclaimed
     ])
 }
 

@@ -65,11 +65,22 @@ struct Worker {
 
 impl Worker {
     fn start(args: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_file_worker"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("file_worker starts");
+        Worker::spawn(Command::new(env!("CARGO_BIN_EXE_file_worker")).args(args))
+    }
+
+    /// A worker run as user and group `uid` (`setpriv`, which needs root), with no other group.
+    fn start_as(uid: u32, args: &[&str]) -> Worker {
+        let id = uid.to_string();
+        Worker::spawn(
+            Command::new("setpriv")
+                .args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+                .arg(env!("CARGO_BIN_EXE_file_worker"))
+                .args(args),
+        )
+    }
+
+    fn spawn(command: &mut Command) -> Worker {
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("file_worker starts");
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         Worker { child, lines }
     }
@@ -332,4 +343,58 @@ fn waiting_helpers() -> usize {
         .filter_map(Result::ok)
         .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "lock-file-wait"))
         .count()
+}
+
+/// A lock directory shared by several users (`chmod 1777`, as `/tmp` or `/run/lock`): the
+/// files take the directory's permissions, so every user's process can lock every name, take
+/// over a file left by another user's killed holder, and free it (the sticky directory keeps
+/// another user's file: its record is blanked instead). Before, the first user's `.fence` and
+/// lock files were 0644: the other users got "cannot write in the lock directory … Permission
+/// denied", and a file left by a killed holder made its name unlockable. Runs processes as
+/// other users, which needs root (as the CI runs); skipped otherwise, saying so.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_shared_by_users_serves_them_all() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        eprintln!("skipped: running processes as other users needs root");
+        return;
+    }
+    let (first, second) = (64_101, 64_102); // users with no account: nothing else is theirs
+    let dir = TempDir::new();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let path = dir.path().to_str().unwrap();
+
+    // The first user's holder is killed while it holds `x`: its file stays behind.
+    let mut holder = Worker::start_as(first, &["hold", path, "x"]);
+    let held: u64 = holder.line().strip_prefix("held ").unwrap().parse().unwrap();
+    holder.kill();
+    let mode = |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().mode() & 0o7777;
+    assert_eq!(mode(".fence"), 0o666, "the counter is not shared");
+    assert_eq!(mode("x.lock"), 0o666, "the lock file is not shared");
+
+    // The second user takes `x` over, twice (reusing the file it cannot remove), and frees it.
+    let mut other = Worker::start_as(second, &["count", path, "x", "2"]);
+    let taken = tokens(&other.until_done());
+    assert!(taken.len() == 2 && taken[0] > held && taken[1] > taken[0], "{held} then {taken:?}");
+    assert_eq!(dir.lock_files(), ["x.lock"], "the first user's file stays (sticky directory)");
+
+    // Freed, with no record left: nobody holds it, and the first user takes it again.
+    let manager = LockManager::file(dir.path()).unwrap();
+    assert_eq!(manager.inspect("x").await.unwrap(), None, "a freed lock still shows a holder");
+    let mut again = Worker::start_as(first, &["hold", path, "x"]);
+    let last: u64 = again.line().strip_prefix("held ").unwrap().parse().unwrap();
+    assert!(last > taken[1]);
+    again.kill();
+
+    // A file the others cannot write (made by hand, or by an older version): an error that
+    // names it, its owner and its mode.
+    std::fs::set_permissions(dir.path().join("x.lock"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut refused = Worker::start_as(second, &["hold", path, "x"]);
+    let line = refused.lines.next().expect("a line").unwrap();
+    assert!(
+        line.starts_with("error ")
+            && line.contains(&format!("x.lock is not writable by this user (owner uid {first}, mode 644)")),
+        "{line}"
+    );
 }

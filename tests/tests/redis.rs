@@ -711,8 +711,9 @@ async fn a_new_backend_loads_its_scripts_so_its_first_lock_and_release_are_one_c
 
 /// `acquire.lua` alone, as the backend composes it (its function, then one call): a free lock
 /// is granted; an attempt of another owner is refused and marks the lock waited on (once); the
-/// same owner again (an earlier answer of its acquisition lost) is granted again with a higher
-/// token and the mark kept; tokens never go below the server's clock in microseconds.
+/// same owner again (an earlier answer of its acquisition lost) is granted again with the same
+/// token and the mark kept, or a fresh one above a higher floor (Redlock's); tokens never go
+/// below the server's clock in microseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acquire_script_grants_a_free_lock_and_its_own_owner_again_and_marks_it_for_others() {
     let server = RedisServer::start();
@@ -741,10 +742,16 @@ async fn the_acquire_script_grants_a_free_lock_and_its_own_owner_again_and_marks
     assert!(!get(lock).await.ends_with("++"), "marked once");
     let (again, second) = attempt("a").await;
     assert_eq!(again, 1, "its own owner is granted again");
-    assert!(second > first, "with a fresh token: {second} after {first}");
+    assert_eq!(second, first, "the same grant keeps its token");
     let regranted = get(lock).await;
-    assert!(regranted.starts_with(&format!("a#{second}#")) && regranted.ends_with('+'), "{regranted}");
-    assert_eq!(get(fence).await, second.to_string(), "the counter holds the last token granted");
+    assert!(regranted.starts_with(&format!("a#{first}#")) && regranted.ends_with('+'), "{regranted}");
+    assert_eq!(get(fence).await, first.to_string(), "the counter holds the last token granted");
+    // A higher floor (a Redlock quorum agreeing on a token) mints a fresh one.
+    let floor = first + 1_000_000;
+    let (granted, third): (i64, i64) =
+        script.key(lock).key(fence).arg("a").arg(30_000).arg(floor).invoke_async(&mut conn).await.expect("acquire");
+    assert_eq!((granted, third), (1, floor));
+    assert_eq!(get(fence).await, floor.to_string(), "the counter holds the last token minted");
 }
 
 /// Inspection counts the processes queued for a lock server-side: the entries of its queue

@@ -431,3 +431,73 @@ async fn a_queued_waiter_handed_the_lock_here_holds_it_for_its_own_lease() {
     await_queued(&mut conn, "own", 0).await;
     next.release().await.expect("release");
 }
+
+/// A campaigner of another process granted the term by the lock's queue in Redis: while the
+/// grant is not claimed (its process paused) nobody leads, for `leader()` and `observe()`; once
+/// claimed, the term is reported with the token its `Leadership` holds (the claim keeps the
+/// token the grant minted: one term, one token). Before, the store named the grantee during
+/// the claim window with the grant's token, and the claim minted another: the observer kept
+/// the first for the whole term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_granted_by_the_queue_is_reported_once_claimed_with_its_token() {
+    let server = RedisServer::start();
+    let holder = kinds_manager(&server).await;
+    let observer = kinds_manager(&server).await;
+    let mut conn = raw(&server).await;
+    let first = holder.election("term").campaign().await.expect("lead");
+    let mut watch = observer.election("term").observe();
+    let seen = watch.changed().await.expect("observe").expect("a leader");
+    assert_eq!(seen.fencing_token(), Some(first.fencing_token()));
+
+    // The grantee: a process of its own (its runtime on one thread), which the test pauses
+    // once its campaign is in the queue, so that it cannot claim a grant until resumed.
+    let (pause_tx, pause_rx) = tokio::sync::oneshot::channel::<()>();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let (term_tx, term_rx) = tokio::sync::oneshot::channel::<u64>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let grantee = {
+        let url = server.url();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let backend = RedisBackend::connect_with(&url, RedisOptions::default()).await.expect("connect");
+                let m = LockManager::builder().default_lease(Duration::from_secs(30)).backend(backend);
+                let campaign = tokio::spawn(async move { m.election("term").campaign().await });
+                pause_rx.await.expect("pause");
+                resume_rx.recv().expect("resume"); // blocks the runtime's only thread
+                let leadership = campaign.await.expect("task").expect("elected");
+                term_tx.send(leadership.fencing_token()).expect("send");
+                done_rx.await.expect("done");
+                leadership.resign().await.expect("resign");
+            });
+        })
+    };
+    await_queued(&mut conn, "term", 1).await;
+    pause_tx.send(()).expect("pause");
+    let first_token = first.fencing_token();
+    first.resign().await.expect("resign");
+
+    // Granted to the paused grantee, not claimed: nobody leads. Margin: the grant runs out at
+    // its claim deadline, 2 s after the entry's last renewal (renewed every 0.67 s), so at
+    // least 1.3 s after the pause; the value is read again after the looks to show they fell
+    // within the grant.
+    let key = KeyLayout::of("term").lock;
+    let value: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await.expect("GET");
+    assert!(value.as_deref().is_some_and(|v| v.ends_with("#q+")), "no unclaimed grant: {value:?}");
+    let leader = observer.election("term").leader().await.expect("leader");
+    assert!(leader.is_none(), "an unclaimed grant reported as leading: {leader:?}");
+    let seen = watch.changed().await.expect("observe");
+    assert!(seen.is_none(), "an unclaimed grant observed as leading: {seen:?}");
+    let after: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await.expect("GET");
+    assert_eq!(after, value, "the grant ran out during the looks (a loaded machine?)");
+
+    resume_tx.send(()).expect("resume");
+    let token = term_rx.await.expect("the grantee's term");
+    assert!(token > first_token);
+    let seen =
+        tokio::time::timeout(Duration::from_secs(20), watch.changed()).await.expect("observed").expect("observe");
+    let seen = seen.expect("the claimed term");
+    assert_eq!(seen.fencing_token(), Some(token), "the term observed with another token than its own");
+    done_tx.send(()).expect("done");
+    grantee.join().expect("grantee");
+}

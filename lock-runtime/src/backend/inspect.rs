@@ -48,6 +48,11 @@ pub struct LockInfo {
     /// enters it once it has waited a third of its claim window), when the store keeps such a
     /// queue and the user may read it. Waiters that have not entered it yet are not counted.
     pub queued: Option<u64>,
+    /// Granted by a release to a waiting acquisition of another process that has not claimed
+    /// it yet (Redis's queue of waiting processes): nobody holds the lock, and nobody else can
+    /// take it until the grantee claims it (keeping `fencing_token`) or its claim deadline,
+    /// `remaining_lease`, passes. An election names no leader for it.
+    pub unclaimed: bool,
 }
 
 impl LockInfo {
@@ -67,6 +72,7 @@ impl LockInfo {
             waited_on: None,
             subscribers: None,
             queued: None,
+            unclaimed: false,
         }
     }
 }

@@ -112,7 +112,9 @@ impl Election {
         Campaign { election: self.clone(), wait: None, lease: self.lease }
     }
 
-    /// Who leads now, read from the store; `None` while nobody does. Refused with an
+    /// Who leads now, read from the store; `None` while nobody does (also while a term granted
+    /// to a waiting campaigner by the store's queue is not claimed yet: see
+    /// [`LockInfo::unclaimed`](crate::backend::LockInfo::unclaimed)). Refused with an
     /// [`is_invalid`](LockError::is_invalid) error on a store that cannot tell who holds a lock
     /// (Redlock, MySQL; see [`LockBackend::inspector`](crate::backend::LockBackend::inspector)):
     /// campaigning works there, but nobody else can tell who leads.
@@ -128,7 +130,7 @@ impl Election {
         let key = self.key();
         let bound = self.manager.bound_and_kind().0;
         let info = self.manager.bounded(&key, "inspect", bound, inspector.inspect(&key)).await?;
-        Ok(info.map(|info| LeaderInfo::new(&self.name, info)))
+        Ok(info.and_then(|info| LeaderInfo::new(&self.name, info)))
     }
 
     /// Follows the leader without campaigning: each [`LeaderWatch::changed`] completes with

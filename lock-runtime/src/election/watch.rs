@@ -19,14 +19,18 @@ pub struct LeaderInfo {
 }
 
 impl LeaderInfo {
-    pub(super) fn new(name: &str, info: LockInfo) -> Self {
-        LeaderInfo {
+    /// The leader a store's record names; `None` for a grant not claimed yet (nobody leads).
+    pub(super) fn new(name: &str, info: LockInfo) -> Option<Self> {
+        if info.unclaimed {
+            return None;
+        }
+        Some(LeaderInfo {
             name: name.to_owned(),
             owner: info.owner,
             holder: info.holder.unwrap_or_else(Holder::unknown),
             fencing_token: info.fencing_token,
             remaining_lease: if info.session_bound { None } else { info.remaining_lease },
-        }
+        })
     }
 
     /// The election's name.
@@ -176,7 +180,7 @@ impl LeaderWatch {
             }
             let unnamed = partial && since.elapsed() < self.relook;
             complete &= !unnamed;
-            let now = now.map(|info| LeaderInfo::new(&self.election.name, info));
+            let now = now.and_then(|info| LeaderInfo::new(&self.election.name, info));
             let differs = !unnamed
                 && match &self.last {
                     None => true,

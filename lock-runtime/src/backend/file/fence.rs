@@ -4,11 +4,13 @@
 //! never below the system clock in microseconds: tokens keep increasing even if `.fence` is
 //! lost, as long as the clock does not step back.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
+
+use super::sharing::Sharing;
 
 /// The counter's file name in the lock directory (lock files end in `.lock`).
 pub(super) const FILE: &str = ".fence";
@@ -23,9 +25,9 @@ pub(super) struct Fence {
 
 impl Fence {
     /// Opens (or creates) `dir/.fence`: fails when the directory cannot be written.
-    pub(super) fn open(dir: &Path) -> io::Result<Fence> {
+    pub(super) fn open(dir: &Path, sharing: Sharing) -> io::Result<Fence> {
         let path = dir.join(FILE);
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
+        let file = sharing.open(&path)?;
         Ok(Fence { file: Mutex::new(file), path })
     }
 
@@ -103,8 +105,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lock-fence-{}", crate::backend::OwnerId::next()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         let bound = Duration::from_secs(1);
-        let first = Fence::open(&dir).and_then(|f| f.next(bound)).unwrap_or_else(|e| panic!("{e}"));
-        let fence = Fence::open(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let first = Fence::open(&dir, Sharing::of(&dir).unwrap_or_else(|e| panic!("{e}")))
+            .and_then(|f| f.next(bound))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let fence =
+            Fence::open(&dir, Sharing::of(&dir).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"));
         let second = fence.next(bound).unwrap_or_else(|e| panic!("{e}"));
         assert!(second > first);
         std::fs::write(dir.join(FILE), "99999999999999999999\n").unwrap_or_else(|e| panic!("{e}"));

@@ -17,6 +17,7 @@ mod fence;
 mod inspect;
 mod path;
 mod queue;
+mod sharing;
 
 pub use path::file_name;
 use queue::{Handed, Lines, Sent};
@@ -82,6 +83,8 @@ struct Shared {
     dir: PathBuf,
     options: FileOptions,
     fence: fence::Fence,
+    /// How its files are created (a directory shared by several users).
+    sharing: sharing::Sharing,
     lines: Lines,
 }
 
@@ -127,8 +130,9 @@ impl FileBackend {
         }
         std::fs::create_dir_all(dir)
             .map_err(|e| LockError::invalid("", format!("cannot create the lock directory {shown}: {e}")))?;
-        let fence = fence::Fence::open(dir)
-            .map_err(|e| LockError::invalid("", format!("cannot write in the lock directory {shown}: {e}")))?;
+        let cannot_write = |e| LockError::invalid("", format!("cannot write in the lock directory {shown}: {e}"));
+        let sharing = sharing::Sharing::of(dir).map_err(cannot_write)?;
+        let fence = fence::Fence::open(dir, sharing).map_err(cannot_write)?;
         if let Some(fs_type) = path::network_file_system(dir) {
             if !options.allow_network_file_system {
                 return Err(LockError::invalid(
@@ -142,7 +146,7 @@ impl FileBackend {
             }
         }
         let dir = dir.to_path_buf();
-        Ok(FileBackend { shared: Arc::new(Shared { dir, options, fence, lines: Lines::default() }) })
+        Ok(FileBackend { shared: Arc::new(Shared { dir, options, fence, sharing, lines: Lines::default() }) })
     }
 
     /// The lock directory.

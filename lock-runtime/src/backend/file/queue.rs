@@ -5,7 +5,7 @@
 //! line is empty and it holds the lock (which it frees at once).
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -54,7 +54,7 @@ impl Lines {
 pub(super) fn take(shared: &Shared, name: &str, blocking: bool) -> io::Result<Option<Handed>> {
     let path = shared.dir.join(name);
     loop {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
+        let file = shared.sharing.open(&path)?;
         if blocking {
             file.lock()?;
         } else {
@@ -103,8 +103,10 @@ fn try_exclusive(file: &File, bound: Duration) -> io::Result<bool> {
 pub(super) fn free(shared: &Shared, name: &str, file: File) {
     if cfg!(unix) && !shared.lines.queued(name) {
         let path = shared.dir.join(name);
-        if matches!(path::names(&path, &file), Ok(true)) {
-            let _ = std::fs::remove_file(&path);
+        // In a sticky directory another user's file cannot be removed: it stays, blanked
+        // (`sharing.rs`).
+        if matches!(path::names(&path, &file), Ok(true)) && std::fs::remove_file(&path).is_err() {
+            super::inspect::clear(&file);
         }
     } else {
         super::inspect::clear(&file);

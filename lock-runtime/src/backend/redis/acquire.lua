@@ -6,8 +6,9 @@
 -- `queued` (see mod.rs); handoff.lua calls it after a release, for the next waiter of the
 -- releasing process, and queue.lua's `grant_next` for the first waiting process queued.
 --
--- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, followed by
---          `+` once someone waits for it; expires with the lease. `<owner>` is ARGV[1] of the
+-- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, then `#q`
+--          while it is a grant from the queue not claimed yet (queue.lua), then `+` once
+--          someone waits for it; expires with the lease. `<owner>` is ARGV[1] of the
 --          acquisition holding it, `<token>` its fencing token, `<granted ms>` the server's
 --          clock in milliseconds when it was granted (for inspection tools)
 -- KEYS[2]  the fencing counter of the lock key's hash slot, `lock:fence:{<slot tag>}` (same slot)
@@ -30,7 +31,8 @@
 -- atomic step that sees the lock held, so a release either comes before that step (and this
 -- attempt takes the lock) or after it (and publishes). APPEND keeps the key's expiry.
 -- A value already holding this owner (an earlier attempt of the same acquisition took the
--- lock but its answer was lost) is granted again, with a fresh lease and token (and its mark).
+-- lock but its answer was lost, or a grant from the queue being claimed) is granted again,
+-- with a fresh lease, the same token and its mark.
 
 -- Scripts replicate their effects, not themselves (the default from Redis 7), so that reading
 -- the clock is allowed before writing.
@@ -65,9 +67,25 @@ local function acquire(lock, fence, owner, lease, floor, now)
       end
       return {0, redis.call('pttl', lock)}
     end
-    -- This owner's already (an earlier answer lost): granted again, its mark kept.
-    if holder and string.sub(holder, -1) == '+' then
-      value = value .. '+'
+    -- This owner's already: an earlier answer of the same acquisition lost, or a grant from
+    -- the queue (queue.lua) being claimed. The same grant, so the same token (one term, one
+    -- token, wherever it is reported), with a fresh lease; a higher floor (a Redlock quorum
+    -- agreeing on a token) mints anew. The grant's time stays; an unclaimed grant's `#q`
+    -- goes, its mark stays.
+    if holder then
+      local held, granted = string.match(string.sub(holder, #mine + 1), '^(%d+)(#%d+)')
+      local kept = held and (tonumber(floor) or 0) <= tonumber(held)
+      if kept then
+        value = mine .. held .. granted
+      end
+      if string.sub(holder, -1) == '+' then
+        value = value .. '+'
+      end
+      if kept then
+        -- The counter is not written: it is at the held token or beyond already.
+        redis.call('set', lock, value, 'PX', lease)
+        return {1, tonumber(held)}
+      end
     end
     redis.call('set', lock, value, 'PX', lease)
   end

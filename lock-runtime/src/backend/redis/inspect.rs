@@ -210,7 +210,8 @@ impl RedisBackend {
     }
 }
 
-/// Reads a lock key's value: `<owner id>@<holder>#<token>#<granted ms>[+]` (see acquire.lua);
+/// Reads a lock key's value: `<owner id>@<holder>#<token>#<granted ms>[#q][+]` (see acquire.lua;
+/// `#q` marks a grant from the queue not claimed yet);
 /// a value of an older version (the owner id alone, maybe followed by `+`) gives only its owner.
 fn parse_value(key: &str, value: &str, pttl: i64, now_ms: u64, subscribers: Option<u64>) -> LockInfo {
     let (value, waited_on) = match value.strip_suffix('+') {
@@ -225,6 +226,7 @@ fn parse_value(key: &str, value: &str, pttl: i64, now_ms: u64, subscribers: Opti
     info.fencing_token = fields.next().and_then(|t| t.parse().ok());
     let granted_ms: Option<u64> = fields.next().and_then(|t| t.parse().ok());
     info.age = granted_ms.map(|g| Duration::from_millis(now_ms.saturating_sub(g)));
+    info.unclaimed = fields.next() == Some("q");
     info.remaining_lease = u64::try_from(pttl).ok().map(Duration::from_millis);
     info.waited_on = Some(waited_on);
     info.subscribers = subscribers;

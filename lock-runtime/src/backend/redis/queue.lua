@@ -50,8 +50,9 @@ end
 -- entry (the earliest registered), until that entry runs out (the claim deadline: its
 -- acquisition attempts on the announcement, and acquire.lua grants it again with its own
 -- lease), and announces the grant on `channel` as `<releaser>#<granted owner>#<ms>`. Entries
--- run out are removed on the way. The grant is marked waited on (`+`) so that its release is
--- announced too.
+-- run out are removed on the way. The grant is marked unclaimed (`#q`: nobody holds the lock
+-- until its grantee claims it, so inspection names no leader; the claim keeps the token
+-- minted here and drops the `#q`) and waited on (`+`), so that its release is announced too.
 local function grant_next(lock, fence, queue, channel, releaser, now)
   local entries = redis.call('hgetall', queue)
   local ms = clock_ms(now)
@@ -71,7 +72,7 @@ local function grant_next(lock, fence, queue, channel, releaser, now)
   redis.call('hdel', queue, head)
   local left = head_expiry - ms
   local granted = acquire(lock, fence, head, left, nil, now)
-  redis.call('append', lock, '+')
+  redis.call('append', lock, '#q+')
   redis.call('publish', channel, releaser .. '#' .. head .. '#' .. string.format('%d', left))
   return head, granted[2]
 end

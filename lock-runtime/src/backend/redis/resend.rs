@@ -11,8 +11,8 @@
 //!   goes as `EVAL` to the node that runs it instead (`cluster.rs`), from the same sources.
 //!
 //! Sending again is safe because every command the backend sends is idempotent for its owner:
-//! an attempt whose key already holds its owner grants it again with a fresh token
-//! (`acquire.lua`, `kind_acquire.lua`, and so a batch's attempts), a release, renewal or
+//! an attempt whose key already holds its owner grants it again (`acquire.lua`, and so a
+//! batch's attempts, with the same token; `kind_acquire.lua` with a fresh one), a release, renewal or
 //! hand-off is owner-checked (a second copy finds the key gone or another owner's and changes
 //! nothing), a queue entry is keyed by its owner, and the rest only read. (A `NOSCRIPT` answer
 //! ran nothing; a `WAIT` sent again waits for what was already acknowledged.) The one cost of
