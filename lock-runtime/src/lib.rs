@@ -4,8 +4,9 @@
 //! a lock is held, on whatever your system already runs: in-process memory and lock files of
 //! one host ([`LockManager::file`]) (always available), Redis (feature `redis`), ZooKeeper
 //! (feature `zookeeper`), PostgreSQL (feature `postgres`), MySQL/MariaDB (feature `mysql`),
-//! etcd (feature `etcd`). With the feature `tls`, the Redis, PostgreSQL, MySQL and etcd
-//! backends connect over TLS (mutual TLS included) with `TlsOptions`, on one rustls stack.
+//! etcd (feature `etcd`). With the feature `tls` (rustls on ring), the Redis, PostgreSQL, MySQL
+//! and etcd backends connect over TLS (mutual TLS included) with `TlsOptions`; with
+//! `tls-aws-lc` (rustls on aws-lc-rs) ZooKeeper too. Pick one: each gives one crypto library.
 //!
 //! # Quick start: the attribute
 //!
@@ -248,8 +249,8 @@ mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
-#[cfg(feature = "tls")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+#[cfg(feature = "_tls")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "tls", feature = "tls-aws-lc"))))]
 mod tls;
 mod watchdog;
 
@@ -269,8 +270,8 @@ pub use manager::{
 pub use options::{LockOptions, MAX_LEASE, MAX_NAME_LEN, MAX_RETRY, MAX_WAIT, MIN_DEFAULT_LEASE, MIN_LEASE};
 pub use run::{Enter, Locked, Run, Started};
 pub use telemetry::TelemetryNames;
-#[cfg(feature = "tls")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+#[cfg(feature = "_tls")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "tls", feature = "tls-aws-lc"))))]
 pub use tls::TlsOptions;
 
 #[cfg(feature = "macros")]

@@ -244,30 +244,33 @@ impl Lease {
 
 /// `tls(..)` and `get_tls()` of a backend's options (feature `tls`), which keep the settings in
 /// a field `tls`: one text for every backend. `$doc` says what the settings do there.
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(unused_macros))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
+    allow(unused_macros)
+)]
 macro_rules! tls_setters {
     ($doc:literal) => {
         /// Connects over TLS with these settings: CAs to trust besides the platform's roots,
         /// a client certificate for mutual TLS. Feature `tls`.
         ///
         #[doc = $doc]
-        #[cfg(feature = "tls")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+        #[cfg(feature = "_tls")]
+        #[cfg_attr(docsrs, doc(cfg(any(feature = "tls", feature = "tls-aws-lc"))))]
         pub fn tls(mut self, tls: crate::tls::TlsOptions) -> Self {
             self.tls = Some(tls);
             self
         }
 
         /// The configured [`tls`](Self::tls) settings, if any.
-        #[cfg(feature = "tls")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+        #[cfg(feature = "_tls")]
+        #[cfg_attr(docsrs, doc(cfg(any(feature = "tls", feature = "tls-aws-lc"))))]
         pub fn get_tls(&self) -> Option<&crate::tls::TlsOptions> {
             self.tls.as_ref()
         }
     };
 }
 #[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql")),
+    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
     allow(unused_imports)
 )]
 pub(crate) use tls_setters;

@@ -1,7 +1,9 @@
-//! [`TlsOptions`]: the TLS settings every networked backend takes (feature `tls`).
+//! [`TlsOptions`]: the TLS settings every networked backend takes (feature `tls` or
+//! `tls-aws-lc`).
 //!
-//! One TLS stack serves the whole crate: rustls, on its `ring` provider (no OpenSSL, no
-//! aws-lc). The server's certificate is checked against the platform's roots (read once per
+//! One TLS stack serves the whole crate: rustls, on the crypto provider its feature names:
+//! `ring` (feature `tls`) or `aws-lc-rs` (feature `tls-aws-lc`, rustls's own default and
+//! FIPS-capable; ZooKeeper's client needs it). Never OpenSSL. The server's certificate is checked against the platform's roots (read once per
 //! process) plus the CAs given here, and its name against the host of the URL. A client
 //! certificate, when given, is presented to servers that ask for one (mutual TLS).
 //!
@@ -12,10 +14,14 @@
 //! an [`is_backend`](crate::LockError::is_backend) error carrying the TLS library's reason.
 //!
 //! If no process-wide rustls provider is installed when the first TLS connection is made, the
-//! `ring` provider is installed as the process default (as the Redis client looks it up there).
+//! feature's provider is installed as the process default (as the Redis and ZooKeeper clients
+//! look it up there).
 
 // Until every backend takes TLS settings, a build with none of those that do leaves this unused.
-#![cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
+    allow(dead_code)
+)]
 
 use std::fmt;
 use std::path::PathBuf;
@@ -146,7 +152,7 @@ impl TlsOptions {
         }
         let roots = Arc::new(roots);
         install_provider();
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
             .map_err(|e| invalid(format!("no usable TLS protocol version: {e}")))?
             .with_root_certificates(roots.clone());
@@ -187,14 +193,27 @@ pub(crate) struct Loaded {
     /// The CAs given, as PEM text (empty: none).
     pub(crate) cas_pem: Vec<u8>,
     /// The client certificate chain and key, as PEM text.
-    #[cfg_attr(not(any(feature = "redis", feature = "etcd", feature = "mysql")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(
+            feature = "redis",
+            feature = "etcd",
+            feature = "mysql",
+            all(feature = "zookeeper", feature = "tls-aws-lc")
+        )),
+        allow(dead_code)
+    )]
     pub(crate) identity: Option<(PemText, PemText)>,
 }
 
 impl Loaded {
     /// The trusted roots as PEM text, for clients that take PEM: the CAs given, then the
     /// platform's roots.
-    #[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
+    #[cfg(any(
+        feature = "redis",
+        feature = "etcd",
+        feature = "mysql",
+        all(feature = "zookeeper", feature = "tls-aws-lc")
+    ))]
     pub(crate) fn roots_pem(&self) -> Vec<u8> {
         [&self.cas_pem[..], platform_roots_pem()].concat()
     }
@@ -202,7 +221,7 @@ impl Loaded {
 
 /// The platform's roots as PEM text, encoded once per process (every `rediss://` URL and etcd
 /// connection of every backend hands them to its client).
-#[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "mysql", all(feature = "zookeeper", feature = "tls-aws-lc")))]
 fn platform_roots_pem() -> &'static [u8] {
     static PEM: OnceLock<Vec<u8>> = OnceLock::new();
     PEM.get_or_init(|| {
@@ -242,13 +261,21 @@ fn platform_roots() -> &'static [CertificateDer<'static>] {
     })
 }
 
-/// Installs the `ring` provider as the process default if none is installed yet.
+/// Installs the feature's provider as the process default if none is installed yet.
 pub(crate) fn install_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = provider().install_default();
+}
+
+/// The crypto provider of this build: aws-lc-rs with the feature `tls-aws-lc`, else ring.
+fn provider() -> rustls::crypto::CryptoProvider {
+    #[cfg(feature = "tls-aws-lc")]
+    return rustls::crypto::aws_lc_rs::default_provider();
+    #[cfg(not(feature = "tls-aws-lc"))]
+    return rustls::crypto::ring::default_provider();
 }
 
 /// Standard base64 with padding.
-#[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "mysql", all(feature = "zookeeper", feature = "tls-aws-lc")))]
 fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
@@ -270,7 +297,12 @@ mod tests {
     use super::*;
 
     #[test]
-    #[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
+    #[cfg(any(
+        feature = "redis",
+        feature = "etcd",
+        feature = "mysql",
+        all(feature = "zookeeper", feature = "tls-aws-lc")
+    ))]
     fn base64_matches_the_standard_alphabet_and_padding() {
         assert_eq!(base64(b""), "");
         assert_eq!(base64(b"f"), "Zg==");
@@ -281,7 +313,12 @@ mod tests {
     }
 
     #[test]
-    #[cfg(any(feature = "redis", feature = "etcd", feature = "mysql"))]
+    #[cfg(any(
+        feature = "redis",
+        feature = "etcd",
+        feature = "mysql",
+        all(feature = "zookeeper", feature = "tls-aws-lc")
+    ))]
     fn the_platform_roots_pem_reads_back_as_the_same_certificates() {
         let back: Vec<_> =
             CertificateDer::pem_slice_iter(platform_roots_pem()).collect::<Result<_, _>>().expect("valid PEM");

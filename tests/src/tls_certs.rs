@@ -74,7 +74,7 @@ impl Certs {
     }
 
     /// Trusts the CA and presents the client certificate (mutual TLS).
-    #[cfg(feature = "tls")]
+    #[cfg(any(feature = "tls", feature = "tls-aws-lc"))]
     pub fn mutual(&self) -> lock_runtime::TlsOptions {
         lock_runtime::TlsOptions::new()
             .ca_file(self.path("ca.pem"))

@@ -20,6 +20,8 @@ use crate::server_process::ServerProcess;
 
 /// The ZooKeeper jar the Debian package installs (its manifest names its dependencies).
 pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// Netty's codec, which the secure client port needs besides the jars the ZooKeeper jar names.
+pub const NETTY_CODEC_JAR: &str = "/usr/share/java/netty-codec.jar";
 /// The packaged configuration directory (log configuration) put on the class path.
 pub const ZOOKEEPER_CONF_DIR: &str = "/etc/zookeeper/conf";
 
@@ -31,12 +33,26 @@ pub const CONTAINER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 pub struct ZkServer {
     port: u16,
     process: ServerProcess,
+    /// Serves TLS only (its secure client port): no four-letter words in plain text.
+    tls: bool,
 }
 
 impl ZkServer {
     /// Starts a standalone server on a free loopback port and waits until it serves clients.
     /// Panics (failing the test) if `java` or the jar is missing or the server does not start.
     pub fn start() -> ZkServer {
+        Self::start_with(None)
+    }
+
+    /// Starts a server that speaks TLS only: a secure client port (Netty) and no plain one, its
+    /// certificate `server.pem` (key `server.key`) from `certs` (see
+    /// [`Certs`](crate::tls_certs::Certs)); with `mutual`, it also asks clients for a
+    /// certificate signed by `ca.pem`. Ready once the port accepts TCP connections.
+    pub fn start_tls(certs: &std::path::Path, mutual: bool) -> ZkServer {
+        Self::start_with(Some((certs, mutual)))
+    }
+
+    fn start_with(tls: Option<(&std::path::Path, bool)>) -> ZkServer {
         assert!(
             std::path::Path::new(ZOOKEEPER_JAR).exists(),
             "{ZOOKEEPER_JAR} is missing: install the `zookeeper` package (scripts/test does)"
@@ -44,13 +60,34 @@ impl ZkServer {
         let dir = ServerProcess::temp_dir("zk");
         std::fs::create_dir_all(dir.join("data")).expect("create the ZooKeeper data directory");
         let port = free_port();
+        let listen = match tls {
+            None => format!("clientPort={port}\nclientPortAddress=127.0.0.1\n"),
+            Some((certs, mutual)) => {
+                // ZooKeeper reads the key and the certificate chain from one PEM file.
+                let bundle = dir.join("server-bundle.pem");
+                let read = |f: &str| std::fs::read_to_string(certs.join(f)).expect("a certificate file");
+                std::fs::write(&bundle, read("server.key") + &read("server.pem")).expect("write the key store");
+                format!(
+                    "secureClientPort={port}\n\
+                     secureClientPortAddress=127.0.0.1\n\
+                     serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                     ssl.keyStore.location={bundle}\n\
+                     ssl.keyStore.type=PEM\n\
+                     ssl.trustStore.location={ca}\n\
+                     ssl.trustStore.type=PEM\n\
+                     ssl.clientAuth={auth}\n",
+                    bundle = bundle.display(),
+                    ca = certs.join("ca.pem").display(),
+                    auth = if mutual { "need" } else { "none" },
+                )
+            }
+        };
         let config = format!(
             "tickTime=250\n\
              minSessionTimeout=500\n\
              maxSessionTimeout=30000\n\
              dataDir={data}\n\
-             clientPort={port}\n\
-             clientPortAddress=127.0.0.1\n\
+             {listen}\
              maxClientCnxns=0\n\
              admin.enableServer=false\n\
              4lw.commands.whitelist=ruok,srvr,mntr\n\
@@ -70,16 +107,19 @@ impl ZkServer {
                 &format!("-Dznode.container.checkIntervalMs={}", CONTAINER_CHECK_INTERVAL.as_millis()),
                 "-Dznode.container.maxPerMinute=1000000",
                 "-cp",
-                &format!("{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}"),
+                // Netty's codec jar: the jar's manifest leaves it out, and the secure client
+                // port's TLS handler needs it (`libnetty-java`, a dependency of the package).
+                &format!("{ZOOKEEPER_JAR}:{NETTY_CODEC_JAR}:{ZOOKEEPER_CONF_DIR}"),
                 "org.apache.zookeeper.server.ZooKeeperServerMain",
             ])
             .arg(dir.join("zoo.cfg"));
             java
         };
-        let ready = move || serving(port);
+        let secure = tls.is_some();
+        let ready = move || if secure { accepting(port) } else { serving(port) };
         let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(60));
         process.start();
-        ZkServer { port, process }
+        ZkServer { port, process, tls: secure }
     }
 
     /// `127.0.0.1:<port>`: the host list to give the client.
@@ -105,7 +145,11 @@ impl ZkServer {
     /// Whether the server serves clients: its `srvr` four-letter word reports a mode (`ruok`
     /// answers `imok` as soon as the process listens, before sessions can be opened).
     pub fn serving(&self) -> bool {
-        serving(self.port)
+        if self.tls {
+            accepting(self.port)
+        } else {
+            serving(self.port)
+        }
     }
 
     /// How many client connections the server has open, the asking one included (its `mntr`
@@ -119,6 +163,12 @@ impl ZkServer {
 
 fn serving(port: u16) -> bool {
     four_letter_word(port, "srvr").is_some_and(|answer| answer.contains("Mode: "))
+}
+
+/// Whether something accepts TCP connections on `port` (a TLS-only server answers no word in
+/// plain text).
+fn accepting(port: u16) -> bool {
+    TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Duration::from_millis(500)).is_ok()
 }
 
 fn four_letter_word(port: u16, word: &str) -> Option<String> {

@@ -81,7 +81,7 @@ impl EtcdBackend {
             Some(c) => connect.with_user(&c.user, &c.password).with_auto_token_refresh(true),
             None => connect,
         };
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         let connect = match endpoints[0].starts_with("https://") {
             true => connect.with_tls(tls(&options, &shown)?),
             false => connect,
@@ -179,7 +179,7 @@ impl LockBackend for EtcdBackend {
 
 /// The client's TLS settings for `options`: the CAs given and the platform's roots, and the
 /// client identity.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 fn tls(options: &EtcdOptions, shown: &str) -> Result<etcd_client::TlsOptions, LockError> {
     crate::tls::install_provider();
     let loaded = options.get_tls().cloned().unwrap_or_default().load(shown)?;

@@ -1,8 +1,8 @@
 #![doc = include_str!("README.md")]
 #![doc = ""]
-#![cfg_attr(feature = "tls", doc = "[`EtcdOptions::tls`]: EtcdOptions::tls")]
+#![cfg_attr(feature = "_tls", doc = "[`EtcdOptions::tls`]: EtcdOptions::tls")]
 #![cfg_attr(
-    not(feature = "tls"),
+    not(feature = "_tls"),
     doc = "[`EtcdOptions::tls`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/etcd/struct.EtcdOptions.html#method.tls"
 )]
 

@@ -21,7 +21,7 @@ pub struct EtcdOptions {
     operation_timeout: Duration,
     root: String,
     credentials: Option<Credentials>,
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     tls: Option<crate::tls::TlsOptions>,
 }
 
@@ -32,7 +32,7 @@ impl Default for EtcdOptions {
             operation_timeout: Duration::from_secs(5),
             root: "lock-runtime".to_owned(),
             credentials: None,
-            #[cfg(feature = "tls")]
+            #[cfg(feature = "_tls")]
             tls: None,
         }
     }
@@ -138,7 +138,7 @@ impl EtcdOptions {
                 format!("etcd operation timeout {:?} is not within 10 ms ..= 10 min", self.operation_timeout),
             ));
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         if self.tls.is_some() && !endpoints.starts_with("https://") {
             let why = "TLS settings were given (`EtcdOptions::tls`) but the endpoints are not TLS ones: use `https://host:port`";
             return Err(LockError::invalid(endpoints, why));
@@ -164,7 +164,7 @@ pub(super) fn check_endpoints(endpoints: &[&str]) -> Result<Vec<String>, LockErr
         let endpoint = endpoint.trim();
         let (scheme, rest) = match endpoint.split_once("://") {
             Some(("http", rest)) => ("http", rest),
-            Some(("https", rest)) if cfg!(feature = "tls") => ("https", rest),
+            Some(("https", rest)) if cfg!(feature = "_tls") => ("https", rest),
             Some(("https", _)) => {
                 let why = format!(
                     "etcd endpoint `{endpoint}`: TLS needs the `tls` feature of lock-runtime, which this build leaves out"
@@ -212,7 +212,7 @@ mod tests {
             assert!(err.is_invalid(), "{err}");
         }
         let https = check_endpoints(&["https://h:1"]);
-        assert_eq!(https.is_ok(), cfg!(feature = "tls"), "{https:?}");
+        assert_eq!(https.is_ok(), cfg!(feature = "_tls"), "{https:?}");
         assert!(check_endpoints(&["https://h:1", "http://h:2"]).is_err());
     }
 

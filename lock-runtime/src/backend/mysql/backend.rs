@@ -389,7 +389,7 @@ impl MysqlBackend {
         if options.operation_timeout.is_zero() || options.heartbeat.is_zero() {
             return Err(LockError::invalid("", "the MySQL operation timeout and heartbeat must be more than zero"));
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         if options.tls.is_some() {
             return Err(LockError::invalid("", "TLS settings were given beside a pool: the pool's own apply"));
         }
@@ -439,7 +439,7 @@ impl MysqlBackend {
 /// `opts` with the TLS settings of `options` (and of the URL, `require_ssl=true`) on one rustls
 /// stack: the platform's roots and the CAs given (not the client's built-in roots), the client
 /// identity given.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 fn tls_opts(opts: Opts, options: &MysqlOptions) -> Result<Opts, LockError> {
     use mysql_async::ClientIdentity;
     if options.tls.is_none() && opts.ssl_opts().is_none() {
@@ -459,7 +459,7 @@ fn tls_opts(opts: Opts, options: &MysqlOptions) -> Result<Opts, LockError> {
 }
 
 /// Without the feature `tls`, a URL that asks for TLS is refused.
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
     match opts.ssl_opts() {
         Some(_) => {

@@ -1,8 +1,8 @@
 #![doc = include_str!("README.md")]
 #![doc = ""]
-#![cfg_attr(feature = "tls", doc = "[`MysqlOptions::tls`]: MysqlOptions::tls")]
+#![cfg_attr(feature = "_tls", doc = "[`MysqlOptions::tls`]: MysqlOptions::tls")]
 #![cfg_attr(
-    not(feature = "tls"),
+    not(feature = "_tls"),
     doc = "[`MysqlOptions::tls`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/mysql/struct.MysqlOptions.html#method.tls"
 )]
 

@@ -17,7 +17,7 @@ pub struct MysqlOptions {
     pub(super) heartbeat: Duration,
     pub(super) max_idle: usize,
     pub(super) multiplexing: usize,
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     pub(super) tls: Option<crate::tls::TlsOptions>,
 }
 
@@ -28,7 +28,7 @@ impl Default for MysqlOptions {
             heartbeat: Duration::from_secs(1),
             max_idle: 16,
             multiplexing: 4,
-            #[cfg(feature = "tls")]
+            #[cfg(feature = "_tls")]
             tls: None,
         }
     }

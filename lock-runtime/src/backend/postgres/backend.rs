@@ -271,7 +271,7 @@ impl PostgresBackend {
         if options.operation_timeout.is_zero() {
             return Err(LockError::invalid("", "the PostgreSQL operation timeout must be more than zero"));
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         if options.get_tls().is_some() {
             return Err(LockError::invalid("", "TLS settings were given beside a pool: the pool's own apply"));
         }

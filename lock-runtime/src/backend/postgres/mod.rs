@@ -1,13 +1,13 @@
 #![cfg_attr(feature = "postgres", doc = include_str!("README.md"))]
 #![doc = ""]
-#![cfg_attr(all(feature = "postgres", feature = "tls"), doc = "[`PostgresOptions::tls`]: PostgresOptions::tls")]
+#![cfg_attr(all(feature = "postgres", feature = "_tls"), doc = "[`PostgresOptions::tls`]: PostgresOptions::tls")]
 #![cfg_attr(
-    not(all(feature = "postgres", feature = "tls")),
+    not(all(feature = "postgres", feature = "_tls")),
     doc = "[`PostgresOptions::tls`]: https://docs.rs/lock-runtime/latest/lock_runtime/backend/postgres/struct.PostgresOptions.html#method.tls"
 )]
-#![cfg_attr(feature = "tls", doc = "[TlsOptions]: crate::TlsOptions")]
+#![cfg_attr(feature = "_tls", doc = "[TlsOptions]: crate::TlsOptions")]
 #![cfg_attr(
-    not(feature = "tls"),
+    not(feature = "_tls"),
     doc = "[TlsOptions]: https://docs.rs/lock-runtime/latest/lock_runtime/struct.TlsOptions.html"
 )]
 #![cfg_attr(

@@ -17,7 +17,7 @@ pub struct PostgresOptions {
     pub(super) max_idle: usize,
     pub(super) transaction_pooling: bool,
     pub(super) multiplexing: usize,
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     pub(super) tls: Option<crate::tls::TlsOptions>,
 }
 
@@ -28,7 +28,7 @@ impl Default for PostgresOptions {
             max_idle: 16,
             transaction_pooling: false,
             multiplexing: 4,
-            #[cfg(feature = "tls")]
+            #[cfg(feature = "_tls")]
             tls: None,
         }
     }

@@ -88,11 +88,11 @@ pub(super) fn ssl_mode(mode: Mode) -> SslMode {
 }
 
 /// The connector of lock connections and cancel requests.
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 pub(super) type Connector = tokio_postgres::NoTls;
 
 /// The connector for `params`: without the feature `tls`, modes that need TLS are refused.
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 pub(super) fn connector(params: &Params, _: &super::PostgresOptions, _: &str) -> Result<(Connector, Mode), String> {
     match params.mode.unwrap_or(Mode::Prefer) {
         mode @ (Mode::Disable | Mode::Prefer) => Ok((tokio_postgres::NoTls, mode)),
@@ -102,10 +102,10 @@ pub(super) fn connector(params: &Params, _: &super::PostgresOptions, _: &str) ->
     }
 }
 
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 pub(super) use rustls_connector::{connector, Connector};
 
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 mod rustls_connector {
     use std::future::Future;
     use std::io;

@@ -53,7 +53,7 @@ impl RedisBackend {
         let seeds = seeds(&given, &options)?;
         let timeout = options.command_timeout;
         let builder = ClusterClientBuilder::new(seeds.clone());
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         let builder = match options.get_tls() {
             Some(settings) => builder.certs(url::certificates(settings, &shown)?),
             None => builder,

@@ -111,7 +111,7 @@ pub struct RedisOptions {
     unsubscribe_after: Duration,
     ping_interval: Duration,
     wait_for_replicas: Option<(usize, Duration)>,
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     tls: Option<crate::tls::TlsOptions>,
 }
 
@@ -122,7 +122,7 @@ impl Default for RedisOptions {
             unsubscribe_after: DEFAULT_UNSUBSCRIBE_AFTER,
             ping_interval: DEFAULT_PING_INTERVAL,
             wait_for_replicas: None,
-            #[cfg(feature = "tls")]
+            #[cfg(feature = "_tls")]
             tls: None,
         }
     }
@@ -330,7 +330,7 @@ impl RedisBackend {
         if let Some(problem) = options.problem() {
             return Err(LockError::invalid(shown, problem));
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         if options.get_tls().is_some() {
             let why = "TLS settings were given beside a client (`RedisOptions::tls`): the client's own apply";
             return Err(LockError::invalid(shown, why));

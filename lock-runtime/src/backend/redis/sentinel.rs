@@ -25,14 +25,14 @@ type Addr = (String, u16);
 
 /// The TLS client of the pub/sub connections to the primary (see [`Shared`]): `None` when
 /// the sentinels' URLs are `redis://` ones.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 type Tls = Option<tokio_rustls::TlsConnector>;
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 type Tls = Option<std::convert::Infallible>;
 
 /// The [`Tls`] of the sentinels at `infos`: TLS with `options`' settings (or the platform's
 /// roots alone) when they are `rediss://` ones.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 fn tls_of(infos: &[ConnectionInfo], options: &RedisOptions, shown: &str) -> Result<Tls, LockError> {
     match infos.first().map(ConnectionInfo::addr) {
         Some(redis::ConnectionAddr::TcpTls { .. }) => {
@@ -43,7 +43,7 @@ fn tls_of(infos: &[ConnectionInfo], options: &RedisOptions, shown: &str) -> Resu
     }
 }
 
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 fn tls_of(_: &[ConnectionInfo], _: &RedisOptions, _: &str) -> Result<Tls, LockError> {
     Ok(None)
 }
@@ -60,7 +60,7 @@ struct Shared {
     /// and TLS settings (see [`node_info`]).
     node: ConnectionInfo,
     /// The TLS client of the pub/sub connections, made here (see [`SentinelConn::pubsub`]).
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    #[cfg_attr(not(feature = "_tls"), allow(dead_code))]
     tls: Tls,
     timeout: Duration,
     current: Mutex<Option<Primary>>,
@@ -282,7 +282,7 @@ impl SentinelConn {
         let local = stream.local_addr()?;
         // Made here (not by the `redis` crate) to know its local address.
         let settings = self.0.node.redis_settings();
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         let pubsub = match &self.0.tls {
             Some(tls) => {
                 let host = rustls::pki_types::ServerName::try_from(p.addr.0.clone())
@@ -291,7 +291,7 @@ impl SentinelConn {
             }
             None => PubSub::new(settings, stream).await?,
         };
-        #[cfg(not(feature = "tls"))]
+        #[cfg(not(feature = "_tls"))]
         let pubsub = PubSub::new(settings, stream).await?;
         let mut subscribers = self.0.subscribers.lock().unwrap_or_else(|p| p.into_inner());
         if subscribers.len() >= MAX_SUBSCRIBERS {

@@ -16,14 +16,14 @@ use crate::error::LockError;
 pub(super) fn connection_info(url: &str, options: &RedisOptions, example: &str) -> Result<ConnectionInfo, LockError> {
     let shown = redact(url);
     let tls = url.trim_start().starts_with("rediss://");
-    if tls && !cfg!(feature = "tls") {
+    if tls && !cfg!(feature = "_tls") {
         let why = "a `rediss://` URL needs TLS, which this build leaves out: enable the `tls` feature of lock-runtime";
         return Err(LockError::invalid(shown, why));
     }
     let info = url
         .into_connection_info()
         .map_err(|e| LockError::invalid(&shown, format!("not a usable Redis URL ({e}); expected e.g. {example}")))?;
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     {
         match (options.get_tls(), tls) {
             (Some(_), false) => Err(LockError::invalid(
@@ -43,7 +43,7 @@ pub(super) fn connection_info(url: &str, options: &RedisOptions, example: &str) 
             }
         }
     }
-    #[cfg(not(feature = "tls"))]
+    #[cfg(not(feature = "_tls"))]
     {
         let _ = options;
         Ok(info)
@@ -52,7 +52,7 @@ pub(super) fn connection_info(url: &str, options: &RedisOptions, example: &str) 
 
 /// The `redis` crate's form of `settings`: the CAs given, then the platform's roots (it takes
 /// the roots it is given instead of the platform's), and the client identity.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 pub(super) fn certificates(
     settings: &crate::tls::TlsOptions,
     shown: &str,
@@ -104,13 +104,13 @@ mod tests {
         let plain = connection_info("redis://127.0.0.1:6379", &options, "`redis://host`");
         assert!(plain.is_ok());
         let tls = connection_info("rediss://127.0.0.1:6380", &options, "`redis://host`");
-        if cfg!(feature = "tls") {
+        if cfg!(feature = "_tls") {
             assert!(tls.is_ok());
         } else {
             let e = tls.expect_err("refused");
             assert!(e.is_invalid() && e.to_string().contains("`tls` feature"), "{e}");
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         {
             let with_tls = RedisOptions::default().tls(crate::tls::TlsOptions::new());
             let e = connection_info("redis://127.0.0.1:6379", &with_tls, "`redis://host`").expect_err("refused");

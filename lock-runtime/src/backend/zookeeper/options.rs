@@ -28,6 +28,8 @@ pub struct ZookeeperOptions {
     root: String,
     lost_after_disconnect: Option<Duration>,
     digest: Option<Credentials>,
+    #[cfg(feature = "_tls")]
+    tls: Option<crate::tls::TlsOptions>,
 }
 
 impl Default for ZookeeperOptions {
@@ -38,6 +40,8 @@ impl Default for ZookeeperOptions {
             root: Self::DEFAULT_ROOT.to_owned(),
             lost_after_disconnect: None,
             digest: None,
+            #[cfg(feature = "_tls")]
+            tls: None,
         }
     }
 }
@@ -111,6 +115,20 @@ impl ZookeeperOptions {
         self
     }
 
+    crate::options::tls_setters!(
+        "Every host of the list is then reached on its secure client port (ZooKeeper's \
+         `secureClientPort`, a Netty connection factory). Needs the feature `tls-aws-lc`: the \
+         ZooKeeper client's TLS is built on aws-lc-rs, so with `tls` alone (ring) connecting is \
+         an [`is_invalid`](LockError::is_invalid) error naming the feature, rather than a second \
+         crypto library in every build.\n\n\
+         ```\n\
+         use lock_runtime::backend::zookeeper::ZookeeperOptions;\n\
+         use lock_runtime::TlsOptions;\n\n\
+         let options = ZookeeperOptions::new().tls(TlsOptions::new().ca_file(\"ca.pem\"));\n\
+         assert!(options.get_tls().is_some());\n\
+         ```"
+    );
+
     /// The user of [`digest_auth`](Self::digest_auth), if any.
     pub fn get_digest_user(&self) -> Option<&str> {
         self.digest.as_ref().map(|d| d.user.as_str())
@@ -143,6 +161,12 @@ impl ZookeeperOptions {
     /// Validates every option (the one place they are checked: the code after it relies on
     /// every duration being within `MIN_TIMEOUT..=MAX_TIMEOUT`).
     pub(super) fn check(&self, hosts: &str) -> Result<(), LockError> {
+        #[cfg(all(feature = "_tls", not(feature = "tls-aws-lc")))]
+        if self.tls.is_some() {
+            let why = "ZooKeeper over TLS (`ZookeeperOptions::tls`) needs the feature `tls-aws-lc` of lock-runtime \
+                       (the ZooKeeper client's TLS is built on aws-lc-rs; `tls` alone is ring)";
+            return Err(LockError::invalid(hosts, why));
+        }
         if let Some(digest) = &self.digest {
             if digest.user.is_empty() || digest.user.contains(':') {
                 let why = "the ZooKeeper digest user must not be empty nor hold a `:` (digest identities are `user:password`)";
@@ -208,5 +232,15 @@ mod tests {
         let edge = ZookeeperOptions::MAX_TIMEOUT;
         assert!(ZookeeperOptions::new().operation_timeout(edge).session_timeout(edge).check("h:1").is_ok());
         assert!(ZookeeperOptions::new().check("h:1").is_ok());
+    }
+
+    /// With TLS on ring alone (`tls`), the ZooKeeper client has no TLS: a clear refusal naming
+    /// the feature that has it (`tls-aws-lc`). Built only without `tls-aws-lc`
+    /// (`cargo test -p lock-runtime --features zookeeper,tls --lib`).
+    #[cfg(all(feature = "_tls", not(feature = "tls-aws-lc")))]
+    #[test]
+    fn tls_without_aws_lc_names_the_feature() {
+        let err = ZookeeperOptions::new().tls(crate::TlsOptions::new()).check("h:1").expect_err("refused");
+        assert!(err.is_invalid() && err.to_string().contains("tls-aws-lc"), "{err}");
     }
 }

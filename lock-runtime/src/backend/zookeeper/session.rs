@@ -143,12 +143,36 @@ impl Shared {
             Some(d) => connector.with_auth("digest", format!("{}:{}", d.user, d.password).as_bytes()),
             None => connector,
         };
-        let connect = connector.connect(&self.hosts);
-        let client = match tokio::time::timeout(bound, connect).await {
+        let deadline = tokio::time::Instant::now() + bound;
+        #[cfg(feature = "tls-aws-lc")]
+        let tls = match self.options.get_tls() {
+            Some(settings) => Some(client_tls(settings, &self.hosts)?),
+            None => None,
+        };
+        #[cfg(feature = "tls-aws-lc")]
+        let probe = tls.as_ref().map(|(_, config)| config.clone());
+        let connect = async {
+            // Every host of the list on its secure client port.
+            #[cfg(feature = "tls-aws-lc")]
+            if let Some((tls, _)) = tls {
+                return connector.with_tls(tls).secure_connect(&self.hosts).await;
+            }
+            connector.connect(&self.hosts).await
+        };
+        let client = match tokio::time::timeout_at(deadline, connect).await {
             Ok(Ok(client)) => client,
             Ok(Err(e @ zookeeper_client::Error::BadArguments(_))) => return Err(zk_error(name, operation, e)),
             Ok(Err(e)) => {
-                return Err(gone(name, operation, format!("could not connect to ZooKeeper at `{}`: {e}", self.hosts)))
+                #[allow(unused_mut)]
+                let mut why = format!("could not connect to ZooKeeper at `{}`: {e}", self.hosts);
+                // The client says only "no available hosts": a handshake of our own tells why.
+                #[cfg(feature = "tls-aws-lc")]
+                if let Some(config) = probe {
+                    if let Some(failed) = handshake_failure(&self.hosts, config, deadline).await {
+                        why = format!("{why} ({failed})");
+                    }
+                }
+                return Err(gone(name, operation, why));
             }
             Err(_) => {
                 return Err(gone(
@@ -311,4 +335,51 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// The ZooKeeper client's TLS settings from ours: the trusted roots (the CAs given and the
+/// platform's) and the client identity, as PEM text; the process's rustls provider installed
+/// (the client builds its configuration on it).
+#[cfg(feature = "tls-aws-lc")]
+fn client_tls(
+    settings: &crate::tls::TlsOptions,
+    hosts: &str,
+) -> Result<(zookeeper_client::TlsOptions, Arc<rustls::ClientConfig>), LockError> {
+    let loaded = settings.load(hosts)?;
+    crate::tls::install_provider();
+    let invalid = |what: &str, e: zookeeper_client::Error| LockError::invalid(hosts, format!("{what}: {e}"));
+    let text = |pem: &[u8], what: &str| {
+        std::str::from_utf8(pem)
+            .map(str::to_owned)
+            .map_err(|_| LockError::invalid(hosts, format!("{what} is not UTF-8 PEM text")))
+    };
+    let mut tls = zookeeper_client::TlsOptions::new()
+        .with_pem_ca(&text(&loaded.roots_pem(), "the TLS CA")?)
+        .map_err(|e| invalid("the TLS CAs are not usable by the ZooKeeper client", e))?;
+    if let Some((cert, key)) = &loaded.identity {
+        tls = tls
+            .with_pem_identity(&text(cert, "the TLS client certificate")?, &text(key, "the TLS client key")?)
+            .map_err(|e| invalid("the TLS client identity is not usable by the ZooKeeper client", e))?;
+    }
+    Ok((tls, loaded.config))
+}
+
+/// Why a TLS handshake with the first host of `hosts` fails, with the same roots and identity,
+/// before `deadline`: `None` when it succeeds, or the host cannot be reached at all.
+#[cfg(feature = "tls-aws-lc")]
+async fn handshake_failure(
+    hosts: &str,
+    config: Arc<rustls::ClientConfig>,
+    deadline: tokio::time::Instant,
+) -> Option<String> {
+    let first = hosts.split([',', '/']).next()?.trim();
+    let first = first.strip_prefix("tcp+tls://").unwrap_or(first);
+    let host = first.rsplit_once(':').map_or(first, |(host, _)| host).trim_matches(['[', ']']);
+    let server = rustls::pki_types::ServerName::try_from(host.to_owned()).ok()?;
+    let handshake = async {
+        let socket = tokio::net::TcpStream::connect(first).await.ok()?;
+        tokio_rustls::TlsConnector::from(config).connect(server, socket).await.err()
+    };
+    let error = tokio::time::timeout_at(deadline, handshake).await.ok()??;
+    Some(format!("a TLS handshake with `{first}` failed: {error}"))
 }
