@@ -33,7 +33,9 @@ fn delta(
 
 /// 32 tasks locking and releasing their own names 10 times each at once: the server runs
 /// fewer script calls (and `TIME`s) than there are operations, and every grant still has its
-/// own token, above the server's clock when the run began and above the name's earlier ones.
+/// own token, above the server's clock when the run began and above the name's earlier ones;
+/// the server's fencing counter is read and written once per batch, not per grant, and ends at
+/// or above every token handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_locks_go_out_in_batches_each_with_its_own_token() {
     let server = RedisServer::start();
@@ -57,16 +59,25 @@ async fn concurrent_locks_go_out_in_batches_each_with_its_own_token() {
             })
         })
         .collect();
+    let mut highest = 0;
     for (i, run) in runs.into_iter().enumerate() {
         let tokens = run.await.expect("task");
         assert!(tokens[0] >= began, "batch:{i}: token {} below the server's clock {began}", tokens[0]);
         assert!(tokens.windows(2).all(|w| w[0] < w[1]), "batch:{i}: tokens not increasing: {tokens:?}");
+        highest = highest.max(tokens[tokens.len() - 1]);
     }
     let after = command_calls(&mut conn).await;
     let operations = 2 * tasks * cycles;
     let (calls, times) = (delta(&before, &after, "evalsha"), delta(&before, &after, "time"));
     assert!(calls < operations, "{calls} script calls for {operations} operations: nothing was batched");
     assert!(times < operations / 2, "{times} TIME calls for {} attempts: nothing was batched", operations / 2);
+    // The server's one counter is read at most once per script call (a release reads its
+    // lock once, the rest of the GETs): it was read once per grant before.
+    let counter_reads = delta(&before, &after, "get") - operations / 2;
+    assert!(counter_reads <= calls, "the counter read {counter_reads} times in {calls} script calls");
+    let counter: u64 =
+        redis::cmd("GET").arg(KeyLayout::SERVER_FENCE).query_async(&mut conn).await.expect("GET the counter");
+    assert!(counter >= highest, "the counter {counter} below a token handed out, {highest}");
     for i in 0..tasks {
         assert!(!key_exists(&mut conn, &format!("batch:{i}")).await, "batch:{i}: a lock key was left behind");
     }
@@ -162,9 +173,9 @@ async fn an_attempt_dropped_while_its_batch_is_on_the_wire_leaves_no_lock_behind
     }
     let after = command_calls(&mut conn).await;
     assert_eq!(delta(&before, &after, "time"), 3, "two attempts on their own, one batch");
-    // Each of the four attempts sent ran a `SET NX` and its counter's `SET`; none of the two
-    // left out of the batch did.
-    assert_eq!(delta(&before, &after, "set"), 8, "an attempt left out of its batch was sent");
+    // Each of the four attempts sent ran a `SET NX`, each script call one counter `SET` (the
+    // batch reserves its tokens at once); none of the two left out of the batch ran anything.
+    assert_eq!(delta(&before, &after, "set"), 4 + 3, "an attempt left out of its batch was sent");
 }
 
 /// With 16 other tasks keeping the lane busy (their operations going out in batches), a

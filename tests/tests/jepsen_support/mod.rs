@@ -18,7 +18,7 @@ pub(crate) async fn nothing_left_on(urls: &[String], replay: &str) {
             };
             let (left, channels) = match look.await {
                 Ok((keys, channels)) => (
-                    keys.into_iter().filter(|k| !k.starts_with("lock:fence:")).collect::<Vec<_>>(),
+                    keys.into_iter().filter(|k| !k.starts_with("lock:fence")).collect::<Vec<_>>(),
                     channels.into_iter().filter(|c| c.starts_with("lock:")).collect(),
                 ),
                 Err(e) => (vec![format!("(no answer: {e})")], Vec::new()),

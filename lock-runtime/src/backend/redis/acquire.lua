@@ -11,7 +11,9 @@
 --          someone waits for it; expires with the lease. `<owner>` is ARGV[1] of the
 --          acquisition holding it, `<token>` its fencing token, `<granted ms>` the server's
 --          clock in milliseconds when it was granted (for inspection tools)
--- KEYS[2]  the fencing counter of the lock key's hash slot, `lock:fence:{<slot tag>}` (same slot)
+-- KEYS[2]  the fencing counter: the server's, `lock:fence` (one server, Sentinel: every grant
+--          of a batch then shares one read and one write of it), or on a Cluster the one of
+--          the lock key's hash slot, `lock:fence:{<slot tag>}` (same slot)
 -- ARGV[1]  the owner: unique to this acquisition (`<owner id>@<host>/<pid>[/<label>]`, without
 --          `#` or `+`)
 -- ARGV[2]  the lease in milliseconds
@@ -54,8 +56,16 @@ local function acquire(lock, fence, owner, lease, floor, now)
     now.us = tonumber(now[1]) * 1000000 + tonumber(now[2])
     now.ms = '#' .. string.format('%d', math.floor(now.us / 1000))
   end
-  local clock = now.us
-  local token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, clock, tonumber(floor) or 0)
+  -- Within one script call, the counter is read once and written once per block of tokens
+  -- (`now.reserve` long, 1 by default: a batch reserves one per operation), see below.
+  now.blocks = now.blocks or {}
+  local block = now.blocks[fence]
+  local token
+  if block then
+    token = math.max(block.next, tonumber(floor) or 0)
+  else
+    token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, now.us, tonumber(floor) or 0)
+  end
   local minted = string.format('%d', token)
   local mine = owner .. '#'
   local value = mine .. minted .. now.ms
@@ -89,6 +99,17 @@ local function acquire(lock, fence, owner, lease, floor, now)
     end
     redis.call('set', lock, value, 'PX', lease)
   end
-  redis.call('set', fence, minted)
+  -- Granted: the counter must be at `token` or beyond before the script ends. A token within
+  -- the block this script reserved is so already; otherwise a new block is reserved from
+  -- `token`, written before any token of it is handed out (so a script that fails later
+  -- leaves the counter above every token it granted). Tokens left unused in a block are
+  -- skipped: tokens only need to increase.
+  if block and token <= block.last then
+    block.next = token + 1
+  else
+    local last = token + (tonumber(now.reserve) or 1) - 1
+    redis.call('set', fence, string.format('%d', last))
+    now.blocks[fence] = {next = token + 1, last = last}
+  end
   return {1, token}
 end

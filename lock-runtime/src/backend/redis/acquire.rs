@@ -85,7 +85,8 @@ impl RedisAcquisition {
         }
         let window = self.queue.as_ref().map(|(window, _)| *window);
         let ticket = self.ticket.get_or_insert_with(|| {
-            let (fence, lease) = (self.layout.fence.as_str().into(), lease_millis(self.req.lease.duration()));
+            let fence = self.backend.fence(&self.layout.fence).into();
+            let lease = lease_millis(self.req.lease.duration());
             Ticket::new(self.owner.clone(), fence, lease, window)
         });
         slot.offer(ticket.clone());
@@ -149,7 +150,8 @@ impl RedisAcquisition {
             _ => (false, false),
         };
         let call = async {
-            let (lock, fence, owner) = (self.layout.lock.as_str(), self.layout.fence.as_str(), &*self.owner);
+            let (lock, fence, owner) =
+                (self.layout.lock.as_str(), self.backend.fence(&self.layout.fence), &*self.owner);
             match wait {
                 None => {
                     let queue = match (with_queue, &self.queue) {

@@ -13,15 +13,21 @@
 -- Returns  two numbers per operation, in order: an attempt's {1, token} or {0, pttl} (as
 --          acquire.lua), a release's status (1, 0 or -1, as release.lua) and 0.
 --
--- Fencing is exactly acquire.lua's: the server's clock is read once, before the first
--- attempt, and every grant mints its own token from its slot's counter, written before the
--- next attempt runs (so two grants of one slot in a batch get increasing tokens).
+-- Fencing is acquire.lua's: the server's clock is read once, before the first attempt, and
+-- every grant gets its own token, in the order of the batch; the counter (one per server, see
+-- layout.rs) is read once and written once, reserving a token for every operation of the
+-- batch before the first is handed out.
 local now
 local answers = {}
 local k, a = 1, 1
 while a <= #ARGV do
   if ARGV[a] == 'a' then
-    now = now or redis.call('time')
+    if not now then
+      -- Every operation may grant once (an attempt, or a release from the queue): one block
+      -- of tokens covers the batch.
+      now = redis.call('time')
+      now.reserve = #ARGV / 3
+    end
     local answer = acquire(KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], nil, now)
     answers[#answers + 1] = answer[1]
     answers[#answers + 1] = answer[2]

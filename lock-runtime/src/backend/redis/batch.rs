@@ -34,7 +34,7 @@ use std::task::Poll;
 use redis::RedisError;
 use tokio::sync::oneshot;
 
-use super::layout::{fence_parts, joined, queue_parts};
+use super::layout::{joined, queue_parts, SERVER_FENCE};
 use super::{RedisBackend, BATCH};
 use crate::backend::BoxFuture;
 
@@ -256,16 +256,17 @@ fn command(batch: &[Pending]) -> redis::Cmd {
     let keys: usize = batch.iter().map(|p| if matches!(p.op, Op::Acquire { .. }) { 2 } else { 3 }).sum();
     let mut cmd = redis::Cmd::with_capacity(3 + keys + 3 * batch.len(), 64 + 96 * batch.len());
     cmd.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
-    // The slot's fencing counter and the lock's queue are named after the lock key.
+    // The lock's queue is named after the lock key; the fencing counter is the server's one
+    // (a lane is never on a Cluster).
     let mut name = String::new();
     for pending in batch {
         match &pending.op {
             Op::Acquire { lock, .. } => {
-                cmd.arg(&**lock).arg(joined(&mut name, &fence_parts(lock)));
+                cmd.arg(&**lock).arg(SERVER_FENCE);
             }
             Op::Release { lock, .. } => {
                 cmd.arg(&**lock).arg(joined(&mut name, &queue_parts(lock)));
-                cmd.arg(joined(&mut name, &fence_parts(lock)));
+                cmd.arg(SERVER_FENCE);
             }
         }
     }

@@ -104,7 +104,8 @@ impl ReleaseCall {
         if std::ptr::eq(self.script, &*RELEASE) && self.backend.queues() {
             // A mutex's: granted from its queue if someone waits there, its entry removed if
             // this is a dropped waiter's undo.
-            invocation.key(queue_of(&self.key)).key(fence_of(&self.key));
+            let fence = fence_of(&self.key);
+            invocation.key(queue_of(&self.key)).key(self.backend.fence(&fence));
         }
         if let Some(millis) = self.millis {
             invocation.arg(millis);

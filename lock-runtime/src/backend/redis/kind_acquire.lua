@@ -12,7 +12,8 @@
 --          Times are the server's clock (`TIME`) in milliseconds; entries past their expiry
 --          are pruned here, so a crashed holder or waiter blocks nobody past its lease. The
 --          key expires with its last entry.
--- KEYS[2]  the fencing counter of the name's hash slot, `lock:fence:{<slot tag>}` (same slot,
+-- KEYS[2]  the fencing counter: the server's, `lock:fence` (one server, Sentinel), or on a
+--          Cluster the one of the name's hash slot, `lock:fence:{<slot tag>}` (same slot,
 --          shared with the mutex: see acquire.lua)
 -- ARGV[1]  the owner: unique to this acquisition (`<owner id>@<host>/<pid>[/<label>]`)
 -- ARGV[2]  the lease in milliseconds (also the life of a writer's intent)

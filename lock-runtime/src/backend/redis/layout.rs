@@ -7,7 +7,7 @@
 //! |---|---|
 //! | the lock (a string `<owner id>@<holder>#<token>#<granted ms>`, then `+` once waited on; expiring with the lease) | `lock:{<key>}` |
 //! | the channel a release publishes on | `lock:{<key>}:released` |
-//! | the fencing counter of the slot | `lock:fence:{<tag>}`, `<tag>` a short string of the same slot |
+//! | the fencing counter | on one server or Sentinel, `lock:fence`, one for every lock of every kind (a batch of grants reads and writes it once); on a Cluster, the slot's `lock:fence:{<tag>}`, `<tag>` a short string of the same slot |
 //! | a read-write lock's state (a hash of holders, waiting writers' intents, a waited-on mark) and its channel | `lock:rw:{<key>}`, `lock:rw:{<key>}:released` |
 //! | a semaphore's state (a hash of holders, its permits, a waited-on mark) and its channel | `lock:sem:{<key>}`, `lock:sem:{<key>}:released` |
 //!
@@ -29,11 +29,16 @@ pub struct KeyLayout {
     pub lock: String,
     /// The release channel, `lock:{<key>}:released`.
     pub channel: String,
-    /// The fencing counter of the lock key's hash slot, `lock:fence:{<tag>}`.
+    /// The fencing counter of the lock key's hash slot, `lock:fence:{<tag>}`: the lock's on a
+    /// Cluster (elsewhere, [`SERVER_FENCE`](Self::SERVER_FENCE)).
     pub fence: String,
 }
 
 impl KeyLayout {
+    /// The one fencing counter of one server or a Sentinel-managed primary (`lock:fence`), for
+    /// locks of every kind; a Cluster's locks take their slot's, [`fence`](Self::fence).
+    pub const SERVER_FENCE: &'static str = SERVER_FENCE;
+
     /// The names used for the backend key `key` (the manager prefix followed by the lock name).
     pub fn of(key: &str) -> Self {
         Self::in_space("lock:{", key)
@@ -105,6 +110,11 @@ pub(super) fn queue_parts(lock: &str) -> [&str; 4] {
         _ => ["lock:queue:{", slot_tag(key_slot(lock.as_bytes())), "}", lock],
     }
 }
+
+/// The one fencing counter of the grants of one server or a Sentinel-managed primary, locks
+/// of every kind: a batch of grants reads and writes it once (`batch.lua`). A Redis Cluster
+/// keeps one per hash slot instead ([`fence_of`]), as a script touches one slot.
+pub(super) const SERVER_FENCE: &str = "lock:fence";
 
 /// The fencing counter of the hash slot of the Redis key `key`, `lock:fence:{<tag>}`: every
 /// script that mints a token from it touches `key` and the counter in one slot, whatever hash

@@ -279,6 +279,17 @@ impl RedisBackend {
         !matches!(self.inner.conn, Conn::Cluster(_))
     }
 
+    /// The fencing counter of a lock's grants, given its slot's (`layout.fence`): the
+    /// server's one counter where one server holds every lock (one server, Sentinel), so that
+    /// a batch reads and writes it once; the slot's on a Cluster. Every grant of a name takes
+    /// the same one, so its tokens keep increasing.
+    fn fence<'a>(&self, slot_fence: &'a str) -> &'a str {
+        match self.inner.conn {
+            Conn::Cluster(_) => slot_fence,
+            _ => layout::SERVER_FENCE,
+        }
+    }
+
     /// Connects to the server at `url` (`redis://[[user]:password@]host[:port][/db]`, or
     /// `redis+unix:///path`) with default [`RedisOptions`].
     ///
