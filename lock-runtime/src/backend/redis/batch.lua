@@ -1,14 +1,16 @@
 -- batch.lua: the acquire attempts and holders' releases of many tasks of one process, sent
 -- together in one script call (group commit, see batch.rs); each runs exactly as on its own,
 -- in the order they were made. Composed after acquire.lua, queue.lua and release.lua, whose
--- functions it calls.
+-- functions it calls. Never on a Cluster: every key is on this server.
 --
--- Per operation, in order: three arguments, then its keys:
---   'a', owner, lease ms       an attempt (acquire.lua's ARGV[1], ARGV[2]), keys: KEYS[1] the
---                              lock key, KEYS[2] the fencing counter of its slot (acquire.lua's)
---   'r', owner, channel        a holder's release (release.lua's ARGV[1], ARGV[2]), keys: KEYS[1]
---                              the lock key, KEYS[2] its queue, KEYS[3] the fencing counter
---                              (release.lua's KEYS[1], KEYS[2], KEYS[3])
+-- KEYS[1]  the server's fencing counter, `lock:fence` (acquire.lua's KEYS[2])
+-- Then per operation, in order, two arguments and its keys (the fewer a batch carries, the
+-- less the server parses per lock):
+--   lease ms, owner   an attempt (acquire.lua's ARGV[2], ARGV[1]); key: the lock key
+--   'r', owner        a holder's release (release.lua's ARGV[1]); key: the lock key, whose
+--                     queue is `<lock key>:queue` and channel `<lock key>:released`
+--   'q', owner        the same, for a lock key whose queue is named otherwise (a key with an
+--                     empty hash tag, see layout.rs); keys: the lock key, then its queue
 --
 -- Returns  two numbers per operation, in order: an attempt's {1, token} or {0, pttl} (as
 --          acquire.lua), a release's status (1, 0 or -1, as release.lua) and 0.
@@ -17,26 +19,32 @@
 -- every grant gets its own token, in the order of the batch; the counter (one per server, see
 -- layout.rs) is read once and written once, reserving a token for every operation of the
 -- batch before the first is handed out.
+local fence = KEYS[1]
 local now
 local answers = {}
-local k, a = 1, 1
+local k, a = 2, 1
 while a <= #ARGV do
-  if ARGV[a] == 'a' then
+  local op = ARGV[a]
+  if op == 'r' then
+    answers[#answers + 1] = (release(KEYS[k], ARGV[a + 1], nil, true, fence))
+    answers[#answers + 1] = 0
+    k = k + 1
+  elseif op == 'q' then
+    answers[#answers + 1] = (release(KEYS[k], ARGV[a + 1], nil, KEYS[k + 1], fence))
+    answers[#answers + 1] = 0
+    k = k + 2
+  else
     if not now then
       -- Every operation may grant once (an attempt, or a release from the queue): one block
       -- of tokens covers the batch.
       now = redis.call('time')
-      now.reserve = #ARGV / 3
+      now.reserve = #ARGV / 2
     end
-    local answer = acquire(KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], nil, now)
+    local answer = acquire(KEYS[k], fence, ARGV[a + 1], op, nil, now)
     answers[#answers + 1] = answer[1]
     answers[#answers + 1] = answer[2]
-    k = k + 2
-  else
-    answers[#answers + 1] = (release(KEYS[k], ARGV[a + 1], ARGV[a + 2], KEYS[k + 1], KEYS[k + 2]))
-    answers[#answers + 1] = 0
-    k = k + 3
+    k = k + 1
   end
-  a = a + 3
+  a = a + 2
 end
 return answers

@@ -52,8 +52,9 @@ pub(super) enum Op {
     /// A mutex attempt (`acquire.lua`) on the lock key `lock`, and what undoes it (in the
     /// background) if it was, or may have been, granted when its caller is gone.
     Acquire { lock: Arc<str>, owner: Arc<str>, lease: u64, undo: Box<dyn FnOnce() + Send> },
-    /// A holder's release of the mutex whose key is `lock` (`release.lua`).
-    Release { lock: Arc<str>, owner: Arc<str>, channel: Arc<str> },
+    /// A holder's release of the mutex whose key is `lock` (`release.lua`; its channel is
+    /// `<lock>:released`).
+    Release { lock: Arc<str>, owner: Arc<str> },
 }
 
 /// The operations of a backend waiting for the call on the wire.
@@ -251,29 +252,32 @@ impl Drop for Flusher {
 }
 
 /// The `batch.lua` call of `batch` (two numbers answered per operation), written into one
-/// command buffer: `EVALSHA <hash> <number of keys> <keys>.. <arguments>..`.
+/// command buffer: `EVALSHA <hash> <number of keys> <keys>.. <arguments>..`: the server's
+/// fencing counter (a lane is never on a Cluster), then per operation its lock key (and the
+/// queue of a key whose queue is not `<lock key>:queue`), and two arguments.
 fn command(batch: &[Pending]) -> redis::Cmd {
-    let keys: usize = batch.iter().map(|p| if matches!(p.op, Op::Acquire { .. }) { 2 } else { 3 }).sum();
-    let mut cmd = redis::Cmd::with_capacity(3 + keys + 3 * batch.len(), 64 + 96 * batch.len());
-    cmd.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
-    // The lock's queue is named after the lock key; the fencing counter is the server's one
-    // (a lane is never on a Cluster).
+    let named = |lock: &str| queue_parts(lock)[0] != lock; // a queue not after the lock key
+    let keys: usize = 1 + batch
+        .iter()
+        .map(|p| match &p.op {
+            Op::Release { lock, .. } if named(lock) => 2,
+            _ => 1,
+        })
+        .sum::<usize>();
+    let mut cmd = redis::Cmd::with_capacity(3 + keys + 2 * batch.len(), 64 + 80 * batch.len());
+    cmd.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys).arg(SERVER_FENCE);
     let mut name = String::new();
     for pending in batch {
         match &pending.op {
-            Op::Acquire { lock, .. } => {
-                cmd.arg(&**lock).arg(SERVER_FENCE);
-            }
-            Op::Release { lock, .. } => {
-                cmd.arg(&**lock).arg(joined(&mut name, &queue_parts(lock)));
-                cmd.arg(SERVER_FENCE);
-            }
-        }
+            Op::Acquire { lock, .. } => cmd.arg(&**lock),
+            Op::Release { lock, .. } if named(lock) => cmd.arg(&**lock).arg(joined(&mut name, &queue_parts(lock))),
+            Op::Release { lock, .. } => cmd.arg(&**lock),
+        };
     }
     for pending in batch {
         match &pending.op {
-            Op::Acquire { owner, lease, .. } => cmd.arg("a").arg(&**owner).arg(*lease),
-            Op::Release { owner, channel, .. } => cmd.arg("r").arg(&**owner).arg(&**channel),
+            Op::Acquire { owner, lease, .. } => cmd.arg(*lease).arg(&**owner),
+            Op::Release { lock, owner } => cmd.arg(if named(lock) { "q" } else { "r" }).arg(&**owner),
         };
     }
     cmd

@@ -88,8 +88,7 @@ impl ReleaseCall {
             // A holder's release of a mutex: in a batch when another call is on the wire (see
             // `batch.rs`), behind the attempts made before it.
             (Some(lane), true) => {
-                let op =
-                    || Op::Release { lock: self.key.clone(), owner: self.owner.clone(), channel: self.channel.clone() };
+                let op = || Op::Release { lock: self.key.clone(), owner: self.owner.clone() };
                 let alone =
                     || -> BoxFuture<'_, _> { Box::pin(async { self.send_alone().await.map(|status| (status, 0)) }) };
                 lane.run(&self.backend, op, alone).await.map(|(status, _)| status)

@@ -6,11 +6,13 @@
 -- process's next waiter. Composed after acquire.lua and queue.lua.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[+]`, see acquire.lua)
--- KEYS[2]  optional: the lock's queue, `lock:{<key>}:queue` (see queue.lua)
+-- KEYS[2]  optional: the lock's queue, `lock:{<key>}:queue` (see queue.lua); the function
+--          also takes `true` for `<lock key>:queue`, named only if needed (batch.lua)
 -- KEYS[3]  with KEYS[2]: the fencing counter of the lock key's hash slot (acquire.lua's KEYS[2])
 -- ARGV[1]  the owner the lock was granted to (acquire.lua's ARGV[1])
 -- ARGV[2]  the lock's release channel, `lock:{<key>}:released` (an argument, not a key: it is no key to
---          Redis Cluster, so a slot being migrated never refuses the script for it)
+--          Redis Cluster, so a slot being migrated never refuses the script for it); the
+--          function takes `nil` for `<lock key>:released`, named only if needed (batch.lua)
 --
 -- Returns  1   released: the key was deleted, and if its value was marked waited on (ending
 --              in `+`, see acquire.lua) either granted to the queue's first live entry (and
@@ -23,6 +25,12 @@
 local function release(lock, owner, channel, queue, fence)
   local holder = redis.call('get', lock)
   local mine = owner .. '#'
+  if queue == true then
+    queue = nil
+    if holder == false or string.sub(holder, 1, #mine) ~= mine or string.sub(holder, -1) == '+' then
+      queue = lock .. ':queue'
+    end
+  end
   if holder == false or string.sub(holder, 1, #mine) ~= mine then
     if queue then
       redis.call('hdel', queue, owner)
@@ -34,6 +42,7 @@ local function release(lock, owner, channel, queue, fence)
   end
   redis.call('del', lock)
   if string.sub(holder, -1) == '+' then
+    channel = channel or (lock .. ':released')
     if queue then
       local grantee, token = grant_next(lock, fence, queue, channel, owner, redis.call('time'))
       if grantee then
