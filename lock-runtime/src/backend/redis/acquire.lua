@@ -67,9 +67,9 @@ local function acquire(lock, fence, owner, lease, floor, now)
     token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, now.us, tonumber(floor) or 0)
   end
   local minted = string.format('%d', token)
-  local mine = owner .. '#'
-  local value = mine .. minted .. now.ms
+  local value = owner .. '#' .. minted .. now.ms
   if not redis.call('set', lock, value, 'NX', 'PX', lease) then
+    local mine = owner .. '#'
     local holder = redis.call('get', lock)
     if holder and string.sub(holder, 1, #mine) ~= mine then
       if string.sub(holder, -1) ~= '+' then

@@ -24,14 +24,15 @@
 --          from the queue and its token after its answer (a script's reply is the first).
 local function release(lock, owner, channel, queue, fence)
   local holder = redis.call('get', lock)
-  local mine = owner .. '#'
+  -- `<owner>#` in front: compared in place (no string made for it, nor for a part of the value).
+  local ours = holder ~= false and string.byte(holder, #owner + 1) == 35 and string.find(holder, owner, 1, true) == 1
   if queue == true then
     queue = nil
-    if holder == false or string.sub(holder, 1, #mine) ~= mine or string.sub(holder, -1) == '+' then
+    if not ours or string.byte(holder, -1) == 43 then
       queue = lock .. ':queue'
     end
   end
-  if holder == false or string.sub(holder, 1, #mine) ~= mine then
+  if not ours then
     if queue then
       redis.call('hdel', queue, owner)
     end
@@ -41,7 +42,7 @@ local function release(lock, owner, channel, queue, fence)
     return -1
   end
   redis.call('del', lock)
-  if string.sub(holder, -1) == '+' then
+  if string.byte(holder, -1) == 43 then -- '+': waited on
     channel = channel or (lock .. ':released')
     if queue then
       local grantee, token = grant_next(lock, fence, queue, channel, owner, redis.call('time'))
