@@ -223,6 +223,11 @@ async fn run(args: Args) -> Result<(), String> {
     } else {
         redis_part(&url, args.port, &mut probe, plan).await?
     };
+    #[cfg(feature = "ours-redis")]
+    let scale = if args.memory_only { report::Scale::default() } else { scale_part(&url, &mut probe, plan).await? };
+    #[cfg(not(feature = "ours-redis"))]
+    let scale = report::Scale::default();
+    print!("{}", scale.markdown());
     // The same comparison where it matters in production: over Redis round trips.
     #[cfg(all(feature = "attribute", feature = "ours-redis"))]
     let attribute_redis = if args.memory_only {
@@ -241,6 +246,7 @@ async fn run(args: Args) -> Result<(), String> {
     let history_file = args.out.join("history.tsv");
     let mut results = Results {
         machine,
+        scale,
         quick: args.quick,
         redis: redis_rows,
         ceiling_rps: ceiling,
@@ -318,6 +324,66 @@ async fn redis_part(
     let ceiling_pipelined = server::ceiling(port, &sha, plan.ceiling_requests * 2, 16)?;
 
     Ok((redis_rows, ceiling, ceiling_pipelined, rtt_ping))
+}
+
+/// The task counts of the scale curve.
+const SCALE_TASKS: [usize; 4] = [1, 16, 64, 256];
+/// The locks held at once to measure the server's memory per held lock.
+const HELD_FOR_MEMORY: usize = 10_000;
+
+/// The scale curve: per task count, the server CPU per uncontended cycle (ours and rslock's,
+/// one window each) and ours' hand-off wait with that many tasks on one name; then the
+/// server's memory per held lock.
+#[cfg(feature = "ours-redis")]
+async fn scale_part(url: &str, probe: &mut server::Probe, plan: Plan) -> Result<report::Scale, String> {
+    let ours = Arc::new(Ours::redis(url).await?);
+    let rslock = Arc::new(Rslock::new(url));
+    let mut scale = report::Scale::default();
+    for tasks in SCALE_TASKS {
+        eprintln!("redis: scale, {tasks} tasks ...");
+        let (ours_us, ours_rate) = server_cpu(&ours, &format!("scale:ours:{tasks}:"), tasks, probe, plan).await?;
+        let (rslock_us, rslock_rate) =
+            server_cpu(&rslock, &format!("scale:rslock:{tasks}:"), tasks, probe, plan).await?;
+        let handoff = if tasks > 1 {
+            let c = scenario::contended(&ours, &format!("scale:hot:{tasks}"), tasks, plan.redis_contended).await?;
+            Some((c.wait_p50, c.wait_p99))
+        } else {
+            None
+        };
+        scale.points.push(report::ScalePoint { tasks, ours_us, ours_rate, rslock_us, rslock_rate, handoff });
+    }
+    eprintln!("redis: server memory per held lock ...");
+    let names = keys("scale:held:", HELD_FOR_MEMORY);
+    let before = probe.used_memory().await?;
+    let mut guards = Vec::with_capacity(names.len());
+    for key in &names {
+        guards.push(ours.lock(key).await?);
+    }
+    let held = probe.used_memory().await?;
+    for guard in guards {
+        ours.unlock(guard).await?;
+    }
+    scale.memory_per_lock = Some(((held - before) / HELD_FOR_MEMORY as f64, HELD_FOR_MEMORY));
+    Ok(scale)
+}
+
+/// The server's CPU per cycle (µs) and the cycles per second of `tasks` tasks on distinct
+/// names, over one window.
+#[cfg(feature = "ours-redis")]
+async fn server_cpu<C: Contender>(
+    c: &Arc<C>,
+    prefix: &str,
+    tasks: usize,
+    probe: &mut server::Probe,
+    plan: Plan,
+) -> Result<(f64, f64), String> {
+    let names = keys(prefix, tasks);
+    scenario::cycles(c, &names, plan.warm, Clock::Wall).await?;
+    let cpu = probe.cpu_seconds().await?;
+    let got = scenario::cycles(c, &names, plan.redis_cycles, Clock::Wall).await?;
+    let cpu = probe.cpu_seconds().await? - cpu;
+    let cycles = got.per_sec * plan.redis_cycles.as_secs_f64();
+    Ok((cpu * 1e6 / cycles.max(1.0), got.per_sec))
 }
 
 /// The uncontended Redis figures of a contender: cycles per second of 1 task and of `MANY`

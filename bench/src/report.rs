@@ -99,8 +99,76 @@ impl Attribute {
     }
 }
 
+/// One point of the scale curve: `tasks` tasks of one process.
+#[derive(Debug, Clone, Copy)]
+pub struct ScalePoint {
+    pub tasks: usize,
+    /// Server CPU per uncontended lock+release (µs) and cycles per second, `tasks` tasks on
+    /// distinct names: ours, then rslock's.
+    pub ours_us: f64,
+    pub ours_rate: f64,
+    pub rslock_us: f64,
+    pub rslock_rate: f64,
+    /// Ours, `tasks` tasks on one name: hand-off wait p50 and p99 (none for one task).
+    pub handoff: Option<(Duration, Duration)>,
+}
+
+/// How the Redis backend's cost grows (`scripts/bench`'s scale curve).
+#[derive(Debug, Clone, Default)]
+pub struct Scale {
+    pub points: Vec<ScalePoint>,
+    /// The server's memory per held lock (bytes), and how many were held to measure it.
+    pub memory_per_lock: Option<(f64, usize)>,
+}
+
+impl Scale {
+    /// The section of RESULTS.md (and the printed report).
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        if self.points.is_empty() {
+            return s;
+        }
+        let _ = writeln!(
+            s,
+            "
+### Scale
+
+How the cost grows with the tasks of one process (one window each, so rougher than the rows above): the server CPU per uncontended lock+release and the cycles per second with that many tasks on distinct names, ours and rslock's; and ours with that many tasks on one name, the hand-off wait.
+"
+        );
+        let _ = writeln!(
+            s,
+            "| tasks | ours: server µs/cycle | rslock: server µs/cycle | ratio | ours cycles/s | rslock cycles/s | ours hand-off p50 | p99 |
+|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for p in &self.points {
+            let (p50, p99) = p.handoff.map_or(("-".to_owned(), "-".to_owned()), |(a, b)| (ms(a), ms(b)));
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} | {:.1} | {:.2}x | {} | {} | {p50} | {p99} |",
+                p.tasks,
+                p.ours_us,
+                p.rslock_us,
+                p.ours_us / p.rslock_us,
+                count(p.ours_rate),
+                count(p.rslock_rate)
+            );
+        }
+        if let Some((bytes, held)) = self.memory_per_lock {
+            let _ = writeln!(
+                s,
+                "
+Server memory per held lock (`used_memory` with {held} locks held by one process, less before): {bytes:.0} bytes."
+            );
+        }
+        s
+    }
+}
+
 pub struct Results {
     pub machine: Machine,
+    /// The scale curve of the Redis backend.
+    pub scale: Scale,
     pub quick: bool,
     pub redis: Vec<RedisRow>,
     /// `redis-benchmark -c 50` EVALSHA, one request in flight per client (the issue's reference).
@@ -786,6 +854,7 @@ multiplex many tasks over one connection batch their requests, so they can pass 
             let parts: Vec<String> = r.per_command.iter().take(8).map(|(k, v)| format!("{k} {v:.2}")).collect();
             let _ = writeln!(s, "- {}: {}", r.label, parts.join(", "));
         }
+        s.push_str(&self.scale.markdown());
         let _ = writeln!(
             s,
             "\n## In-memory\n\nSame loops, no server; the uncontended figures are the best of 7 alternating rounds of 200 ms (this machine is shared and noisy), and the 1-task figure counts the on-CPU time of the task's worker thread (`/proc/thread-self/schedstat`), not the time other processes held the CPU. `tokio::sync::Mutex` is one pre-built mutex per name (no lookup); the \

@@ -40,6 +40,15 @@ impl Probe {
         Ok(calls)
     }
 
+    /// The server's memory in use (`used_memory`), in bytes.
+    pub async fn used_memory(&mut self) -> Result<f64, String> {
+        let text = self.info("memory").await?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| "INFO memory has no used_memory".to_owned())
+    }
+
     /// The server's CPU time so far (`used_cpu_user` + `used_cpu_sys`), in seconds.
     pub async fn cpu_seconds(&mut self) -> Result<f64, String> {
         let text = self.info("cpu").await?;
