@@ -328,6 +328,8 @@ async fn redis_part(
 
 /// The task counts of the scale curve.
 const SCALE_TASKS: [usize; 4] = [1, 16, 64, 256];
+/// The process counts of the scale curve (one name).
+const SCALE_PROCESSES: [usize; 3] = [1, 4, 16];
 /// The locks held at once to measure the server's memory per held lock.
 const HELD_FOR_MEMORY: usize = 10_000;
 
@@ -351,6 +353,24 @@ async fn scale_part(url: &str, probe: &mut server::Probe, plan: Plan) -> Result<
             None
         };
         scale.points.push(report::ScalePoint { tasks, ours_us, ours_rate, rslock_us, rslock_rate, handoff });
+    }
+    for processes in SCALE_PROCESSES {
+        eprintln!("redis: scale, {processes} processes on one name ...");
+        let mut clients = Vec::with_capacity(processes);
+        for _ in 0..processes {
+            clients.push(Arc::new(Ours::redis(url).await?));
+        }
+        let name = format!("scale:procs:{processes}");
+        let before = probe.command_calls().await?;
+        let c = scenario::contended_across(&clients, &name, 2 * processes, plan.redis_contended).await?;
+        let (commands, _) = server::delta(&before, &probe.command_calls().await?);
+        scale.processes.push(report::ProcessPoint {
+            processes,
+            handoffs_per_sec: c.handoffs_per_sec,
+            wait_p50: c.wait_p50,
+            wait_p99: c.wait_p99,
+            commands_per_acquisition: commands as f64 / c.acquisitions_total.max(1) as f64,
+        });
     }
     eprintln!("redis: server memory per held lock ...");
     let names = keys("scale:held:", HELD_FOR_MEMORY);

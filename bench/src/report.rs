@@ -113,10 +113,23 @@ pub struct ScalePoint {
     pub handoff: Option<(Duration, Duration)>,
 }
 
+/// One point of the processes curve: `processes` clients (each a backend of its own, as a
+/// process is) with two tasks each, on one name.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessPoint {
+    pub processes: usize,
+    pub handoffs_per_sec: f64,
+    pub wait_p50: Duration,
+    pub wait_p99: Duration,
+    /// Redis commands (those inside scripts included) per acquisition.
+    pub commands_per_acquisition: f64,
+}
+
 /// How the Redis backend's cost grows (`scripts/bench`'s scale curve).
 #[derive(Debug, Clone, Default)]
 pub struct Scale {
     pub points: Vec<ScalePoint>,
+    pub processes: Vec<ProcessPoint>,
     /// The server's memory per held lock (bytes), and how many were held to measure it.
     pub memory_per_lock: Option<(f64, usize)>,
 }
@@ -153,6 +166,23 @@ How the cost grows with the tasks of one process (one window each, so rougher th
                 count(p.ours_rate),
                 count(p.rslock_rate)
             );
+        }
+        if !self.processes.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nOne name, several processes (each a backend of its own, two tasks each): the server-side queue keeps the herd away, so the commands per acquisition should stay flat as processes grow.\n\n| processes | hand-offs/s | wait p50 | p99 | Redis cmds/acquisition |\n|---:|---:|---:|---:|---:|"
+            );
+            for p in &self.processes {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {:.1} |",
+                    p.processes,
+                    count(p.handoffs_per_sec),
+                    ms(p.wait_p50),
+                    ms(p.wait_p99),
+                    p.commands_per_acquisition
+                );
+            }
         }
         if let Some((bytes, held)) = self.memory_per_lock {
             let _ = writeln!(

@@ -120,12 +120,23 @@ pub struct Contended {
 /// when it got the lock and when it let it go; merged in acquisition order, a change of task is
 /// a hand-off and its wait is the gap from the previous release to this acquisition.
 pub async fn contended<C: Contender>(c: &Arc<C>, name: &str, tasks: usize, run: Duration) -> Result<Contended, String> {
+    contended_across(std::slice::from_ref(c), name, tasks, run).await
+}
+
+/// [`contended`] with the tasks spread over several contenders in turn (each its own client,
+/// as processes are).
+pub async fn contended_across<C: Contender>(
+    cs: &[Arc<C>],
+    name: &str,
+    tasks: usize,
+    run: Duration,
+) -> Result<Contended, String> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let key = Key { idx: 0, name: name.to_string() };
     let started = Instant::now();
     let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        let (c, key, mut stop) = (c.clone(), key.clone(), stop_rx.clone());
+    for i in 0..tasks {
+        let (c, key, mut stop) = (cs[i % cs.len()].clone(), key.clone(), stop_rx.clone());
         handles.push(tokio::spawn(async move {
             let mut log: Vec<(Instant, Instant)> = Vec::with_capacity(1 << 14);
             loop {
