@@ -953,7 +953,8 @@ dominate both, and a few % either way is within run-to-run noise).",
         s
     }
 
-    /// The chart: six panels of labelled horizontal bars, ours highlighted.
+    /// The chart: panels of labelled horizontal bars, ours highlighted (the scale curve's
+    /// two when it was measured).
     pub fn svg(&self) -> String {
         let mut panels: Vec<Panel> = Vec::new();
         let redis_bars = |f: &dyn Fn(&RedisRow) -> Option<f64>, fmt: &dyn Fn(f64) -> String| -> Vec<Bar> {
@@ -995,6 +996,48 @@ dominate both, and a few % either way is within run-to-run noise).",
             note: "higher is better, 1 = equal",
             bars: redis_bars(&|r| Some(r.contended.fairness), &|v| format!("{v:.2}")),
         });
+        panels.push(Panel {
+            title: format!("Redis uncontended: server CPU per lock+release, {} tasks (µs)", crate::MANY),
+            note: "lower is better",
+            bars: redis_bars(&|r| r.server_us_per_cycle, &|v| format!("{v:.1} µs")),
+        });
+        if !self.scale.points.is_empty() {
+            panels.push(Panel {
+                title: "Scale: our server CPU per lock+release over rslock's, by tasks".into(),
+                note: "lower is better; the target is 0.67",
+                bars: self
+                    .scale
+                    .points
+                    .iter()
+                    .map(|p| {
+                        let v = p.ours_us / p.rslock_us;
+                        let label = if p.tasks == 1 { "1 task".to_owned() } else { format!("{} tasks", p.tasks) };
+                        Bar { label, value: v, text: format!("{v:.2}x"), ours: true }
+                    })
+                    .collect(),
+            });
+        }
+        if !self.scale.processes.is_empty() {
+            panels.push(Panel {
+                title: "Scale: Redis commands per acquisition, processes on one name".into(),
+                note: "flat is the goal",
+                bars: self
+                    .scale
+                    .processes
+                    .iter()
+                    .map(|p| Bar {
+                        label: if p.processes == 1 {
+                            "1 process".to_owned()
+                        } else {
+                            format!("{} processes", p.processes)
+                        },
+                        value: p.commands_per_acquisition,
+                        text: format!("{:.1}", p.commands_per_acquisition),
+                        ours: true,
+                    })
+                    .collect(),
+            });
+        }
         let mem_bars = |f: &dyn Fn(&MemoryRow) -> f64, fmt: &dyn Fn(f64) -> String| -> Vec<Bar> {
             self.memory
                 .iter()
