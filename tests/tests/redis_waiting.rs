@@ -410,7 +410,8 @@ async fn a_dropped_waiter_leaves_the_queue() {
 
 /// A waiter queued in Redis (it waited a third of its claim window) and handed the lock by a
 /// release of its own process is granted from its queue entry: with its own lease, not the
-/// entry's claim window (which would let the key expire under a holder counting 60 s).
+/// entry's claim window (which would let the key expire under a holder counting 60 s), and
+/// claimed at once (inspection shows it held, with its token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_waiter_handed_the_lock_here_holds_it_for_its_own_lease() {
     let server = RedisServer::start();
@@ -428,6 +429,11 @@ async fn a_queued_waiter_handed_the_lock_here_holds_it_for_its_own_lease() {
     assert!(next.fencing_token() > first);
     let pttl: i64 = redis::cmd("PTTL").arg(KeyLayout::of("own").lock).query_async(&mut conn).await.expect("PTTL");
     assert!(pttl > 30_000, "the key expires in {pttl} ms under a 60 s lease");
+    // Held, and seen so: not an unclaimed grant (it was, with its `#q` left on, before), with
+    // the token the holder has.
+    let info = m.inspect("own").await.expect("inspect").expect("held");
+    assert!(!info.unclaimed, "a lock handed over here is shown as not claimed yet: {info:?}");
+    assert_eq!(info.fencing_token, Some(next.fencing_token()));
     await_queued(&mut conn, "own", 0).await;
     next.release().await.expect("release");
 }

@@ -21,15 +21,12 @@
 -- Returns  {released, status, value}: `released` release.lua's answer (1, 0 or -1), then
 --          acquire.lua's answer for the waiter: {1, token} granted, {0, pttl} held by someone
 --          else (when the release found the lock another owner's, or granted it from the queue)
-local released, grantee, token = release(KEYS[1], ARGV[1], ARGV[2], KEYS[3], KEYS[2])
-local granted
-if grantee == ARGV[3] then
-  -- Granted from the queue already (the waiter's own entry): with its own lease.
-  redis.call('pexpire', KEYS[1], ARGV[4])
-  granted = {1, token}
-else
-  local now = redis.call('time')
-  granted = acquire(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
+local released, grantee = release(KEYS[1], ARGV[1], ARGV[2], KEYS[3], KEYS[2])
+local now = redis.call('time')
+-- Granted from the queue already (the waiter's own entry): claimed here at once, as acquire
+-- claims any grant of its owner (the grant's token, the waiter's own lease, no `#q` left).
+local granted = acquire(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
+if grantee ~= ARGV[3] then
   queued(KEYS[3], ARGV[3], granted, ARGV[5], ARGV[6], now)
 end
 return {released, granted[1], granted[2]}
