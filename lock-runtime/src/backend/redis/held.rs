@@ -10,7 +10,7 @@ use redis::Script;
 use super::batch::Op;
 use super::handoff::{Handed, Ticket};
 use super::holdings::{connection_lost, Holding};
-use super::layout::{fence_of, queue_of};
+use super::layout::{queue_of, SERVER_FENCE};
 use super::{
     bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, HANDOFF, KIND, KIND_EXTEND, KIND_RELEASE,
     RELEASE, RELEASE_AFTER,
@@ -103,8 +103,8 @@ impl ReleaseCall {
         if std::ptr::eq(self.script, &*RELEASE) && self.backend.queues() {
             // A mutex's: granted from its queue if someone waits there, its entry removed if
             // this is a dropped waiter's undo.
-            let fence = fence_of(&self.key);
-            invocation.key(queue_of(&self.key)).key(self.backend.fence(&fence));
+            // (Queues are kept where one server holds every lock: the server's counter.)
+            invocation.key(queue_of(&self.key)).key(SERVER_FENCE);
         }
         if let Some(millis) = self.millis {
             invocation.arg(millis);

@@ -5,7 +5,7 @@
 //!
 //! | what | name |
 //! |---|---|
-//! | the lock (a string `<owner id>@<holder>#<token>#<granted ms>`, then `+` once waited on; expiring with the lease) | `lock:{<key>}` |
+//! | the lock (a string `<owner id>@<holder>#<token>#<granted ms>`, then `#q` while a grant from the queue is not claimed, then `+` once waited on; expiring with the lease) | `lock:{<key>}` |
 //! | the channel a release publishes on | `lock:{<key>}:released` |
 //! | the fencing counter | on one server or Sentinel, `lock:fence`, one for every lock of every kind (a batch of grants reads and writes it once); on a Cluster, the slot's `lock:fence:{<tag>}`, `<tag>` a short string of the same slot |
 //! | a read-write lock's state (a hash of holders, waiting writers' intents, a waited-on mark) and its channel | `lock:rw:{<key>}`, `lock:rw:{<key>}:released` |

@@ -5,10 +5,10 @@
 -- with that call (see mod.rs); handoff.lua calls it before granting the lock to the releasing
 -- process's next waiter. Composed after acquire.lua and queue.lua.
 --
--- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[+]`, see acquire.lua)
+-- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[#q][+]`, see acquire.lua)
 -- KEYS[2]  optional: the lock's queue, `lock:{<key>}:queue` (see queue.lua); the function
 --          also takes `true` for `<lock key>:queue`, named only if needed (batch.lua)
--- KEYS[3]  with KEYS[2]: the fencing counter of the lock key's hash slot (acquire.lua's KEYS[2])
+-- KEYS[3]  with KEYS[2]: the fencing counter (acquire.lua's KEYS[2])
 -- ARGV[1]  the owner the lock was granted to (acquire.lua's ARGV[1])
 -- ARGV[2]  the lock's release channel, `lock:{<key>}:released` (an argument, not a key: it is no key to
 --          Redis Cluster, so a slot being migrated never refuses the script for it); the
