@@ -379,7 +379,10 @@ async fn a_directory_shared_by_users_serves_them_all() {
     assert!(taken.len() == 2 && taken[0] > held && taken[1] > taken[0], "{held} then {taken:?}");
     assert_eq!(dir.lock_files(), ["x.lock"], "the first user's file stays (sticky directory)");
 
-    // Freed, with no record left: nobody holds it, and the first user takes it again.
+    // Freed, with no record left (a look while the next holder writes its own would
+    // otherwise show the one gone): nobody holds it, and the first user takes it again.
+    let record = std::fs::read_to_string(dir.path().join("x.lock")).unwrap();
+    assert!(record.starts_with('\n'), "the record of a holder gone stays: {record:?}");
     let manager = LockManager::file(dir.path()).unwrap();
     assert_eq!(manager.inspect("x").await.unwrap(), None, "a freed lock still shows a holder");
     let mut again = Worker::start_as(first, &["hold", path, "x"]);
