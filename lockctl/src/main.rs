@@ -1,11 +1,11 @@
 //! `lockctl`: inspect and free the locks of lock-runtime's Redis (one server, Cluster,
-//! Sentinel, Redlock), ZooKeeper, etcd, PostgreSQL and lock-file backends.
+//! Sentinel, Redlock), ZooKeeper, etcd, PostgreSQL, MySQL and lock-file backends.
 //!
 //! ```text
 //! lockctl (--url URL
 //!          | --redis URL | --redis-cluster URLS | --redis-sentinel URLS --master NAME
 //!          | --redlock URLS | --zookeeper HOSTS [--zk-root PATH] | --etcd ENDPOINTS [--etcd-root PATH]
-//!          | --postgres URL | --file DIR) [--json]
+//!          | --postgres URL | --mysql URL | --file DIR) [--json]
 //!         [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] COMMAND
 //!
 //!   list [--prefix P]            held locks: kind, holder, fencing token, age, lease left, waiters
@@ -31,12 +31,13 @@
 //! the store as a manager's URL does (`LockManager::connect`; every scheme
 //! and parameter of `lock_runtime::backend::url`): `redis://`, `redis+cluster://h:p,h:p`,
 //! `redis+sentinel://h:p,h:p/<master>`, `redlock://h:p,h:p,h:p`, `zookeeper://h:p/chroot`,
-//! `etcd://h:p`, `postgres://…`, `file:///dir`. The per-store options below do the same with
+//! `etcd://h:p`, `postgres://…`, `mysql://…`, `file:///dir`. The per-store options below do the same with
 //! TLS files and roots given on the command line.
 //!
 //! Over TLS: a `rediss://` URL (the platform's roots are trusted), `--tls-ca` to trust a CA
 //! of your own besides, `--tls-cert` and `--tls-key` for mutual TLS; an ACL user and password
-//! go in the URL (`rediss://user:password@host:6380`). (ZooKeeper has no TLS yet.) For locks
+//! go in the URL (`rediss://user:password@host:6380`); the same for etcd, PostgreSQL and MySQL (`lockctl`
+//! reaches ZooKeeper without TLS). For locks
 //! made under ZooKeeper `digest` authentication, give the same identity before the hosts
 //! (`--zookeeper user:password@zk1:2181,zk2:2181`): only it may release them.
 //!
@@ -81,6 +82,16 @@
 //!   queued on the key); a lock lives as long as its holder's session (`session`). `release`
 //!   ends the holder's session (`pg_terminate_backend`): its lock is freed and its `lost()`
 //!   fires at once. `watch` looks every `--interval`. `--tls-*` apply as for Redis.
+//! - **MySQL / MariaDB** (`--mysql URL`): the server names no holder of a `GET_LOCK`, so each
+//!   grant records its holder (key, owner, process, token, connection, time) in the table
+//!   `lock_runtime_holders`, in the grant's own round trip, and its release deletes it; a record
+//!   is shown only while `IS_USED_LOCK` names its connection. Waiters cannot be counted; a lock
+//!   lives as long as its holder's session (`session`). `release` ends the holder's session
+//!   (`KILL CONNECTION`, which needs the holders' user or `CONNECTION ADMIN`): the server frees
+//!   its lock and grants it to a waiter at once, and the holder's `lost()` fires at its next
+//!   heartbeat; a lock carried on a connection shared with other locks of the same process
+//!   (`MysqlOptions::multiplexing`) frees those too, and their holders are told `lost()` as
+//!   well. `watch` looks every `--interval`.
 //! - **Lock files** (`--file DIR`): a lock is held while its file is locked; its holder wrote
 //!   who it is into it. Waiters cannot be counted; without a fixed lease a lock lives as long
 //!   as its holder's process (`session`). A file lock cannot be taken from a live process:
@@ -183,8 +194,8 @@ fn command() -> Command {
     Command::new("lockctl")
         .version(env!("CARGO_PKG_VERSION"))
         .about(
-            "Inspect and free the locks of lock-runtime's Redis, Redlock, ZooKeeper, etcd, PostgreSQL and lock-file \
-             backends",
+            "Inspect and free the locks of lock-runtime's Redis, Redlock, ZooKeeper, etcd, PostgreSQL, MySQL and \
+             lock-file backends",
         )
         .after_help(EXIT_CODES)
         .arg(backend(
@@ -219,6 +230,7 @@ fn command() -> Command {
         ))
         .arg(backend("zk-root", "PATH", "The lock root in ZooKeeper (default /lock-runtime)"))
         .arg(backend("postgres", "URL", "The PostgreSQL server, e.g. postgres://admin@db:5432/app"))
+        .arg(backend("mysql", "URL", "The MySQL or MariaDB server, e.g. mysql://admin@db:3306/app"))
         .arg(backend("file", "DIR", "The lock directory of the lock-file backend, e.g. /var/lock/myapp"))
         .arg(backend("tls-ca", "FILE", "Also trust this CA (PEM) for a rediss:// URL"))
         .arg(backend("tls-cert", "FILE", "Client certificate (PEM) for mutual TLS; with --tls-key").requires("tls-key"))
@@ -235,6 +247,7 @@ fn command() -> Command {
                     "zookeeper",
                     "etcd",
                     "postgres",
+                    "mysql",
                     "file",
                 ])
                 .required(false),
@@ -305,7 +318,8 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     if let Some(url) = matches.get_one::<String>("url") {
         return connect_url(url, matches).await;
     }
-    let stores = ["redis", "redis-cluster", "redis-sentinel", "redlock", "zookeeper", "etcd", "postgres", "file"];
+    let stores =
+        ["redis", "redis-cluster", "redis-sentinel", "redlock", "zookeeper", "etcd", "postgres", "mysql", "file"];
     if !stores.iter().any(|id| matches.contains_id(id)) {
         // No store on the command line: the environment's `LOCKCTL_URL`.
         return match std::env::var("LOCKCTL_URL") {
@@ -416,9 +430,32 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
             "built without the `postgres` feature (build it with `--features postgres`): cannot use {url}"
         )));
     }
+    if let Some(url) = matches.get_one::<String>("mysql") {
+        #[cfg(feature = "mysql")]
+        {
+            use lock_runtime::backend::mysql::{MysqlBackend, MysqlOptions};
+            #[allow(unused_mut)]
+            let mut options = MysqlOptions::new();
+            if let Some(tls) = tls_options(matches)? {
+                #[cfg(feature = "tls")]
+                {
+                    options = options.tls(tls);
+                }
+                #[cfg(not(feature = "tls"))]
+                let () = tls;
+            }
+            return Ok(Box::new(MysqlBackend::connect_with(url, options).await?));
+        }
+        #[cfg(not(feature = "mysql"))]
+        return Err(Failure::Error(format!(
+            "built without the `mysql` feature (build it with `--features mysql`): cannot use {url}"
+        )));
+    }
     if tls_given(matches) {
         return Err(Failure::Error(
-            "--tls-ca, --tls-cert and --tls-key are for Redis, etcd and PostgreSQL (ZooKeeper has no TLS yet)".into(),
+            "--tls-ca, --tls-cert and --tls-key are for Redis, etcd, PostgreSQL and MySQL (lockctl reaches ZooKeeper \
+             and lock files without TLS)"
+                .into(),
         ));
     }
     if let Some(dir) = matches.get_one::<String>("file") {
@@ -460,7 +497,7 @@ async fn connect(matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
 async fn connect_url(url: &str, matches: &ArgMatches) -> Result<Box<dyn Inspect>, Failure> {
     if tls_given(matches) {
         return Err(Failure::Error(
-            "--tls-ca, --tls-cert and --tls-key go with --redis, --etcd or --postgres; with --url, give TLS in the \
+            "--tls-ca, --tls-cert and --tls-key go with --redis, --etcd, --postgres or --mysql; with --url, give TLS in the \
              URL (rediss://, etcd+https://, postgres://…?sslmode=verify-full&sslrootcert=FILE)"
                 .into(),
         ));
@@ -544,7 +581,7 @@ fn tls_given(matches: &ArgMatches) -> bool {
 
 /// The TLS settings of `--tls-ca`, `--tls-cert` and `--tls-key`, if any is given.
 #[cfg(feature = "tls")]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")), allow(dead_code))]
 fn tls_options(matches: &ArgMatches) -> Result<Option<lock_runtime::TlsOptions>, Failure> {
     if !tls_given(matches) {
         return Ok(None);
@@ -562,7 +599,7 @@ fn tls_options(matches: &ArgMatches) -> Result<Option<lock_runtime::TlsOptions>,
 
 /// Without the feature `tls`, `--tls-*` are refused.
 #[cfg(not(feature = "tls"))]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")), allow(dead_code))]
 fn tls_options(matches: &ArgMatches) -> Result<Option<()>, Failure> {
     if tls_given(matches) {
         return Err(Failure::Error("built without the `tls` feature: --tls-* cannot be used".into()));

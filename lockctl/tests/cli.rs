@@ -528,6 +528,38 @@ async fn postgres_list_show_release_and_watch() {
     assert!(text.stdout.lines().filter(|l| l.contains(" read ")).count() == 2, "{}", text.stdout);
 }
 
+/// `--mysql URL`: `list`, `show`, `release` and `watch` as on PostgreSQL (the holder's key,
+/// process and token from the record its grant wrote); a forced release ends the holder's
+/// session, which hands the lock to the waiter at once and fires the holder's `lost()` at its
+/// next heartbeat. A name longer than the server's 64 characters is listed by its whole key,
+/// and a released lock leaves no record behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_list_show_release_and_watch() {
+    let server = lock_tests::mysql_server::MysqlServer::start();
+    let prefix = format!("{}:", unique("my"));
+    let manager = LockManager::builder().prefix(&prefix).label(LABEL).mysql(server.url()).await.expect("connect");
+    let store = Store { flag: "--mysql", address: server.url() };
+    let key = format!("{prefix}ledger");
+    let guard = manager.lock("ledger").await.expect("lock");
+    let shown = list_and_show(&store, &guard, &key, &prefix).await;
+    assert_eq!(shown["session_bound"], true, "{shown}");
+    free_names_are_not_found(&store, &prefix).await;
+    let waiter = LockManager::builder().prefix(&prefix).mysql(server.url()).await.expect("connect");
+    release_frees_the_lock(&store, guard, &waiter, &key, "ledger").await;
+    watch_prints_changes(&store, &manager, &prefix, "other").await;
+
+    let long = "l".repeat(100);
+    let guard = manager.lock(long.as_str()).await.expect("lock");
+    let list = lockctl(&store.args(&["list", "--prefix", &prefix, "--json"])).await;
+    let locks = list.json()["locks"].as_array().expect("locks").clone();
+    let names: Vec<&Value> = locks.iter().map(|l| &l["name"]).collect();
+    assert_eq!(names, [&json_str(&format!("{prefix}{long}"))], "{locks:?}");
+    assert_eq!(locks[0]["fencing_token"], guard.fencing_token());
+    guard.release().await.expect("release");
+    let list = lockctl(&store.args(&["list", "--json"])).await;
+    assert_eq!(list.json()["locks"].as_array().map(Vec::len), Some(0), "{}", list.stdout);
+}
+
 fn json_str(text: &str) -> Value {
     Value::String(text.to_owned())
 }

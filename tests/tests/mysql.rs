@@ -24,7 +24,7 @@ lock_tests::conformance_suite!(
         }
     },
     kinds = [],
-    inspect = false
+    inspect = true
 );
 
 /// A connection of the test's own (an observer), tried again for up to 5 s: a CI run under load
@@ -205,4 +205,63 @@ async fn a_dropped_waiter_whose_kill_is_lost_leaves_the_server() {
     }
     eprintln!("the dropped waiter's GET_LOCK ended {:?} after the drop", dropped.elapsed());
     held.release().await.expect("release");
+}
+
+/// Inspection reads the record each grant writes: the holder, its token and kind while held;
+/// nothing once released (the record is deleted) or once the holder's session was killed (its
+/// record stays, and is not shown: `IS_USED_LOCK` no longer names its connection); a lock
+/// another client holds with a plain `GET_LOCK` is shown held, with no token and no holder; a
+/// forced release frees the lock and the holder is told `lost()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_reads_the_grants_record_and_only_while_it_holds() {
+    use lock_runtime::backend::{ForceRelease, Inspect, LockKind};
+    let server = MysqlServer::start();
+    let options = MysqlOptions::new().heartbeat(Duration::from_millis(200));
+    let backend = MysqlBackend::connect_with(server.url(), options).await.unwrap();
+    let manager = LockManager::builder().label("ledger-worker").backend(backend.clone());
+    let mut admin = raw(&server).await;
+
+    let guard = manager.lock("ledger").await.unwrap();
+    let info = backend.inspect("ledger").await.unwrap().expect("held");
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+    assert_eq!(info.kind, Some(LockKind::Exclusive));
+    assert_eq!(info.holder.as_ref().and_then(|h| h.label()), Some("ledger-worker"), "{info:?}");
+    assert_eq!(info.holder.as_ref().and_then(|h| h.pid()), Some(std::process::id()));
+    assert!(info.session_bound && info.age.is_some(), "{info:?}");
+    let listed: Vec<_> =
+        backend.list("").await.unwrap().into_iter().map(|i| (i.key, i.owner, i.fencing_token)).collect();
+    assert_eq!(listed, [(info.key.clone(), info.owner.clone(), info.fencing_token)]);
+    guard.release().await.unwrap();
+    assert_eq!(backend.inspect("ledger").await.unwrap(), None);
+    assert_eq!(records(&mut admin).await, 0, "the release deletes its record");
+
+    // Killed: the record stays, unseen.
+    let guard = manager.lock("ledger").await.unwrap();
+    let id = holder_id(&mut admin, "ledger").await.expect("held");
+    admin.query_drop(format!("KILL {id}")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() after the KILL");
+    assert_eq!(records(&mut admin).await, 1);
+    assert_eq!(backend.inspect("ledger").await.unwrap(), None);
+    assert!(backend.list("").await.unwrap().is_empty());
+
+    // Held by another client.
+    admin.query_drop("SELECT GET_LOCK('by-hand', 0)").await.unwrap();
+    let info = backend.inspect("by-hand").await.unwrap().expect("held by the other client");
+    assert_eq!((info.fencing_token, info.holder.clone(), info.kind), (None, None, None), "{info:?}");
+
+    // Forced: the owner checked, then the holder's session ended.
+    let guard = manager.lock("ledger").await.unwrap();
+    let owner = backend.inspect("ledger").await.unwrap().expect("held").owner;
+    let other = backend.force_release("ledger", Some("someone-else")).await.unwrap();
+    assert_eq!(other, ForceRelease::OwnerChanged(owner.clone()));
+    assert_eq!(backend.force_release("ledger", Some(&owner)).await.unwrap(), ForceRelease::Released(owner));
+    tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost() after the forced release");
+    let again = manager.lock("ledger").await.expect("free again");
+    assert!(again.fencing_token() > guard.fencing_token());
+    assert_eq!(backend.force_release("nobody", None).await.unwrap(), ForceRelease::NotHeld);
+}
+
+/// The rows of the holders' records table.
+async fn records(admin: &mut mysql_async::Conn) -> u64 {
+    admin.query_first::<u64, _>("SELECT COUNT(*) FROM lock_runtime_holders").await.unwrap().unwrap()
 }

@@ -33,7 +33,7 @@ mod own_connections {
             }
         },
         kinds = [],
-        inspect = false
+        inspect = true
     );
 }
 

@@ -30,7 +30,7 @@ lock_tests::conformance_suite!(
         }
     },
     kinds = [],
-    inspect = false
+    inspect = true
 );
 
 /// A count the observer `app` reads.

@@ -96,7 +96,7 @@ pub enum ForceRelease {
 }
 
 /// The inspection capability: a backend whose locks can be listed, shown, released by force
-/// and watched. Implemented by every built-in backend but Redlock and MySQL; a tool takes a
+/// and watched. Implemented by every built-in backend but Redlock; a tool takes a
 /// `Box<dyn Inspect>` and needs to know no more of the store.
 ///
 /// ```no_run

@@ -10,10 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{Executor, MySql};
+use sqlx::mysql::MySqlRow;
+use sqlx::{Executor, MySql, Row};
 
 use super::options::MysqlOptions;
-use super::sql::{MyKey, TOKEN_SQL};
+use super::sql::MyKey;
 use super::KIND;
 use crate::backend::session::{Carry, Failure, Idle, Sessions};
 use crate::backend::{Acquire, BoxFuture};
@@ -31,6 +32,22 @@ pub(super) type AppConn = crate::backend::app_conn::AppConn<MySql>;
 /// A driver error as a [`LockError`], with the server's code.
 pub(super) fn error(name: &str, operation: &'static str, e: sqlx::Error) -> LockError {
     crate::backend::app_conn::error(KIND, name, operation, e)
+}
+
+impl AppSessions {
+    /// The rows `sql` answers, on a connection of the pool.
+    pub(super) async fn inspect(&self, sql: String) -> Result<Vec<super::inspect::Recorded>, LockError> {
+        let rows = self.pool.fetch_all(sql.as_str()).await.map_err(|e| error("", "inspect", e))?;
+        let decode = |row: &MySqlRow| {
+            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?, row.try_get(4)?, row.try_get(5)?))
+        };
+        rows.iter().map(|row| decode(row).map_err(|e: sqlx::Error| error("", "inspect", e))).collect()
+    }
+}
+
+/// A grant's answer: `GET_LOCK`'s, the token, the connection id.
+fn decode(row: &MySqlRow) -> Result<(Option<i64>, u64, u64), sqlx::Error> {
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
 }
 
 /// A driver error as a [`Failure`] (the connection to be closed).
@@ -75,40 +92,26 @@ impl Sessions for AppSessions {
     ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
         Box::pin(async move {
             // The connection's id with each attempt (for a `KILL QUERY` of a dropped wait).
-            let (sql, operation) = key.get_lock(wait, ", CONNECTION_ID()");
+            let (sql, operation) = key.get_lock(wait);
             let Some(c) = conn.conn.as_mut() else {
                 return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
             };
             // Until answered, the session may hold or wait: not to be given back.
             conn.clean = false;
-            let answer = sqlx::query_as::<_, (Option<i64>, u64)>(&sql).persistent(false).fetch_one(&mut **c).await;
-            match answer {
-                Ok((Some(1), id)) => conn.id = Some(id),
-                Ok((Some(_), id)) => {
-                    conn.id = Some(id);
-                    conn.clean = true;
-                    return Ok(None);
-                }
-                Ok((None, _)) => {
-                    let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+            let answer = c.fetch_all(sql.as_str()).await;
+            let (lock, token, id) = match answer.map(|rows| rows.last().map(decode)) {
+                Ok(Some(Ok(answer))) => answer,
+                Ok(Some(Err(e))) | Err(e) => return Err(failure(conn, &key.name, operation, e)),
+                Ok(None) => {
+                    let why = "the grant answered no row";
                     return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
                 }
-                Err(e) => return Err(failure(conn, &key.name, operation, e)),
-            }
-            // Granted: the token, on the same connection (a failure closes it, freeing the lock).
-            let Some(c) = conn.conn.as_mut() else {
-                return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
             };
-            match c.execute(TOKEN_SQL).await {
-                Ok(done) if done.last_insert_id() > 0 => Ok(Some(done.last_insert_id())),
-                Ok(_) => Err(Failure::Failed(LockError::backend(
-                    &*key.name,
-                    KIND,
-                    operation,
-                    "no fencing token in the answer",
-                ))),
-                Err(e) => Err(failure(conn, &key.name, operation, e)),
-            }
+            conn.id = Some(id);
+            let granted = super::backend::granted(&key.name, operation, lock, token)?;
+            // Not granted: the session holds nothing.
+            conn.clean = lock.is_some() && granted.is_none();
+            Ok(granted)
         })
     }
 
@@ -118,9 +121,10 @@ impl Sessions for AppSessions {
                 return Err(Failure::Closed(LockError::backend(&*key.name, KIND, "release", "closed")));
             };
             let sql = key.release_lock();
-            match sqlx::query_scalar::<_, Option<i64>>(&sql).persistent(false).fetch_one(&mut **c).await {
+            let answer = c.fetch_all(sql.as_str()).await;
+            match answer.and_then(|rows| rows.first().map(|row| row.try_get::<Option<i64>, _>(0)).transpose()) {
                 Ok(answer) => {
-                    conn.clean = answer == Some(1);
+                    conn.clean = answer == Some(Some(1));
                     Ok(conn.clean)
                 }
                 Err(e) => Err(failure(conn, &key.name, "release", e)),

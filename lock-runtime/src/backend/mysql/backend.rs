@@ -11,9 +11,10 @@ use mysql_async::{Conn, Opts};
 use tokio::sync::OwnedMutexGuard;
 
 use super::conn::MyConn;
+use super::inspect::Recorded;
 pub use super::options::MysqlOptions;
-use super::sql::{counter_sql, MyKey, TOKEN_SQL};
-use super::{my_error, KIND};
+use super::sql::{counter_sql, MyKey};
+use super::{my_error, COUNTER, KIND};
 use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
@@ -21,7 +22,7 @@ use crate::lost::LostSignal;
 
 /// How MySQL takes, releases and watches a lock on one connection (see `session.rs` for the
 /// rest).
-struct MySessions {
+pub(super) struct MySessions {
     opts: Opts,
     options: MysqlOptions,
 }
@@ -46,42 +47,114 @@ impl MySessions {
     }
 }
 
+impl MySessions {
+    /// The rows `sql` answers, on an idle connection of `pool` (given back after) or a new one;
+    /// an idle one the server closed meanwhile is replaced once.
+    pub(super) async fn inspect(&self, pool: &Pool<MySessions>, sql: String) -> Result<Vec<Recorded>, LockError> {
+        loop {
+            let (conn, reused) = pool.checkout("").await?;
+            let rows = match conn.lock().await.as_mut() {
+                Some(open) => rows::<Recorded>(open, sql.clone()).await,
+                None => continue,
+            };
+            match rows {
+                Ok(rows) => {
+                    pool.checkin(conn);
+                    return Ok(rows);
+                }
+                Err(e) if reused && e.is_fatal() => continue,
+                Err(e) => return Err(my_error("", "inspect", e)),
+            }
+        }
+    }
+}
+
+/// The rows of the first result of `sql`.
+async fn rows<T: mysql_async::prelude::FromRow + Send + 'static>(
+    conn: &mut Conn,
+    sql: String,
+) -> Result<Vec<T>, mysql_async::Error> {
+    let mut result = conn.query_iter(sql).await?;
+    let rows = result.try_collect::<T>().await?;
+    result.drop_result().await?;
+    rows.into_iter()
+        .map(|row| row.map_err(|e| mysql_async::Error::Other(format!("an unexpected answer: {e}").into())))
+        .collect()
+}
+
 /// The connection a lock's query runs on, or [`Failure::Closed`] when it was closed.
 fn open<'a>(conn: &'a mut Option<Conn>, name: &str, operation: &'static str) -> Result<&'a mut Conn, Failure> {
     conn.as_mut().ok_or_else(|| Failure::Closed(LockError::backend(name, KIND, operation, "the connection was closed")))
 }
 
-/// `GET_LOCK` on `conn` and, granted, the token drawn on the same session: `Some(token)`,
-/// `None` (not granted).
+/// `GET_LOCK` on `conn` and, granted, the token and the holder's record, in one round trip
+/// ([`MyKey::get_lock`]): `Some(token)`, `None` (not granted).
 async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Result<Option<u64>, Failure> {
-    let (sql, operation) = key.get_lock(wait, "");
-    match conn.query_first::<Option<i64>, _>(sql).await {
-        Ok(Some(Some(1))) => {}
-        Ok(Some(Some(_))) => return Ok(None),
-        Ok(_) => {
-            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+    let (sql, operation) = key.get_lock(wait);
+    let answer = match last_row::<(Option<i64>, u64, u64)>(conn, sql).await {
+        Ok(Some(answer)) => answer,
+        Ok(None) => {
+            let why = "the grant answered no row";
             return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
         }
         Err(e) => return Err(failure(&key.name, operation, e)),
-    }
-    // Granted: the token, on the same connection (a failure closes it, freeing the lock).
-    match conn.query_drop(TOKEN_SQL).await {
-        Ok(()) => match conn.last_insert_id() {
-            Some(token) => Ok(Some(token)),
-            None => {
-                Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, "no fencing token in the answer")))
-            }
-        },
-        Err(e) => Err(failure(&key.name, operation, e)),
+    };
+    granted(&key.name, operation, answer.0, answer.1)
+}
+
+/// What a grant's answer says: `GET_LOCK`'s (`1`, `0` or `NULL`) and the token.
+pub(super) fn granted(
+    name: &str,
+    operation: &'static str,
+    lock: Option<i64>,
+    token: u64,
+) -> Result<Option<u64>, Failure> {
+    match (lock, token) {
+        (Some(1), 0) => Err(Failure::Failed(LockError::backend(
+            name,
+            KIND,
+            operation,
+            format!("no fencing token: the counter table `{COUNTER}` has no row 1"),
+        ))),
+        (Some(1), token) => Ok(Some(token)),
+        (Some(_), _) => Ok(None),
+        (None, _) => {
+            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+            Err(Failure::Failed(LockError::backend(name, KIND, operation, why)))
+        }
     }
 }
 
-/// `RELEASE_LOCK` on `conn`: `true` when its session held the lock.
-async fn release_lock(conn: &mut Conn, key: &MyKey) -> Result<bool, Failure> {
-    match conn.query_first::<Option<i64>, _>(key.release_lock()).await {
-        Ok(answer) => Ok(answer == Some(Some(1))),
-        Err(e) => Err(failure(&key.name, "release", e)),
+/// Runs the statements `sql` and reads the last row any of them answers.
+pub(super) async fn last_row<T: mysql_async::prelude::FromRow>(
+    conn: &mut Conn,
+    sql: String,
+) -> Result<Option<T>, mysql_async::Error> {
+    let mut result = conn.query_iter(sql).await?;
+    let mut last = None;
+    loop {
+        result.for_each(|row| last = Some(row)).await?;
+        if result.is_empty() {
+            break;
+        }
     }
+    match last.map(mysql_async::from_row_opt::<T>) {
+        Some(Ok(row)) => Ok(Some(row)),
+        Some(Err(e)) => Err(mysql_async::Error::Other(format!("an unexpected answer: {e}").into())),
+        None => Ok(None),
+    }
+}
+
+/// `RELEASE_LOCK` on `conn` (and the session's record deleted): `true` when its session held
+/// the lock.
+async fn release_lock(conn: &mut Conn, key: &MyKey) -> Result<bool, Failure> {
+    let answer = async {
+        let mut result = conn.query_iter(key.release_lock()).await?;
+        let released: Vec<Option<i64>> = result.collect().await?;
+        result.drop_result().await?;
+        Ok::<_, mysql_async::Error>(released.first() == Some(&Some(1)))
+    };
+    answer.await.map_err(|e| failure(&key.name, "release", e))
 }
 
 /// Runs `query` on `conn` in a task of its own, to its end even if the caller goes away. The
@@ -283,12 +356,12 @@ impl Carry for MySessions {
 /// [module docs](super) for how locks, waits, tokens and leases map onto the server.
 #[derive(Clone)]
 pub struct MysqlBackend {
-    pools: Pools,
+    pub(super) pools: Pools,
 }
 
 /// Whose connections the locks are taken on.
 #[derive(Clone)]
-enum Pools {
+pub(super) enum Pools {
     /// The backend's own.
     Own(Arc<Pool<MySessions>>),
     /// The application's sqlx pool's ([`MysqlBackend::from_pool`]).
@@ -317,8 +390,8 @@ impl MysqlBackend {
         Self::connect_with(url, MysqlOptions::new()).await
     }
 
-    /// Connects to `url` with `options` and creates the fencing counter table if it is
-    /// missing. Fails with an [`is_invalid`](LockError::is_invalid) error for a
+    /// Connects to `url` with `options` and creates the fencing counter table and the holders'
+    /// table if they are missing. Fails with an [`is_invalid`](LockError::is_invalid) error for a
     /// malformed URL, one without a database, or an option out of range, and an
     /// [`is_backend`](LockError::is_backend) error (with the server's message) when the server
     /// cannot be reached within the operation timeout or refuses.
@@ -381,7 +454,7 @@ impl MysqlBackend {
     /// the application's own work), and gives it back at the release; one whose session may
     /// hold a lock is closed instead. Every guarantee of [`connect_with`](Self::connect_with)
     /// holds: the same statements, heartbeat and `KILL QUERY` of a dropped waiter. Creates the
-    /// fencing counter table if it is missing.
+    /// fencing counter table and the holders' table if they are missing.
     #[cfg(feature = "sqlx")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
     pub async fn from_pool_with(pool: sqlx::MySqlPool, options: MysqlOptions) -> Result<Self, LockError> {
@@ -469,8 +542,8 @@ fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
     }
 }
 
-/// Makes sure the counter table and its row exist (a least-privilege user needs them made
-/// beforehand; then they are only used).
+/// Makes sure the counter table, its row and the holders' table exist (a least-privilege user
+/// needs them made beforehand; then they are only used).
 async fn setup(bound: Duration, conn: &mut Conn) -> Result<(), LockError> {
     let (exists, create) = counter_sql();
     let found = match tokio::time::timeout(bound, conn.query_first::<u64, _>(exists)).await {
@@ -514,5 +587,9 @@ impl LockBackend for MysqlBackend {
 
     fn operation_timeout(&self) -> Duration {
         self.options().operation_timeout
+    }
+
+    fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
+        Some(self)
     }
 }

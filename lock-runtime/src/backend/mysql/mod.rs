@@ -12,6 +12,7 @@ use crate::error::LockError;
 mod app_pool;
 mod backend;
 mod conn;
+mod inspect;
 mod options;
 mod sql;
 
@@ -20,6 +21,8 @@ pub use backend::{MysqlBackend, MysqlOptions};
 const KIND: &str = "mysql";
 /// The one-row table the fencing tokens are drawn from.
 const COUNTER: &str = "lock_runtime_fence_counter";
+/// The table of the holders' records (what inspection reads).
+const HOLDERS: &str = "lock_runtime_holders";
 /// The longest lock name `GET_LOCK` takes, in characters.
 const MAX_NAME: usize = 64;
 
@@ -44,10 +47,19 @@ pub fn lock_name(key: &str) -> String {
     format!("{head}~{:x}", md5::compute(key.as_bytes()))
 }
 
+/// `text`'s UTF-8 bytes in hex, for a SQL literal `X'…'` that needs no escaping.
+fn hex(text: &str) -> String {
+    use std::fmt::Write;
+    let mut hex = String::with_capacity(text.len() * 2);
+    for b in text.bytes() {
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
+}
+
 /// `name` as a SQL string literal that needs no escaping: its UTF-8 bytes in hex.
 fn literal(name: &str) -> String {
-    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("CONVERT(X'{hex}' USING utf8mb4)")
+    format!("CONVERT(X'{}' USING utf8mb4)", hex(name))
 }
 
 fn my_error(name: &str, operation: &'static str, e: mysql_async::Error) -> LockError {

@@ -1,0 +1,105 @@
+//! Inspection of MySQL locks ([`Inspect`] for [`MysqlBackend`]): the server names no holder of
+//! a `GET_LOCK` (only its connection, with `IS_USED_LOCK`), so each grant writes a record of its
+//! holder in the same round trip (the table `lock_runtime_holders`: key, owner, holding
+//! process, token, connection, time), and the release deletes it. A record is shown only
+//! while `IS_USED_LOCK` names its connection, so a session that ended without releasing (a
+//! crash, an operator's `KILL`) leaves a row that is never shown. A forced release ends the
+//! holder's session (`KILL CONNECTION`): the server frees its locks at once, a waiter is
+//! granted, and the holder's heartbeat fires its `lost()`. A lock carried on a shared
+//! connection goes with the others on that connection (each of their holders is told
+//! `lost()`). Nothing announces changes: a live view looks again every interval.
+
+use std::time::Duration;
+
+use super::backend::{MysqlBackend, Pools};
+use super::sql::{inspect_sql, list_sql};
+use super::KIND;
+use crate::backend::inspect::Unannounced;
+use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
+use crate::error::LockError;
+
+/// One row inspection reads: key, owner, holder, token (none for a lock held by a session
+/// that recorded none), age in µs, connection.
+pub(super) type Recorded = (Vec<u8>, Vec<u8>, Vec<u8>, Option<u64>, Option<i64>, u64);
+
+/// A row as what it tells of the lock, and the holding connection.
+fn info((key, owner, holder, token, age, _): Recorded) -> LockInfo {
+    let text =
+        |bytes: Vec<u8>| String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into());
+    let mut info = LockInfo::new(text(key), text(owner));
+    info.holder = Holder::parse(&text(holder));
+    info.kind = token.is_some().then_some(LockKind::Exclusive);
+    info.fencing_token = token;
+    info.age = age.map(|us| Duration::from_micros(us.max(0) as u64));
+    info.session_bound = true;
+    info
+}
+
+impl MysqlBackend {
+    /// The rows `sql` answers, on a connection of the backend's own (an idle one, kept for the
+    /// next look) or of the application's pool.
+    async fn recorded(&self, sql: String) -> Result<Vec<Recorded>, LockError> {
+        let bound = self.options().operation_timeout;
+        let rows = async {
+            match &self.pools {
+                Pools::Own(pool) => pool.sessions.inspect(pool, sql).await,
+                #[cfg(feature = "sqlx")]
+                Pools::App(pool) => pool.sessions.inspect(sql).await,
+            }
+        };
+        match tokio::time::timeout(bound, rows).await {
+            Ok(rows) => rows,
+            Err(_) => Err(LockError::timed_out("", KIND, "inspect", bound)),
+        }
+    }
+
+    /// The holder of `key`, with its connection.
+    async fn holder(&self, key: &str) -> Result<Option<(LockInfo, u64)>, LockError> {
+        let mut rows = self.recorded(inspect_sql(key)).await?;
+        // A recorded holder first; else the session that holds it without a record.
+        rows.sort_by_key(|row| row.3.is_none());
+        Ok(rows.into_iter().next().map(|row| {
+            let connection = row.5;
+            (info(row), connection)
+        }))
+    }
+}
+
+impl Inspect for MysqlBackend {
+    fn store(&self) -> &'static str {
+        KIND
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
+        Box::pin(async move { Ok(self.recorded(list_sql(prefix)).await?.into_iter().map(info).collect()) })
+    }
+
+    fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
+        Box::pin(async move { Ok(self.holder(key).await?.map(|(info, _)| info)) })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+        expected_owner: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
+        Box::pin(async move {
+            let Some((info, connection)) = self.holder(key).await? else { return Ok(ForceRelease::NotHeld) };
+            if expected_owner.is_some_and(|owner| owner != info.owner) {
+                return Ok(ForceRelease::OwnerChanged(info.owner));
+            }
+            // Ending the session frees its locks at once; its holder's heartbeat finds it
+            // closed and fires `lost()`.
+            match self.recorded(format!("KILL CONNECTION {connection}")).await {
+                Ok(_) => Ok(ForceRelease::Released(info.owner)),
+                // The session ended on its own meanwhile.
+                Err(e) if e.to_string().contains("Unknown thread id") => Ok(ForceRelease::NotHeld),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
+        Box::pin(std::future::ready(Ok(Box::new(Unannounced) as Box<dyn ChangeFeed>)))
+    }
+}
