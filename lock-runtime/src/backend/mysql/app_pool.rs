@@ -36,7 +36,7 @@ pub(super) fn error(name: &str, operation: &'static str, e: sqlx::Error) -> Lock
 
 impl AppSessions {
     /// The rows `sql` answers, on a connection of the pool.
-    pub(super) async fn inspect(&self, sql: String) -> Result<Vec<super::inspect::Recorded>, LockError> {
+    pub(super) async fn inspect(&self, sql: String) -> Result<Vec<super::sql::Recorded>, LockError> {
         let rows = self.pool.fetch_all(sql.as_str()).await.map_err(|e| error("", "inspect", e))?;
         let decode = |row: &MySqlRow| {
             Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?, row.try_get(4)?, row.try_get(5)?))
@@ -108,7 +108,7 @@ impl Sessions for AppSessions {
                 }
             };
             conn.id = Some(id);
-            let granted = super::backend::granted(&key.name, operation, lock, token)?;
+            let granted = super::sql::granted(&key.name, operation, lock, token)?;
             // Not granted: the session holds nothing.
             conn.clean = lock.is_some() && granted.is_none();
             Ok(granted)

@@ -11,10 +11,9 @@ use mysql_async::{Conn, Opts};
 use tokio::sync::OwnedMutexGuard;
 
 use super::conn::MyConn;
-use super::inspect::Recorded;
 pub use super::options::MysqlOptions;
-use super::sql::{counter_sql, MyKey};
-use super::{my_error, COUNTER, KIND};
+use super::sql::{counter_sql, granted, MyKey, Recorded};
+use super::{my_error, KIND};
 use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
@@ -100,29 +99,6 @@ async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Resul
         Err(e) => return Err(failure(&key.name, operation, e)),
     };
     granted(&key.name, operation, answer.0, answer.1)
-}
-
-/// What a grant's answer says: `GET_LOCK`'s (`1`, `0` or `NULL`) and the token.
-pub(super) fn granted(
-    name: &str,
-    operation: &'static str,
-    lock: Option<i64>,
-    token: u64,
-) -> Result<Option<u64>, Failure> {
-    match (lock, token) {
-        (Some(1), 0) => Err(Failure::Failed(LockError::backend(
-            name,
-            KIND,
-            operation,
-            format!("no fencing token: the counter table `{COUNTER}` has no row 1"),
-        ))),
-        (Some(1), token) => Ok(Some(token)),
-        (Some(_), _) => Ok(None),
-        (None, _) => {
-            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
-            Err(Failure::Failed(LockError::backend(name, KIND, operation, why)))
-        }
-    }
 }
 
 /// Runs the statements `sql` and reads the last row any of them answers.

@@ -12,15 +12,11 @@
 use std::time::Duration;
 
 use super::backend::{MysqlBackend, Pools};
-use super::sql::{inspect_sql, list_sql};
+use super::sql::{inspect_sql, list_sql, Recorded};
 use super::KIND;
 use crate::backend::inspect::Unannounced;
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
-
-/// One row inspection reads: key, owner, holder, token (none for a lock held by a session
-/// that recorded none), age in µs, connection.
-pub(super) type Recorded = (Vec<u8>, Vec<u8>, Vec<u8>, Option<u64>, Option<i64>, u64);
 
 /// A row as what it tells of the lock, and the holding connection.
 fn info((key, owner, holder, token, age, _): Recorded) -> LockInfo {

@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{hex, literal, lock_name, COUNTER, HOLDERS};
+use super::{hex, literal, lock_name, COUNTER, HOLDERS, KIND};
+use crate::backend::session::Failure;
 use crate::backend::Acquire;
+use crate::error::LockError;
 
 /// A lock's server-side name as a SQL literal, with its name for errors and the record its
 /// grant writes.
@@ -77,6 +79,29 @@ impl MyKey {
     }
 }
 
+/// What a grant's answer says: `GET_LOCK`'s (`1`, `0` or `NULL`) and the token.
+pub(super) fn granted(
+    name: &str,
+    operation: &'static str,
+    lock: Option<i64>,
+    token: u64,
+) -> Result<Option<u64>, Failure> {
+    match (lock, token) {
+        (Some(1), 0) => Err(Failure::Failed(LockError::backend(
+            name,
+            KIND,
+            operation,
+            format!("no fencing token: the counter table `{COUNTER}` has no row 1"),
+        ))),
+        (Some(1), token) => Ok(Some(token)),
+        (Some(_), _) => Ok(None),
+        (None, _) => {
+            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
+            Err(Failure::Failed(LockError::backend(name, KIND, operation, why)))
+        }
+    }
+}
+
 /// Whether both tables exist with the counter's row (`1`; an error 1146 when a table is
 /// missing), and what creates them and the row.
 pub(super) fn counter_sql() -> (String, String) {
@@ -101,7 +126,11 @@ pub(super) fn holders_sql() -> String {
     )
 }
 
-/// The columns inspection reads, in the order of [`Recorded`](super::inspect::Recorded).
+/// One row inspection reads: key, owner, holder, token (none for a lock held by a session
+/// that recorded none), age in µs, connection.
+pub(super) type Recorded = (Vec<u8>, Vec<u8>, Vec<u8>, Option<u64>, Option<i64>, u64);
+
+/// The columns inspection reads, in the order of [`Recorded`].
 const COLUMNS: &str = "CAST(lock_key AS BINARY), CAST(owner AS BINARY), CAST(holder AS BINARY), \
                        CAST(token AS UNSIGNED), CAST(TIMESTAMPDIFF(MICROSECOND, since, NOW(6)) AS SIGNED), \
                        CAST(connection AS UNSIGNED)";
