@@ -10,8 +10,12 @@ use std::time::{Duration, Instant};
 use super::batch::Op;
 use super::handoff::{Handed, Ticket};
 use super::held::{release_call, undo_dropped, RedisHeld};
+use super::layout::KeyLayout;
+use super::options::KIND;
+use super::scripts::{ACQUIRE, KIND_ACQUIRE, WATCH};
+use super::server::{bounded, lease_millis};
+use super::shared::Shared;
 use super::waiters::{Before, Capture, Outage, Slot, Step};
-use super::{bounded, lease_millis, KeyLayout, RedisBackend, ACQUIRE, KIND, KIND_ACQUIRE, WATCH};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, LockKind, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -21,7 +25,7 @@ use crate::lost::LostSignal;
 /// Dropped, it leaves the queue (passing on a wake-up it was given) and removes whatever it may
 /// have left in Redis with an owner-checked release script.
 pub(super) struct RedisAcquisition {
-    backend: RedisBackend,
+    backend: Arc<Shared>,
     req: Acquire,
     layout: KeyLayout,
     owner: Arc<str>,
@@ -55,10 +59,10 @@ fn mode(kind: LockKind) -> Option<(&'static str, u32)> {
 
 impl RedisAcquisition {
     /// Begins an acquisition of `req`, for `owner` (`<owner id>@<holder>`).
-    pub(super) fn new(backend: &RedisBackend, req: Acquire, owner: Arc<str>, lost: LostSignal) -> Self {
+    pub(super) fn new(backend: &Arc<Shared>, req: Acquire, owner: Arc<str>, lost: LostSignal) -> Self {
         let layout = KeyLayout::of_kind(&req.key, req.kind);
         let backend = backend.clone();
-        let queue = match (req.kind, backend.inner.options.wait_for_replicas) {
+        let queue = match (req.kind, backend.options.wait_for_replicas) {
             (LockKind::Exclusive, None) if backend.queues() => claim_window(req.lease.duration()).map(|w| (w, None)),
             _ => None,
         };
@@ -80,7 +84,7 @@ impl RedisAcquisition {
     /// Offers `slot` a ticket (a mutex without `wait_for_replicas`): a release of this process
     /// may grant it the lock in the release's own script.
     fn offer(&mut self, slot: &Slot) {
-        if self.req.kind != LockKind::Exclusive || self.backend.inner.options.wait_for_replicas.is_some() {
+        if self.req.kind != LockKind::Exclusive || self.backend.options.wait_for_replicas.is_some() {
             return;
         }
         let window = self.queue.as_ref().map(|(window, _)| *window);
@@ -110,7 +114,7 @@ impl RedisAcquisition {
         }
         let mode = mode(self.req.kind);
         let writer = self.req.kind == LockKind::Write;
-        let waiters = &self.backend.inner.waiters;
+        let waiters = &self.backend.waiters;
         if let Some(ticket) = &self.ticket {
             // Granted by a release of this process: no attempt of its own. (After a failed
             // hand-off, the attempt below is granted again if the hand-off was.)
@@ -138,7 +142,7 @@ impl RedisAcquisition {
         let sent = crate::clock::now();
         let script = if mode.is_some() { &*KIND_ACQUIRE } else { &*ACQUIRE };
         self.in_flight = true;
-        let wait = self.backend.inner.options.wait_for_replicas;
+        let wait = self.backend.options.wait_for_replicas;
         // A waiter's attempts register it in the lock's queue (not a first attempt, which may
         // be a `try_lock`'s: a waiter registers once it has waited a third of its window).
         // The ticket says whether it may have an entry already (removed when it is granted).
@@ -169,9 +173,9 @@ impl RedisAcquisition {
                         if let Some((queue, window)) = queue {
                             invocation.key(queue).arg("").arg(window).arg(if registered { "1" } else { "0" });
                         }
-                        backend.eval_raw(invocation)
+                        backend.server.eval_raw(invocation)
                     };
-                    let reply = match &self.backend.inner.lane {
+                    let reply = match &self.backend.lane {
                         // A mutex attempt that does not register in the queue: in a batch
                         // when another call is on the wire (see `batch.rs`).
                         Some(lane) if mode.is_none() && !with_queue => {
@@ -184,11 +188,11 @@ impl RedisAcquisition {
                                     undo: Box::new(move || undo_dropped(undo, false)),
                                 }
                             };
-                            lane.run(&self.backend, op, || Box::pin(alone())).await
+                            lane.run(op, || Box::pin(alone())).await
                         }
                         _ => alone().await,
                     };
-                    Ok((reply.map_err(|e| self.backend.failed(&self.req.name, "acquire", e))?, None))
+                    Ok((reply.map_err(|e| self.backend.server.failed(&self.req.name, "acquire", e))?, None))
                 }
                 Some(wait) => {
                     let (lease, permits) = (lease_millis(lease).to_string(), mode.map(|(_, p)| p.to_string()));
@@ -198,7 +202,7 @@ impl RedisAcquisition {
                     }
                     let script = (script, &[lock, fence][..], &args[..]);
                     // (Boxed: a rare call, kept out of the size of every attempt's future.)
-                    let waited = Box::pin(self.backend.eval_then_wait(&self.req.name, "acquire", script, wait));
+                    let waited = Box::pin(self.backend.server.eval_then_wait(&self.req.name, "acquire", script, wait));
                     let (reply, acked) = waited.await?;
                     Ok((reply, Some(acked)))
                 }
@@ -206,7 +210,7 @@ impl RedisAcquisition {
         };
         // Bounded here too (a connection being made again may not answer at all), so that the
         // outage is this backend's error, which a waiter waits out below.
-        let timeout = self.backend.inner.options.command_timeout;
+        let timeout = self.backend.options.command_timeout;
         let reply: Result<((i64, i64), Option<usize>), LockError> =
             bounded(&self.req.name, "acquire", timeout, call).await;
         let ((status, value), acked) = match (reply, &self.slot) {
@@ -290,7 +294,7 @@ impl RedisAcquisition {
     fn grant(&self, token: i64, sent: Instant) -> Grant {
         let key: Arc<str> = self.layout.lock.as_str().into();
         let mutex = self.req.kind == LockKind::Exclusive;
-        let holding = self.backend.inner.holdings.register(&self.req.name, &key, &self.owner, mutex, &self.lost);
+        let holding = self.backend.holdings.register(&self.req.name, &key, &self.owner, mutex, &self.lost);
         let lock = RedisHeld {
             backend: self.backend.clone(),
             name: self.req.name.clone(),
@@ -311,7 +315,7 @@ impl RedisAcquisition {
         self.in_flight = true;
         if self.undo().call_bounded().await.is_ok() {
             self.in_flight = false;
-            self.backend.inner.waiters.released(&self.layout.channel, &self.owner);
+            self.backend.waiters.released(&self.layout.channel, &self.owner);
         }
         let why = format!(
             "only {acked} of the {replicas} required replica(s) acknowledged the grant within {timeout:?} \
@@ -355,7 +359,7 @@ impl RedisAcquisition {
                     let sent = crate::clock::now();
                     let mut invocation = WATCH.prepare_invoke();
                     invocation.key(&self.layout.lock);
-                    let look = self.backend.eval::<i64>(&self.req.name, "wait for", invocation);
+                    let look = self.backend.server.eval::<i64>(&self.req.name, "wait for", invocation);
                     let outcome = tokio::select! {
                         outcome = look => outcome,
                         _ = &mut deadline_sleep => continue,

@@ -35,7 +35,8 @@ use redis::RedisError;
 use tokio::sync::oneshot;
 
 use super::layout::{joined, queue_parts, SERVER_FENCE};
-use super::{RedisBackend, BATCH};
+use super::scripts::BATCH;
+use super::server::Server;
 use crate::backend::BoxFuture;
 
 /// The most operations one batch carries (the rest wait for the next one).
@@ -57,14 +58,21 @@ pub(super) enum Op {
     Release { lock: Arc<str>, owner: Arc<str> },
 }
 
-/// The operations of a backend waiting for the call on the wire.
-#[derive(Default)]
-pub(super) struct Lane {
+/// The operations of a backend waiting for the call on the wire. Cheap to clone: clones are
+/// one lane.
+#[derive(Clone)]
+pub(super) struct Lane(Arc<Wire>);
+
+/// What a lane's clones share: what waits, the order onto the wire, and where its calls go.
+struct Wire {
     state: Mutex<State>,
     /// Held while a batch is taken and its command put on its way (its first poll), and while
     /// an operation alone is: so the lane's calls reach the server in the order their
     /// operations were made. An operation that finds it held waits for a batch instead.
     wire: Mutex<()>,
+    server: Arc<Server>,
+    /// Where the batches' task runs.
+    runtime: tokio::runtime::Handle,
 }
 
 #[derive(Default)]
@@ -80,8 +88,13 @@ struct Pending {
 }
 
 impl Lane {
+    /// A lane of calls to `server`, its batches sent from a task on `runtime`.
+    pub(super) fn new(server: Arc<Server>, runtime: tokio::runtime::Handle) -> Self {
+        Lane(Arc::new(Wire { state: Mutex::default(), wire: Mutex::new(()), server, runtime }))
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs an operation: `alone()` (its own script call) at once when fewer than
@@ -91,7 +104,6 @@ impl Lane {
     /// moved and freed on every lock and release).
     pub(super) async fn run<'a>(
         &self,
-        backend: &RedisBackend,
         op: impl FnOnce() -> Op,
         alone: impl FnOnce() -> BoxFuture<'a, Result<Answer, RedisError>>,
     ) -> Result<Answer, RedisError> {
@@ -100,7 +112,7 @@ impl Lane {
         let mut busy = None;
         let first = std::future::poll_fn(|cx| {
             // Not alone while a batch is being put on the wire: behind it.
-            let wire = match self.wire.try_lock() {
+            let wire = match self.0.wire.try_lock() {
                 Ok(wire) => Some(wire),
                 Err(TryLockError::Poisoned(wire)) => Some(wire.into_inner()),
                 Err(TryLockError::WouldBlock) => None,
@@ -109,7 +121,7 @@ impl Lane {
             if wire.is_some() && state.busy < MAX_IN_FLIGHT && state.pending.is_empty() {
                 state.busy += 1;
                 drop(state);
-                busy = Some(Busy(backend));
+                busy = Some(Busy(self));
                 Poll::Ready(Ok(alone.take().map(|alone| {
                     let mut call = alone();
                     let polled = call.as_mut().poll(cx);
@@ -126,7 +138,7 @@ impl Lane {
                     state.busy += 1;
                     drop(state);
                     drop(wire);
-                    self.flush(backend);
+                    self.flush();
                 }
                 Poll::Ready(Err(waiting))
             }
@@ -142,50 +154,48 @@ impl Lane {
 
     /// The call on the wire ended: what waited meanwhile goes out (in a task of its own, which
     /// sends batches until nothing waits), or the lane is idle.
-    fn ended(&self, backend: &RedisBackend) {
+    fn ended(&self) {
         let mut state = self.state();
         if state.pending.is_empty() {
             state.busy -= 1;
             return;
         }
         drop(state);
-        self.flush(backend);
+        self.flush();
     }
 
     /// Sends batches while operations wait, in a task of its own, on a call slot taken for it.
-    fn flush(&self, backend: &RedisBackend) {
-        let flusher = Flusher { backend: backend.clone(), finished: false };
-        drop(backend.inner.runtime.spawn(flusher.run()));
+    fn flush(&self) {
+        let flusher = Flusher { lane: self.clone(), finished: false };
+        drop(self.0.runtime.spawn(flusher.run()));
     }
 }
 
 /// A call sent on its own: the lane is busy until it ends (answered or dropped).
-struct Busy<'a>(&'a RedisBackend);
+struct Busy<'a>(&'a Lane);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        if let Some(lane) = &self.0.inner.lane {
-            lane.ended(self.0);
-        }
+        self.0.ended();
     }
 }
 
 /// Sends batches while operations wait.
 struct Flusher {
-    backend: RedisBackend,
+    lane: Lane,
     finished: bool,
 }
 
 impl Flusher {
     async fn run(mut self) {
-        let backend = self.backend.clone();
-        let Some(lane) = &backend.inner.lane else { return };
+        let lane = self.lane.clone();
+        let server = &lane.0.server;
         loop {
             // The batch is taken, and its command put on its way, holding the lane's wire: an
             // operation made after it goes out after it.
             let mut batch = Vec::new();
             let sent = std::future::poll_fn(|cx| {
-                let _wire = lane.wire.lock().unwrap_or_else(PoisonError::into_inner);
+                let _wire = lane.0.wire.lock().unwrap_or_else(PoisonError::into_inner);
                 let mut state = lane.state();
                 // An attempt nobody waits for any more is not sent (a release is).
                 state.pending.retain(|p| matches!(p.op, Op::Release { .. }) || !p.answer.is_closed());
@@ -197,7 +207,7 @@ impl Flusher {
                 let n = state.pending.len().min(MAX_BATCH);
                 batch.extend(state.pending.drain(..n));
                 drop(state);
-                let mut call = Box::pin(backend.eval_command::<Vec<i64>>(command(&batch)));
+                let mut call = Box::pin(server.eval_command::<Vec<i64>>(command(&batch)));
                 let first = call.as_mut().poll(cx);
                 Poll::Ready(Some((call, first)))
             })
@@ -205,7 +215,7 @@ impl Flusher {
             let Some((call, first)) = sent else { return };
             // Bounded here too (not every connection bounds its answers itself): a batch that
             // never answered would keep its slot of the lane.
-            let timeout = backend.inner.options.command_timeout;
+            let timeout = server.timeout();
             let answers = match first {
                 Poll::Ready(answers) => answers,
                 Poll::Pending => tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
@@ -239,14 +249,12 @@ impl Drop for Flusher {
     fn drop(&mut self) {
         // Dropped before it was done (its runtime shutting down): whatever waits fails now.
         if !self.finished {
-            if let Some(lane) = &self.backend.inner.lane {
-                let pending = {
-                    let mut state = lane.state();
-                    state.busy -= 1;
-                    std::mem::take(&mut state.pending)
-                };
-                drop(pending);
-            }
+            let pending = {
+                let mut state = self.lane.state();
+                state.busy -= 1;
+                std::mem::take(&mut state.pending)
+            };
+            drop(pending);
         }
     }
 }

@@ -10,125 +10,92 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value};
 
+use super::options::RedisOptions;
+use super::options::KIND;
 use super::url::{self, redact};
-use super::{RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
 
 /// The shortest and longest pause of the cluster client before it repeats a request answered
 /// `TRYAGAIN` or `CLUSTERDOWN`, in milliseconds.
 const RETRY_WAIT_MS: (u64, u64) = (10, 250);
 
-impl RedisBackend {
-    /// Connects to the Redis Cluster that the nodes at `urls` belong to (any nodes of it: the
-    /// rest is discovered), with `options`. See the [cluster module docs](self).
-    ///
-    /// An empty list, a malformed URL (or a `redis+unix://` one: a cluster announces TCP
-    /// addresses), options out of range or [`wait_for_replicas`](RedisOptions::wait_for_replicas)
-    /// are an [`is_invalid`](crate::LockError::is_invalid)
-    /// error; a cluster none of whose nodes answers within the command timeout is an
-    /// [`is_backend`](crate::LockError::is_backend) error.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
-    /// let backend =
-    ///     RedisBackend::cluster(&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"], RedisOptions::default())
-    ///         .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn cluster<E: AsRef<str>, S: AsRef<[E]>>(urls: S, options: RedisOptions) -> Result<Self, LockError> {
-        let given: Vec<&str> = urls.as_ref().iter().map(AsRef::as_ref).collect();
-        let shown = given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
-        if let Some(problem) = options.problem() {
-            return Err(LockError::invalid(shown, problem));
-        }
-        if options.wait_for_replicas.is_some() {
-            let why = "wait_for_replicas is not available on a Redis Cluster (the cluster client routes `WAIT` \
-                       to no particular primary): leave it unset, or use one server or Sentinel";
-            return Err(LockError::invalid(shown, why));
-        }
-        if given.is_empty() {
-            return Err(LockError::invalid(shown, "a Redis Cluster needs at least one node URL; none was given"));
-        }
-        let seeds = seeds(&given, &options)?;
-        let timeout = options.command_timeout;
-        let builder = ClusterClientBuilder::new(seeds.clone());
-        #[cfg(feature = "_tls")]
-        let builder = match options.get_tls() {
-            Some(settings) => builder.certs(url::certificates(settings, &shown)?),
-            None => builder,
-        };
-        let client = builder
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .min_retry_wait(RETRY_WAIT_MS.0)
-            .max_retry_wait(RETRY_WAIT_MS.1)
-            .build()
-            .map_err(|e| LockError::invalid(&shown, format!("not a usable Redis Cluster configuration ({e})")))?;
-        Self::on_cluster(client, seeds, options, shown).await
+/// Connects to the Redis Cluster that the nodes at `given` belong to, with `options` (see
+/// `RedisBackend::cluster`): its connection, the source of its pub/sub connections, the nodes
+/// as shown in messages, and the runtime.
+pub(super) async fn connect(given: &[&str], options: &RedisOptions) -> Result<Connected, LockError> {
+    let shown = given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+    if let Some(problem) = options.problem() {
+        return Err(LockError::invalid(shown, problem));
     }
+    if options.wait_for_replicas.is_some() {
+        let why = "wait_for_replicas is not available on a Redis Cluster (the cluster client routes `WAIT` \
+                   to no particular primary): leave it unset, or use one server or Sentinel";
+        return Err(LockError::invalid(shown, why));
+    }
+    if given.is_empty() {
+        return Err(LockError::invalid(shown, "a Redis Cluster needs at least one node URL; none was given"));
+    }
+    let seeds = seeds(given, options)?;
+    let timeout = options.command_timeout;
+    let builder = ClusterClientBuilder::new(seeds.clone());
+    #[cfg(feature = "_tls")]
+    let builder = match options.get_tls() {
+        Some(settings) => builder.certs(url::certificates(settings, &shown)?),
+        None => builder,
+    };
+    let client = builder
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .min_retry_wait(RETRY_WAIT_MS.0)
+        .max_retry_wait(RETRY_WAIT_MS.1)
+        .build()
+        .map_err(|e| LockError::invalid(&shown, format!("not a usable Redis Cluster configuration ({e})")))?;
+    on_cluster(client, seeds, options, shown).await
+}
 
-    /// Locks on the application's own Redis Cluster `client` (its credentials, TLS, routing and
-    /// timeouts carry every lock command), for a service that configured its client already.
-    /// `nodes` are URLs of some of the cluster's nodes, with the same credentials and TLS: the
-    /// backend's pub/sub connections (which wake waiters) go to them and to the nodes the
-    /// cluster reports, and a `ClusterClient` tells neither its nodes nor its credentials. The
-    /// options' TLS settings are refused (the client's own apply; put the URLs' TLS in them as
-    /// `rediss://`).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
-    /// let nodes = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"];
-    /// let client = redis::cluster::ClusterClient::new(nodes.to_vec())?;
-    /// let backend = RedisBackend::cluster_from_client(client, &nodes, RedisOptions::default()).await?;
-    /// let manager = lock_runtime::LockManager::builder().backend(backend);
-    /// # Ok(()) }
-    /// ```
-    pub async fn cluster_from_client<E: AsRef<str>, S: AsRef<[E]>>(
-        client: ClusterClient,
-        nodes: S,
-        options: RedisOptions,
-    ) -> Result<Self, LockError> {
-        let given: Vec<&str> = nodes.as_ref().iter().map(AsRef::as_ref).collect();
-        let shown = given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
-        Self::check_beside_client_options(&options, &shown)?;
-        if options.wait_for_replicas.is_some() {
-            let why = "wait_for_replicas is not available on a Redis Cluster: leave it unset";
-            return Err(LockError::invalid(shown, why));
-        }
-        if given.is_empty() {
-            let why = "give the URL of at least one of the cluster's nodes, for the pub/sub connections";
-            return Err(LockError::invalid(shown, why));
-        }
-        let seeds = seeds(&given, &options)?;
-        Self::on_cluster(client, seeds, options, shown).await
+/// Connects on the application's own cluster `client`, with `given` node URLs for the pub/sub
+/// connections (see `RedisBackend::cluster_from_client`).
+pub(super) async fn connect_client(
+    client: ClusterClient,
+    given: &[&str],
+    options: &RedisOptions,
+) -> Result<Connected, LockError> {
+    let shown = given.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+    options.check_beside_client(&shown)?;
+    if options.wait_for_replicas.is_some() {
+        let why = "wait_for_replicas is not available on a Redis Cluster: leave it unset";
+        return Err(LockError::invalid(shown, why));
     }
+    if given.is_empty() {
+        let why = "give the URL of at least one of the cluster's nodes, for the pub/sub connections";
+        return Err(LockError::invalid(shown, why));
+    }
+    let seeds = seeds(given, options)?;
+    on_cluster(client, seeds, options, shown).await
+}
 
-    /// The backend on cluster `client`, connected, with `seeds` for its pub/sub connections.
-    async fn on_cluster(
-        client: ClusterClient,
-        seeds: Vec<ConnectionInfo>,
-        options: RedisOptions,
-        shown: String,
-    ) -> Result<Self, LockError> {
-        let timeout = options.command_timeout;
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
-        let conn = match tokio::time::timeout(timeout, client.get_async_connection()).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
-            Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
-        };
-        let source = Nodes {
-            seeds,
-            learned: Mutex::new(Vec::new()),
-            next: AtomicUsize::new(spread()),
-            conn: conn.clone(),
-            timeout,
-        };
-        Ok(Self::from_parts(conn, Arc::new(source), options, shown, &runtime))
-    }
+/// A connected cluster: its connection, its nodes (the source of pub/sub connections), the
+/// nodes as shown in messages, and the runtime.
+pub(super) type Connected = (ClusterConnection, Arc<Nodes>, String, tokio::runtime::Handle);
+
+/// Connects on cluster `client`, with `seeds` for the pub/sub connections.
+async fn on_cluster(
+    client: ClusterClient,
+    seeds: Vec<ConnectionInfo>,
+    options: &RedisOptions,
+    shown: String,
+) -> Result<Connected, LockError> {
+    let timeout = options.command_timeout;
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
+    let conn = match tokio::time::timeout(timeout, client.get_async_connection()).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
+        Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
+    };
+    let source =
+        Nodes { seeds, learned: Mutex::new(Vec::new()), next: AtomicUsize::new(spread()), conn: conn.clone(), timeout };
+    Ok((conn, Arc::new(source), shown, runtime))
 }
 
 /// The connection settings of each node URL in `given` (TCP only).

@@ -9,12 +9,12 @@ use redis::Script;
 
 use super::batch::Op;
 use super::handoff::{Handed, Ticket};
-use super::holdings::{connection_lost, Holding};
+use super::holdings::Holding;
 use super::layout::{queue_of, SERVER_FENCE};
-use super::{
-    bounded, lease_millis, lost_reason, still_held, RedisBackend, EXTEND, HANDOFF, KIND, KIND_EXTEND, KIND_RELEASE,
-    RELEASE, RELEASE_AFTER,
-};
+use super::options::KIND;
+use super::scripts::{EXTEND, HANDOFF, KIND_EXTEND, KIND_RELEASE, RELEASE, RELEASE_AFTER};
+use super::server::{bounded, connection_lost, lease_millis, lost_reason, still_held};
+use super::shared::Shared;
 use crate::backend::{BoxFuture, HeldLock, LockKind, Renewal};
 use crate::background::{finish_in_background, Unabandoned};
 use crate::error::LockError;
@@ -24,7 +24,7 @@ use crate::error::LockError;
 /// script takes one a number of milliseconds, and the release channel.
 #[derive(Clone)]
 pub(super) struct ReleaseCall {
-    backend: RedisBackend,
+    backend: Arc<Shared>,
     script: &'static Script,
     name: Arc<str>,
     key: Arc<str>,
@@ -41,7 +41,7 @@ pub(super) struct ReleaseCall {
 
 impl ReleaseCall {
     pub(super) fn new(
-        backend: &RedisBackend,
+        backend: &Arc<Shared>,
         script: &'static Script,
         name: &Arc<str>,
         key: Arc<str>,
@@ -79,19 +79,19 @@ impl ReleaseCall {
     async fn call(&self) -> Result<i64, LockError> {
         match self.send().await {
             Err(e) if connection_lost(&e) => self.again_after(e).await.map(|()| 1),
-            answer => answer.map_err(|e| self.backend.failed(&self.name, "release", e)),
+            answer => answer.map_err(|e| self.backend.server.failed(&self.name, "release", e)),
         }
     }
 
     async fn send(&self) -> Result<i64, redis::RedisError> {
-        match (&self.backend.inner.lane, self.batched) {
+        match (&self.backend.lane, self.batched) {
             // A holder's release of a mutex: in a batch when another call is on the wire (see
             // `batch.rs`), behind the attempts made before it.
             (Some(lane), true) => {
                 let op = || Op::Release { lock: self.key.clone(), owner: self.owner.clone() };
                 let alone =
                     || -> BoxFuture<'_, _> { Box::pin(async { self.send_alone().await.map(|status| (status, 0)) }) };
-                lane.run(&self.backend, op, alone).await.map(|(status, _)| status)
+                lane.run(op, alone).await.map(|(status, _)| status)
             }
             _ => self.send_alone().await,
         }
@@ -110,7 +110,7 @@ impl ReleaseCall {
             invocation.arg(millis);
         }
         invocation.arg(&*self.channel);
-        self.backend.eval_raw::<i64>(invocation).await
+        self.backend.server.eval_raw::<i64>(invocation).await
     }
 
     /// The script met a lost connection (`lost`: killed, the server restarted, a failover):
@@ -120,7 +120,7 @@ impl ReleaseCall {
     /// gone: released by it, or expired; another owner's: granted after it, or after the
     /// lease), so the verdict is the first call's error.
     async fn again_after(&self, lost: redis::RedisError) -> Result<(), LockError> {
-        let lost = self.backend.failed(&self.name, "release", lost);
+        let lost = self.backend.server.failed(&self.name, "release", lost);
         match self.send().await {
             Ok(1) => {
                 self.tell();
@@ -132,12 +132,12 @@ impl ReleaseCall {
 
     /// Tells the local queue of the lock that its holder let go (or may have).
     fn tell(&self) {
-        self.backend.inner.waiters.released(&self.channel, &self.owner);
+        self.backend.waiters.released(&self.channel, &self.owner);
     }
 
     /// [`call`](Self::call) bounded by the command timeout, for work nobody awaits.
     pub(super) async fn call_bounded(&self) -> Result<i64, LockError> {
-        bounded(&self.name, "release", self.backend.inner.options.command_timeout, self.call()).await
+        bounded(&self.name, "release", self.backend.options.command_timeout, self.call()).await
     }
 
     /// A holder's release: `Ok` when the script found the lock still the owner's. Local
@@ -150,8 +150,8 @@ impl ReleaseCall {
         // A mutex's (batched with the attempts and releases made before it, so it still goes
         // ahead of every command made after it).
         self.batched = std::ptr::eq(self.script, &*RELEASE) && self.backend.queues();
-        let runtime = self.backend.inner.runtime.clone();
-        let timeout = self.backend.inner.options.command_timeout;
+        let runtime = self.backend.runtime.clone();
+        let timeout = self.backend.options.command_timeout;
         let name = self.name.clone();
         let release = Box::pin(async move {
             let started = crate::clock::now();
@@ -159,7 +159,7 @@ impl ReleaseCall {
             // is owed (below) rather than dropped.
             let outcome = bounded(&self.name, "release", timeout, async {
                 if std::ptr::eq(self.script, &*RELEASE) {
-                    if let Some(ticket) = self.backend.inner.waiters.hand_off(&self.channel, &self.owner) {
+                    if let Some(ticket) = self.backend.waiters.hand_off(&self.channel, &self.owner) {
                         return self.hand_off(ticket).await;
                     }
                 }
@@ -192,8 +192,8 @@ impl ReleaseCall {
         let mut call = self.clone();
         call.batched = false;
         call.owed_for = None;
-        let runtime = self.backend.inner.runtime.clone();
-        let timeout = self.backend.inner.options.command_timeout;
+        let runtime = self.backend.runtime.clone();
+        let timeout = self.backend.options.command_timeout;
         let over = tokio::time::sleep_until(until.into());
         let owed = crate::background::owed(over, move || {
             let call = call.clone();
@@ -231,7 +231,7 @@ impl ReleaseCall {
             None => invocation.arg(""),
         };
         invocation.arg(if ticket.may_be_queued() { "1" } else { "0" });
-        let reply = self.backend.eval_raw::<(i64, i64, i64)>(invocation).await;
+        let reply = self.backend.server.eval_raw::<(i64, i64, i64)>(invocation).await;
         answer.handed = match &reply {
             Ok((_, 1, token)) if *token > 0 => Handed::Granted { token: *token, sent },
             Ok(_) => Handed::Open,
@@ -242,7 +242,7 @@ impl ReleaseCall {
             Ok((released, _, _)) => still_held(&self.name, released),
             // The waiter attempts on its own (`Maybe`): the lock is released as by `call`.
             Err(e) if connection_lost(&e) => self.again_after(e).await,
-            Err(e) => Err(self.backend.failed(&self.name, "release", e)),
+            Err(e) => Err(self.backend.server.failed(&self.name, "release", e)),
         }
     }
 }
@@ -269,7 +269,7 @@ impl Drop for Answer<'_> {
             );
             undo_dropped(undo, false);
         }
-        call.backend.inner.waiters.handed(&call.channel, self.ticket);
+        call.backend.waiters.handed(&call.channel, self.ticket);
     }
 }
 
@@ -287,7 +287,7 @@ impl Drop for Tell<'_> {
 /// script, bounded by the command timeout. Local waiters are told when something was undone
 /// or may have been (the call failed), and whatever the answer when `always_tell`.
 pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
-    let runtime = call.backend.inner.runtime.clone();
+    let runtime = call.backend.runtime.clone();
     let undo = async move {
         let shown = crate::telemetry::shown_name(&call.name);
         let started = crate::clock::now();
@@ -322,7 +322,7 @@ pub(super) fn undo_dropped(call: ReleaseCall, always_tell: bool) {
 /// A lock held in Redis, of any kind: the mutex's key, or a read-write lock's or semaphore's
 /// state with this holder's entry in it.
 pub(super) struct RedisHeld {
-    pub(super) backend: RedisBackend,
+    pub(super) backend: Arc<Shared>,
     pub(super) name: Arc<str>,
     /// The lock key, or the kind's state.
     pub(super) key: Arc<str>,
@@ -357,7 +357,7 @@ impl RedisHeld {
 /// `release_after.lua` with a remainder, for a mutex; `kind_release.lua` (remainder 0: now)
 /// for the other kinds.
 pub(super) fn release_call(
-    backend: &RedisBackend,
+    backend: &Arc<Shared>,
     name: &Arc<str>,
     kind: LockKind,
     key: Arc<str>,
@@ -403,7 +403,7 @@ impl HeldLock for RedisHeld {
 /// Renews a lock held in Redis (`extend.lua`; `kind_extend.lua` for a holder's entry of the
 /// other kinds), waiting for replicas when [`RedisOptions::wait_for_replicas`] says so.
 struct RedisRenewal {
-    backend: RedisBackend,
+    backend: Arc<Shared>,
     name: Arc<str>,
     key: Arc<str>,
     owner: Arc<str>,
@@ -416,12 +416,15 @@ impl Renewal for RedisRenewal {
             let script = if self.kind == LockKind::Exclusive { &*EXTEND } else { &*KIND_EXTEND };
             let mut invocation = script.prepare_invoke();
             invocation.key(&*self.key).arg(&*self.owner).arg(lease_millis(lease));
-            let Some((replicas, timeout)) = self.backend.inner.options.wait_for_replicas else {
-                return still_held(&self.name, self.backend.eval::<i64>(&self.name, "extend", invocation).await?);
+            let Some((replicas, timeout)) = self.backend.options.wait_for_replicas else {
+                return still_held(
+                    &self.name,
+                    self.backend.server.eval::<i64>(&self.name, "extend", invocation).await?,
+                );
             };
             let lease = lease_millis(lease).to_string();
             let script = (script, &[&*self.key][..], &[&*self.owner, &*lease][..]);
-            match self.backend.eval_then_wait::<i64>(&self.name, "extend", script, (replicas, timeout)).await? {
+            match self.backend.server.eval_then_wait::<i64>(&self.name, "extend", script, (replicas, timeout)).await? {
                 (1, acked) if acked >= replicas => Ok(()),
                 (1, acked) => {
                     let why = format!(

@@ -13,17 +13,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use redis::Script;
-
-use super::topology::Conn;
-use super::{bounded, eval, key_slot};
+use super::layout::key_slot;
+use super::scripts::CHECK;
+use super::server::{bounded, Server};
 use crate::error::LockError;
 use crate::lost::LostSignal;
-
-static CHECK: LazyLock<Script> = LazyLock::new(|| super::resend::script(include_str!("check.lua")));
 
 /// The most locks one `check.lua` call asks about.
 const BATCH: usize = 256;
@@ -40,8 +37,7 @@ const REASON: &str = "the Redis server no longer holds it for this owner: found 
 /// check of them after a lost connection.
 pub(super) struct Holdings {
     entries: Mutex<Entries>,
-    conn: Conn,
-    timeout: Duration,
+    server: Arc<Server>,
     runtime: tokio::runtime::Handle,
     /// Checks asked for: bumped by every [`suspect`](Holdings::suspect).
     asked: AtomicU64,
@@ -83,11 +79,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Holdings {
-    pub(super) fn new(conn: Conn, timeout: Duration, runtime: tokio::runtime::Handle) -> Arc<Self> {
+    pub(super) fn new(server: Arc<Server>, runtime: tokio::runtime::Handle) -> Arc<Self> {
         Arc::new(Holdings {
             entries: Mutex::default(),
-            conn,
-            timeout,
+            server,
             runtime,
             asked: AtomicU64::new(0),
             running: AtomicBool::new(false),
@@ -135,7 +130,7 @@ impl Holdings {
     /// Asks the server which registered locks are still held and fires `lost()` for the
     /// others; fails if any call failed (the whole check is then made again).
     async fn check(&self) -> Result<(), LockError> {
-        let cluster = matches!(self.conn, Conn::Cluster(_));
+        let cluster = self.server.is_cluster();
         let mut groups: BTreeMap<u16, Vec<(u64, Entry)>> = BTreeMap::new();
         for (id, e) in lock(&self.entries).by_id.iter().filter(|(_, e)| !e.lost.is_lost()) {
             let slot = if cluster { key_slot(e.key.as_bytes()) } else { 0 };
@@ -149,8 +144,8 @@ impl Holdings {
             for (_, entry) in batch {
                 invocation.key(&*entry.key).arg(&*entry.owner);
             }
-            let call = eval::<Vec<i64>>(&self.conn, self.timeout, name, "check", invocation);
-            match bounded(name, "check", self.timeout, call).await {
+            let call = self.server.eval::<Vec<i64>>(name, "check", invocation);
+            match bounded(name, "check", self.server.timeout(), call).await {
                 Ok(answers) => {
                     gone.extend(batch.iter().zip(answers).filter(|(_, held)| *held == 0).map(|((id, ..), _)| *id))
                 }
@@ -203,16 +198,4 @@ async fn check_until_answered(holdings: Weak<Holdings>) {
             }
         }
     }
-}
-
-/// Whether `e` means the connection to the server was lost (dropped, refused, or failed
-/// reading or writing), as a restart or a failover shows itself.
-/// A timeout is not: the server may only be slow. A `READONLY` answer is (a failover demoted
-/// the server written to).
-pub(super) fn connection_lost(e: &redis::RedisError) -> bool {
-    !e.is_timeout()
-        && (e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_unrecoverable_error()
-            || e.code() == Some("READONLY"))
 }

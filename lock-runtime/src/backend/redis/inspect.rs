@@ -6,8 +6,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::Value;
 
+use super::backend::RedisBackend;
+use super::layout::KeyLayout;
+use super::options::KIND;
+use super::scripts::{FORCE_RELEASE, INSPECT, INSPECT_KINDS, WATCH};
 use super::topology::Conn;
-use super::{eval, KeyLayout, RedisBackend, FORCE_RELEASE, INSPECT, INSPECT_KINDS, KIND, WATCH};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, LockInfo};
 use crate::error::LockError;
 
@@ -39,7 +42,7 @@ impl RedisBackend {
 
     /// The backend keys of the Redis keys matching `pattern` that are `<start><key>}`, sorted.
     async fn scan_keys(&self, pattern: &str, start: &str, prefix: &str) -> Result<Vec<String>, LockError> {
-        let found = match &self.inner.conn {
+        let found = match &self.shared.server.conn() {
             // A cluster's keys are spread over its primaries: each is scanned.
             Conn::Cluster(cluster) => super::cluster::scan_primaries(cluster, pattern, SCAN_COUNT).await,
             conn => scan(conn, pattern).await,
@@ -55,11 +58,10 @@ impl RedisBackend {
     /// The holders of the read-write lock or semaphore whose state is `state`, for backend key
     /// `key` (`inspect_kinds.lua`).
     async fn kind_holders(&self, state: &str, key: &str) -> Result<Vec<LockInfo>, LockError> {
-        let timeout = self.inner.options.command_timeout;
         let mut invocation = INSPECT_KINDS.prepare_invoke();
         invocation.key(state);
         let (fields, _pttl, (secs, micros)) =
-            eval::<(Vec<String>, i64, (u64, u64))>(&self.inner.conn, timeout, key, "inspect", invocation).await?;
+            self.shared.server.eval::<(Vec<String>, i64, (u64, u64))>(key, "inspect", invocation).await?;
         let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
         Ok(parse_kind_state(key, &fields, now_ms))
     }
@@ -95,20 +97,15 @@ impl RedisBackend {
     /// The mutex of backend key `key`, if it is held.
     async fn inspect_mutex(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         let layout = KeyLayout::of(key);
-        let timeout = self.inner.options.command_timeout;
+        let timeout = self.shared.options.command_timeout;
         let mut invocation = INSPECT.prepare_invoke();
         invocation.key(&layout.lock);
-        if self.queues() {
+        if self.shared.queues() {
             invocation.key(layout.queue());
         }
-        let look = eval::<(Option<String>, i64, (u64, u64), Option<u64>)>(
-            &self.inner.conn,
-            timeout,
-            key,
-            "inspect",
-            invocation,
-        );
-        let mut conn = self.inner.conn.clone();
+        let look =
+            self.shared.server.eval::<(Option<String>, i64, (u64, u64), Option<u64>)>(key, "inspect", invocation);
+        let mut conn = self.shared.server.conn().clone();
         let mut numsub = redis::cmd("PUBSUB");
         numsub.arg("NUMSUB").arg(&layout.channel);
         let numsub = tokio::time::timeout(timeout, numsub.query_async::<Vec<Value>>(&mut conn));
@@ -135,8 +132,7 @@ impl RedisBackend {
         let layout = KeyLayout::of(key);
         let mut invocation = FORCE_RELEASE.prepare_invoke();
         invocation.key(&layout.lock).arg(expected_owner.unwrap_or("")).arg(&layout.channel);
-        let timeout = self.inner.options.command_timeout;
-        let (status, owner): (i64, String) = eval(&self.inner.conn, timeout, key, "force release", invocation).await?;
+        let (status, owner): (i64, String) = self.shared.server.eval(key, "force release", invocation).await?;
         Ok(match status {
             1 => ForceRelease::Released(owner),
             0 => ForceRelease::NotHeld,
@@ -195,9 +191,9 @@ impl RedisBackend {
     /// a live view also looks again now and then.
     pub async fn changes(&self, prefix: &str) -> Result<Changes, LockError> {
         let key = glob_escape(prefix);
-        let timeout = self.inner.options.command_timeout;
+        let timeout = self.shared.options.command_timeout;
         let subscribe = async {
-            let mut pubsub = self.inner.source.pubsub().await?;
+            let mut pubsub = self.shared.source.pubsub().await?;
             pubsub.psubscribe(format!("lock:{{{key}*:released")).await?;
             pubsub.psubscribe(format!("__keyspace@*__:lock:{{{key}*")).await?;
             Ok::<_, redis::RedisError>(pubsub)
@@ -328,9 +324,9 @@ struct OneLock {
 impl RedisBackend {
     async fn changes_of_one(&self, key: &str) -> Result<OneLock, LockError> {
         let layout = KeyLayout::of(key);
-        let timeout = self.inner.options.command_timeout;
+        let timeout = self.shared.options.command_timeout;
         let subscribe = async {
-            let mut pubsub = self.inner.source.pubsub().await?;
+            let mut pubsub = self.shared.source.pubsub().await?;
             pubsub.subscribe(&layout.channel).await?;
             Ok::<_, redis::RedisError>(pubsub)
         };
@@ -350,8 +346,7 @@ impl ChangeFeed for OneLock {
         Box::pin(async move {
             let mut invocation = WATCH.prepare_invoke();
             invocation.key(&self.layout.lock);
-            let timeout = self.backend.inner.options.command_timeout;
-            let _pttl: i64 = eval(&self.backend.inner.conn, timeout, &self.key, "watch", invocation).await?;
+            let _pttl: i64 = self.backend.shared.server.eval(&self.key, "watch", invocation).await?;
             let open = match &mut self.stream {
                 Some(stream) => stream.next().await.is_some(),
                 None => std::future::pending().await,

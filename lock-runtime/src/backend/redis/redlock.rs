@@ -11,13 +11,16 @@ use super::pubsub::Timings;
 use node::{gather, Answer, Chains, Gathered, Node};
 use queue::Queues;
 use redis::aio::ConnectionManager;
-use redis::{Script, ScriptInvocation};
+use redis::ScriptInvocation;
 use tokio::sync::{mpsc, Notify};
 use wake::{Capture, Hub, Registration};
 
+use super::layout::KeyLayout;
+use super::options::RedisOptions;
+use super::scripts::{ACQUIRE, EXTEND, FENCE, RELEASE, RELEASE_AFTER};
+use super::server::{lease_millis, Server};
 use super::topology::{Conn, Source};
 use super::url::{self, redact};
-use super::{lease_millis, KeyLayout, RedisOptions, ACQUIRE, EXTEND, RELEASE, RELEASE_AFTER};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, LockKind};
 use crate::backend::{Renewal, Wake};
 use crate::error::LockError;
@@ -25,9 +28,6 @@ use crate::error::LockError;
 const KIND: &str = "redlock";
 /// How far ahead of the client's wall clock the proposed token floor is (see *Fencing tokens*).
 const FLOOR_AHEAD: Duration = Duration::from_secs(1);
-
-static FENCE: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| super::resend::script(include_str!("fence.lua")));
 
 /// Locks over N independent Redis primaries (Redlock), with strictly increasing fencing
 /// tokens. Cheap to clone: clones share the connections. See the [module docs](self).
@@ -121,7 +121,7 @@ impl RedlockBackend {
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                 .map_err(|e| LockError::backend(&url, KIND, "connect", e))?;
             let hub = Hub::start(&runtime, Source::Single(Box::new(client)), timings);
-            nodes.push(Node { url, conn: Conn::Single(conn), hub });
+            nodes.push(Node { url, server: Arc::new(Server::new(Conn::Single(conn), timeout)), hub });
         }
         let quorum = nodes.len() / 2 + 1;
         let backend =
@@ -140,9 +140,10 @@ impl RedlockBackend {
         let deadline = crate::clock::now() + timeout;
         let (tx, mut rx) = mpsc::unbounded_channel();
         for (i, node) in inner.nodes.iter().enumerate() {
-            let (mut conn, tx) = (node.conn.clone(), tx.clone());
+            let (server, tx) = (node.server.clone(), tx.clone());
             inner.runtime.spawn(async move {
                 let ask = async {
+                    let mut conn = server.conn().clone();
                     let id = match redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await {
                         Ok(info) => run_id(&info),
                         Err(e) if e.code() == Some("NOPERM") => {
@@ -152,7 +153,7 @@ impl RedlockBackend {
                     };
                     // Its scripts (lock, release, fencing raise, renewal), so that its first
                     // calls are one call each.
-                    super::load_scripts(&conn, &[&*ACQUIRE, &*RELEASE, &*FENCE, &*EXTEND]).await;
+                    server.load(&[&*ACQUIRE, &*RELEASE, &*FENCE, &*EXTEND]).await;
                     Ok(id)
                 };
                 let answer = match tokio::time::timeout(timeout, ask).await {

@@ -11,8 +11,9 @@ use redis::{
     RedisResult, Value,
 };
 
+use super::options::RedisOptions;
+use super::options::KIND;
 use super::url::{self, redact};
-use super::{RedisBackend, RedisOptions, KIND};
 use crate::error::LockError;
 
 /// How many subscriptions are remembered for ending them after a switch.
@@ -505,45 +506,32 @@ fn check(given: &[&str], master: &str, options: &RedisOptions) -> Result<(Vec<Co
     Ok((infos, shown))
 }
 
-impl RedisBackend {
-    /// Locks on the primary the sentinels at `sentinels` (`redis://host:port` URLs) name
-    /// `master_name`, following its failovers (see the [sentinel docs](self)).
-    ///
-    /// No sentinel, a malformed URL, an empty name or options out of range are an
-    /// [`is_invalid`](crate::LockError::is_invalid) error; no sentinel reachable, or none
-    /// knowing the name, within the command timeout an
-    /// [`is_backend`](crate::LockError::is_backend) error.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// use lock_runtime::backend::redis::{RedisBackend, RedisOptions};
-    /// let backend =
-    ///     RedisBackend::sentinel(&["redis://127.0.0.1:26379"], "mymaster", RedisOptions::default()).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn sentinel<E: AsRef<str>, S: AsRef<[E]>>(
-        sentinels: S,
-        master_name: &str,
-        options: RedisOptions,
-    ) -> Result<Self, LockError> {
-        let given: Vec<&str> = sentinels.as_ref().iter().map(AsRef::as_ref).collect();
-        let (infos, shown) = check(&given, master_name, &options)?;
-        let tls = tls_of(&infos, &options, &shown)?;
-        if let Some(problem) = options.problem() {
-            return Err(LockError::invalid(shown, problem));
-        }
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
-        let timeout = options.get_command_timeout();
-        let _entered = runtime.enter();
-        let conn = SentinelConn::new(infos, master_name.to_owned(), &options, tls);
-        match tokio::time::timeout(timeout, conn.primary()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
-            Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
-        }
-        Ok(Self::from_parts(conn.clone(), conn, options, shown, &runtime).preload().await)
+/// Connects to the primary the sentinels at `given` name `master_name` (see
+/// `RedisBackend::sentinel`): its connection (also the source of pub/sub connections), the
+/// primary as shown in messages, and the runtime.
+pub(super) async fn connect(
+    given: &[&str],
+    master_name: &str,
+    options: &RedisOptions,
+) -> Result<(SentinelConn, String, tokio::runtime::Handle), LockError> {
+    let (infos, shown) = check(given, master_name, options)?;
+    let tls = tls_of(&infos, options, &shown)?;
+    if let Some(problem) = options.problem() {
+        return Err(LockError::invalid(shown, problem));
     }
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| LockError::invalid(&shown, format!("the Redis backend needs a tokio runtime ({e})")))?;
+    let timeout = options.get_command_timeout();
+    let conn = {
+        let _entered = runtime.enter();
+        SentinelConn::new(infos, master_name.to_owned(), options, tls)
+    };
+    match tokio::time::timeout(timeout, conn.primary()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
+        Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
+    }
+    Ok((conn, shown, runtime))
 }
 
 #[cfg(test)]

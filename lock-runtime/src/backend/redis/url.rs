@@ -6,7 +6,7 @@
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
-use super::RedisOptions;
+use super::options::RedisOptions;
 use crate::error::LockError;
 
 /// `url` (a server, a Cluster node, a Sentinel, a Redlock primary) as connection info for

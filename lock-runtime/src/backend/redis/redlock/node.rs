@@ -11,13 +11,14 @@ use redis::{FromRedisValue, ScriptInvocation};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::super::topology::Conn;
 use super::wake::Hub;
+use crate::backend::redis::server::Server;
 
-/// One primary: its (redacted) URL, its command connection and its pub/sub hub.
+/// One primary: its (redacted) URL, its server (the command connection and how a script is
+/// called on it) and its pub/sub hub.
 pub(super) struct Node {
     pub(super) url: String,
-    pub(super) conn: Conn,
+    pub(super) server: Arc<Server>,
     pub(super) hub: Hub,
 }
 
@@ -34,9 +35,9 @@ impl Node {
     where
         T: FromRedisValue + Send + 'static,
     {
-        let mut conn = self.conn.clone();
+        let server = self.server.clone();
         async move {
-            match tokio::time::timeout(timeout, invocation.invoke_async::<T>(&mut conn)).await {
+            match tokio::time::timeout(timeout, server.eval_raw::<T>(invocation)).await {
                 Ok(Ok(value)) => Ok(value),
                 Ok(Err(e)) if e.is_timeout() => Err(format!("no answer within {timeout:?}")),
                 Ok(Err(e)) => Err(e.to_string()),

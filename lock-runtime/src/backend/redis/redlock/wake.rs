@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
-use super::super::pubsub::{self, Change, Subscriptions, Timings};
-use super::super::topology::Source;
+use crate::backend::redis::pubsub::{self, Change, Subscriptions, Timings};
+use crate::backend::redis::topology::Source;
 
 /// Channels (un)subscribed in one command at most.
 const BATCH: usize = 64;
