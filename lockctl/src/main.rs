@@ -82,10 +82,12 @@
 //!   queued on the key); a lock lives as long as its holder's session (`session`). `release`
 //!   ends the holder's session (`pg_terminate_backend`): its lock is freed and its `lost()`
 //!   fires at once. `watch` looks every `--interval`. `--tls-*` apply as for Redis.
-//! - **MySQL / MariaDB** (`--mysql URL`): the server names no holder of a `GET_LOCK`, so each
-//!   grant records its holder (key, owner, process, token, connection, time) in the table
-//!   `lock_runtime_holders`, in the grant's own round trip, and its release deletes it; a record
-//!   is shown only while `IS_USED_LOCK` names its connection. Waiters cannot be counted; a lock
+//! - **MySQL / MariaDB** (`--mysql URL`; `cargo install --path lockctl --features mysql`): the
+//!   server names no holder of a `GET_LOCK`, so each grant records its holder (key, owner,
+//!   process, token, connection, time) in the in-memory table `lock_runtime_holders` and its
+//!   release deletes it (unless the holders' backend has `MysqlOptions::record_holders(false)`:
+//!   their locks are not listed); a record is shown only while `IS_USED_LOCK` names its
+//!   connection. Waiters cannot be counted; a lock
 //!   lives as long as its holder's session (`session`). `release` ends the holder's session
 //!   (`KILL CONNECTION`, which needs the holders' user or `CONNECTION ADMIN`): the server frees
 //!   its lock and grants it to a waiter at once, and the holder's `lost()` fires at its next

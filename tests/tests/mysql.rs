@@ -265,3 +265,22 @@ async fn inspection_reads_the_grants_record_and_only_while_it_holds() {
 async fn records(admin: &mut mysql_async::Conn) -> u64 {
     admin.query_first::<u64, _>("SELECT COUNT(*) FROM lock_runtime_holders").await.unwrap().unwrap()
 }
+
+/// With `record_holders(false)` a grant writes no record (the holders' table is not even made)
+/// and the backend offers no inspection: an election's `leader()` is refused as invalid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_holder_records_nothing_is_written_and_nothing_inspected() {
+    let server = MysqlServer::start();
+    let options = MysqlOptions::new().record_holders(false);
+    let manager = LockManager::builder().backend(MysqlBackend::connect_with(server.url(), options).await.unwrap());
+    let guard = manager.lock("ledger").await.unwrap();
+    assert!(!manager.can_inspect());
+    let refused = manager.election("ledger").leader().await.expect_err("no inspection");
+    assert!(refused.is_invalid(), "{refused}");
+    let mut admin = raw(&server).await;
+    let tables: Vec<String> = admin.query("SHOW TABLES LIKE 'lock_runtime_holders'").await.unwrap();
+    assert!(tables.is_empty(), "{tables:?}");
+    let token = guard.fencing_token();
+    guard.release().await.unwrap();
+    assert!(manager.lock("ledger").await.unwrap().fencing_token() > token);
+}

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::TryStreamExt;
 use sqlx::mysql::MySqlRow;
 use sqlx::{Executor, MySql, Row};
 
@@ -45,11 +46,6 @@ impl AppSessions {
     }
 }
 
-/// A grant's answer: `GET_LOCK`'s, the token, the connection id.
-fn decode(row: &MySqlRow) -> Result<(Option<i64>, u64, u64), sqlx::Error> {
-    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
-}
-
 /// A driver error as a [`Failure`] (the connection to be closed).
 fn failure(conn: &mut AppConn, name: &str, operation: &'static str, e: sqlx::Error) -> Failure {
     conn.clean = false;
@@ -73,7 +69,7 @@ impl Sessions for AppSessions {
     }
 
     fn key(&self, req: &Acquire) -> MyKey {
-        MyKey::of(req)
+        MyKey::of(req, self.options.record_holders)
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<AppConn, LockError>> {
@@ -92,26 +88,40 @@ impl Sessions for AppSessions {
     ) -> BoxFuture<'a, Result<Option<u64>, Failure>> {
         Box::pin(async move {
             // The connection's id with each attempt (for a `KILL QUERY` of a dropped wait).
-            let (sql, operation) = key.get_lock(wait);
+            let (sql, operation) = key.get_lock(wait, ", CONNECTION_ID()");
             let Some(c) = conn.conn.as_mut() else {
                 return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
             };
             // Until answered, the session may hold or wait: not to be given back.
             conn.clean = false;
-            let answer = c.fetch_all(sql.as_str()).await;
-            let (lock, token, id) = match answer.map(|rows| rows.last().map(decode)) {
-                Ok(Some(Ok(answer))) => answer,
-                Ok(Some(Err(e))) | Err(e) => return Err(failure(conn, &key.name, operation, e)),
-                Ok(None) => {
-                    let why = "the grant answered no row";
+            let answer = sqlx::query_as::<_, (Option<i64>, u64)>(&sql).persistent(false).fetch_one(&mut **c).await;
+            match answer {
+                Ok((Some(1), id)) => conn.id = Some(id),
+                Ok((Some(_), id)) => {
+                    conn.id = Some(id);
+                    conn.clean = true;
+                    return Ok(None);
+                }
+                Ok((None, _)) => {
+                    let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
                     return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
                 }
+                Err(e) => return Err(failure(conn, &key.name, operation, e)),
+            }
+            // Granted: the token and the record, on the same connection (a failure closes it,
+            // freeing the lock). The token is the first statement's last insert id.
+            let Some(c) = conn.conn.as_mut() else {
+                return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
             };
-            conn.id = Some(id);
-            let granted = super::sql::granted(&key.name, operation, lock, token)?;
-            // Not granted: the session holds nothing.
-            conn.clean = lock.is_some() && granted.is_none();
-            Ok(granted)
+            let grant = key.grant();
+            let results = c.fetch_many(grant.as_str()).try_collect::<Vec<_>>().await;
+            match results {
+                Ok(results) => {
+                    let token = results.into_iter().find_map(|r| r.left()).map(|done| done.last_insert_id());
+                    super::sql::token(&key.name, operation, token).map(Some)
+                }
+                Err(e) => Err(failure(conn, &key.name, operation, e)),
+            }
         })
     }
 

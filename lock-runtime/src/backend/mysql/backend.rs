@@ -12,7 +12,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::conn::MyConn;
 pub use super::options::MysqlOptions;
-use super::sql::{counter_sql, granted, MyKey, Recorded};
+use super::sql::{counter_sql, token as token_of, MyKey, Recorded};
 use super::{my_error, KIND};
 use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
@@ -86,38 +86,30 @@ fn open<'a>(conn: &'a mut Option<Conn>, name: &str, operation: &'static str) -> 
     conn.as_mut().ok_or_else(|| Failure::Closed(LockError::backend(name, KIND, operation, "the connection was closed")))
 }
 
-/// `GET_LOCK` on `conn` and, granted, the token and the holder's record, in one round trip
-/// ([`MyKey::get_lock`]): `Some(token)`, `None` (not granted).
+/// `GET_LOCK` on `conn` and, granted, the token and the holder's record, drawn on the same
+/// session in one more round trip ([`MyKey::grant`]): `Some(token)`, `None` (not granted).
 async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Result<Option<u64>, Failure> {
-    let (sql, operation) = key.get_lock(wait);
-    let answer = match last_row::<(Option<i64>, u64, u64)>(conn, sql).await {
-        Ok(Some(answer)) => answer,
-        Ok(None) => {
-            let why = "the grant answered no row";
+    let (sql, operation) = key.get_lock(wait, "");
+    match conn.query_first::<Option<i64>, _>(sql).await {
+        Ok(Some(Some(1))) => {}
+        Ok(Some(Some(_))) => return Ok(None),
+        Ok(_) => {
+            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
             return Err(Failure::Failed(LockError::backend(&*key.name, KIND, operation, why)));
         }
         Err(e) => return Err(failure(&key.name, operation, e)),
-    };
-    granted(&key.name, operation, answer.0, answer.1)
-}
-
-/// Runs the statements `sql` and reads the last row any of them answers.
-pub(super) async fn last_row<T: mysql_async::prelude::FromRow>(
-    conn: &mut Conn,
-    sql: String,
-) -> Result<Option<T>, mysql_async::Error> {
-    let mut result = conn.query_iter(sql).await?;
-    let mut last = None;
-    loop {
-        result.for_each(|row| last = Some(row)).await?;
-        if result.is_empty() {
-            break;
-        }
     }
-    match last.map(mysql_async::from_row_opt::<T>) {
-        Some(Ok(row)) => Ok(Some(row)),
-        Some(Err(e)) => Err(mysql_async::Error::Other(format!("an unexpected answer: {e}").into())),
-        None => Ok(None),
+    // Granted: the token and the record, on the same connection (a failure closes it, freeing
+    // the lock).
+    let granted = async {
+        let result = conn.query_iter(key.grant()).await?;
+        let token = result.last_insert_id();
+        result.drop_result().await?;
+        Ok::<_, mysql_async::Error>(token)
+    };
+    match granted.await {
+        Ok(token) => token_of(&key.name, operation, token).map(Some),
+        Err(e) => Err(failure(&key.name, operation, e)),
     }
 }
 
@@ -179,7 +171,7 @@ impl Sessions for MySessions {
     }
 
     fn key(&self, req: &Acquire) -> MyKey {
-        MyKey::of(req)
+        MyKey::of(req, self.options.record_holders)
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<MyConn, LockError>> {
@@ -400,7 +392,7 @@ impl MysqlBackend {
             Ok(conn) => conn?,
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         };
-        setup(bound, &mut conn).await?;
+        setup(bound, &mut conn, pool.sessions.options.record_holders).await?;
         pool.checkin(MyConn::new(conn));
         Ok(MysqlBackend { pools: Pools::Own(Arc::new(pool)) })
     }
@@ -443,7 +435,7 @@ impl MysqlBackend {
             return Err(LockError::invalid("", "TLS settings were given beside a pool: the pool's own apply"));
         }
         let bound = options.operation_timeout;
-        let (exists, create) = counter_sql();
+        let (exists, create) = counter_sql(options.record_holders);
         let setup = async {
             let mut conn = pool.acquire().await?;
             let found = match sqlx::query_scalar::<_, i64>(&exists).persistent(false).fetch_one(&mut *conn).await {
@@ -520,8 +512,8 @@ fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
 
 /// Makes sure the counter table, its row and the holders' table exist (a least-privilege user
 /// needs them made beforehand; then they are only used).
-async fn setup(bound: Duration, conn: &mut Conn) -> Result<(), LockError> {
-    let (exists, create) = counter_sql();
+async fn setup(bound: Duration, conn: &mut Conn, record_holders: bool) -> Result<(), LockError> {
+    let (exists, create) = counter_sql(record_holders);
     let found = match tokio::time::timeout(bound, conn.query_first::<u64, _>(exists)).await {
         Ok(Ok(count)) => count == Some(1),
         Ok(Err(mysql_async::Error::Server(e))) if e.code == 1146 => false, // no such table yet
@@ -565,7 +557,8 @@ impl LockBackend for MysqlBackend {
         self.options().operation_timeout
     }
 
+    /// With holders recorded (the default, [`MysqlOptions::record_holders`]).
     fn inspector(&self) -> Option<&dyn crate::backend::Inspect> {
-        Some(self)
+        self.options().record_holders.then_some(self as &dyn crate::backend::Inspect)
     }
 }

@@ -56,7 +56,8 @@ impl MysqlBackend {
         rows.sort_by_key(|row| row.3.is_none());
         Ok(rows.into_iter().next().map(|row| {
             let connection = row.5;
-            (info(row), connection)
+            // The key asked for (a record keeps at most 512 bytes of it).
+            (LockInfo { key: key.to_owned(), ..info(row) }, connection)
         }))
     }
 }

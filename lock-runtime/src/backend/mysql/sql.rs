@@ -20,8 +20,8 @@ pub(super) struct MyKey {
     /// The server-side name's bytes in hex (the holders table's key).
     server: String,
     /// `X'key', X'owner', X'holder'`: the holder's record but for its token, connection and
-    /// time.
-    record: String,
+    /// time; `None` when holders are not recorded.
+    record: Option<String>,
     /// Equal for every two names the server could take as one (see [`MyKey::of`]).
     pub(super) id: u64,
 }
@@ -31,86 +31,107 @@ impl MyKey {
     /// identity on a carrier folds ASCII case and takes every other character as one, so that
     /// two names the server may take as one are never held side by side on one session
     /// (where `GET_LOCK` is re-entrant).
-    pub(super) fn of(req: &Acquire) -> Self {
+    pub(super) fn of(req: &Acquire, record_holders: bool) -> Self {
         use std::hash::{Hash, Hasher};
         let server = lock_name(&req.key);
         let mut hasher = std::hash::DefaultHasher::new();
         for c in server.chars() {
             (if c.is_ascii() { c.to_ascii_lowercase() } else { '\u{fffd}' }).hash(&mut hasher);
         }
-        let record =
-            format!("X'{}', X'{}', X'{}'", hex(&req.key), hex(&req.owner.to_string()), hex(req.holder.as_str()));
+        let record = record_holders.then(|| {
+            format!(
+                "X'{}', X'{}', X'{}'",
+                hex(cut(&req.key, KEY_BYTES)),
+                hex(cut(&req.owner.to_string(), OWNER_BYTES)),
+                hex(cut(req.holder.as_str(), HOLDER_BYTES))
+            )
+        });
         MyKey { name: req.name.clone(), literal: literal(&server), server: hex(&server), record, id: hasher.finish() }
     }
 
-    /// The grant, in one round trip: `GET_LOCK` at once (`wait` is `None`) or waiting at most
-    /// `wait`; granted, the counter raised (its value in `LAST_INSERT_ID()`) and the holder's
-    /// record written (see [`holders_sql`]). Its last result is one row: `GET_LOCK`'s answer
-    /// (`1` granted, `0` not, `NULL` killed), the token (`0` when not granted, or when the
-    /// counter row is missing) and the session's connection id. With the operation's name,
-    /// for errors.
-    pub(super) fn get_lock(&self, wait: Option<Duration>) -> (String, &'static str) {
+    /// `SELECT GET_LOCK(..)` at once (`wait` is `None`) or waiting at most `wait`, with
+    /// `also` selected after it; with the operation's name, for errors.
+    pub(super) fn get_lock(&self, wait: Option<Duration>, also: &str) -> (String, &'static str) {
         let (timeout, operation) = match wait {
             None => ("0".to_owned(), "attempt"),
             Some(wait) => (format!("{:.3}", wait.as_secs_f64().max(0.001)), "wait"),
         };
-        let sql = format!(
-            "SELECT GET_LOCK({lit}, {timeout}), LAST_INSERT_ID(0) INTO @lock_runtime_granted, @lock_runtime_none; \
-             UPDATE {COUNTER} SET token = LAST_INSERT_ID(GREATEST(token + 1, \
-             CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED))) WHERE id = 1 AND @lock_runtime_granted = 1; \
-             REPLACE INTO {HOLDERS} (name, lock_key, owner, holder, token, connection, since) \
-             SELECT X'{server}', {record}, LAST_INSERT_ID(), CONNECTION_ID(), NOW(6) FROM DUAL \
-             WHERE @lock_runtime_granted = 1 AND LAST_INSERT_ID() > 0; \
-             SELECT @lock_runtime_granted, CAST(LAST_INSERT_ID() AS UNSIGNED), CAST(CONNECTION_ID() AS UNSIGNED)",
-            lit = self.literal,
-            server = self.server,
-            record = self.record,
+        (format!("SELECT GET_LOCK({}, {timeout}){also}", self.literal), operation)
+    }
+
+    /// What a grant does on the session that was granted, in one round trip: the counter
+    /// raised (the first result's last insert id is the token: none when the counter row is
+    /// missing), then the holder's record written (see [`holders_sql`]).
+    pub(super) fn grant(&self) -> String {
+        let counter = format!(
+            "UPDATE {COUNTER} SET token = LAST_INSERT_ID(GREATEST(token + 1, \
+             CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED))) WHERE id = 1"
         );
-        (sql, operation)
+        match &self.record {
+            None => counter,
+            Some(record) => format!(
+                "{counter}; REPLACE INTO {HOLDERS} (name, lock_key, owner, holder, token, connection, since) \
+                 SELECT X'{}', {record}, LAST_INSERT_ID(), CONNECTION_ID(), NOW(6) FROM DUAL WHERE ROW_COUNT() = 1",
+                self.server
+            ),
+        }
     }
 
     /// `SELECT RELEASE_LOCK(..)` (`1` when the session held it), then the session's record of
     /// it deleted: the answer is the first result.
     pub(super) fn release_lock(&self) -> String {
-        format!(
-            "SELECT RELEASE_LOCK({}); DELETE FROM {HOLDERS} WHERE name = X'{}' AND connection = CONNECTION_ID()",
-            self.literal, self.server
-        )
+        let release = format!("SELECT RELEASE_LOCK({})", self.literal);
+        match self.record {
+            None => release,
+            Some(_) => format!(
+                "{release}; DELETE FROM {HOLDERS} WHERE name = X'{}' AND connection = CONNECTION_ID()",
+                self.server
+            ),
+        }
     }
 }
 
-/// What a grant's answer says: `GET_LOCK`'s (`1`, `0` or `NULL`) and the token.
-pub(super) fn granted(
-    name: &str,
-    operation: &'static str,
-    lock: Option<i64>,
-    token: u64,
-) -> Result<Option<u64>, Failure> {
-    match (lock, token) {
-        (Some(1), 0) => Err(Failure::Failed(LockError::backend(
+/// A granted session's token, as [`MyKey::grant`]'s first result gave it: `None` is an error
+/// (the counter table has no row 1).
+pub(super) fn token(name: &str, operation: &'static str, token: Option<u64>) -> Result<u64, Failure> {
+    match token {
+        Some(token) if token > 0 => Ok(token),
+        _ => Err(Failure::Failed(LockError::backend(
             name,
             KIND,
             operation,
             format!("no fencing token: the counter table `{COUNTER}` has no row 1"),
         ))),
-        (Some(1), token) => Ok(Some(token)),
-        (Some(_), _) => Ok(None),
-        (None, _) => {
-            let why = "GET_LOCK answered NULL (the query was killed, or failed on the server)";
-            Err(Failure::Failed(LockError::backend(name, KIND, operation, why)))
-        }
     }
 }
 
-/// Whether both tables exist with the counter's row (`1`; an error 1146 when a table is
-/// missing), and what creates them and the row.
-pub(super) fn counter_sql() -> (String, String) {
-    let exists =
-        format!("SELECT COUNT(*) FROM {COUNTER} WHERE id = 1 AND NOT EXISTS (SELECT 1 FROM {HOLDERS} WHERE 1 = 0)");
+/// The longest key, owner and holder a record keeps, in bytes (the columns' widths: a row of
+/// the in-memory table takes them whole).
+const KEY_BYTES: usize = 512;
+const OWNER_BYTES: usize = 128;
+const HOLDER_BYTES: usize = 160;
+
+/// `text` cut to at most `max` bytes, at a character's boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Whether the tables exist (the counter table with its row; the holders' table when
+/// `record_holders`): `1`, or an error 1146 when a table is missing; and what creates them
+/// and the row.
+pub(super) fn counter_sql(record_holders: bool) -> (String, String) {
+    let (check, holders) = match record_holders {
+        true => (format!(" AND NOT EXISTS (SELECT 1 FROM {HOLDERS} WHERE 1 = 0)"), format!("; {}", holders_sql())),
+        false => (String::new(), String::new()),
+    };
+    let exists = format!("SELECT COUNT(*) FROM {COUNTER} WHERE id = 1{check}");
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {COUNTER} (id TINYINT UNSIGNED PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) \
-         ENGINE=InnoDB; INSERT IGNORE INTO {COUNTER} VALUES (1, 0); {}",
-        holders_sql()
+         ENGINE=InnoDB; INSERT IGNORE INTO {COUNTER} VALUES (1, 0){holders}"
     );
     (exists, create)
 }
@@ -118,11 +139,18 @@ pub(super) fn counter_sql() -> (String, String) {
 /// The table of holders' records: one row per held lock, keyed by the server-side name and
 /// valid while `IS_USED_LOCK(name)` is its `connection` (a session that ended without
 /// releasing leaves a row that is never shown, and is replaced at the name's next grant).
+/// In memory (`ENGINE=MEMORY`): a record means nothing once its session is gone, and every
+/// session ends with the server, so nothing of it needs to reach the disk, and its writes cost
+/// no commit (an InnoDB table made each lock and release 1.5 times as long: two more commits).
+/// Made with room for 256 MiB of rows (about 250,000 held locks; `max_heap_table_size` at
+/// creation bounds a memory table).
 pub(super) fn holders_sql() -> String {
     format!(
-        "CREATE TABLE IF NOT EXISTS {HOLDERS} (name VARBINARY(256) PRIMARY KEY, lock_key BLOB NOT NULL, \
-         owner VARBINARY(255) NOT NULL, holder VARBINARY(255) NOT NULL, token BIGINT UNSIGNED NOT NULL, \
-         connection BIGINT UNSIGNED NOT NULL, since DATETIME(6) NOT NULL) ENGINE=InnoDB"
+        "SET SESSION max_heap_table_size = 268435456; \
+         CREATE TABLE IF NOT EXISTS {HOLDERS} (name VARBINARY(256) NOT NULL PRIMARY KEY, \
+         lock_key VARBINARY({KEY_BYTES}) NOT NULL, owner VARBINARY({OWNER_BYTES}) NOT NULL, \
+         holder VARBINARY({HOLDER_BYTES}) NOT NULL, token BIGINT UNSIGNED NOT NULL, \
+         connection BIGINT UNSIGNED NOT NULL, since DATETIME(6) NOT NULL) ENGINE=MEMORY"
     )
 }
 
@@ -150,12 +178,13 @@ pub(super) fn list_sql(prefix: &str) -> String {
 pub(super) fn inspect_sql(key: &str) -> String {
     let server = lock_name(key);
     format!(
-        "SELECT {COLUMNS} FROM {HOLDERS} WHERE name = X'{name}' AND lock_key = X'{key}' \
+        "SELECT {COLUMNS} FROM {HOLDERS} WHERE name = X'{name}' AND lock_key = X'{cut}' \
          AND IS_USED_LOCK(CONVERT(name USING utf8mb4)) = connection \
          UNION ALL SELECT CAST(X'{key}' AS BINARY), CAST('' AS BINARY), CAST('' AS BINARY), \
          CAST(NULL AS UNSIGNED), CAST(NULL AS SIGNED), \
          CAST(IS_USED_LOCK({lit}) AS UNSIGNED) FROM DUAL WHERE IS_USED_LOCK({lit}) IS NOT NULL",
         name = hex(&server),
+        cut = hex(cut(key, KEY_BYTES)),
         key = hex(key),
         lit = literal(&server),
     )
