@@ -3,8 +3,10 @@
 --
 -- Defines `acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)`, `now` the server's
 -- `TIME`: the script sent alone ends with that call, then, given a queue, queue.lua's
--- `queued` (see mod.rs); handoff.lua calls it after a release, for the next waiter of the
--- releasing process, and queue.lua's `grant_next` for the first waiting process queued.
+-- `queued` (see scripts.rs); and `attempt`, the same answering two values instead of a table
+-- (no table made per grant), which batch.lua calls for each attempt, handoff.lua after a
+-- release for the next waiter of the releasing process, and queue.lua's `grant_next` for the
+-- first waiting process queued.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, then `#q`
 --          while it is a grant from the queue not claimed yet (queue.lua), then `+` once
@@ -42,7 +44,7 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 
-local function acquire(lock, fence, owner, lease, floor, now)
+local function attempt(lock, fence, owner, lease, floor, now)
   -- The next token: one above the counter, but never below the server's clock in
   -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
   -- eviction, a failover to a replica that had not received it) thus restarts above every
@@ -52,19 +54,31 @@ local function acquire(lock, fence, owner, lease, floor, now)
   -- `SET NX` (no `GET` first); the counter is written only once the lock is granted.
   -- The clock, in microseconds and as the value's `#<granted ms>`, is worked out once per
   -- `now` (a batch grants many locks at one reading: formatting is a good part of a grant).
-  if not now.us then
-    now.us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    now.ms = '#' .. string.format('%d', math.floor(now.us / 1000))
+  -- This runs for every grant: plain comparisons rather than `math.max`, two values returned
+  -- rather than a table (a batch's server time is mostly this function and release's).
+  local us = now.us
+  if not us then
+    us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    now.us = us
+    now.ms = '#' .. string.format('%d', math.floor(us / 1000))
+    now.blocks = {}
   end
+  local low = floor and tonumber(floor) or 0
   -- Within one script call, the counter is read once and written once per block of tokens
   -- (`now.reserve` long, 1 by default: a batch reserves one per operation), see below.
-  now.blocks = now.blocks or {}
-  local block = now.blocks[fence]
+  local blocks = now.blocks
+  local block = blocks[fence]
   local token
   if block then
-    token = math.max(block.next, tonumber(floor) or 0)
+    token = block.next
   else
-    token = math.max((tonumber(redis.call('get', fence)) or 0) + 1, now.us, tonumber(floor) or 0)
+    token = (tonumber(redis.call('get', fence)) or 0) + 1
+    if us > token then
+      token = us
+    end
+  end
+  if low > token then
+    token = low
   end
   local minted = string.format('%d', token)
   local value = owner .. '#' .. minted .. now.ms
@@ -75,7 +89,7 @@ local function acquire(lock, fence, owner, lease, floor, now)
       if string.sub(holder, -1) ~= '+' then
         redis.call('append', lock, '+')
       end
-      return {0, redis.call('pttl', lock)}
+      return 0, redis.call('pttl', lock)
     end
     -- This owner's already: an earlier answer of the same acquisition lost, or a grant from
     -- the queue (queue.lua) being claimed. The same grant, so the same token (one term, one
@@ -84,7 +98,7 @@ local function acquire(lock, fence, owner, lease, floor, now)
     -- goes, its mark stays.
     if holder then
       local held, granted = string.match(string.sub(holder, #mine + 1), '^(%d+)(#%d+)')
-      local kept = held and (tonumber(floor) or 0) <= tonumber(held)
+      local kept = held and low <= tonumber(held)
       if kept then
         value = mine .. held .. granted
       end
@@ -94,7 +108,7 @@ local function acquire(lock, fence, owner, lease, floor, now)
       if kept then
         -- The counter is not written: it is at the held token or beyond already.
         redis.call('set', lock, value, 'PX', lease)
-        return {1, tonumber(held)}
+        return 1, tonumber(held)
       end
     end
     redis.call('set', lock, value, 'PX', lease)
@@ -107,9 +121,14 @@ local function acquire(lock, fence, owner, lease, floor, now)
   if block and token <= block.last then
     block.next = token + 1
   else
-    local last = token + (tonumber(now.reserve) or 1) - 1
+    local last = token + (now.reserve or 1) - 1
     redis.call('set', fence, string.format('%d', last))
-    now.blocks[fence] = {next = token + 1, last = last}
+    blocks[fence] = {next = token + 1, last = last}
   end
-  return {1, token}
+  return 1, token
+end
+
+-- `attempt`'s answer as a table, `{1, token}` or `{0, pttl}` (the script sent alone answers it).
+local function acquire(lock, fence, owner, lease, floor, now)
+  return {attempt(lock, fence, owner, lease, floor, now)}
 end

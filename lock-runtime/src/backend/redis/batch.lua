@@ -22,29 +22,30 @@
 local fence = KEYS[1]
 local now
 local answers = {}
+local n = 0
 local k, a = 2, 1
-while a <= #ARGV do
+local count = #ARGV
+while a <= count do
   local op = ARGV[a]
   if op == 'r' then
-    answers[#answers + 1] = (release(KEYS[k], ARGV[a + 1], nil, true, fence))
-    answers[#answers + 1] = 0
+    answers[n + 1] = (release(KEYS[k], ARGV[a + 1], nil, true, fence))
+    answers[n + 2] = 0
     k = k + 1
   elseif op == 'q' then
-    answers[#answers + 1] = (release(KEYS[k], ARGV[a + 1], nil, KEYS[k + 1], fence))
-    answers[#answers + 1] = 0
+    answers[n + 1] = (release(KEYS[k], ARGV[a + 1], nil, KEYS[k + 1], fence))
+    answers[n + 2] = 0
     k = k + 2
   else
     if not now then
       -- Every operation may grant once (an attempt, or a release from the queue): one block
       -- of tokens covers the batch.
       now = redis.call('time')
-      now.reserve = #ARGV / 2
+      now.reserve = count / 2
     end
-    local answer = acquire(KEYS[k], fence, ARGV[a + 1], op, nil, now)
-    answers[#answers + 1] = answer[1]
-    answers[#answers + 1] = answer[2]
+    answers[n + 1], answers[n + 2] = attempt(KEYS[k], fence, ARGV[a + 1], op, nil, now)
     k = k + 1
   end
+  n = n + 2
   a = a + 2
 end
 return answers

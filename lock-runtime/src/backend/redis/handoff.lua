@@ -25,8 +25,8 @@ local released, grantee = release(KEYS[1], ARGV[1], ARGV[2], KEYS[3], KEYS[2])
 local now = redis.call('time')
 -- Granted from the queue already (the waiter's own entry): claimed here at once, as acquire
 -- claims any grant of its owner (the grant's token, the waiter's own lease, no `#q` left).
-local granted = acquire(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
+local status, value = attempt(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
 if grantee ~= ARGV[3] then
-  queued(KEYS[3], ARGV[3], granted, ARGV[5], ARGV[6], now)
+  queued(KEYS[3], ARGV[3], {status, value}, ARGV[5], ARGV[6], now)
 end
-return {released, granted[1], granted[2]}
+return {released, status, value}

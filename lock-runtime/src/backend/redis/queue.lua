@@ -71,8 +71,8 @@ local function grant_next(lock, fence, queue, channel, releaser, now)
   end
   redis.call('hdel', queue, head)
   local left = head_expiry - ms
-  local granted = acquire(lock, fence, head, left, nil, now)
+  local _, token = attempt(lock, fence, head, left, nil, now)
   redis.call('append', lock, '#q+')
   redis.call('publish', channel, releaser .. '#' .. head .. '#' .. string.format('%d', left))
-  return head, granted[2]
+  return head, token
 end

@@ -26,9 +26,11 @@ local function release(lock, owner, channel, queue, fence)
   local holder = redis.call('get', lock)
   -- `<owner>#` in front: compared in place (no string made for it, nor for a part of the value).
   local ours = holder ~= false and string.byte(holder, #owner + 1) == 35 and string.find(holder, owner, 1, true) == 1
+  -- '+' last: waited on.
+  local waited = holder ~= false and string.byte(holder, -1) == 43
   if queue == true then
     queue = nil
-    if not ours or string.byte(holder, -1) == 43 then
+    if not ours or waited then
       queue = lock .. ':queue'
     end
   end
@@ -42,7 +44,7 @@ local function release(lock, owner, channel, queue, fence)
     return -1
   end
   redis.call('del', lock)
-  if string.byte(holder, -1) == 43 then -- '+': waited on
+  if waited then
     channel = channel or (lock .. ':released')
     if queue then
       local grantee, token = grant_next(lock, fence, queue, channel, owner, redis.call('time'))
