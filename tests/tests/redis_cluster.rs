@@ -298,7 +298,9 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
             let unmarked = marked.strip_suffix('+').expect("marked");
             let _: String = cluster.query(victim, &["SET", &key, unmarked, "KEEPTTL", "XX"]).expect("SET");
         }
-        let m = manager(&urls, timeout).await;
+        let backend =
+            RedisBackend::cluster(&urls, RedisOptions::default().command_timeout(timeout)).await.expect("connect");
+        let m = LockManager::builder().backend(backend.clone());
         let (waiting, granted) = (name.clone(), granted.clone());
         waiters.push(tokio::spawn(async move {
             let started = Instant::now();
@@ -310,6 +312,13 @@ async fn waiters_are_granted_after_their_holders_primary_fails_over() {
             guard.release().await.map_err(|e| e.to_string())?;
             Ok::<_, String>((took, token))
         }));
+        // Its first attempt was answered busy: it waits in its backend's queue. (The mark alone
+        // may be an earlier waiter's look at the lock, made while this one still connected.)
+        lock_tests::eventually("the waiter queued", Duration::from_secs(10), async || match backend.local_waiters() {
+            1 => Ok(()),
+            n => Err(n),
+        })
+        .await;
         await_marked(&cluster, &name).await;
     }
     let held: String = cluster.query(victim, &["GET", &key]).expect("GET");
