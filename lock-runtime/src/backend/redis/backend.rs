@@ -105,9 +105,7 @@ impl RedisBackend {
             Ok(Err(e)) => return Err(LockError::backend(shown, KIND, "connect", e)),
             Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", timeout)),
         };
-        Ok(Self::from_parts(Conn::Single(conn), Source::Single(Box::new(client)), options, shown, &runtime)
-            .preload()
-            .await)
+        Ok(Self::on(Conn::Single(conn), Source::Single(Box::new(client)), options, shown, &runtime).preload().await)
     }
 
     /// Connects to the Redis Cluster that the nodes at `urls` belong to (any nodes of it: the
@@ -130,7 +128,7 @@ impl RedisBackend {
     pub async fn cluster<E: AsRef<str>, S: AsRef<[E]>>(urls: S, options: RedisOptions) -> Result<Self, LockError> {
         let given: Vec<&str> = urls.as_ref().iter().map(AsRef::as_ref).collect();
         let (conn, nodes, shown, runtime) = cluster::connect(&given, &options).await?;
-        Ok(Self::from_parts(conn, nodes, options, shown, &runtime))
+        Ok(Self::on(conn, nodes, options, shown, &runtime))
     }
 
     /// Locks on the application's own Redis Cluster `client` (its credentials, TLS, routing and
@@ -157,7 +155,7 @@ impl RedisBackend {
     ) -> Result<Self, LockError> {
         let given: Vec<&str> = nodes.as_ref().iter().map(AsRef::as_ref).collect();
         let (conn, nodes, shown, runtime) = cluster::connect_client(client, &given, &options).await?;
-        Ok(Self::from_parts(conn, nodes, options, shown, &runtime))
+        Ok(Self::on(conn, nodes, options, shown, &runtime))
     }
 
     /// Locks on the primary the sentinels at `sentinels` (`redis://host:port` URLs) name
@@ -182,19 +180,18 @@ impl RedisBackend {
     ) -> Result<Self, LockError> {
         let given: Vec<&str> = sentinels.as_ref().iter().map(AsRef::as_ref).collect();
         let (conn, shown, runtime) = sentinel::connect(&given, master_name, &options).await?;
-        Ok(Self::from_parts(conn.clone(), conn, options, shown, &runtime).preload().await)
+        Ok(Self::on(conn.clone(), conn, options, shown, &runtime).preload().await)
     }
 
-    /// The backend on `conn` and `source`, whatever the topology behind them (see
-    /// [`Shared::new`]).
-    fn from_parts(
+    /// The backend on a topology's connection and source (see [`Shared::new`]).
+    fn on(
         conn: impl Into<Conn>,
         source: impl Into<Source>,
         options: RedisOptions,
         url: String,
         runtime: &tokio::runtime::Handle,
     ) -> Self {
-        RedisBackend { shared: Arc::new(Shared::new(conn, source, options, url, runtime)) }
+        RedisBackend { shared: Arc::new(Shared::new(conn.into(), source.into(), options, url, runtime)) }
     }
 
     /// Loads the scripts of every mutex lock, release, hand-off and renewal at once (see

@@ -39,13 +39,12 @@ impl Shared {
     /// (A topology's module hands over its own connection and source, which `topology.rs`
     /// turns into a [`Conn`] and a [`Source`]: it does not name those.)
     pub(super) fn new(
-        conn: impl Into<Conn>,
-        source: impl Into<Source>,
+        conn: Conn,
+        source: Source,
         options: RedisOptions,
         url: String,
         runtime: &tokio::runtime::Handle,
     ) -> Self {
-        let (conn, source) = (conn.into(), source.into());
         let timings =
             Timings { timeout: options.command_timeout, grace: options.unsubscribe_after, ping: options.ping_interval };
         let server = Arc::new(Server::new(conn, options.command_timeout));
