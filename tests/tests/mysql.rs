@@ -284,3 +284,32 @@ async fn without_holder_records_nothing_is_written_and_nothing_inspected() {
     guard.release().await.unwrap();
     assert!(manager.lock("ledger").await.unwrap().fencing_token() > token);
 }
+
+/// A look after the server closed the backend's idle connections (an operator's `KILL`, the
+/// server's `wait_timeout`) succeeds: the dead idle connection it finds is replaced (without
+/// that, the look fails with "connection closed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_after_the_idle_connections_were_closed_succeeds() {
+    use lock_runtime::backend::Inspect;
+    let server = MysqlServer::start();
+    let backend = MysqlBackend::connect_with(server.url(), MysqlOptions::new().multiplexing(0)).await.unwrap();
+    let manager = LockManager::builder().backend(backend.clone());
+    manager.lock("ledger").await.unwrap().release().await.unwrap();
+    assert!(backend.idle_connections() > 0);
+    let mut admin = raw(&server).await;
+    let sql = "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND USER = 'app'";
+    let ids: Vec<u64> = admin.query(sql).await.unwrap();
+    let mut killed = 0;
+    for id in ids {
+        match admin.query_drop(format!("KILL {id}")).await {
+            // Gone meanwhile (the connection of a test helper that closed).
+            Err(mysql_async::Error::Server(e)) if e.code == 1094 => {}
+            answer => killed += answer.map(|()| 1).unwrap(),
+        }
+    }
+    assert!(killed > 0, "the backend's idle connection was killed");
+    assert_eq!(backend.inspect("ledger").await.expect("a look on a new connection"), None);
+    let guard = manager.lock("ledger").await.unwrap();
+    let info = backend.inspect("ledger").await.unwrap().expect("held");
+    assert_eq!(info.fencing_token, Some(guard.fencing_token()));
+}

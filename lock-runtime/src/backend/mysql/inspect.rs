@@ -1,7 +1,7 @@
 //! Inspection of MySQL locks ([`Inspect`] for [`MysqlBackend`]): the server names no holder of
 //! a `GET_LOCK` (only its connection, with `IS_USED_LOCK`), so each grant writes a record of its
-//! holder in the same round trip (the table `lock_runtime_holders`: key, owner, holding
-//! process, token, connection, time), and the release deletes it. A record is shown only
+//! holder in the round trip that raises the fencing counter (the table `lock_runtime_holders`:
+//! key, owner, holding process, token, connection, time), and the release deletes it. A record is shown only
 //! while `IS_USED_LOCK` names its connection, so a session that ended without releasing (a
 //! crash, an operator's `KILL`) leaves a row that is never shown. A forced release ends the
 //! holder's session (`KILL CONNECTION`): the server frees its locks at once, a waiter is
@@ -18,7 +18,7 @@ use crate::backend::inspect::Unannounced;
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
 
-/// A row as what it tells of the lock, and the holding connection.
+/// A row as what it tells of the lock.
 fn info((key, owner, holder, token, age, _): Recorded) -> LockInfo {
     let text =
         |bytes: Vec<u8>| String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into());
@@ -89,7 +89,8 @@ impl Inspect for MysqlBackend {
             // closed and fires `lost()`.
             match self.recorded(format!("KILL CONNECTION {connection}")).await {
                 Ok(_) => Ok(ForceRelease::Released(info.owner)),
-                // The session ended on its own meanwhile.
+                // The session ended on its own meanwhile (error 1094; both drivers' messages carry
+                // the server's text, and only the text is common to them).
                 Err(e) if e.to_string().contains("Unknown thread id") => Ok(ForceRelease::NotHeld),
                 Err(e) => Err(e),
             }

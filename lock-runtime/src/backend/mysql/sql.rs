@@ -1,7 +1,7 @@
 //! The statements of the MySQL backend, whichever driver carries them (the backend's own
-//! `mysql_async` connections, or the application's sqlx pool): a lock's name ([`MyKey`]), the
-//! grant (`GET_LOCK`, the fencing counter and the holder's record in one round trip),
-//! `RELEASE_LOCK`, the tables and what inspection reads.
+//! `mysql_async` connections, or the application's sqlx pool): a lock's name ([`MyKey`]),
+//! `GET_LOCK`, the grant (the fencing counter and the holder's record, in the round trip after
+//! `GET_LOCK` answered), `RELEASE_LOCK`, the tables and what inspection reads.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -168,8 +168,9 @@ pub(super) fn list_sql(prefix: &str) -> String {
     format!(
         "SELECT {COLUMNS} FROM {HOLDERS} WHERE IS_USED_LOCK(CONVERT(name USING utf8mb4)) = connection \
          AND LEFT(lock_key, {}) = X'{}' ORDER BY lock_key",
-        prefix.len(),
-        hex(prefix)
+        cut(prefix, KEY_BYTES).len(),
+        // As recorded: a key of more than `KEY_BYTES` is kept cut.
+        hex(cut(prefix, KEY_BYTES))
     )
 }
 
