@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::batch::Op;
+use super::attempt_call::AttemptCall;
 use super::handoff::{Handed, Ticket};
 use super::held::{release_call, undo_dropped, RedisHeld};
 use super::layout::KeyLayout;
 use super::options::KIND;
-use super::scripts::{ACQUIRE, KIND_ACQUIRE, WATCH};
+use super::scripts::WATCH;
 use super::server::{bounded, lease_millis};
 use super::shared::Shared;
 use super::waiters::{Before, Capture, Outage, Slot, Step};
@@ -140,79 +140,35 @@ impl RedisAcquisition {
         };
         let lease = self.req.lease.duration();
         let sent = crate::clock::now();
-        let script = if mode.is_some() { &*KIND_ACQUIRE } else { &*ACQUIRE };
         self.in_flight = true;
         let wait = self.backend.options.wait_for_replicas;
         // A waiter's attempts register it in the lock's queue (not a first attempt, which may
         // be a `try_lock`'s: a waiter registers once it has waited a third of its window).
         // The ticket says whether it may have an entry already (removed when it is granted).
-        let (with_queue, registered) = match (&self.slot, &mut self.queue, &self.ticket) {
+        let registering = match (&self.slot, &mut self.queue, &self.ticket) {
             (Some(_), Some((_, name)), Some(ticket)) => {
                 name.get_or_insert_with(|| self.layout.queue());
-                (true, ticket.registering())
+                Some(ticket.registering())
             }
-            _ => (false, false),
+            _ => None,
         };
-        let call = async {
-            let (lock, fence, owner) =
-                (self.layout.lock.as_str(), self.backend.fence(&self.layout.fence), &*self.owner);
-            match wait {
-                None => {
-                    let queue = match (with_queue, &self.queue) {
-                        (true, Some((window, Some(queue)))) => Some((queue.as_str(), *window)),
-                        _ => None,
-                    };
-                    let backend = &self.backend;
-                    // The script sent on its own (its arguments written only if it is).
-                    let alone = move || {
-                        let mut invocation = script.prepare_invoke();
-                        invocation.key(lock).key(fence).arg(owner).arg(lease_millis(lease));
-                        if let Some((mode, permits)) = mode {
-                            invocation.arg(mode).arg(permits);
-                        }
-                        if let Some((queue, window)) = queue {
-                            invocation.key(queue).arg("").arg(window).arg(if registered { "1" } else { "0" });
-                        }
-                        backend.server.eval_raw(invocation)
-                    };
-                    let reply = match &self.backend.lane {
-                        // A mutex attempt that does not register in the queue: in a batch
-                        // when another call is on the wire (see `batch.rs`).
-                        Some(lane) if mode.is_none() && !with_queue => {
-                            let op = || {
-                                let undo = self.undo();
-                                Op::Acquire {
-                                    lock: lock.into(),
-                                    owner: self.owner.clone(),
-                                    lease: lease_millis(lease),
-                                    undo: Box::new(move || undo_dropped(undo, false)),
-                                }
-                            };
-                            lane.run(op, || Box::pin(alone())).await
-                        }
-                        _ => alone().await,
-                    };
-                    Ok((reply.map_err(|e| self.backend.server.failed(&self.req.name, "acquire", e))?, None))
-                }
-                Some(wait) => {
-                    let (lease, permits) = (lease_millis(lease).to_string(), mode.map(|(_, p)| p.to_string()));
-                    let mut args = vec![owner, lease.as_str()];
-                    if let (Some((mode, _)), Some(permits)) = (mode, &permits) {
-                        args.extend([mode, permits.as_str()]);
-                    }
-                    let script = (script, &[lock, fence][..], &args[..]);
-                    // (Boxed: a rare call, kept out of the size of every attempt's future.)
-                    let waited = Box::pin(self.backend.server.eval_then_wait(&self.req.name, "acquire", script, wait));
-                    let (reply, acked) = waited.await?;
-                    Ok((reply, Some(acked)))
-                }
-            }
+        let call = AttemptCall {
+            backend: &self.backend,
+            name: &self.req.name,
+            lock: &self.layout.lock,
+            fence: self.backend.fence(&self.layout.fence),
+            owner: &self.owner,
+            lease,
+            mode,
+            queue: match (registering, &self.queue) {
+                (Some(registered), Some((window, Some(queue)))) => Some((queue.as_str(), *window, registered)),
+                _ => None,
+            },
         };
         // Bounded here too (a connection being made again may not answer at all), so that the
         // outage is this backend's error, which a waiter waits out below.
         let timeout = self.backend.options.command_timeout;
-        let reply: Result<((i64, i64), Option<usize>), LockError> =
-            bounded(&self.req.name, "acquire", timeout, call).await;
+        let reply = bounded(&self.req.name, "acquire", timeout, call.send(|| self.undo())).await;
         let ((status, value), acked) = match (reply, &self.slot) {
             (Ok(reply), _) => {
                 self.outage.ended();
@@ -278,7 +234,7 @@ impl RedisAcquisition {
                         self.slot = Some(slot);
                     }
                 }
-                if let (true, Some(ticket)) = (with_queue, &self.ticket) {
+                if let (Some(_), Some(ticket)) = (registering, &self.ticket) {
                     ticket.registered(sent);
                 }
                 Ok(Attempt::Busy)

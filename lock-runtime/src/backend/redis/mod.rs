@@ -1,6 +1,7 @@
 #![doc = include_str!("README.md")]
 
 mod acquire;
+mod attempt_call;
 mod backend;
 mod batch;
 pub mod cluster;

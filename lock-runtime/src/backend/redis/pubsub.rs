@@ -1,5 +1,5 @@
-//! The pub/sub connection kept for waiters, one task for the one-server waiters
-//! (`waiters.rs`) and one per Redlock node (`redlock/wake.rs`): [`serve`] connects with
+//! The pub/sub connection kept for waiters (`waiters.rs`), one task per server releases are
+//! announced on (one for a single server, Sentinel or Cluster, one per Redlock node): [`serve`] connects with
 //! backoff, makes the (un)subscriptions the waiters' bookkeeping asks for, pings under the
 //! command timeout, hands messages and confirmations back, and connects again when the
 //! connection is lost. What the subscriptions are for is the [`Subscriptions`] of each.

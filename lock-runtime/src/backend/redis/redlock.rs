@@ -1,19 +1,15 @@
 #![doc = include_str!("redlock.md")]
 
 mod node;
-mod queue;
-mod wake;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::pubsub::Timings;
 use node::{gather, Answer, Chains, Gathered, Node};
-use queue::Queues;
 use redis::aio::ConnectionManager;
 use redis::ScriptInvocation;
-use tokio::sync::{mpsc, Notify};
-use wake::{Capture, Hub, Registration};
+use tokio::sync::mpsc;
 
 use super::layout::KeyLayout;
 use super::options::RedisOptions;
@@ -21,6 +17,7 @@ use super::scripts::{ACQUIRE, EXTEND, FENCE, RELEASE, RELEASE_AFTER};
 use super::server::{lease_millis, Server};
 use super::topology::{Conn, Source};
 use super::url::{self, redact};
+use super::waiters::{Before, Capture, Slot, Step, Waiters};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, LockKind};
 use crate::backend::{Renewal, Wake};
 use crate::error::LockError;
@@ -41,7 +38,8 @@ struct Inner {
     quorum: usize,
     options: RedisOptions,
     runtime: tokio::runtime::Handle,
-    queues: Queues,
+    /// The local queues, told of releases by every node's pub/sub connection.
+    waiters: Waiters,
 }
 
 impl std::fmt::Debug for RedlockBackend {
@@ -116,16 +114,16 @@ impl RedlockBackend {
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(500));
         let timings = Timings { timeout, grace: options.get_unsubscribe_after(), ping: options.get_ping_interval() };
-        let mut nodes = Vec::new();
+        let (mut nodes, mut sources) = (Vec::new(), Vec::new());
         for (url, client) in clients {
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                 .map_err(|e| LockError::backend(&url, KIND, "connect", e))?;
-            let hub = Hub::start(&runtime, Source::Single(Box::new(client)), timings);
-            nodes.push(Node { url, server: Arc::new(Server::new(Conn::Single(conn), timeout)), hub });
+            sources.push(Source::Single(Box::new(client)));
+            nodes.push(Node { url, server: Arc::new(Server::new(Conn::Single(conn), timeout)) });
         }
         let quorum = nodes.len() / 2 + 1;
-        let backend =
-            RedlockBackend { inner: Arc::new(Inner { nodes, quorum, options, runtime, queues: Queues::default() }) };
+        let waiters = Waiters::start(&runtime, sources, timings, None);
+        let backend = RedlockBackend { inner: Arc::new(Inner { nodes, quorum, options, runtime, waiters }) };
         backend.probe(&shown).await?;
         Ok(backend)
     }
@@ -207,7 +205,7 @@ impl RedlockBackend {
     /// How many release channels are subscribed (or about to be) on all nodes together, for
     /// local waiters now or within their unsubscribe grace (for tests and metrics).
     pub fn subscribed_channels(&self) -> usize {
-        self.inner.nodes.iter().map(|n| n.hub.channels()).sum()
+        self.inner.waiters.channels()
     }
 
     /// `Redlock needs q of N Redis nodes; a answered (node …: …; …)`.
@@ -309,21 +307,20 @@ struct RedlockAcquisition {
     chains: Chains,
     /// Acquires were sent and no grant handed out: a node may hold the key for us.
     dirty: bool,
-    /// Woken by a release heard on any node, and when it becomes the head of the local queue.
-    notify: Arc<Notify>,
-    /// Its place in the local queue, once it found the lock busy.
-    queued: Option<u64>,
-    waiting: Option<Registration>,
+    /// Its place in the local queue (woken by a release heard on any node, or made through
+    /// this backend), once it found the lock busy or others of this process waiting.
+    slot: Option<Slot>,
     next: Next,
     splits: u32,
 }
 
 /// What a wait does after a busy attempt.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Next {
-    /// Sleep until a release is heard, or this instant (the smallest lease left seen), or the
-    /// deadline.
-    Notified(Option<Instant>),
-    /// A split vote: sleep a random, growing delay.
+    /// What its place in the local queue says: sleep until a release is heard or the smallest
+    /// lease left seen has run out (the head), or until it heads the queue.
+    Queue,
+    /// A split vote: the head sleeps a random, growing delay.
     Split,
 }
 
@@ -332,23 +329,21 @@ impl RedlockAcquisition {
         let backend = self.backend.clone();
         let inner = &*backend.inner;
         let (n, quorum, timeout) = (inner.nodes.len(), inner.quorum, inner.options.command_timeout);
-        // Local FIFO: behind this process's waiters, without racing their head.
-        let head = match self.queued {
-            Some(id) => inner.queues.is_head(&self.keys.lock, id),
-            None if inner.queues.any(&self.keys.lock) => {
-                let (id, head) = inner.queues.join(&self.keys.lock, &self.notify);
-                self.queued = Some(id);
-                head
+        // Local FIFO (the one every Redis topology keeps, see `waiters.rs`): behind this
+        // process's waiters, without racing their head.
+        let capture = match &self.slot {
+            Some(slot) => {
+                slot.attempting();
+                None
             }
-            None => true,
-        };
-        if !head {
-            self.next = Next::Notified(None);
-            return Ok(Attempt::Busy);
-        }
-        let captures: Option<Vec<Capture>> = match self.waiting {
-            None => Some(inner.nodes.iter().map(|node| node.hub.capture(&self.keys.channel)).collect()),
-            Some(_) => None,
+            None => match inner.waiters.before_attempt(&self.keys.channel, false) {
+                Before::Queued(slot) => {
+                    self.slot = Some(slot);
+                    self.next = Next::Queue;
+                    return Ok(Attempt::Busy);
+                }
+                Before::Attempt(capture) => Some(capture),
+            },
         };
         let lease = self.req.lease.duration();
         let sent = crate::clock::now();
@@ -376,9 +371,10 @@ impl RedlockAcquisition {
                 let valid = crate::clock::trusted_until(sent, lease).is_some_and(|until| crate::clock::now() < until);
                 if valid {
                     self.dirty = false;
-                    self.waiting = None;
-                    if let Some(id) = self.queued.take() {
-                        inner.queues.leave(&self.keys.lock, id);
+                    let lease_end = sent.checked_add(lease);
+                    match self.slot.take() {
+                        Some(slot) => slot.granted(lease_end),
+                        None => inner.waiters.acquired(&self.keys.channel, lease_end),
                     }
                     let held = RedlockHeld {
                         backend: backend.clone(),
@@ -397,6 +393,9 @@ impl RedlockAcquisition {
         backend.release_everywhere(&self.chains, &self.keys, &self.owner);
         self.dirty = false;
         if got.answered() < quorum {
+            if let Some(slot) = &self.slot {
+                slot.look_failed();
+            }
             return Err(LockError::backend(&*self.req.name, KIND, "acquire", backend.short(&got)));
         }
         let lease_left = got
@@ -412,15 +411,16 @@ impl RedlockAcquisition {
             Next::Split
         } else {
             self.splits = 0;
-            let ms = |p: i64| Duration::from_millis(u64::try_from(p).unwrap_or(0).saturating_add(1));
-            Next::Notified(lease_left.and_then(|p| sent.checked_add(ms(p))))
+            Next::Queue
         };
-        if let Some(captures) = captures {
-            let hubs = inner.nodes.iter().map(|node| node.hub.clone()).zip(captures);
-            self.waiting = Some(Registration::new(hubs, self.keys.channel.clone(), self.notify.clone()));
-        }
-        if self.queued.is_none() {
-            self.queued = Some(inner.queues.join(&self.keys.lock, &self.notify).0);
+        // The head wakes when the smallest lease left seen has run out (plus a millisecond).
+        let pttl = lease_left.map_or(-1, |p| p.saturating_add(1));
+        match (&self.slot, capture) {
+            (Some(slot), _) => slot.busy(sent, pttl),
+            (None, capture) => {
+                let capture = capture.unwrap_or(Capture::NONE);
+                self.slot = Some(inner.waiters.busy(&self.keys.channel, capture, sent, pttl, false));
+            }
         }
         Ok(Attempt::Busy)
     }
@@ -520,32 +520,29 @@ impl RedlockAcquisition {
     }
 
     async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
-        let queues = &self.backend.inner.queues;
-        if let Some(id) = self.queued.filter(|id| !queues.is_head(&self.keys.lock, *id)) {
-            // Behind another acquisition of this process: until it is the head's turn.
-            loop {
-                tokio::select! {
-                    _ = self.notify.notified() => {}
-                    _ = tokio::time::sleep_until(deadline.into()) => return Ok(Wake::TimedOut),
-                }
-                if queues.is_head(&self.keys.lock, id) {
-                    return Ok(Wake::Retry);
-                }
+        let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
+        if self.next == Next::Split && slot.heads() {
+            // A split vote: every contender undid its grants, and hearing those releases
+            // together they would split again; a random delay parts them.
+            let wake_at = crate::clock::now().checked_add(jitter(self.splits, &self.owner)).unwrap_or(deadline);
+            tokio::time::sleep_until(wake_at.min(deadline).into()).await;
+            return Ok(if crate::clock::now() >= deadline { Wake::TimedOut } else { Wake::Retry });
+        }
+        loop {
+            if crate::clock::now() >= deadline {
+                return Ok(Wake::TimedOut);
+            }
+            // A look after a (re)subscription is an attempt here (it marks the holder's keys).
+            let (notify, until) = match slot.step() {
+                Step::Attempt | Step::Check => return Ok(Wake::Retry),
+                Step::Sleep(notify, until) => (notify, until),
+            };
+            let wake_at = until.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep_until(wake_at.into()) => {}
             }
         }
-        let wake_at = match self.next {
-            Next::Split => crate::clock::now().checked_add(jitter(self.splits, &self.owner)).unwrap_or(deadline),
-            Next::Notified(until) => until.unwrap_or(deadline),
-        }
-        .min(deadline);
-        match self.next {
-            Next::Notified(_) => tokio::select! {
-                _ = self.notify.notified() => {}
-                _ = tokio::time::sleep_until(wake_at.into()) => {}
-            },
-            Next::Split => tokio::time::sleep_until(wake_at.into()).await,
-        }
-        Ok(if crate::clock::now() >= deadline { Wake::TimedOut } else { Wake::Retry })
     }
 }
 
@@ -581,10 +578,8 @@ impl Acquisition for RedlockAcquisition {
 
 impl Drop for RedlockAcquisition {
     fn drop(&mut self) {
-        drop(self.waiting.take());
-        if let Some(id) = self.queued.take() {
-            self.backend.inner.queues.leave(&self.keys.lock, id);
-        }
+        // Leave the queue first: a wake-up this acquisition held goes to the next waiter now.
+        drop(self.slot.take());
         if self.dirty {
             // Acquires whose outcome was never seen may have been granted on some nodes: undo
             // them there (owner-checked, sent after them on each node).
@@ -624,7 +619,7 @@ impl RedlockHeld {
                     Err(e) if !e.is_lost() => false,
                     // Done (or the keys gone): local waiters look again.
                     _ => {
-                        backend.inner.queues.wake_head(&keys.lock);
+                        backend.inner.waiters.released(&keys.channel, &owner);
                         true
                     }
                 }
@@ -633,13 +628,13 @@ impl RedlockHeld {
     }
 }
 
-/// Wakes the head of the lock's local queue once its holder let go (or may have): however the
-/// release ends, completed, failed or dropped.
+/// Tells the lock's local queue that its holder let go (or may have): however the release
+/// ends, completed, failed or dropped. (Its announcements by the nodes are the same release.)
 struct WakeLocal<'a>(&'a RedlockHeld);
 
 impl Drop for WakeLocal<'_> {
     fn drop(&mut self) {
-        self.0.backend.inner.queues.wake_head(&self.0.keys.lock);
+        self.0.backend.inner.waiters.released(&self.0.keys.channel, &self.0.owner);
     }
 }
 
@@ -727,10 +722,8 @@ impl LockBackend for RedlockBackend {
             keys,
             owner,
             dirty: false,
-            notify: Arc::new(Notify::new()),
-            queued: None,
-            waiting: None,
-            next: Next::Notified(None),
+            slot: None,
+            next: Next::Queue,
             splits: 0,
         })
     }

@@ -56,7 +56,7 @@ impl Shared {
                 holdings.suspect();
             }
         });
-        let waiters = Waiters::start(runtime, source.clone(), timings, holdings.clone());
+        let waiters = Waiters::start(runtime, vec![source.clone()], timings, Some(holdings.clone()));
         Shared { server, source, waiters, options, url, runtime: runtime.clone(), holdings, lane }
     }
 

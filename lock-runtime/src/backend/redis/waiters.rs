@@ -19,28 +19,56 @@ const RECHECK_MAX: Duration = Duration::from_secs(1);
 /// Most channels named in one `SUBSCRIBE` / `UNSUBSCRIBE`.
 const BATCH: usize = 512;
 
-/// The local queues and the pub/sub task's handle.
+/// The local queues and the handles of their pub/sub tasks (one per server releases are
+/// announced on: one for a single server, Sentinel or Cluster, one per Redlock node).
 pub(super) struct Waiters {
     state: Arc<Mutex<State>>,
-    poke: mpsc::UnboundedSender<()>,
+    pokes: Pokes,
 }
 
-#[derive(Default)]
+/// What tells each pub/sub task that the waiters' wishes changed; the tasks stop once every
+/// clone is dropped (the [`Waiters`] and every [`Slot`]).
+#[derive(Clone)]
+struct Pokes(Arc<[mpsc::UnboundedSender<()>]>);
+
+impl Pokes {
+    fn all(&self) {
+        for poke in self.0.iter() {
+            let _ = poke.send(());
+        }
+    }
+}
+
 struct State {
     /// By release channel.
     keys: HashMap<Arc<str>, KeyState>,
-    /// Channels to subscribe (checked against `keys` when taken).
-    wanted: VecDeque<Arc<str>>,
+    /// By feed (pub/sub connection): channels to subscribe (checked against `keys` when taken).
+    wanted: Vec<VecDeque<Arc<str>>>,
+    /// By feed: channels of keys let go of, subscribed there, to unsubscribe.
+    leaving: Vec<Vec<Arc<str>>>,
     /// Channels whose queue emptied, and when (checked against `keys` when taken).
     idle: VecDeque<(Arc<str>, Instant)>,
     next_id: u64,
+}
+
+impl State {
+    fn new(feeds: usize) -> Self {
+        State {
+            keys: HashMap::new(),
+            wanted: vec![VecDeque::new(); feeds],
+            leaving: vec![Vec::new(); feeds],
+            idle: VecDeque::new(),
+            next_id: 0,
+        }
+    }
 }
 
 struct KeyState {
     /// Tells this key state from an earlier one of the same channel.
     generation: u64,
     queue: VecDeque<Entry>,
-    sub: Sub,
+    /// The channel's subscription on each feed.
+    subs: Box<[Sub]>,
     /// When the holder's lease runs out, as last seen (`None`: unknown or no expiry).
     ttl_at: Option<Instant>,
     /// When the latest look at the lock (an attempt, or a head's `watch.lua`) whose answer
@@ -85,11 +113,11 @@ struct Entry {
 }
 
 impl KeyState {
-    fn new(generation: u64) -> Self {
+    fn new(generation: u64, feeds: usize) -> Self {
         KeyState {
             generation,
             queue: VecDeque::new(),
-            sub: Sub::Wanted,
+            subs: vec![Sub::Wanted; feeds].into(),
             ttl_at: None,
             looked: None,
             unclaimed: 0,
@@ -182,11 +210,31 @@ impl KeyState {
         }
     }
 
+    /// The lock was granted here, its lease ending at `lease_end`: a new term, whose release
+    /// is a new one even when its owner released before (a Redlock acquisition undoes a split
+    /// vote's grants and is granted later under the same owner; so may one whose grant too
+    /// few replicas acknowledged).
+    fn granted(&mut self, lease_end: Option<Instant>) {
+        self.ttl_at = lease_end;
+        self.last_release = None;
+    }
+
     fn look(&mut self, sent: Instant, pttl: i64) {
         self.looked = self.looked.max(Some(sent));
         self.ttl_at =
             u64::try_from(pttl).ok().and_then(|ms| crate::clock::now().checked_add(Duration::from_millis(ms)));
     }
+}
+
+/// When a channel's latest subscription was confirmed, on any feed (a release announced before
+/// that may have gone unheard).
+fn confirmed_at(subs: &[Sub]) -> Option<Instant> {
+    subs.iter()
+        .filter_map(|sub| match sub {
+            Sub::Confirmed(at) => Some(*at),
+            _ => None,
+        })
+        .max()
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -227,7 +275,7 @@ impl Capture {
 /// wake-up it was given; [`Slot::granted`] leaves it with the lock.
 pub(super) struct Slot {
     state: Arc<Mutex<State>>,
-    poke: mpsc::UnboundedSender<()>,
+    pokes: Pokes,
     channel: Arc<str>,
     id: u64,
     notify: Arc<Notify>,
@@ -235,17 +283,26 @@ pub(super) struct Slot {
 }
 
 impl Waiters {
-    /// Starts the pub/sub task (on `runtime`); it stops when this and every slot are dropped.
+    /// Starts one pub/sub task (on `runtime`) per source releases are announced on (a lock's
+    /// channel is subscribed on each); they stop when this and every slot are dropped. Given
+    /// `holdings`, each keeps its connection while the backend lives and a lost one makes them
+    /// suspect (a restart shows there first when nothing else is being sent); without, a
+    /// connection is made only while someone waits.
     pub(super) fn start(
         runtime: &tokio::runtime::Handle,
-        source: Source,
+        sources: Vec<Source>,
         timings: Timings,
-        holdings: Arc<Holdings>,
+        holdings: Option<Arc<Holdings>>,
     ) -> Self {
-        let state = Arc::new(Mutex::new(State::default()));
-        let (poke, rx) = mpsc::unbounded_channel();
-        runtime.spawn(pubsub::serve(Queues(state.clone(), holdings), source, rx, timings));
-        Waiters { state, poke }
+        let state = Arc::new(Mutex::new(State::new(sources.len())));
+        let mut pokes = Vec::with_capacity(sources.len());
+        for (feed, source) in sources.into_iter().enumerate() {
+            let (poke, rx) = mpsc::unbounded_channel();
+            let subs = Feed { state: state.clone(), feed, holdings: holdings.clone() };
+            runtime.spawn(pubsub::serve(subs, source, rx, timings));
+            pokes.push(poke);
+        }
+        Waiters { state, pokes: Pokes(pokes.into()) }
     }
 
     /// Before an acquisition without a slot attempts: joins the queue if one exists (a writer
@@ -268,7 +325,7 @@ impl Waiters {
     }
 
     fn slot(&self, channel: Arc<str>, id: u64, notify: Arc<Notify>) -> Slot {
-        Slot { state: self.state.clone(), poke: self.poke.clone(), channel, id, notify, done: false }
+        Slot { state: self.state.clone(), pokes: self.pokes.clone(), channel, id, notify, done: false }
     }
 
     /// An attempt sent at `sent` (state captured by [`before_attempt`](Self::before_attempt))
@@ -286,9 +343,11 @@ impl Waiters {
             Some((k, _)) => (k.clone(), false),
             None => {
                 let k: Arc<str> = Arc::from(channel);
-                st.keys.insert(k.clone(), KeyState::new(id));
-                st.wanted.push_back(k.clone());
-                let _ = self.poke.send(());
+                st.keys.insert(k.clone(), KeyState::new(id, st.wanted.len()));
+                for wanted in &mut st.wanted {
+                    wanted.push_back(k.clone());
+                }
+                self.pokes.all();
                 (k, true)
             }
         };
@@ -318,7 +377,7 @@ impl Waiters {
     /// A lock of this key was taken here (without a slot), its lease ending at `lease_end`.
     pub(super) fn acquired(&self, channel: &str, lease_end: Option<Instant>) {
         if let Some(ks) = lock(&self.state).keys.get_mut(channel) {
-            ks.ttl_at = lease_end;
+            ks.granted(lease_end);
         }
     }
 
@@ -368,9 +427,10 @@ impl Waiters {
         lock(&self.state).keys.values().map(|ks| ks.queue.len()).sum()
     }
 
-    /// Channels subscribed or being subscribed right now.
+    /// Channel subscriptions made or being made right now, over every feed.
     pub(super) fn channels(&self) -> usize {
-        lock(&self.state).keys.len()
+        let st = lock(&self.state);
+        st.keys.len() * st.wanted.len()
     }
 }
 
@@ -416,7 +476,7 @@ impl Slot {
             if pos != 0 {
                 return Step::Sleep(entry.notify.clone(), None);
             }
-            if let Sub::Confirmed(at) = ks.sub {
+            if let Some(at) = confirmed_at(&ks.subs) {
                 if ks.looked.is_none_or(|l| l < at) {
                     entry.phase = Phase::Busy;
                     return Step::Check;
@@ -435,6 +495,11 @@ impl Slot {
             Step::Sleep(entry.notify.clone(), until)
         });
         step.unwrap_or(Step::Attempt)
+    }
+
+    /// Whether it heads its key's queue (the one of this process that attempts).
+    pub(super) fn heads(&self) -> bool {
+        self.with(|_, pos| pos == 0).unwrap_or(true)
     }
 
     /// An attempt is about to be sent (a release observed from now on is after it).
@@ -507,7 +572,7 @@ impl Slot {
         let Some(entry) = ks.queue.remove(pos) else { return };
         let awake = entry.phase != Phase::Waiting || entry.again;
         if let Some(lease_end) = granted {
-            ks.ttl_at = lease_end;
+            ks.granted(lease_end);
         }
         if pos == 0 {
             if granted.is_none() && awake {
@@ -521,7 +586,7 @@ impl Slot {
             ks.idle_since = Some(now);
             if !std::mem::replace(&mut ks.in_idle, true) {
                 st.idle.push_back((self.channel.clone(), now));
-                let _ = self.poke.send(());
+                self.pokes.all();
             }
         }
     }
@@ -533,48 +598,60 @@ impl Drop for Slot {
     }
 }
 
-/// The one-server waiters' bookkeeping, served by [`pubsub::serve`]: a message is a release,
-/// a confirmation makes the heads look at the lock again.
-/// The waiters' state, and the held locks to check when the pub/sub connection is lost (a
-/// restart shows there first when nothing else is being sent).
-struct Queues(Arc<Mutex<State>>, Arc<Holdings>);
+/// One feed's side of the waiters' bookkeeping, served by [`pubsub::serve`]: a message is a
+/// release, a confirmation makes the heads look at the lock again, and a lost connection makes
+/// the held locks suspect (a restart shows there first when nothing else is being sent).
+struct Feed {
+    state: Arc<Mutex<State>>,
+    /// This feed's index in the key states' subscriptions.
+    feed: usize,
+    holdings: Option<Arc<Holdings>>,
+}
 
-impl Subscriptions for Queues {
+impl Subscriptions for Feed {
+    fn idle(&self) -> bool {
+        self.holdings.is_none() && lock(&self.state).keys.is_empty()
+    }
+
     fn next_change(&self, grace: Duration) -> (Option<Change>, Option<Instant>) {
-        next_change(&self.0, grace)
+        next_change(&self.state, self.feed, grace)
     }
 
     fn message(&self, channel: &str, payload: &str) {
-        on_release(&self.0, channel, payload);
+        on_release(&self.state, channel, payload);
     }
 
     fn confirmed(&self, channels: &[Arc<str>]) {
-        confirmed(&self.0, channels);
+        confirmed(&self.state, self.feed, channels);
     }
 
     fn lost(&self) {
-        self.1.suspect();
-        let mut guard = lock(&self.0);
+        if let Some(holdings) = &self.holdings {
+            holdings.suspect();
+        }
+        let mut guard = lock(&self.state);
         let st = &mut *guard;
-        st.wanted.clear();
+        let (wanted, leaving) = (&mut st.wanted[self.feed], &mut st.leaving[self.feed]);
+        wanted.clear();
+        leaving.clear(); // a new connection has no subscriptions
         for (channel, ks) in st.keys.iter_mut() {
-            ks.sub = Sub::Wanted;
-            st.wanted.push_back(channel.clone());
+            ks.subs[self.feed] = Sub::Wanted;
+            wanted.push_back(channel.clone());
         }
     }
 }
 
-/// The next subscription change to make, or when to look again for idle channels.
-fn next_change(state: &Mutex<State>, grace: Duration) -> (Option<Change>, Option<Instant>) {
+/// The next subscription change to make on `feed`, or when to look again for idle channels.
+fn next_change(state: &Mutex<State>, feed: usize, grace: Duration) -> (Option<Change>, Option<Instant>) {
     let now = crate::clock::now();
     let mut guard = lock(state);
     let st = &mut *guard;
     let mut batch = Vec::new();
     while batch.len() < BATCH {
-        let Some(channel) = st.wanted.pop_front() else { break };
+        let Some(channel) = st.wanted[feed].pop_front() else { break };
         if let Some(ks) = st.keys.get_mut(&channel) {
-            if ks.sub == Sub::Wanted {
-                ks.sub = Sub::Sending;
+            if ks.subs[feed] == Sub::Wanted {
+                ks.subs[feed] = Sub::Sending;
                 batch.push(channel);
             }
         }
@@ -582,14 +659,15 @@ fn next_change(state: &Mutex<State>, grace: Duration) -> (Option<Change>, Option
     if !batch.is_empty() {
         return (Some((true, batch)), None);
     }
-    while batch.len() < BATCH {
+    // Keys nobody waited on for the grace are let go of (by whichever feed looks first), each
+    // to be unsubscribed on every feed it is subscribed on.
+    let mut due_next = None;
+    while st.leaving[feed].len() < BATCH {
         let Some((channel, since)) = st.idle.front().cloned() else { break };
         let due = since.checked_add(grace).unwrap_or(since);
         if now < due {
-            if !batch.is_empty() {
-                break;
-            }
-            return (None, Some(due));
+            due_next = Some(due);
+            break;
         }
         st.idle.pop_front();
         let Some(ks) = st.keys.get_mut(&channel) else { continue };
@@ -608,26 +686,33 @@ fn next_change(state: &Mutex<State>, grace: Duration) -> (Option<Change>, Option
             }
             Some(_) => {}
         }
-        let sub = ks.sub;
-        st.keys.remove(&channel);
-        if matches!(sub, Sub::Confirmed(_)) {
-            batch.push(channel);
+        let Some(ks) = st.keys.remove(&channel) else { continue };
+        for (leaving, sub) in st.leaving.iter_mut().zip(ks.subs.iter()) {
+            if matches!(sub, Sub::Confirmed(_)) {
+                leaving.push(channel.clone());
+            }
         }
     }
-    if batch.is_empty() {
-        return (None, None);
+    // A channel waited on again meanwhile stays subscribed (its new key state may have
+    // subscribed it on this feed already: a second `SUBSCRIBE` changes nothing).
+    let (leaving, keys) = (&mut st.leaving[feed], &st.keys);
+    leaving.retain(|channel| !keys.contains_key(channel));
+    if leaving.is_empty() {
+        return (None, due_next);
     }
+    let batch = leaving.split_off(leaving.len().saturating_sub(BATCH));
     (Some((false, batch)), None)
 }
 
-/// Subscriptions confirmed: heads look at the lock again (a release may have gone unheard).
-fn confirmed(state: &Mutex<State>, channels: &[Arc<str>]) {
+/// Subscriptions confirmed on `feed`: heads look at the lock again (a release may have gone
+/// unheard).
+fn confirmed(state: &Mutex<State>, feed: usize, channels: &[Arc<str>]) {
     let now = crate::clock::now();
     let mut st = lock(state);
     for channel in channels {
         if let Some(ks) = st.keys.get_mut(channel) {
-            if ks.sub == Sub::Sending {
-                ks.sub = Sub::Confirmed(now);
+            if ks.subs[feed] == Sub::Sending {
+                ks.subs[feed] = Sub::Confirmed(now);
                 if let Some(head) = ks.queue.front() {
                     head.notify.notify_one();
                 }
@@ -695,16 +780,16 @@ mod tests {
     /// Queues without a pub/sub task: the subscription is marked confirmed by hand.
     fn waiters() -> (Waiters, mpsc::UnboundedReceiver<()>) {
         let (poke, rx) = mpsc::unbounded_channel();
-        (Waiters { state: Arc::new(Mutex::new(State::default())), poke }, rx)
+        (Waiters { state: Arc::new(Mutex::new(State::new(1))), pokes: Pokes(Arc::new([poke])) }, rx)
     }
 
     fn confirm(w: &Waiters) {
         let mut st = lock(&w.state);
         for ks in st.keys.values_mut() {
-            ks.sub = Sub::Sending;
+            ks.subs[0] = Sub::Sending;
         }
         drop(st);
-        confirmed(&w.state, &[Arc::from(CHANNEL)]);
+        confirmed(&w.state, 0, &[Arc::from(CHANNEL)]);
     }
 
     /// A slot that made its first attempt (busy, a 30 s lease left) and looked once since the
@@ -908,6 +993,68 @@ mod tests {
         third.attempting();
         third.busy(crate::clock::now(), 30_000);
         assert!(matches!(third.step(), Step::Sleep(..)), "one release, two wake-ups");
+    }
+
+    /// Two feeds (Redlock's nodes): a new key is subscribed on each, a confirmation on either
+    /// makes the head look, a key let go of is unsubscribed on every feed where it was
+    /// subscribed (whichever feed let it go), and not where it is waited on again by then.
+    #[test]
+    fn a_key_is_subscribed_and_let_go_of_on_every_feed() {
+        let (a, _ra) = mpsc::unbounded_channel();
+        let (b, _rb) = mpsc::unbounded_channel();
+        let w = Waiters { state: Arc::new(Mutex::new(State::new(2))), pokes: Pokes(Arc::new([a, b])) };
+        let head = queued(&w);
+        assert_eq!(w.channels(), 2);
+        let grace = Duration::ZERO;
+        for feed in [0, 1] {
+            let (change, _) = next_change(&w.state, feed, grace);
+            assert!(matches!(change, Some((true, ref c)) if c.len() == 1), "feed {feed} subscribes");
+        }
+        confirmed(&w.state, 1, &[Arc::from(CHANNEL)]);
+        assert!(matches!(head.step(), Step::Check), "a confirmation on feed 1 is not looked after");
+        head.busy(crate::clock::now(), 30_000);
+        confirmed(&w.state, 0, &[Arc::from(CHANNEL)]);
+        assert!(matches!(head.step(), Step::Check), "a confirmation on feed 0 is not looked after");
+        drop(head);
+        // Feed 1 lets the key go; both unsubscribe it.
+        let (change, _) = next_change(&w.state, 1, grace);
+        assert!(matches!(change, Some((false, ref c)) if c.len() == 1), "feed 1 keeps it");
+        assert_eq!(w.channels(), 0);
+        let (change, _) = next_change(&w.state, 0, grace);
+        assert!(matches!(change, Some((false, ref c)) if c.len() == 1), "feed 0 keeps it");
+
+        // Let go of by feed 0, then waited on again before feed 1 unsubscribes it: kept there.
+        let head = queued(&w);
+        let _ = (next_change(&w.state, 0, grace), next_change(&w.state, 1, grace));
+        confirmed(&w.state, 0, &[Arc::from(CHANNEL)]);
+        confirmed(&w.state, 1, &[Arc::from(CHANNEL)]);
+        drop(head);
+        let (change, _) = next_change(&w.state, 0, grace);
+        assert!(matches!(change, Some((false, _))));
+        let again = queued(&w);
+        let (change, _) = next_change(&w.state, 1, grace);
+        assert!(matches!(change, Some((true, _))), "feed 1 subscribes the new key state");
+        let (change, _) = next_change(&w.state, 1, grace);
+        assert!(change.is_none(), "feed 1 unsubscribes a channel waited on again");
+        drop(again);
+    }
+
+    /// An owner released (a Redlock split vote's grants undone, announced), was then granted
+    /// the lock and released it: that second release wakes the queue (it was taken for the
+    /// first one seen twice, and the queue slept out the 30 s lease).
+    #[test]
+    fn a_second_release_of_the_same_owner_after_a_new_grant_wakes_the_queue() {
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let next = queued(&w);
+        on_release(&w.state, CHANNEL, "a"); // its split vote undone, announced
+        assert!(matches!(head.step(), Step::Attempt));
+        head.attempting();
+        on_release(&w.state, CHANNEL, "a"); // the same, from another node
+        head.granted(crate::clock::now().checked_add(Duration::from_secs(30)));
+        assert!(matches!(next.step(), Step::Sleep(..)));
+        w.released(CHANNEL, "a"); // the holder "a" (the same owner) releases
+        assert!(matches!(next.step(), Step::Attempt), "the release was taken for the undone grant's");
     }
 
     #[test]

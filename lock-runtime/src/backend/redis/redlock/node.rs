@@ -11,15 +11,13 @@ use redis::{FromRedisValue, ScriptInvocation};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::wake::Hub;
 use crate::backend::redis::server::Server;
 
-/// One primary: its (redacted) URL, its server (the command connection and how a script is
-/// called on it) and its pub/sub hub.
+/// One primary: its (redacted) URL and its server (the command connection and how a script
+/// is called on it); its pub/sub connection is the waiters' (see `waiters.rs`).
 pub(super) struct Node {
     pub(super) url: String,
     pub(super) server: Arc<Server>,
-    pub(super) hub: Hub,
 }
 
 /// What one node answered, or why it did not.
