@@ -237,11 +237,9 @@ async fn contention(url: &str, conn: &mut redis::aio::MultiplexedConnection, pro
     let n = acquisitions.load(std::sync::atomic::Ordering::Relaxed);
     let delta = |cmd: &str| after.get(cmd).copied().unwrap_or(0) - before.get(cmd).copied().unwrap_or(0);
     // `INFO commandstats` also counts the commands scripts run; what clients send is EVALSHA
-    // (acquire, release and a waiter's look at the lock, `watch.lua`), SCRIPT LOAD after a
-    // NOSCRIPT answer, and (UN)SUBSCRIBE.
+    // (attempts, releases, a waiter's look at the lock), SCRIPT LOAD after a NOSCRIPT answer,
+    // and (UN)SUBSCRIBE.
     let evalsha = delta("evalsha") - delta("script|load"); // a NOSCRIPT answer is sent again
-    let busy = delta("set") - delta("incr"); // acquire attempts that found the lock held
-    let looks = delta("pttl") - busy; // both the busy acquire and a look run PTTL
     let (sub, unsub) = (delta("subscribe"), delta("unsubscribe"));
     let sent = evalsha + sub + unsub + delta("script|load") + delta("eval");
     println!(
@@ -249,13 +247,19 @@ async fn contention(url: &str, conn: &mut redis::aio::MultiplexedConnection, pro
         n as f64 / elapsed.as_secs_f64()
     );
     println!(
-        "  commands sent per acquisition: {:.2} (evalsha {:.2} = 1 acquire + {:.2} busy attempts + 1 release \
-         + {:.3} looks; subscribe {sub}, unsubscribe {unsub} in total)",
+        "  commands sent per acquisition: {:.2} (script calls {:.2}; subscribe {sub}, unsubscribe {unsub} in total)",
         sent as f64 / n as f64,
         evalsha as f64 / n as f64,
-        busy as f64 / n as f64,
-        looks as f64 / n as f64,
     );
     let all: u64 = after.iter().filter(|(c, _)| c.as_str() != "info").map(|(c, _)| delta(c)).sum();
     println!("  all commands executed (incl. inside scripts) per acquisition: {:.2}", all as f64 / n as f64);
+    let mut by: Vec<(&str, f64)> = after
+        .keys()
+        .filter(|c| c.as_str() != "info")
+        .map(|c| (c.as_str(), delta(c) as f64 / n as f64))
+        .filter(|(_, per)| *per >= 0.005)
+        .collect();
+    by.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let by: Vec<String> = by.iter().map(|(c, per)| format!("{c} {per:.2}")).collect();
+    println!("  by command: {}", by.join(", "));
 }

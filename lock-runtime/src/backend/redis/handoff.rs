@@ -11,7 +11,9 @@
 //! - **Safety** is acquire.lua's: the grant is an ordinary grant to the waiter's own owner, with
 //!   a token of its own; its lease is counted from when the release was sent (before the grant).
 //! - **The waiter owns the outcome**: while the script is on the wire the ticket is *pending*;
-//!   then *granted* (with the token), *open* again (not granted: the head attempts as usual), or
+//!   then *granted* (with the token), *held* (the lock someone else's: the script's look
+//!   stands for the head's, which sleeps as after a busy attempt), *open* again (not granted:
+//!   the head attempts as usual), or
 //!   *maybe* (the script failed: the head attempts as usual, and acquire.lua grants again to the
 //!   same owner). An acquisition dropped while its ticket is pending, granted but not taken, or
 //!   maybe, undoes the grant with an owner-checked release, as it undoes an attempt whose answer
@@ -57,6 +59,11 @@ pub(super) enum Handed {
     Pending,
     /// Granted with `token`, by a release sent at `sent`.
     Granted { token: i64, sent: Instant },
+    /// Not granted: the release, sent at `sent`, found the lock someone else's (or granted it
+    /// from the lock's queue to another process), and the waiter's look in the same script
+    /// found it held for `pttl` ms more, marked it waited on and queued the waiter in Redis:
+    /// the waiter sleeps as after a busy attempt of its own.
+    Held { sent: Instant, pttl: i64 },
     /// The release failed: the lock may have been granted.
     Maybe,
 }

@@ -234,6 +234,7 @@ impl ReleaseCall {
         let reply = self.backend.server.eval_raw::<(i64, i64, i64)>(invocation).await;
         answer.handed = match &reply {
             Ok((_, 1, token)) if *token > 0 => Handed::Granted { token: *token, sent },
+            Ok((_, 0, pttl)) => Handed::Held { sent, pttl: *pttl },
             Ok(_) => Handed::Open,
             Err(_) => Handed::Maybe,
         };

@@ -407,14 +407,30 @@ impl Waiters {
     }
 
     /// The release that took `ticket` was answered (the ticket says how): its waiter, if still
-    /// queued, attempts next (taking a grant, or attempting as usual).
+    /// queued, attempts next (taking a grant, or attempting as usual), or, when the release
+    /// found the lock someone else's and looked at it for the waiter (`Handed::Held`), sleeps
+    /// as after a busy attempt of its own.
     pub(super) fn handed(&self, channel: &str, ticket: &Arc<Ticket>) {
         let mut guard = lock(&self.state);
         let Some(ks) = guard.keys.get_mut(channel) else { return };
-        let Some(entry) = ks.queue.iter_mut().find(|e| e.ticket.as_ref().is_some_and(|t| Arc::ptr_eq(t, ticket)))
-        else {
+        let Some(pos) = ks.queue.iter().position(|e| e.ticket.as_ref().is_some_and(|t| Arc::ptr_eq(t, ticket))) else {
             return;
         };
+        if let Handed::Held { sent, pttl } = ticket.get() {
+            if !ks.queue[pos].again {
+                // The look was the script's: the holder's value marked waited on (its release
+                // is announced) and the waiter queued in Redis (its entry renewed a third of
+                // its window later). Another attempt now would only find the same holder.
+                ticket.take();
+                ticket.registered(sent);
+                ks.look(sent, pttl);
+                let entry = &mut ks.queue[pos];
+                entry.phase = Phase::Waiting;
+                entry.notify.notify_one(); // it sleeps until the holder's lease end now
+                return;
+            }
+        }
+        let entry = &mut ks.queue[pos];
         // Woken, and `again` too: a look of its own in flight (begun once the ticket was
         // answered) must not put it back to sleep when it finds the lock held.
         entry.phase = Phase::Woken;
@@ -934,6 +950,39 @@ mod tests {
         w.handed(CHANNEL, &t);
         head.busy(crate::clock::now(), 30_000); // the look found the lock held
         assert!(matches!(head.step(), Step::Attempt), "back to sleep after a hand-off");
+    }
+
+    /// A hand-off that found the lock another's (granted from the lock's queue to another
+    /// process) looked at it for the waiter and queued it in Redis: the waiter sleeps until the
+    /// holder's lease end or its entry's renewal, without an attempt that would find the same
+    /// holder (one more script per hand-off across processes); a release seen meanwhile still
+    /// makes it attempt.
+    #[test]
+    fn a_waiter_the_hand_off_looked_for_sleeps() {
+        let ticket = || Ticket::new(Arc::from("owner"), Arc::from("lock:fence:{k}"), 30_000, Some(2_000));
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let t = ticket();
+        head.offer(t.clone());
+        assert!(w.hand_off(CHANNEL, "holder").is_some());
+        let sent = crate::clock::now();
+        assert!(!t.answer(Handed::Held { sent, pttl: 2_000 }));
+        w.handed(CHANNEL, &t);
+        match head.step() {
+            Step::Sleep(_, Some(until)) => assert!(until <= sent + Duration::from_millis(2_000)),
+            _ => panic!("the waiter did not sleep after the hand-off's look"),
+        }
+        assert!(t.may_be_queued() && t.get() == Handed::Open);
+
+        let (w, _rx) = waiters();
+        let head = settled_head(&w);
+        let t = ticket();
+        head.offer(t.clone());
+        assert!(w.hand_off(CHANNEL, "holder").is_some());
+        on_release(&w.state, CHANNEL, "other"); // heard while the hand-off was pending
+        assert!(!t.answer(Handed::Held { sent: crate::clock::now(), pttl: 2_000 }));
+        w.handed(CHANNEL, &t);
+        assert!(matches!(head.step(), Step::Attempt), "a release heard meanwhile was lost");
     }
 
     /// A release that granted the lock from the lock's queue wakes the waiter it was granted
