@@ -21,11 +21,19 @@
 -- Returns  {released, status, value}: `released` release.lua's answer (1, 0 or -1), then
 --          acquire.lua's answer for the waiter: {1, token} granted, {0, pttl} held by someone
 --          else (when the release found the lock another owner's, or granted it from the queue)
-local released, grantee = release(KEYS[1], ARGV[1], ARGV[2], KEYS[3], KEYS[2])
 local now = redis.call('time')
--- Granted from the queue already (the waiter's own entry): claimed here at once, as acquire
--- claims any grant of its owner (the grant's token, the waiter's own lease, no `#q` left).
-local status, value = attempt(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
+local released, grantee, _, left = release(KEYS[1], ARGV[1], ARGV[2], KEYS[3], KEYS[2], now)
+local status, value
+if grantee and grantee ~= ARGV[3] then
+  -- Granted from the queue to another process's waiter: the lock is that grant's until its
+  -- claim deadline, `left` ms from now, and marked waited on (`#q+`, its release is
+  -- announced), which is all an attempt would find out; the waiter here only registers.
+  status, value = 0, left
+else
+  -- Granted from the queue already (the waiter's own entry): claimed here at once, as acquire
+  -- claims any grant of its owner (the grant's token, the waiter's own lease, no `#q` left).
+  status, value = attempt(KEYS[1], KEYS[2], ARGV[3], ARGV[4], nil, now)
+end
 if grantee ~= ARGV[3] then
   queued(KEYS[3], ARGV[3], {status, value}, ARGV[5], ARGV[6], now)
 end

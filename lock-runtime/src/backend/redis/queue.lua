@@ -13,7 +13,8 @@
 -- ARGV     `window` the entry's life in milliseconds (the claim deadline of a grant to it);
 --          `registered` '1' when the acquisition may have an entry (removed once granted)
 --
--- Returns  `grant_next`: the owner granted and its token, or false (no live entry)
+-- Returns  `grant_next`: the owner granted, its token and the milliseconds left of its claim
+--          window (the grant's expiry), or false (no live entry)
 
 local function clock_ms(now)
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -74,5 +75,5 @@ local function grant_next(lock, fence, queue, channel, releaser, now)
   local _, token = attempt(lock, fence, head, left, nil, now)
   redis.call('append', lock, '#q+')
   redis.call('publish', channel, releaser .. '#' .. head .. '#' .. string.format('%d', left))
-  return head, token
+  return head, token, left
 end

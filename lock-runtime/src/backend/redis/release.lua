@@ -1,9 +1,10 @@
 -- release.lua: releases a held lock, for its owner only, and announces it if someone waits;
 -- with a queue, grants it to the first waiting process queued in the lock's slot instead.
 --
--- Defines `release(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])`: the script sent alone ends
--- with that call (see mod.rs); handoff.lua calls it before granting the lock to the releasing
--- process's next waiter. Composed after acquire.lua and queue.lua.
+-- Defines `release(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3], now)`: the script sent alone
+-- ends with that call (see mod.rs); handoff.lua calls it before granting the lock to the
+-- releasing process's next waiter, with the server's `TIME` it read already (`now`, else read
+-- here when needed). Composed after acquire.lua and queue.lua.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}` (`<owner>#<token>#<granted ms>[#q][+]`, see acquire.lua)
 -- KEYS[2]  optional: the lock's queue, `lock:{<key>}:queue` (see queue.lua); the function
@@ -21,8 +22,9 @@
 --          -1  the key holds another owner (left untouched)
 --          With a queue, any entry of ARGV[1] in it is removed (an acquisition dropped while
 --          it waited undoes its entry with this script). `release` returns the owner granted
---          from the queue and its token after its answer (a script's reply is the first).
-local function release(lock, owner, channel, queue, fence)
+--          from the queue, its token and its claim window's milliseconds left after its answer
+--          (a script's reply is the first).
+local function release(lock, owner, channel, queue, fence, now)
   local holder = redis.call('get', lock)
   -- `<owner>#` in front: compared in place (no string made for it, nor for a part of the value).
   local ours = holder ~= false and string.byte(holder, #owner + 1) == 35 and string.find(holder, owner, 1, true) == 1
@@ -47,9 +49,9 @@ local function release(lock, owner, channel, queue, fence)
   if waited then
     channel = channel or (lock .. ':released')
     if queue then
-      local grantee, token = grant_next(lock, fence, queue, channel, owner, redis.call('time'))
+      local grantee, token, left = grant_next(lock, fence, queue, channel, owner, now or redis.call('time'))
       if grantee then
-        return 1, grantee, token
+        return 1, grantee, token, left
       end
     end
     redis.call('publish', channel, owner)

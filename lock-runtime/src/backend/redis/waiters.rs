@@ -175,9 +175,13 @@ impl KeyState {
         if self.last_release.as_deref() == Some(owner) {
             // The same release, seen the other way. A head attempting on the first sighting
             // (a local release is told as it is sent) may have reached the server before the
-            // release ran and find the old lease: it attempts once more.
-            if let Some(head) = self.queue.front_mut().filter(|e| e.phase == Phase::Busy) {
-                head.again = true;
+            // release ran and find the old lease: it attempts once more. So may the first
+            // attempt of an acquisition not queued yet: counted, it attempts again if it
+            // finds the lock held (see `Waiters::busy`).
+            match self.queue.front_mut() {
+                Some(head) if head.phase == Phase::Busy => head.again = true,
+                Some(_) => {}
+                None => self.unclaimed = self.unclaimed.wrapping_add(1),
             }
             return;
         }
@@ -1104,6 +1108,22 @@ mod tests {
         assert!(matches!(next.step(), Step::Sleep(..)));
         w.released(CHANNEL, "a"); // the holder "a" (the same owner) releases
         assert!(matches!(next.step(), Step::Attempt), "the release was taken for the undone grant's");
+    }
+
+    /// A local release is told as it is sent; an acquisition's first attempt sent after that
+    /// may still reach the server before the release runs (on a Cluster, a release answered
+    /// `NOSCRIPT` is sent again behind it) and find the old lease. The release's announcement,
+    /// arriving while that attempt is in flight and nobody is queued, must wake it (it slept
+    /// out the 30 s lease: the Cluster's conformance case `aborted_holder_releases`).
+    #[test]
+    fn a_release_announced_during_a_first_attempt_made_after_it_was_told_wakes_it() {
+        let (w, _rx) = waiters();
+        drop(settled_head(&w)); // the key's state is kept (subscribed), nobody queued
+        w.released(CHANNEL, "a"); // told as it is sent
+        let Before::Attempt(capture) = w.before_attempt(CHANNEL, false) else { panic!("nobody queued") };
+        on_release(&w.state, CHANNEL, "a"); // the release ran after the attempt, announced
+        let slot = w.busy(CHANNEL, capture, crate::clock::now(), 30_000, false); // the old lease
+        assert!(matches!(slot.step(), Step::Attempt), "the first attempt sleeps out the old lease");
     }
 
     #[test]
