@@ -1,12 +1,14 @@
 -- acquire.lua: one attempt to take a lock, minting its fencing token; an attempt that finds
 -- the lock held marks it as waited on, so that its release is announced.
 --
--- Defines `acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)`, `now` the server's
--- `TIME`: the script sent alone ends with that call, then, given a queue, queue.lua's
--- `queued` (see scripts.rs); and `attempt`, the same answering two values instead of a table
--- (no table made per grant), which batch.lua calls for each attempt, handoff.lua after a
+-- Defines `attempt(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now[, suffix])`, `now` the
+-- server's `TIME` and `suffix` appended to a new grant's value (queue.lua's `#q+`), answering
+-- two values (no table made per grant), and a third, `true`, when the lock was this owner's
+-- already (a grant from the queue claimed, or an earlier answer lost): the script sent alone
+-- ends with that call, then, given a queue, queue.lua's `queued`, and answers the two values
+-- as a table (see scripts.rs); batch.lua calls it for each attempt, handoff.lua after a
 -- release for the next waiter of the releasing process, and queue.lua's `grant_next` for the
--- first waiting process queued.
+-- first waiting process queued; and `acquire`, the same two values as a table.
 --
 -- KEYS[1]  the lock key, `lock:{<key>}`: a string `<owner>#<token>#<granted ms>`, then `#q`
 --          while it is a grant from the queue not claimed yet (queue.lua), then `+` once
@@ -44,7 +46,7 @@ if redis.replicate_commands then
   redis.replicate_commands()
 end
 
-local function attempt(lock, fence, owner, lease, floor, now)
+local function attempt(lock, fence, owner, lease, floor, now, suffix)
   -- The next token: one above the counter, but never below the server's clock in
   -- microseconds. A counter lost with the data (a restart without persistence, FLUSHALL,
   -- eviction, a failover to a replica that had not received it) thus restarts above every
@@ -82,6 +84,9 @@ local function attempt(lock, fence, owner, lease, floor, now)
   end
   local minted = string.format('%d', token)
   local value = owner .. '#' .. minted .. now.ms
+  if suffix then
+    value = value .. suffix
+  end
   if not redis.call('set', lock, value, 'NX', 'PX', lease) then
     local mine = owner .. '#'
     local holder = redis.call('get', lock)
@@ -108,7 +113,7 @@ local function attempt(lock, fence, owner, lease, floor, now)
       if kept then
         -- The counter is not written: it is at the held token or beyond already.
         redis.call('set', lock, value, 'PX', lease)
-        return 1, tonumber(held)
+        return 1, tonumber(held), true
       end
     end
     redis.call('set', lock, value, 'PX', lease)
@@ -128,7 +133,9 @@ local function attempt(lock, fence, owner, lease, floor, now)
   return 1, token
 end
 
--- `attempt`'s answer as a table, `{1, token}` or `{0, pttl}` (the script sent alone answers it).
+-- `attempt`'s answer as a table, `{1, token}` or `{0, pttl}` (for a script that answers it as
+-- it is; the backend's own read the third value first, see scripts.rs).
 local function acquire(lock, fence, owner, lease, floor, now)
-  return {attempt(lock, fence, owner, lease, floor, now)}
+  local status, value = attempt(lock, fence, owner, lease, floor, now)
+  return {status, value}
 end

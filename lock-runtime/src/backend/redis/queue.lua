@@ -2,7 +2,7 @@
 -- the lock server-side (see handoff.rs).
 --
 -- Defines `queued(queue, owner, answer, window, registered, now)`, called after acquire.lua's
--- `acquire` by the scripts that take a queue (acquire, handoff), and `grant_next(lock, fence,
+-- `attempt` by the scripts that take a queue (acquire, handoff), and `grant_next(lock, fence,
 -- queue, channel, releaser, now)`, called by release.lua's `release`. Composed after
 -- acquire.lua, whose function `grant_next` calls.
 --
@@ -37,7 +37,8 @@ local function queued(queue, owner, answer, window, registered, now)
   end
   local ms = clock_ms(now)
   local first = string.format('%d', tonumber(now[1]) * 1000000 + tonumber(now[2]))
-  local entry = redis.call('hget', queue, owner)
+  -- (Only an acquisition that may have an entry has a place to keep.)
+  local entry = registered == '1' and redis.call('hget', queue, owner)
   if entry then
     first = string.match(entry, '^(%d+):') or first
   end
@@ -72,8 +73,7 @@ local function grant_next(lock, fence, queue, channel, releaser, now)
   end
   redis.call('hdel', queue, head)
   local left = head_expiry - ms
-  local _, token = attempt(lock, fence, head, left, nil, now)
-  redis.call('append', lock, '#q+')
+  local _, token = attempt(lock, fence, head, left, nil, now, '#q+')
   redis.call('publish', channel, releaser .. '#' .. head .. '#' .. string.format('%d', left))
   return head, token, left
 end

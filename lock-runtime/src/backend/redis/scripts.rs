@@ -7,15 +7,16 @@ use redis::Script;
 
 use super::resend;
 
-/// `acquire.lua`'s function, called on its own, then (given a queue) `queue.lua`'s `queued`.
+/// `acquire.lua`'s `attempt`, called on its own, then (given a queue) `queue.lua`'s `queued`.
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     resend::script(concat!(
         include_str!("acquire.lua"),
         include_str!("queue.lua"),
         "local now = redis.call('time')\n",
-        "local answer = acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)\n",
-        "if KEYS[3] then queued(KEYS[3], ARGV[1], answer, ARGV[4], ARGV[5], now) end\n",
-        "return answer\n"
+        "local status, value, again = attempt(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)\n",
+        // A grant that was this owner's already left no entry: the grant before removed it.
+        "if KEYS[3] then queued(KEYS[3], ARGV[1], {status, value}, ARGV[4], again and '0' or ARGV[5], now) end\n",
+        "return {status, value}\n"
     ))
 });
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("extend.lua")));
