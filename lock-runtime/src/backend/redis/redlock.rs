@@ -310,18 +310,10 @@ struct RedlockAcquisition {
     /// Its place in the local queue (woken by a release heard on any node, or made through
     /// this backend), once it found the lock busy or others of this process waiting.
     slot: Option<Slot>,
-    next: Next,
+    /// Split votes in a row (its last attempt was one when not 0): the head then sleeps a
+    /// random, growing delay; otherwise it waits as its place in the local queue says (a
+    /// release heard, the smallest lease left seen run out, its turn at the head).
     splits: u32,
-}
-
-/// What a wait does after a busy attempt.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Next {
-    /// What its place in the local queue says: sleep until a release is heard or the smallest
-    /// lease left seen has run out (the head), or until it heads the queue.
-    Queue,
-    /// A split vote: the head sleeps a random, growing delay.
-    Split,
 }
 
 impl RedlockAcquisition {
@@ -339,7 +331,6 @@ impl RedlockAcquisition {
             None => match inner.waiters.before_attempt(&self.keys.channel, false) {
                 Before::Queued(slot) => {
                     self.slot = Some(slot);
-                    self.next = Next::Queue;
                     return Ok(Attempt::Busy);
                 }
                 Before::Attempt(capture) => Some(capture),
@@ -406,13 +397,7 @@ impl RedlockAcquisition {
                 _ => None,
             })
             .min();
-        self.next = if grants > 0 {
-            self.splits = self.splits.saturating_add(1);
-            Next::Split
-        } else {
-            self.splits = 0;
-            Next::Queue
-        };
+        self.splits = if grants > 0 { self.splits.saturating_add(1) } else { 0 };
         // The head wakes when the smallest lease left seen has run out (plus a millisecond).
         let pttl = lease_left.map_or(-1, |p| p.saturating_add(1));
         match (&self.slot, capture) {
@@ -521,7 +506,7 @@ impl RedlockAcquisition {
 
     async fn wait_inner(&mut self, deadline: Instant) -> Result<Wake, LockError> {
         let Some(slot) = &self.slot else { return Ok(Wake::Retry) };
-        if self.next == Next::Split && slot.heads() {
+        if self.splits > 0 && slot.heads() {
             // A split vote: every contender undid its grants, and hearing those releases
             // together they would split again; a random delay parts them.
             let wake_at = crate::clock::now().checked_add(jitter(self.splits, &self.owner)).unwrap_or(deadline);
@@ -723,7 +708,6 @@ impl LockBackend for RedlockBackend {
             owner,
             dirty: false,
             slot: None,
-            next: Next::Queue,
             splits: 0,
         })
     }

@@ -7,46 +7,35 @@ use redis::Script;
 
 use super::resend;
 
+/// A script made of the functions of `acquire.lua` and `queue.lua` (which call each other),
+/// then `tail`: more functions, and what calls them.
+macro_rules! with_lock_functions {
+    ($($tail:expr),+ $(,)?) => {
+        resend::script(concat!(include_str!("acquire.lua"), include_str!("queue.lua"), $($tail),+))
+    };
+}
+
 /// `acquire.lua`'s `attempt`, called on its own, then (given a queue) `queue.lua`'s `queued`.
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    resend::script(concat!(
-        include_str!("acquire.lua"),
-        include_str!("queue.lua"),
+    with_lock_functions!(
         "local now = redis.call('time')\n",
         "local status, value, again = attempt(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)\n",
         // A grant that was this owner's already left no entry: the grant before removed it.
         "if KEYS[3] then queued(KEYS[3], ARGV[1], {status, value}, ARGV[4], again and '0' or ARGV[5], now) end\n",
         "return {status, value}\n"
-    ))
+    )
 });
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("extend.lua")));
 /// `release.lua`'s function, called on its own.
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    resend::script(concat!(
-        include_str!("acquire.lua"),
-        include_str!("queue.lua"),
-        include_str!("release.lua"),
-        "return release(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])\n"
-    ))
+    with_lock_functions!(include_str!("release.lua"), "return release(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])\n")
 });
 /// A release that grants the lock to the releasing process's next waiter (`handoff.lua`).
-pub(super) static HANDOFF: LazyLock<Script> = LazyLock::new(|| {
-    resend::script(concat!(
-        include_str!("acquire.lua"),
-        include_str!("queue.lua"),
-        include_str!("release.lua"),
-        include_str!("handoff.lua")
-    ))
-});
+pub(super) static HANDOFF: LazyLock<Script> =
+    LazyLock::new(|| with_lock_functions!(include_str!("release.lua"), include_str!("handoff.lua")));
 /// Many attempts and releases in one call (`batch.lua`, see `batch.rs`).
-pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| {
-    resend::script(concat!(
-        include_str!("acquire.lua"),
-        include_str!("queue.lua"),
-        include_str!("release.lua"),
-        include_str!("batch.lua")
-    ))
-});
+pub(super) static BATCH: LazyLock<Script> =
+    LazyLock::new(|| with_lock_functions!(include_str!("release.lua"), include_str!("batch.lua")));
 pub(super) static RELEASE_AFTER: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("release_after.lua")));
 pub(super) static WATCH: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("watch.lua")));
 pub(super) static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("force_release.lua")));
