@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::ConnectOptions;
+
+use super::members::Members;
 
 use super::options::{check_endpoints, EtcdOptions};
 use super::recipe::EtcdAcquisition;
@@ -86,15 +88,11 @@ impl EtcdBackend {
             true => connect.with_tls(tls(&options, &shown)?),
             false => connect,
         };
-        let client = match tokio::time::timeout(bound, Client::connect(&endpoints, Some(connect))).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e @ (etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_)))) => {
-                return Err(LockError::invalid(shown, format!("not a valid etcd endpoint list: {e}")));
-            }
-            Ok(Err(e)) => return Err(super::etcd_error(&shown, "connect", e)),
-            Err(_) => return Err(LockError::timed_out(shown, KIND, "connect", bound)),
-        };
-        Ok(EtcdBackend { shared: Shared::start(client, options, endpoints).await? })
+        // A member that refuses, has no leader (a member cut off from the others) or does not
+        // answer is left for the next one (see `members.rs`).
+        let connect = connect.with_require_leader(true);
+        let members = Members::new(endpoints.clone(), connect, bound);
+        Ok(EtcdBackend { shared: Shared::start(members, options, endpoints).await? })
     }
 
     /// The options this backend was built with.

@@ -6,7 +6,9 @@
 use etcd_client::{DeleteOptions, EventType, GetOptions, SortOrder, SortTarget, WatchOptions, WatchStream};
 
 use super::backend::EtcdBackend;
-use super::{encode, etcd_error, KIND};
+use std::time::Instant;
+
+use super::{encode, etcd_error, failed, KIND};
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
 
@@ -21,13 +23,17 @@ impl EtcdBackend {
     }
 
     async fn get(&self, prefix: &str, shown: &str) -> Result<Vec<etcd_client::KeyValue>, LockError> {
-        let mut client = self.shared.client.clone();
         let bound = self.shared.options.get_operation_timeout();
         let options = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend);
-        let resp = tokio::time::timeout(bound, client.get(prefix, Some(options)))
+        let resp = self
+            .shared
+            .members
+            .call(Instant::now() + bound, |mut client| {
+                let options = options.clone();
+                async move { client.get(prefix, Some(options)).await }
+            })
             .await
-            .map_err(|_| LockError::timed_out(shown, KIND, "inspect", bound))?
-            .map_err(|e| etcd_error(shown, "inspect", e))?;
+            .map_err(|f| failed(shown, "inspect", bound, f))?;
         Ok(resp.kvs().to_vec())
     }
 
@@ -137,7 +143,6 @@ impl EtcdBackend {
         }
         let kvs = self.get(&self.lock_prefix(key), key).await?;
         let Some(first) = kvs.first() else { return Ok(ForceRelease::NotHeld) };
-        let mut client = self.shared.client.clone();
         let bound = self.shared.options.get_operation_timeout();
         // Only that key, only while it is the one created then.
         let txn = etcd_client::Txn::new()
@@ -147,10 +152,15 @@ impl EtcdBackend {
                 first.create_revision(),
             )])
             .and_then([etcd_client::TxnOp::delete(first.key(), None::<DeleteOptions>)]);
-        let resp = tokio::time::timeout(bound, client.txn(txn))
+        let resp = self
+            .shared
+            .members
+            .call(Instant::now() + bound, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
             .await
-            .map_err(|_| LockError::timed_out(key, KIND, "force release", bound))?
-            .map_err(|e| etcd_error(key, "force release", e))?;
+            .map_err(|f| failed(key, "force release", bound, f))?;
         Ok(if resp.succeeded() { ForceRelease::Released(held.owner) } else { ForceRelease::NotHeld })
     }
 }
@@ -181,12 +191,16 @@ impl Inspect for EtcdBackend {
     fn changes<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(async move {
             let watched = format!("{}{}", self.root(), encode(prefix));
-            let mut client = self.shared.client.clone();
             let bound = self.shared.options.get_operation_timeout();
-            let stream = tokio::time::timeout(bound, client.watch(watched, Some(WatchOptions::new().with_prefix())))
+            let stream = self
+                .shared
+                .members
+                .call(Instant::now() + bound, |mut client| {
+                    let watched = watched.clone();
+                    async move { client.watch(watched, Some(WatchOptions::new().with_prefix())).await }
+                })
                 .await
-                .map_err(|_| LockError::timed_out(prefix, KIND, "watch", bound))?
-                .map_err(|e| etcd_error(prefix, "watch", e))?;
+                .map_err(|f| failed(prefix, "watch", bound, f))?;
             Ok(Box::new(Changes { stream, prefix: prefix.to_owned() }) as Box<dyn ChangeFeed>)
         })
     }

@@ -12,6 +12,7 @@ use crate::error::LockError;
 
 mod backend;
 mod inspect;
+mod members;
 mod options;
 mod recipe;
 mod session;
@@ -27,6 +28,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn etcd_error(name: &str, operation: &'static str, e: etcd_client::Error) -> LockError {
     LockError::backend_with_causes(name, KIND, operation, e)
+}
+
+/// The error of a request no member answered within `bound`, or that failed.
+fn failed(name: &str, operation: &'static str, bound: std::time::Duration, failure: members::Failure) -> LockError {
+    match failure {
+        members::Failure::NoAnswer => LockError::timed_out(name, KIND, operation, bound),
+        members::Failure::Error(e) => etcd_error(name, operation, e),
+    }
 }
 
 /// `key` with `%` and `/` percent-encoded: one path segment, never a prefix of another lock's.

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse, WatchOptions,
 };
 use tokio::task::JoinHandle;
 
+use super::members::{Failure, Members};
 use super::session::{Session, Shared};
-use super::{etcd_error, lock, KIND};
+use super::{failed, lock, KIND};
 use crate::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockKind, Wake};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -125,10 +126,6 @@ impl EtcdAcquisition {
         self.shared.options.get_operation_timeout()
     }
 
-    fn timed_out(&self, operation: &'static str) -> LockError {
-        LockError::timed_out(&*self.req.name, KIND, operation, self.bound())
-    }
-
     /// Until no key of this lock is being deleted by this process (the keys of its acquisitions
     /// that were not granted), for at most the operation timeout: a key still there would be
     /// ahead of the one about to be put.
@@ -160,7 +157,7 @@ impl EtcdAcquisition {
             let key = format!("{}{role}{:016x}-{}", self.prefix, session.lease, self.req.owner);
             let sent = Instant::now();
             let task = tokio::spawn(put(
-                self.shared.client.clone(),
+                self.shared.members.clone(),
                 self.req.name.clone(),
                 self.req.kind,
                 self.prefix.clone(),
@@ -203,15 +200,19 @@ impl EtcdAcquisition {
             return Err(self.lease_lost("acquire"));
         }
         let before = Instant::now();
-        let mut client = self.shared.client.clone();
         let txn = Txn::new().and_then([
             TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())),
             ahead(&self.prefix, self.req.kind, Some(*revision)),
         ]);
-        let resp = tokio::time::timeout(self.bound(), client.txn(txn))
+        let resp = self
+            .shared
+            .members
+            .call(before + self.bound(), |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
             .await
-            .map_err(|_| self.timed_out("acquire"))?
-            .map_err(|e| etcd_error(&self.req.name, "acquire", e))?;
+            .map_err(|f| failed(&self.req.name, "acquire", self.bound(), f))?;
         if get_at(&resp, 0).is_none_or(|kvs| kvs.is_empty()) {
             self.state = State::Idle;
             return Err(self.lease_lost("acquire"));
@@ -234,17 +235,20 @@ impl EtcdAcquisition {
             }
             let (key, revision) = (key.clone(), *revision);
             let before = Instant::now();
-            let mut client = self.shared.client.clone();
             // Our key, and the keys before ours (for a mutex or a writer, the one just before).
             let txn = Txn::new().and_then([
                 TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only())),
                 ahead(&self.prefix, self.req.kind, Some(revision)),
             ]);
             let bound = deadline.min(before + self.bound());
-            let resp = match tokio::time::timeout_at(bound.into(), client.txn(txn)).await {
-                Ok(resp) => resp.map_err(|e| etcd_error(&self.req.name, "wait", e))?,
+            let look = self.shared.members.call(bound, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            });
+            let resp = match look.await {
+                Ok(resp) => resp,
                 Err(_) if Instant::now() >= deadline => return Ok(Wake::TimedOut),
-                Err(_) => return Err(self.timed_out("wait")),
+                Err(f) => return Err(failed(&self.req.name, "wait", self.bound(), f)),
             };
             let ours = get_at(&resp, 0).and_then(|kvs| kvs.first().map(|kv| kv.create_revision()));
             if ours.is_none() {
@@ -262,7 +266,7 @@ impl EtcdAcquisition {
                 Verdict::WatchPrefix => (self.prefix.as_bytes().to_vec(), true),
             };
             let from = resp.header().map_or(0, |h| h.revision()) + 1;
-            match self.watch_change(&mut client, watched, prefix, from, deadline).await? {
+            match self.watch_change(watched, prefix, from, deadline).await? {
                 true => continue,
                 false => return Ok(Wake::TimedOut),
             }
@@ -272,23 +276,25 @@ impl EtcdAcquisition {
     /// Waits for a change of `key` (of the keys under it when `prefix`), from revision `from`,
     /// until `deadline`: `true` when it changed (deleted, or a semaphore waiter's key marked
     /// granted; or the watch ended: look again), `false` when the deadline passed.
-    async fn watch_change(
-        &self,
-        client: &mut Client,
-        key: Vec<u8>,
-        prefix: bool,
-        from: i64,
-        deadline: Instant,
-    ) -> Result<bool, LockError> {
+    ///
+    /// The watch lives on one member's connection: when the backend leaves that member (a
+    /// request found it refusing, without a leader, or silent), the wait looks again through
+    /// the member it went to, and watches there.
+    async fn watch_change(&self, key: Vec<u8>, prefix: bool, from: i64, deadline: Instant) -> Result<bool, LockError> {
         let mut options = WatchOptions::new().with_start_revision(from);
         if prefix {
             options = options.with_prefix();
         }
-        let open = client.watch(key, Some(options));
-        let mut stream = match tokio::time::timeout_at(deadline.min(Instant::now() + self.bound()).into(), open).await {
-            Ok(stream) => stream.map_err(|e| etcd_error(&self.req.name, "wait", e))?,
+        let members = &self.shared.members;
+        let generation = members.generation();
+        let open = members.call(deadline.min(Instant::now() + self.bound()), |mut client| {
+            let (key, options) = (key.clone(), options.clone());
+            async move { client.watch(key, Some(options)).await }
+        });
+        let mut stream = match open.await {
+            Ok(stream) => stream,
             Err(_) if Instant::now() >= deadline => return Ok(false),
-            Err(_) => return Err(self.timed_out("wait")),
+            Err(f) => return Err(failed(&self.req.name, "wait", self.bound(), f)),
         };
         let session = match &self.state {
             State::Queued { session, .. } => session.clone(),
@@ -312,6 +318,7 @@ impl EtcdAcquisition {
                 },
                 // The lease's loss deletes our key too; the watch would not tell.
                 _ = session.until_lost() => return Ok(true),
+                _ = members.until_moved(generation) => return Ok(true),
                 _ = tokio::time::sleep_until(deadline.into()) => return Ok(false),
             }
         }
@@ -325,15 +332,18 @@ impl EtcdAcquisition {
         else {
             return Ok(());
         };
-        let mut client = self.shared.client.clone();
         let put =
             TxnOp::put(key.as_str(), self.req.holder.to_string(), Some(PutOptions::new().with_lease(session.lease)));
         let txn =
             Txn::new().when([Compare::create_revision(key.as_str(), CompareOp::Equal, *revision)]).and_then([put]);
-        tokio::time::timeout(self.bound(), client.txn(txn))
+        self.shared
+            .members
+            .call(Instant::now() + self.bound(), |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
             .await
-            .map_err(|_| self.timed_out("acquire"))?
-            .map_err(|e| etcd_error(&self.req.name, "acquire", e))?;
+            .map_err(|f| failed(&self.req.name, "acquire", self.bound(), f))?;
         Ok(())
     }
 
@@ -343,8 +353,8 @@ impl EtcdAcquisition {
     async fn mismatch(&mut self, other: u32) -> LockError {
         if let State::Queued { key, session, revision } = std::mem::replace(&mut self.state, State::Idle) {
             // In a task of its own, so that it runs to its end even if this future is dropped.
-            let (client, bound) = (self.shared.client.clone(), self.bound());
-            let owed = Owed { client, key, revision: Some(revision), session, bound };
+            let (members, bound) = (self.shared.members.clone(), self.bound());
+            let owed = Owed { members, key, revision: Some(revision), session, bound };
             let delete = tokio::spawn(async move { owed.delete().await });
             // Waited for at most one try: a later acquisition must not find the key ahead of
             // its own, but an outage must not hold this error back (the task goes on).
@@ -382,7 +392,7 @@ impl EtcdAcquisition {
         let registration = session.register(self.lost.clone());
         let expiry = match self.req.lease {
             Lease::Fixed(lease) => Some(tokio::spawn(delete_at(
-                self.shared.client.clone(),
+                self.shared.members.clone(),
                 key.clone(),
                 revision,
                 session.clone(),
@@ -458,7 +468,7 @@ impl Drop for Waiting<'_> {
 /// Puts `key` with `lease` and reads the lowest key of the lock, in one transaction.
 #[allow(clippy::too_many_arguments)] // one put, its settings spelled out
 async fn put(
-    mut client: Client,
+    members: Arc<Members>,
     name: Arc<str>,
     kind: LockKind,
     prefix: Arc<str>,
@@ -467,15 +477,34 @@ async fn put(
     lease: i64,
     bound: Duration,
 ) -> Result<Put, LockError> {
-    // The put, then every key of the prefix nearest first: ours, then those ahead of it.
-    let txn = Txn::new().and_then([
-        TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease))),
-        ahead(&prefix, kind, None),
-    ]);
-    let resp = tokio::time::timeout(bound, client.txn(txn))
-        .await
-        .map_err(|_| LockError::timed_out(&*name, KIND, "acquire", bound))?
-        .map_err(|e| etcd_error(&name, "acquire", e))?;
+    // Where the key is absent, the put, then every key of the prefix nearest first: ours, then
+    // those ahead of it. Where it is there (the put was sent before, to a member that applied
+    // it without its answer reaching us), the key.
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease))),
+            ahead(&prefix, kind, None),
+        ])
+        .or_else([TxnOp::get(key.as_str(), Some(GetOptions::new().with_keys_only()))]);
+    let until = Instant::now() + bound;
+    let send = |txn: Txn| {
+        members.call(until, move |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+    };
+    let resp = send(txn).await.map_err(|f| failed(&name, "acquire", bound, f))?;
+    if !resp.succeeded() {
+        // Put before: its create revision, and the keys ahead of it.
+        let revision = get_at(&resp, 0).and_then(|kvs| kvs.first().map(|kv| kv.create_revision())).unwrap_or(0);
+        let look = Txn::new().and_then([ahead(&prefix, kind, Some(revision))]);
+        let resp = send(look).await.map_err(|f| failed(&name, "acquire", bound, f))?;
+        return match get_at(&resp, 0) {
+            Some(ahead) if revision > 0 => Ok(Put { revision, verdict: verdict(kind, &ahead) }),
+            _ => Err(LockError::backend(&*name, KIND, "acquire", "etcd answered the put without its key or revision")),
+        };
+    }
     // A put of a new key in a transaction: the key's create revision is the transaction's.
     let revision = resp.header().map_or(0, |h| h.revision());
     let keys = get_at(&resp, 1).unwrap_or_default();
@@ -505,7 +534,7 @@ fn cleanup(shared: &Arc<Shared>, key: String, session: Arc<Session>, bound: Dura
     lock(&shared.cleaning).push(key.clone());
     let shared = shared.clone();
     let delete = async move {
-        let owed = Owed { client: shared.client.clone(), key, revision: None, session, bound };
+        let owed = Owed { members: shared.members.clone(), key, revision: None, session, bound };
         owed.delete().await;
         lock(&shared.cleaning).retain(|k| *k != owed.key);
         shared.cleaned.notify_waiters();
@@ -522,7 +551,7 @@ fn cleanup(shared: &Arc<Shared>, key: String, session: Arc<Session>, bound: Dura
 /// could outlive it: the manager's keep-alive renews the lease the key was put with for as
 /// long as the process lives, so a key left behind would block its lock for as long.
 struct Owed {
-    client: Client,
+    members: Arc<Members>,
     key: String,
     /// Delete only while the key has this create revision (a granted key: never a later
     /// owner's key of the same name); `None`, whatever it holds (a key of this acquisition's
@@ -539,15 +568,14 @@ impl Owed {
     /// try bounded by the operation timeout, across reconnections (the client connects again
     /// by itself), or until the lease is lost ([`owed`](crate::background::owed)).
     async fn delete(&self) {
-        let attempt = || {
-            let mut client = self.client.clone();
-            async move {
-                match self.revision {
-                    Some(revision) => delete_if(&mut client, &self.key, revision, self.bound).await.is_ok(),
-                    None => matches!(
-                        tokio::time::timeout(self.bound, client.delete(self.key.as_str(), None)).await,
-                        Ok(Ok(_))
-                    ),
+        let attempt = || async move {
+            match self.revision {
+                Some(revision) => delete_if(&self.members, &self.key, revision, self.bound).await.is_ok(),
+                None => {
+                    let until = Instant::now() + self.bound;
+                    let key = self.key.as_str();
+                    let deleted = self.members.call(until, |mut client| async move { client.delete(key, None).await });
+                    deleted.await.is_ok()
                 }
             }
         };
@@ -555,22 +583,36 @@ impl Owed {
     }
 }
 
-/// Deletes `key` if it still has create revision `revision`: `Ok(true)` when it did.
-async fn delete_if(client: &mut Client, key: &str, revision: i64, bound: Duration) -> Result<bool, etcd_client::Error> {
+/// Deletes `key` if it still has create revision `revision`, within `bound`: `Ok(true)` when
+/// it did. A delete resent to another member after one whose answer was lost finds the key
+/// gone: that counts as deleted (the first one may have done it).
+async fn delete_if(members: &Members, key: &str, revision: i64, bound: Duration) -> Result<bool, Failure> {
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, revision)])
         .and_then([TxnOp::delete(key, None)]);
-    match tokio::time::timeout(bound, client.txn(txn)).await {
-        Ok(resp) => Ok(resp?.succeeded()),
-        Err(_) => Err(etcd_client::Error::InvalidArgs(format!("no answer within {bound:?}"))),
-    }
+    let mut sent = 0u32;
+    let resp = members
+        .call(Instant::now() + bound, |mut client| {
+            sent += 1;
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await?;
+    Ok(resp.succeeded() || sent > 1)
 }
 
 /// At `at`, deletes `key` if it is still ours (a fixed lease's end, or a `hold_at_least`'s),
 /// until done (see [`Owed`]).
-async fn delete_at(client: Client, key: String, revision: i64, session: Arc<Session>, at: Instant, bound: Duration) {
+async fn delete_at(
+    members: Arc<Members>,
+    key: String,
+    revision: i64,
+    session: Arc<Session>,
+    at: Instant,
+    bound: Duration,
+) {
     tokio::time::sleep_until(at.into()).await;
-    Owed { client, key, revision: Some(revision), session, bound }.delete().await;
+    Owed { members, key, revision: Some(revision), session, bound }.delete().await;
 }
 
 /// A granted lock: its key, deleted on release.
@@ -616,15 +658,14 @@ impl EtcdHeld {
             self.unconfirmed = None; // the key went with the lease
             return Err(self.gone());
         }
-        let mut client = self.shared.client.clone();
-        let deleted = delete_if(&mut client, &self.key, self.revision, self.bound()).await;
+        let deleted = delete_if(&self.shared.members, &self.key, self.revision, self.bound()).await;
         if deleted.is_ok() {
             self.unconfirmed = None; // deleted, or gone already
         }
         match deleted {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.gone()),
-            Err(e) => Err(etcd_error(&self.name, "release", e)),
+            Err(f) => Err(failed(&self.name, "release", self.bound(), f)),
         }
     }
 
@@ -636,12 +677,15 @@ impl EtcdHeld {
             self.unconfirmed = None; // the key went with the lease
             return Err(self.gone());
         }
-        let mut client = self.shared.client.clone();
+        let members = self.shared.members.clone();
         let txn = Txn::new().when([Compare::create_revision(self.key.as_str(), CompareOp::Equal, self.revision)]);
-        let still_ours = tokio::time::timeout(self.bound(), client.txn(txn))
+        let still_ours = members
+            .call(started + self.bound(), |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
             .await
-            .map_err(|_| LockError::timed_out(&*self.name, KIND, "release", self.bound()))?
-            .map_err(|e| etcd_error(&self.name, "release", e))?
+            .map_err(|f| failed(&self.name, "release", self.bound(), f))?
             .succeeded();
         if !still_ours {
             self.unconfirmed = None;
@@ -649,7 +693,7 @@ impl EtcdHeld {
         }
         self.unconfirmed = None; // the task below deletes it when the remainder ends
         let session = self.session.clone();
-        tokio::spawn(delete_at(client, self.key.clone(), self.revision, session, started + remaining, self.bound()));
+        tokio::spawn(delete_at(members, self.key.clone(), self.revision, session, started + remaining, self.bound()));
         Ok(())
     }
 }
@@ -674,9 +718,9 @@ impl Drop for EtcdHeld {
         // checks its revision), now or when its `hold_at_least` ends, not with the
         // manager's lease (which its keep-alive postpones for as long as the manager lives).
         if let Some(at) = self.unconfirmed.take() {
-            let client = self.shared.client.clone();
+            let members = self.shared.members.clone();
             let session = self.session.clone();
-            let delete = delete_at(client, std::mem::take(&mut self.key), self.revision, session, at, self.bound());
+            let delete = delete_at(members, std::mem::take(&mut self.key), self.revision, session, at, self.bound());
             crate::background::finish(
                 delete,
                 "could not finish a release whose answer never came; its lease will free the lock",

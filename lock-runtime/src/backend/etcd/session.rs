@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
+use super::members::{Failure, Members};
 use super::options::EtcdOptions;
 use super::{lock, KIND};
 use crate::error::LockError;
@@ -80,7 +81,8 @@ impl Session {
 
 /// What the backend's clones share.
 pub(super) struct Shared {
-    pub(super) client: Client,
+    /// The cluster's members, one client each.
+    pub(super) members: Arc<Members>,
     pub(super) options: EtcdOptions,
     pub(super) endpoints: Vec<String>,
     /// The TTL the server granted (it may raise the one asked for).
@@ -106,16 +108,22 @@ pub(super) struct Shared {
 impl Shared {
     /// Grants the first lease and starts the keep-alive task.
     pub(super) async fn start(
-        mut client: Client,
+        members: Members,
         options: EtcdOptions,
         endpoints: Vec<String>,
     ) -> Result<Arc<Shared>, LockError> {
         let shown = endpoints.join(",");
         let granted_at = Instant::now();
-        let (lease, ttl) =
-            grant(&mut client, &options).await.map_err(|e| LockError::backend(shown, KIND, "connect", e))?;
+        let members = Arc::new(members);
+        let (lease, ttl) = grant(&members, &options).await.map_err(|e| match e {
+            Failure::Error(e @ (etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_))) => {
+                LockError::invalid(&*shown, format!("not a valid etcd endpoint list: {e}"))
+            }
+            Failure::Error(e) => super::etcd_error(&shown, "connect", e),
+            Failure::NoAnswer => LockError::timed_out(&*shown, KIND, "connect", options.get_operation_timeout()),
+        })?;
         let shared = Arc::new(Shared {
-            client: client.clone(),
+            members: members.clone(),
             options,
             endpoints,
             ttl,
@@ -128,7 +136,7 @@ impl Shared {
             cleaned: tokio::sync::Notify::new(),
             shut: AtomicBool::new(false),
         });
-        tokio::spawn(keep_alive(Arc::downgrade(&shared), client, granted_at));
+        tokio::spawn(keep_alive(Arc::downgrade(&shared), members, granted_at));
         Ok(shared)
     }
 
@@ -165,12 +173,11 @@ impl Shared {
         self.shut.store(true, Ordering::SeqCst);
         let session = lock(&self.session).clone();
         session.lose("the lock manager was shut down");
-        let mut client = self.client.clone();
         let bound = self.options.get_operation_timeout();
-        let failed = match tokio::time::timeout(bound, client.lease_revoke(session.lease)).await {
-            Ok(Ok(_)) => return,
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {bound:?}"),
+        let failed = match revoke(&self.members, session.lease, bound).await {
+            Ok(()) => return,
+            Err(Failure::Error(e)) => e.to_string(),
+            Err(Failure::NoAnswer) => format!("no answer within {bound:?}"),
         };
         tracing::warn!(lease = session.lease, error = %failed, "etcd: the lease was not revoked at shutdown; its keys go when its TTL ends");
     }
@@ -185,24 +192,32 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let session = lock(&self.session).clone();
         session.lose("the backend was dropped");
-        let (mut client, lease, bound) = (self.client.clone(), session.lease, self.options.get_operation_timeout());
+        let (members, lease, bound) = (self.members.clone(), session.lease, self.options.get_operation_timeout());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                let _ = tokio::time::timeout(bound, client.lease_revoke(lease)).await;
+                let _ = revoke(&members, lease, bound).await;
             });
         }
     }
 }
 
-async fn grant(client: &mut Client, options: &EtcdOptions) -> Result<(i64, Duration), String> {
+/// Grants a lease of the TTL of `options` on whichever member answers.
+async fn grant(members: &Members, options: &EtcdOptions) -> Result<(i64, Duration), Failure> {
     let ttl = i64::try_from(options.get_lease_ttl().as_secs()).unwrap_or(i64::MAX);
-    match tokio::time::timeout(options.get_operation_timeout(), client.lease_grant(ttl, None)).await {
-        Ok(Ok(resp)) => {
-            let granted = u64::try_from(resp.ttl()).unwrap_or(0).max(options.get_lease_ttl().as_secs());
-            Ok((resp.id(), Duration::from_secs(granted)))
-        }
-        Ok(Err(e)) => Err(format!("granting a lease: {e}")),
-        Err(_) => Err(format!("granting a lease: no answer within {:?}", options.get_operation_timeout())),
+    let until = Instant::now() + options.get_operation_timeout();
+    let resp = members.call(until, |mut client| async move { client.lease_grant(ttl, None).await }).await?;
+    let granted = u64::try_from(resp.ttl()).unwrap_or(0).max(options.get_lease_ttl().as_secs());
+    Ok((resp.id(), Duration::from_secs(granted)))
+}
+
+/// Revokes `lease` (its keys are deleted at once), within `bound`. A lease the cluster no
+/// longer knows counts as revoked.
+async fn revoke(members: &Members, lease: i64, bound: Duration) -> Result<(), Failure> {
+    let revoked = members.call(Instant::now() + bound, |mut client| async move { client.lease_revoke(lease).await });
+    match revoked.await {
+        Ok(_) => Ok(()),
+        Err(Failure::Error(etcd_client::Error::GRpcStatus(s))) if s.code() == tonic::Code::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -218,25 +233,25 @@ enum Renewed {
 
 /// Keeps the current lease alive while the backend lives; on loss, fires `lost()` on its locks,
 /// revokes it (when it can) and grants the next.
-async fn keep_alive(shared: Weak<Shared>, mut client: Client, mut granted_at: Instant) {
+async fn keep_alive(shared: Weak<Shared>, members: Arc<Members>, mut granted_at: Instant) {
     loop {
         let Some((session, options, ttl)) =
             shared.upgrade().map(|s| (lock(&s.session).clone(), s.options.clone(), s.ttl))
         else {
             return;
         };
-        keep_session(&shared, &mut client, &session, ttl, options.get_operation_timeout(), granted_at).await;
+        keep_session(&shared, &members, &session, ttl, options.get_operation_timeout(), granted_at).await;
         if shared.upgrade().is_none_or(|s| s.is_shut()) {
             return;
         }
         // Free the old lease's keys (if the server still has them), then take a new lease.
-        let _ = tokio::time::timeout(options.get_operation_timeout(), client.lease_revoke(session.lease)).await;
+        let _ = revoke(&members, session.lease, options.get_operation_timeout()).await;
         loop {
             if shared.upgrade().is_none_or(|s| s.is_shut()) {
                 return;
             }
             granted_at = Instant::now();
-            match grant(&mut client, &options).await {
+            match grant(&members, &options).await {
                 Ok((lease, _)) => {
                     let Some(s) = shared.upgrade() else { return };
                     *lock(&s.session) = Arc::new(Session::new(lease));
@@ -244,7 +259,7 @@ async fn keep_alive(shared: Weak<Shared>, mut client: Client, mut granted_at: In
                     break;
                 }
                 Err(e) => {
-                    tracing::debug!("etcd: no new lease yet: {e}");
+                    tracing::debug!("etcd: no new lease yet: {e:?}");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
             }
@@ -255,7 +270,7 @@ async fn keep_alive(shared: Weak<Shared>, mut client: Client, mut granted_at: In
 /// Renews `session` every third of the TTL until it is lost (fired here) or the backend is gone.
 async fn keep_session(
     shared: &Weak<Shared>,
-    client: &mut Client,
+    members: &Members,
     session: &Session,
     ttl: Duration,
     bound: Duration,
@@ -265,7 +280,7 @@ async fn keep_session(
     let lost_after = ttl * 2 / 3;
     let mut last_ok = granted_at;
     let mut next_try = granted_at + interval;
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let mut stream: Option<KeepAlive> = None;
     loop {
         if shared.strong_count() == 0 || session.is_lost() {
             return;
@@ -278,7 +293,7 @@ async fn keep_session(
                 return (Instant::now(), Renewed::Failed);
             }
             let sent = Instant::now();
-            (sent, renew(client, &mut stream, session.lease, bound.min(interval)).await)
+            (sent, renew(members, &mut stream, session.lease, bound.min(interval).min(members.share())).await)
         };
         tokio::select! {
             _ = tokio::time::sleep_until(lost_at.into()) => {
@@ -300,26 +315,34 @@ async fn keep_session(
     }
 }
 
-/// One keep-alive round trip (opening the keep-alive stream first if needed).
-async fn renew(
-    client: &mut Client,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    lease: i64,
-    bound: Duration,
-) -> Renewed {
+/// The keep-alive stream of the lease, on one member's connection (its index).
+type KeepAlive = (usize, LeaseKeeper, LeaseKeepAliveStream);
+
+/// One keep-alive round trip (opening the keep-alive stream on the current member first if
+/// needed). A round that fails leaves the member for the next (the next round opens the stream
+/// there), and so does a round on a member the backend has left meanwhile.
+async fn renew(members: &Members, stream: &mut Option<KeepAlive>, lease: i64, bound: Duration) -> Renewed {
+    let mut on = None;
     let round = async {
         if stream.is_none() {
             // Opening the stream sends a keep-alive and reads its answer.
+            let (i, mut client) = match members.current().await {
+                Ok(current) => current,
+                Err(_) => return Renewed::Failed,
+            };
+            on = Some(i);
             return match client.lease_keep_alive(lease).await {
-                Ok(opened) => {
-                    *stream = Some(opened);
+                Ok((keeper, answers)) => {
+                    *stream = Some((i, keeper, answers));
                     Renewed::Alive
                 }
                 Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => Renewed::Expired,
+                Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::NotFound => Renewed::Expired,
                 Err(_) => Renewed::Failed,
             };
         }
-        let Some((keeper, answers)) = stream.as_mut() else { return Renewed::Failed };
+        let Some((i, keeper, answers)) = stream.as_mut() else { return Renewed::Failed };
+        on = Some(*i);
         if keeper.keep_alive().await.is_err() {
             return Renewed::Failed;
         }
@@ -332,6 +355,15 @@ async fn renew(
     let renewed = tokio::time::timeout(bound, round).await.unwrap_or(Renewed::Failed);
     if matches!(renewed, Renewed::Failed) {
         *stream = None;
+        if let Some(i) = on {
+            members.leave(i);
+        }
+    } else if let Some((i, ..)) = stream.as_ref() {
+        // The backend left this member (another request found it failing): the next round
+        // opens the stream on the member it went to.
+        if members.current_index() != *i {
+            *stream = None;
+        }
     }
     renewed
 }
