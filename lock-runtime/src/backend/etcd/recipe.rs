@@ -147,7 +147,7 @@ impl EtcdAcquisition {
     async fn attempt_once(&mut self) -> Result<Attempt, LockError> {
         if matches!(self.state, State::Idle) {
             self.after_cleanups().await;
-            let session = self.shared.session(&self.req.name, "acquire")?;
+            let session = self.shared.session(&self.req.name, "acquire", Instant::now() + self.bound()).await?;
             let role = match self.req.kind {
                 LockKind::Read => "r-".to_owned(),
                 LockKind::Write => "w-".to_owned(),

@@ -103,6 +103,8 @@ pub(super) struct Shared {
     pub(super) cleaned: tokio::sync::Notify,
     /// Set by [`shut_down`](Self::shut_down): no lease is granted after it.
     shut: AtomicBool,
+    /// Told when a new lease replaces a lost one.
+    granted: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -135,23 +137,38 @@ impl Shared {
             cleaning: Mutex::new(Vec::new()),
             cleaned: tokio::sync::Notify::new(),
             shut: AtomicBool::new(false),
+            granted: tokio::sync::Notify::new(),
         });
         tokio::spawn(keep_alive(Arc::downgrade(&shared), members, granted_at));
         Ok(shared)
     }
 
-    /// The current lease, or an error while it is lost and no new one is granted yet.
-    pub(super) fn session(&self, name: &str, operation: &'static str) -> Result<Arc<Session>, LockError> {
-        let session = lock(&self.session).clone();
-        if session.is_lost() {
-            return Err(LockError::backend(
-                name,
-                KIND,
-                operation,
-                "the etcd lease of the manager was lost; a new one is not granted yet",
-            ));
+    /// The current lease; while it is lost, the next one, waited for until `until` (the
+    /// keep-alive task grants it as soon as a member answers: the first operation after an
+    /// outage waits for it rather than failing), then an error.
+    pub(super) async fn session(
+        &self,
+        name: &str,
+        operation: &'static str,
+        until: Instant,
+    ) -> Result<Arc<Session>, LockError> {
+        loop {
+            let granted = self.granted.notified();
+            tokio::pin!(granted);
+            granted.as_mut().enable();
+            let session = lock(&self.session).clone();
+            if !session.is_lost() {
+                return Ok(session);
+            }
+            if self.is_shut() || tokio::time::timeout_at(until.into(), granted).await.is_err() {
+                return Err(LockError::backend(
+                    name,
+                    KIND,
+                    operation,
+                    "the etcd lease of the manager was lost; a new one is not granted yet",
+                ));
+            }
         }
-        Ok(session)
     }
 
     /// How many leases were granted (1 plus one per lease lost).
@@ -171,6 +188,7 @@ impl Shared {
     /// after it.
     pub(super) async fn shut_down(&self) {
         self.shut.store(true, Ordering::SeqCst);
+        self.granted.notify_waiters();
         let session = lock(&self.session).clone();
         session.lose("the lock manager was shut down");
         let bound = self.options.get_operation_timeout();
@@ -256,6 +274,7 @@ async fn keep_alive(shared: Weak<Shared>, members: Arc<Members>, mut granted_at:
                     let Some(s) = shared.upgrade() else { return };
                     *lock(&s.session) = Arc::new(Session::new(lease));
                     s.sessions.fetch_add(1, Ordering::Relaxed);
+                    s.granted.notify_waiters();
                     break;
                 }
                 Err(e) => {

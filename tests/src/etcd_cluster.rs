@@ -1,0 +1,182 @@
+//! A real etcd cluster of three (or five) members for the ensemble tests: each member an `etcd`
+//! process of its own on free loopback ports (client, peer, metrics) with its own data
+//! directory, any member killed, stopped (SIGSTOP: cut off from its peers and clients with its
+//! sockets open), continued or restarted on its own data, and the leader found from the
+//! members' metrics.
+//!
+//! ```ignore
+//! let mut cluster = lock_tests::etcd_cluster::EtcdCluster::start(3);
+//! let manager = lock_runtime::LockManager::etcd(&cluster.endpoints()).await?;
+//! let leader = cluster.leader();
+//! cluster.member(leader).pause();   // SIGSTOP
+//! cluster.member(leader).resume();  // SIGCONT
+//! ```
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+use crate::server_process::ServerProcess;
+
+/// One member of an [`EtcdCluster`].
+#[derive(Debug)]
+pub struct Member {
+    /// The client port.
+    pub port: u16,
+    metrics_port: u16,
+    process: ServerProcess,
+}
+
+impl Member {
+    /// `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the member at once (SIGKILL, as a crash).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts the member again on its ports and data (after [`kill`](Self::kill)), and waits
+    /// until it serves as a member of the cluster (when the cluster has a quorum with it).
+    pub fn restart(&mut self) {
+        self.process.restart();
+    }
+
+    /// Freezes the member (SIGSTOP).
+    pub fn pause(&self) {
+        self.process.pause();
+    }
+
+    /// Lets a paused member run again (SIGCONT).
+    pub fn resume(&self) {
+        self.process.resume();
+    }
+
+    /// Whether it was started and not killed.
+    pub fn running(&self) -> bool {
+        self.process.running()
+    }
+
+    /// Whether the member answers `/health` as healthy (it has a leader) right now.
+    pub fn healthy(&self) -> bool {
+        metrics_get(self.metrics_port, "/health").is_some_and(|a| a.contains("\"health\":\"true\""))
+    }
+
+    /// Whether the member says it is the leader right now.
+    pub fn is_leader(&self) -> bool {
+        metrics_get(self.metrics_port, "/metrics").is_some_and(|a| a.lines().any(|l| l == "etcd_server_is_leader 1"))
+    }
+}
+
+/// A cluster of etcd members on loopback, each killed on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members (3 or 5) and waits until every one is healthy. Panics (failing
+    /// the test) if `etcd` is missing or the cluster does not form within 30 s.
+    pub fn start(size: usize) -> EtcdCluster {
+        assert!(size >= 1, "a cluster has members");
+        let ports: Vec<(u16, u16, u16)> = (0..size).map(|_| (free_port(), free_port(), free_port())).collect();
+        let token = format!("lock-tests-{}-{}", std::process::id(), ports[0].0);
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, peer, _))| format!("m{i}=http://127.0.0.1:{peer}")).collect();
+        let initial = initial.join(",");
+        let mut members = Vec::with_capacity(size);
+        for (i, &(port, peer_port, metrics_port)) in ports.iter().enumerate() {
+            let (initial, token) = (initial.clone(), token.clone());
+            let spawn = move |dir: &std::path::Path| {
+                let client = format!("http://127.0.0.1:{port}");
+                let peer = format!("http://127.0.0.1:{peer_port}");
+                let metrics = format!("http://127.0.0.1:{metrics_port}");
+                let mut etcd = Command::new("etcd");
+                etcd.args(["--name", &format!("m{i}"), "--data-dir", &dir.join("data").to_string_lossy()])
+                    .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+                    .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+                    .args(["--listen-metrics-urls", &metrics])
+                    .args(["--initial-cluster", &initial, "--initial-cluster-token", &token])
+                    .args(["--initial-cluster-state", "new", "--log-level", "warn"]);
+                etcd
+            };
+            let dir = ServerProcess::temp_dir(&format!("etcd-m{i}"));
+            // A member listens before the cluster has a leader: it is "started" once its client
+            // port takes connections; the cluster waits for health below.
+            let ready = move || TcpStream::connect(("127.0.0.1", port)).is_ok();
+            let mut process = ServerProcess::new("etcd", dir, spawn, ready, Duration::from_secs(20));
+            process.start();
+            members.push(Member { port, metrics_port, process });
+        }
+        let cluster = EtcdCluster { members };
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Every member's client endpoint, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::endpoint).collect()
+    }
+
+    /// `etcd://h:p,h:p,h:p`, for `LockManager::connect`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// Member `i`.
+    pub fn member(&mut self, i: usize) -> &mut Member {
+        &mut self.members[i]
+    }
+
+    /// How many members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The index of the leader, waiting (up to 30 s) until exactly one running member says it
+    /// leads.
+    pub fn leader(&self) -> usize {
+        let started = Instant::now();
+        loop {
+            let leaders: Vec<usize> =
+                (0..self.members.len()).filter(|&i| self.members[i].running() && self.members[i].is_leader()).collect();
+            if let [one] = leaders[..] {
+                return one;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no single etcd leader within 30 s: {leaders:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A member that is not the leader.
+    pub fn follower(&self) -> usize {
+        let leader = self.leader();
+        (leader + 1) % self.members.len()
+    }
+
+    /// Waits until every running member is healthy (has a leader); panics after `within`.
+    pub fn wait_healthy(&self, within: Duration) {
+        let started = Instant::now();
+        while !self.members.iter().filter(|m| m.running()).all(Member::healthy) {
+            assert!(started.elapsed() < within, "the etcd cluster was not healthy within {within:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `GET path` on a member's plaintext metrics port: the whole answer, or `None`.
+fn metrics_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(1000)));
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).ok()?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    Some(answer)
+}
