@@ -170,7 +170,9 @@ pub(super) fn elsewhere(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         etcd_client::Error::GRpcStatus(status) => match status.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted => true,
+            Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted | Code::Cancelled => {
+                true
+            }
             Code::Unknown | Code::Internal => {
                 let message = status.message();
                 ["no leader", "leader changed", "timed out", "stopped", "connection", "transport"]
