@@ -36,6 +36,8 @@ LONGEST = [
     "etcd_tls",
     "ui",
     "etcd_rbac",
+    "etcd_ensemble",
+    "zookeeper_ensemble",
     "jepsen_zookeeper",
     "postgres_tls",
     "scheduled",

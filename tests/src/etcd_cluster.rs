@@ -8,8 +8,8 @@
 //! let mut cluster = lock_tests::etcd_cluster::EtcdCluster::start(3);
 //! let manager = lock_runtime::LockManager::etcd(&cluster.endpoints()).await?;
 //! let leader = cluster.leader();
-//! cluster.member(leader).pause();   // SIGSTOP
-//! cluster.member(leader).resume();  // SIGCONT
+//! cluster.member(leader).process.pause();   // SIGSTOP
+//! cluster.member(leader).process.resume();  // SIGCONT
 //! ```
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -28,39 +28,16 @@ pub struct Member {
     /// The client port.
     pub port: u16,
     metrics_port: u16,
-    process: ServerProcess,
+    /// Its server process: `kill` (SIGKILL, as a crash), `restart` on its ports and data
+    /// (waiting until it serves, when the ensemble has a quorum with it), `pause` (SIGSTOP),
+    /// `resume` (SIGCONT).
+    pub process: ServerProcess,
 }
 
 impl Member {
     /// `http://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Kills the member at once (SIGKILL, as a crash).
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts the member again on its ports and data (after [`kill`](Self::kill)), and waits
-    /// until it serves as a member of the cluster (when the cluster has a quorum with it).
-    pub fn restart(&mut self) {
-        self.process.restart();
-    }
-
-    /// Freezes the member (SIGSTOP).
-    pub fn pause(&self) {
-        self.process.pause();
-    }
-
-    /// Lets a paused member run again (SIGCONT).
-    pub fn resume(&self) {
-        self.process.resume();
-    }
-
-    /// Whether it was started and not killed.
-    pub fn running(&self) -> bool {
-        self.process.running()
     }
 
     /// Whether the member answers `/health` as healthy (it has a leader) right now.
@@ -145,8 +122,9 @@ impl EtcdCluster {
     pub fn leader(&self) -> usize {
         let started = Instant::now();
         loop {
-            let leaders: Vec<usize> =
-                (0..self.members.len()).filter(|&i| self.members[i].running() && self.members[i].is_leader()).collect();
+            let leaders: Vec<usize> = (0..self.members.len())
+                .filter(|&i| self.members[i].process.running() && self.members[i].is_leader())
+                .collect();
             if let [one] = leaders[..] {
                 return one;
             }
@@ -164,7 +142,7 @@ impl EtcdCluster {
     /// Waits until every running member is healthy (has a leader); panics after `within`.
     pub fn wait_healthy(&self, within: Duration) {
         let started = Instant::now();
-        while !self.members.iter().filter(|m| m.running()).all(Member::healthy) {
+        while !self.members.iter().filter(|m| m.process.running()).all(Member::healthy) {
             assert!(started.elapsed() < within, "the etcd cluster was not healthy within {within:?}");
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -2,6 +2,7 @@
 //! harnesses that start real servers for the backend tests.
 
 pub use lock_runtime::{conformance, conformance_suite};
+pub mod ensemble;
 pub mod etcd_cluster;
 pub mod etcd_server;
 pub mod http;
@@ -21,6 +22,7 @@ pub mod redis_sentinel;
 pub mod redis_server;
 pub mod server_process;
 pub mod tls_certs;
+pub mod zk_ensemble;
 pub mod zk_server;
 
 /// A loopback port nobody listens on right now (for the servers the tests start).

@@ -152,7 +152,7 @@ impl Members {
             }
             self.leave(i);
             tries += 1;
-            if tries % n == 0 {
+            if tries.is_multiple_of(n) {
                 // Every member failed once: a pause before the next round (a cluster that is
                 // electing a leader, or members still starting), shorter than the time left.
                 let pause = Duration::from_millis(50 * (tries / n).min(10) as u64);

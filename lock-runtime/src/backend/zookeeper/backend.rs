@@ -16,7 +16,7 @@ use super::options::ZookeeperOptions;
 use super::purge::{purge, send_delete, Leftover};
 use super::recipe::{create_node, encode, find_own, node_acls, queue, stale_at, LeaseRecord, Node};
 use super::session::{wait_connected, HolderEntry, Session, Shared, Waiting};
-use super::{gone, lock, session_gone, zk_error, KIND};
+use super::{cut, gone, lock, session_gone, zk_error, KIND};
 use crate::backend::{
     Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, Lease, LockBackend, LockKind, Wake,
 };
@@ -270,7 +270,7 @@ impl ZkAcquisition {
     ) -> Result<(usize, Vec<(i64, String)>), LockError> {
         let client = &session.client;
         let children = match client.list_children(&self.dir).await {
-            Err(ZkError::ConnectionLoss) => {
+            Err(ref e) if cut(e) => {
                 wait_connected(client, self.patience()).await.map_err(self.fail(operation))?;
                 client.list_children(&self.dir).await
             }
@@ -495,7 +495,7 @@ async fn record_grant(client: &Client, path: &str, data: &[u8], patience: Durati
         match client.set_data(path, data, Some(0)).await {
             Ok(_) => return Ok(()),
             Err(ZkError::BadVersion) if retry > 0 => return Ok(()),
-            Err(ZkError::ConnectionLoss) => {
+            Err(ref e) if cut(e) => {
                 wait_connected(client, patience).await?;
                 let (now, _) = client.get_data(path).await?;
                 if LeaseRecord::is_granted(&now) {
@@ -571,22 +571,38 @@ impl ZkHeld {
             return Err(LockError::lost(&*self.name, "its ZooKeeper session was lost"));
         };
         let client = session.client.clone();
-        let mut result = send_delete(&client, &self.path).await;
-        if matches!(result, Err(ZkError::ConnectionLoss)) {
-            let patience = self.shared.options.get_operation_timeout();
-            result = match wait_connected(&client, patience).await {
-                // The first delete may have been applied with its reply lost.
-                Ok(()) => match send_delete(&client, &self.path).await {
-                    Err(ZkError::NoNode) => Ok(()),
-                    other => other,
-                },
-                Err(e) => Err(e),
-            };
-        }
+        let path = self.path.clone();
+        let deleted = async {
+            let mut result = send_delete(&client, &path).await;
+            if matches!(result, Err(ref e) if cut(e)) {
+                let patience = self.shared.options.get_operation_timeout();
+                result = match wait_connected(&client, patience).await {
+                    // The first delete may have been applied with its reply lost.
+                    Ok(()) => match send_delete(&client, &path).await {
+                        Err(ZkError::NoNode) => Ok(()),
+                        other => other,
+                    },
+                    Err(e) => Err(e),
+                };
+            }
+            result
+        };
+        // A server that stops answering is noticed by the client after 2/5 of the session
+        // timeout, and the next one serves once the ensemble has a leader again: longer than a
+        // release may take. The lock was held until now (the session was not reported lost),
+        // and the outcome is the same whether the delete is done now or owed: the delete goes
+        // on in the background (`purge`, across the reconnection) and the release succeeds.
+        let within = self.shared.options.get_operation_timeout() * 3 / 5;
+        let result = tokio::time::timeout(within, deleted).await.unwrap_or(Err(ZkError::ConnectionLoss));
         // Done, one way or another (cut before this, the drop sends the delete again: a node's
         // path is never reused, so a second delete is harmless).
         self.released = true;
         match result {
+            Err(ref e) if cut(e) && registered && !session.is_dead() => {
+                tracing::debug!(node = %self.path, "ZooKeeper unreachable at release: the node's delete is owed");
+                purge(&self.shared, &session, Leftover::Node(self.path.clone()));
+                Ok(())
+            }
             Ok(()) if registered => Ok(()),
             Ok(()) => Err(LockError::lost(&*self.name, "its ZooKeeper session or lease had ended")),
             Err(ZkError::NoNode) => Err(LockError::lost(
@@ -621,7 +637,7 @@ impl ZkHeld {
         let patience = self.shared.options.get_operation_timeout();
         let data = LeaseRecord::granted(remaining, &self.holder);
         let mut result = client.set_data(&self.path, &data, None).await;
-        if matches!(result, Err(ZkError::ConnectionLoss)) {
+        if matches!(result, Err(ref e) if cut(e)) {
             result = match wait_connected(&client, patience).await {
                 Ok(()) => client.set_data(&self.path, &data, None).await,
                 Err(e) => Err(e),
@@ -754,7 +770,7 @@ impl Hold {
                     EventType::Session => return false,
                     _ => {} // a data change: watch again
                 },
-                Err(ZkError::ConnectionLoss) => {
+                Err(ref e) if cut(e) => {
                     // Connected again, or still trying: watch again (unless the session ended).
                     if let Err(ZkError::SessionExpired) = wait_connected(&self.client, self.patience).await {
                         return false;
@@ -769,7 +785,7 @@ impl Hold {
         for _ in 0..4 {
             match send_delete(&self.client, &self.path).await {
                 Ok(()) | Err(ZkError::NoNode) => return,
-                Err(ZkError::ConnectionLoss) if wait_connected(&self.client, self.patience).await.is_ok() => {}
+                Err(ref e) if cut(e) && wait_connected(&self.client, self.patience).await.is_ok() => {}
                 Err(e) => {
                     tracing::warn!(node = %self.path, error = %e, "could not delete a lock node whose lease ended");
                     return;

@@ -24,6 +24,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Whether a request failed because its connection went, not because the server answered it:
+/// `ConnectionLoss`, and the client's own errors (`Custom`: a connection silent past its timeout,
+/// or an I/O error), which it hands every request in flight on the connection it drops. Its
+/// outcome is unknown; the session may live on through another member.
+fn cut(e: &zookeeper_client::Error) -> bool {
+    matches!(e, zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_))
+}
+
 fn zk_error(name: &str, operation: &'static str, e: zookeeper_client::Error) -> LockError {
     LockError::backend(name, KIND, operation, e)
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use zookeeper_client::{Client, Error as ZkError};
 
-use super::lock;
 use super::recipe::{find_own, parent};
 use super::session::{wait_connected, Session, Shared};
+use super::{cut, lock};
 
 /// Sends the deletes of the lock node at `path` and of its parent (which fails harmlessly when
 /// not empty) back to back, at once: requests are sent when this is called, so any later
@@ -129,7 +129,7 @@ async fn purge_until_done(
                     Leftover::Node(path) => Some(path.to_string()),
                     Leftover::Owner { dir, tag } => match find_own(client, dir, tag).await {
                         Ok(found) => found.map(|n| n.path.to_string()),
-                        Err(ZkError::ConnectionLoss) => {
+                        Err(ref e) if cut(e) => {
                             if wait_connected(client, patience).await.is_err() {
                                 return;
                             }
@@ -144,7 +144,7 @@ async fn purge_until_done(
         };
         match result {
             Ok(()) | Err(ZkError::NoNode) => return,
-            Err(ZkError::ConnectionLoss) => {
+            Err(ref e) if cut(e) => {
                 if wait_connected(client, patience).await.is_err() {
                     return;
                 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use zookeeper_client::{Acl, Acls, Client, CreateMode, Error as ZkError, Permission, Stat};
 
 use super::session::wait_connected;
-use super::NODE_PREFIX;
+use super::{cut, NODE_PREFIX};
 use crate::backend::{Holder, Lease};
 
 /// Added to a holder's fixed lease before a waiter deletes its node: covers a step of the
@@ -137,7 +137,7 @@ pub(super) async fn create_node(
             match find_own(client, dir, tag).await {
                 Ok(Some(node)) => return Ok(node),
                 Ok(None) => recovering = false,
-                Err(ZkError::ConnectionLoss) if tries < 8 => continue,
+                Err(ref e) if cut(e) && tries < 8 => continue,
                 Err(e) => return Err(e),
             }
         }
@@ -145,7 +145,7 @@ pub(super) async fn create_node(
             Ok((stat, seq)) => return Ok(Node::new(format!("{prefix}{seq}"), seq.into_i64(), &stat)),
             // No parent yet, or a release just deleted the empty parent: (re)create it.
             Err(ZkError::NoNode) if tries < 8 => make_dir(client, root, dir, acls).await?,
-            Err(ZkError::ConnectionLoss) if tries < 8 => recovering = true,
+            Err(ref e) if cut(e) && tries < 8 => recovering = true,
             Err(e) => return Err(e),
         }
     }

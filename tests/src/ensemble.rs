@@ -1,0 +1,239 @@
+//! The faults of a three-member ensemble, the same for every store that runs as one (etcd,
+//! ZooKeeper): one member killed (a follower, the leader), the leader stopped (SIGSTOP: its
+//! sockets stay open, nothing is answered), and the quorum lost then healed, each with a
+//! holder, a waiter queued before the fault and new callers, connected as a user does
+//! (`LockManager::connect(url)` with every member's address).
+//!
+//! Each store's test binary gives its fixture ([`Ensemble`]) and runs these cases.
+//!
+//! Margins: an ensemble elects a leader in about a second; the managers' defaults are a lease
+//! or session of 6 to 10 s and a 5 s operation bound. The waits below that only guard against
+//! a hang are several times those.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+// The trait serves this crate's tests only, on their own runtimes: no `Send` bound is needed.
+#![allow(async_fn_in_trait)]
+
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockGuard, LockManager};
+
+use crate::server_process::ServerProcess;
+
+/// An ensemble a fault case drives: its members by index.
+pub trait Ensemble {
+    /// The URL for `LockManager::connect` with member `first` first (the member the client
+    /// talks to first), then the others.
+    fn url_with_first(&self, first: usize) -> String;
+    /// The index of the leader (waiting until there is one).
+    fn leader(&self) -> usize;
+    /// Member `i`'s server process.
+    fn process(&mut self, i: usize) -> &mut ServerProcess;
+    /// SIGKILL of member `i`.
+    fn kill(&mut self, i: usize) {
+        self.process(i).kill();
+    }
+    /// Member `i` started again on its data.
+    fn restart(&mut self, i: usize) {
+        self.process(i).restart();
+    }
+    /// SIGSTOP of member `i`.
+    fn pause(&mut self, i: usize) {
+        self.process(i).pause();
+    }
+    /// SIGCONT of member `i`.
+    fn resume(&mut self, i: usize) {
+        self.process(i).resume();
+    }
+    /// Waits until every running member serves with a leader.
+    fn wait_serving(&self);
+    /// How many members.
+    fn size(&self) -> usize;
+    /// A manager whose connection is on member `i` (the member it talks to first).
+    async fn manager_on(&self, i: usize) -> LockManager {
+        LockManager::connect(&self.url_with_first(i)).await.expect("connect")
+    }
+}
+
+impl Ensemble for crate::etcd_cluster::EtcdCluster {
+    fn url_with_first(&self, first: usize) -> String {
+        let mut endpoints = self.endpoints();
+        endpoints.rotate_left(first);
+        let hosts: Vec<&str> = endpoints.iter().map(|e| e.trim_start_matches("http://")).collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+    fn leader(&self) -> usize {
+        crate::etcd_cluster::EtcdCluster::leader(self)
+    }
+    fn process(&mut self, i: usize) -> &mut ServerProcess {
+        &mut self.member(i).process
+    }
+    fn wait_serving(&self) {
+        self.wait_healthy(Duration::from_secs(30));
+    }
+    fn size(&self) -> usize {
+        crate::etcd_cluster::EtcdCluster::size(self)
+    }
+}
+
+impl Ensemble for crate::zk_ensemble::ZkEnsemble {
+    fn url_with_first(&self, first: usize) -> String {
+        format!("zookeeper://{}", self.hosts_with_first(first))
+    }
+    fn leader(&self) -> usize {
+        crate::zk_ensemble::ZkEnsemble::leader(self)
+    }
+    fn process(&mut self, i: usize) -> &mut ServerProcess {
+        &mut self.member(i).process
+    }
+    fn wait_serving(&self) {
+        crate::zk_ensemble::ZkEnsemble::wait_serving(self, Duration::from_secs(60));
+    }
+    fn size(&self) -> usize {
+        crate::zk_ensemble::ZkEnsemble::size(self)
+    }
+    /// The client picks a member at random: managers are connected until one lands on member
+    /// `i` (its count of client connections goes up), the others dropped.
+    async fn manager_on(&self, i: usize) -> LockManager {
+        let url = self.url_with_first(i);
+        for _ in 0..30 {
+            let before = self.connections(i);
+            let manager = LockManager::connect(&url).await.expect("connect");
+            if self.connections(i) > before {
+                return manager;
+            }
+        }
+        panic!("no manager's session landed on member {i} in 30 tries");
+    }
+}
+
+/// Ten new lock-and-release calls on fresh names: every one must succeed.
+pub async fn new_callers_succeed(manager: &LockManager, label: &str) {
+    for i in 0..10 {
+        let name = crate::unique(&format!("{label}-{i}"));
+        let guard = manager.lock(&name).wait(Duration::from_secs(10)).await.unwrap_or_else(|e| {
+            panic!("{label}: lock {i} failed while the ensemble serves: {e}");
+        });
+        guard.release().await.unwrap_or_else(|e| panic!("{label}: release {i} failed: {e}"));
+    }
+}
+
+type Waiter = tokio::task::JoinHandle<Result<LockGuard, LockError>>;
+
+/// A holder and a waiter queued behind it, each on its own manager connected to `url`.
+async fn holder_and_waiter(url: &str, label: &str, wait: Duration) -> (LockManager, LockManager, LockGuard, Waiter) {
+    let holder = LockManager::connect(url).await.expect("holder connects");
+    let waiter = LockManager::connect(url).await.expect("waiter connects");
+    let name = crate::unique(label);
+    let held = holder.lock(&name).await.expect("holder");
+    let queued = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name).wait(wait).await })
+    };
+    // The waiter queues (no signal crosses managers; 300 ms is many round trips on loopback,
+    // and a waiter that queues later only makes the case easier).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (holder, waiter, held, queued)
+}
+
+/// One member killed (`leader`: the leader, else a follower), the one the managers talk to
+/// first: the holder keeps its lock (no `lost()`) and releases it, the waiter queued before the
+/// fault is granted, new callers succeed.
+pub async fn one_member_killed(mut ensemble: impl Ensemble, leader: bool) {
+    let victim = if leader { ensemble.leader() } else { (ensemble.leader() + 1) % ensemble.size() };
+    let url = ensemble.url_with_first(victim);
+    let label = if leader { "leader killed" } else { "follower killed" };
+    let (holder, waiter, held, queued) = holder_and_waiter(&url, "member-killed", Duration::from_secs(60)).await;
+    ensemble.kill(victim);
+    ensemble.wait_serving();
+    new_callers_succeed(&holder, label).await;
+    assert!(!held.is_lost(), "{label}: the holder was told lost() while the majority kept its lease");
+    held.release().await.unwrap_or_else(|e| panic!("{label}: the holder's release failed: {e}"));
+    let granted = tokio::time::timeout(Duration::from_secs(60), queued).await.expect("the waiter ends").unwrap();
+    let granted = granted.unwrap_or_else(|e| panic!("{label}: the waiter failed: {e}"));
+    granted.release().await.expect("the waiter releases");
+    new_callers_succeed(&waiter, label).await;
+}
+
+/// The leader stopped (SIGSTOP), the member the managers talk to: a release sent at once
+/// succeeds, the waiter (whose `wait` is long) outlives the stall, new callers succeed, the
+/// holder's later release succeeds and the waiter is granted; after SIGCONT, new callers
+/// succeed.
+pub async fn the_leader_stopped(mut ensemble: impl Ensemble) {
+    let leader = ensemble.leader();
+    let holder = ensemble.manager_on(leader).await;
+    let waiter = ensemble.manager_on(leader).await;
+    let name = crate::unique("leader-stopped");
+    let held = holder.lock(&name).await.expect("holder");
+    let other = holder.lock(crate::unique("leader-stopped-other")).await.expect("holder of another");
+    let queued = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name).wait(Duration::from_secs(90)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // the waiter queues (see above)
+    ensemble.pause(leader);
+    other.release().await.unwrap_or_else(|e| panic!("a release sent as the leader stopped failed: {e}"));
+    // Longer than the operation bound (5 s): a waiter failing at its first look after the
+    // stall fails by now.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(!queued.is_finished(), "the waiter ended while the lock was held: {:?}", queued.await);
+    new_callers_succeed(&holder, "leader stopped").await;
+    assert!(!held.is_lost(), "the holder was told lost() while the majority kept its lease");
+    held.release().await.unwrap_or_else(|e| panic!("the holder's release failed during the stall: {e}"));
+    let granted = tokio::time::timeout(Duration::from_secs(60), queued).await.expect("the waiter ends").unwrap();
+    granted.unwrap_or_else(|e| panic!("the waiter failed during the stall: {e}")).release().await.expect("release");
+    ensemble.resume(leader);
+    ensemble.wait_serving();
+    new_callers_succeed(&waiter, "leader resumed").await;
+}
+
+/// Two of three members killed: the holder is told `lost()`, a new caller fails within its
+/// bound with a backend error; once both are back, the next operations succeed, and the
+/// holder's release says its lock was lost.
+pub async fn the_quorum_lost_and_healed(mut ensemble: impl Ensemble) {
+    let manager = LockManager::connect(&ensemble.url_with_first(0)).await.expect("connect");
+    let held = manager.lock(crate::unique("quorum")).await.expect("holder");
+    let leader = ensemble.leader();
+    let follower = (leader + 1) % ensemble.size();
+    ensemble.kill(follower);
+    ensemble.kill(leader);
+    tokio::time::timeout(Duration::from_secs(60), held.lost()).await.expect("lost() fired once the quorum was gone");
+    let refused = tokio::time::timeout(Duration::from_secs(60), manager.try_lock(crate::unique("quorum-other")))
+        .await
+        .expect("try_lock ends within its bound");
+    let err = refused.expect_err("no quorum, no lock");
+    assert!(err.is_backend(), "{err}");
+    ensemble.restart(follower);
+    ensemble.restart(leader);
+    ensemble.wait_serving();
+    // The first operation after the healing succeeds.
+    new_callers_succeed(&manager, "healed").await;
+    assert!(held.release().await.expect_err("its lease was lost").is_lost());
+}
+
+/// The four fault cases above as tests of the calling binary, each on an ensemble of its own
+/// made by `$start` (a fresh three-member ensemble).
+#[macro_export]
+macro_rules! ensemble_faults {
+    ($start:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_follower_killed_changes_nothing() {
+            $crate::ensemble::one_member_killed($start, false).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_leader_killed_changes_nothing_once_a_new_one_is_elected() {
+            $crate::ensemble::one_member_killed($start, true).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_leader_stopped_fails_no_operation_and_no_waiter() {
+            $crate::ensemble::the_leader_stopped($start).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_quorum_lost_fails_within_the_bound_and_heals() {
+            $crate::ensemble::the_quorum_lost_and_healed($start).await;
+        }
+    };
+}

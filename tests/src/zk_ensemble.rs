@@ -1,0 +1,197 @@
+//! A real ZooKeeper ensemble of three (or five) members for the ensemble tests: each member a
+//! JVM of its own (`QuorumPeerMain`, the Debian `zookeeper` package's jar) on free loopback
+//! ports (client, quorum, election) with its own data directory and `myid`; any member killed,
+//! stopped (SIGSTOP), continued or restarted on its own data, and the leader found with the
+//! `srvr` four-letter word.
+//!
+//! ```ignore
+//! let mut zk = lock_tests::zk_ensemble::ZkEnsemble::start(3);
+//! let manager = lock_runtime::LockManager::zookeeper(zk.hosts()).await?;
+//! let leader = zk.leader();
+//! zk.member(leader).process.pause();
+//! ```
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+use crate::server_process::ServerProcess;
+use crate::zk_server::{ZOOKEEPER_CONF_DIR, ZOOKEEPER_JAR};
+
+/// One member of a [`ZkEnsemble`].
+#[derive(Debug)]
+pub struct Member {
+    /// The client port.
+    pub port: u16,
+    /// Its server process: `kill` (SIGKILL, as a crash), `restart` on its ports and data
+    /// (waiting until it serves, when the ensemble has a quorum with it), `pause` (SIGSTOP),
+    /// `resume` (SIGCONT).
+    pub process: ServerProcess,
+}
+
+impl Member {
+    /// `127.0.0.1:<port>`.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The member's mode (`leader`, `follower`), if it serves.
+    pub fn mode(&self) -> Option<String> {
+        mode(self.port)
+    }
+}
+
+/// An ensemble of ZooKeeper members on loopback, each killed on drop.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    members: Vec<Member>,
+}
+
+impl ZkEnsemble {
+    /// Starts `size` members and waits until each serves as leader or follower. Panics
+    /// (failing the test) if `java` or the jar is missing or the ensemble does not form
+    /// within 60 s.
+    pub fn start(size: usize) -> ZkEnsemble {
+        assert!(
+            std::path::Path::new(ZOOKEEPER_JAR).exists(),
+            "{ZOOKEEPER_JAR} is missing: install the `zookeeper` package (scripts/test does)"
+        );
+        let ports: Vec<(u16, u16, u16)> = (0..size).map(|_| (free_port(), free_port(), free_port())).collect();
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, quorum, election))| format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1))
+            .collect();
+        let mut members = Vec::with_capacity(size);
+        for (i, &(port, _, _)) in ports.iter().enumerate() {
+            let dir = ServerProcess::temp_dir(&format!("zk-m{i}"));
+            std::fs::create_dir_all(dir.join("data")).expect("create the ZooKeeper data directory");
+            std::fs::write(dir.join("data").join("myid"), format!("{}\n", i + 1)).expect("write myid");
+            // A tick of 250 ms: elections and session timeouts in the test's time scale
+            // (sessions from 500 ms; a follower that misses 10 ticks, 2.5 s, drops out).
+            let config = format!(
+                "tickTime=250\n\
+                 initLimit=40\n\
+                 syncLimit=10\n\
+                 minSessionTimeout=500\n\
+                 maxSessionTimeout=30000\n\
+                 dataDir={data}\n\
+                 clientPort={port}\n\
+                 clientPortAddress=127.0.0.1\n\
+                 maxClientCnxns=0\n\
+                 admin.enableServer=false\n\
+                 4lw.commands.whitelist=ruok,srvr,mntr\n\
+                 forceSync=no\n\
+                 {servers}",
+                data = dir.join("data").display(),
+            );
+            std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
+            let spawn = |dir: &std::path::Path| {
+                let mut java = Command::new("java");
+                java.args([
+                    "-Xmx192m",
+                    "-XX:+UseSerialGC",
+                    "-XX:TieredStopAtLevel=1",
+                    "-Xshare:auto",
+                    "-Dzookeeper.admin.enableServer=false",
+                    "-Dzookeeper.jmx.log4j.disable=true",
+                    "-cp",
+                    &format!("{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}"),
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                ])
+                .arg(dir.join("zoo.cfg"));
+                java
+            };
+            // A member alone does not serve: "started" once its client port takes connections;
+            // the ensemble waits below until every member has a mode.
+            let ready = move || {
+                TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Duration::from_millis(200))
+                    .is_ok()
+            };
+            let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(60));
+            process.start();
+            members.push(Member { port, process });
+        }
+        let ensemble = ZkEnsemble { members };
+        ensemble.wait_serving(Duration::from_secs(60));
+        ensemble
+    }
+
+    /// `h:p,h:p,h:p`, the host list for the client.
+    pub fn hosts(&self) -> String {
+        self.members.iter().map(Member::host).collect::<Vec<_>>().join(",")
+    }
+
+    /// The host list with member `first` first (the member the client tries first).
+    pub fn hosts_with_first(&self, first: usize) -> String {
+        let mut hosts: Vec<String> = self.members.iter().map(Member::host).collect();
+        hosts.rotate_left(first);
+        hosts.join(",")
+    }
+
+    /// Member `i`.
+    pub fn member(&mut self, i: usize) -> &mut Member {
+        &mut self.members[i]
+    }
+
+    /// How many members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The index of the leader, waiting (up to 60 s) until one running member says it leads.
+    pub fn leader(&self) -> usize {
+        let started = Instant::now();
+        loop {
+            let leader = (0..self.members.len())
+                .find(|&i| self.members[i].process.running() && self.members[i].mode().as_deref() == Some("leader"));
+            if let Some(leader) = leader {
+                return leader;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "no ZooKeeper leader within 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Member `i`'s count of client connections (`mntr`), 0 when it does not answer.
+    pub fn connections(&self, i: usize) -> u64 {
+        let answer = four_letter_word(self.members[i].port, "mntr").unwrap_or_default();
+        let line = answer.lines().find_map(|l| l.strip_prefix("zk_num_alive_connections"));
+        line.and_then(|l| l.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// A member that is not the leader.
+    pub fn follower(&self) -> usize {
+        (self.leader() + 1) % self.members.len()
+    }
+
+    /// Waits until every running member serves (as leader or follower); panics after `within`.
+    pub fn wait_serving(&self, within: Duration) {
+        let started = Instant::now();
+        while !self.members.iter().filter(|m| m.process.running()).all(|m| m.mode().is_some()) {
+            assert!(started.elapsed() < within, "the ZooKeeper ensemble did not serve within {within:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A four-letter word's answer, if the member answers.
+fn four_letter_word(port: u16, word: &str) -> Option<String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    stream.write_all(word.as_bytes()).ok()?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    Some(answer)
+}
+
+/// `srvr`'s `Mode:` line, when the member serves.
+fn mode(port: u16) -> Option<String> {
+    let answer = four_letter_word(port, "srvr")?;
+    answer.lines().find_map(|l| l.strip_prefix("Mode: ")).map(|m| m.trim().to_owned())
+}
