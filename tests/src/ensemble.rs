@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockError, LockGuard, LockManager};
 
+use crate::netns::{Client, Net};
 use crate::server_process::ServerProcess;
 
 /// An ensemble a fault case drives: its members by index.
@@ -49,10 +50,22 @@ pub trait Ensemble {
     fn wait_serving(&self);
     /// How many members.
     fn size(&self) -> usize;
-    /// A manager whose connection is on member `i` (the member it talks to first).
-    async fn manager_on(&self, i: usize) -> LockManager {
-        LockManager::connect(&self.url_with_first(i)).await.expect("connect")
+    /// The private network of a partitionable ensemble.
+    fn net(&self) -> Option<&Net>;
+    /// A manager whose connection is on member `i` (the member it talks to first), made on
+    /// `client` (its sockets in the client's namespace) or, without one, on the caller's runtime.
+    async fn manager_on(&self, i: usize, client: Option<&Client>) -> LockManager {
+        connect_on(self.url_with_first(i), client).await
     }
+}
+
+/// `LockManager::connect(url)` on `client`, or on the caller's runtime.
+pub async fn connect_on(url: String, client: Option<&Client>) -> LockManager {
+    match client {
+        Some(client) => client.spawn(async move { LockManager::connect(&url).await }).await.expect("client task"),
+        None => LockManager::connect(&url).await,
+    }
+    .expect("connect")
 }
 
 impl Ensemble for crate::etcd_cluster::EtcdCluster {
@@ -74,6 +87,9 @@ impl Ensemble for crate::etcd_cluster::EtcdCluster {
     fn size(&self) -> usize {
         crate::etcd_cluster::EtcdCluster::size(self)
     }
+    fn net(&self) -> Option<&Net> {
+        crate::etcd_cluster::EtcdCluster::net(self)
+    }
 }
 
 impl Ensemble for crate::zk_ensemble::ZkEnsemble {
@@ -92,13 +108,16 @@ impl Ensemble for crate::zk_ensemble::ZkEnsemble {
     fn size(&self) -> usize {
         crate::zk_ensemble::ZkEnsemble::size(self)
     }
+    fn net(&self) -> Option<&Net> {
+        crate::zk_ensemble::ZkEnsemble::net(self)
+    }
     /// The client picks a member at random: managers are connected until one lands on member
     /// `i` (its count of client connections goes up), the others dropped.
-    async fn manager_on(&self, i: usize) -> LockManager {
+    async fn manager_on(&self, i: usize, client: Option<&Client>) -> LockManager {
         let url = self.url_with_first(i);
         for _ in 0..30 {
             let before = self.connections(i);
-            let manager = LockManager::connect(&url).await.expect("connect");
+            let manager = connect_on(url.clone(), client).await;
             if self.connections(i) > before {
                 return manager;
             }
@@ -161,8 +180,8 @@ pub async fn one_member_killed(mut ensemble: impl Ensemble, leader: bool) {
 /// succeed.
 pub async fn the_leader_stopped(mut ensemble: impl Ensemble) {
     let leader = ensemble.leader();
-    let holder = ensemble.manager_on(leader).await;
-    let waiter = ensemble.manager_on(leader).await;
+    let holder = ensemble.manager_on(leader, None).await;
+    let waiter = ensemble.manager_on(leader, None).await;
     let name = crate::unique("leader-stopped");
     let held = holder.lock(&name).await.expect("holder");
     let other = holder.lock(crate::unique("leader-stopped-other")).await.expect("holder of another");
@@ -211,11 +230,12 @@ pub async fn the_quorum_lost_and_healed(mut ensemble: impl Ensemble) {
     assert!(held.release().await.expect_err("its lease was lost").is_lost());
 }
 
-/// The four fault cases above as tests of the calling binary, each on an ensemble of its own
-/// made by `$start` (a fresh three-member ensemble).
+/// The four fault cases above, and the partitions of [`partitions`](crate::partitions), as
+/// tests of the calling binary, each on an ensemble of its own: `$start` makes a fresh
+/// three-member ensemble, `$partitionable` one on a private network with two clients.
 #[macro_export]
 macro_rules! ensemble_faults {
-    ($start:expr) => {
+    ($start:expr, $partitionable:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_follower_killed_changes_nothing() {
             $crate::ensemble::one_member_killed($start, false).await;
@@ -234,6 +254,42 @@ macro_rules! ensemble_faults {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn the_quorum_lost_fails_within_the_bound_and_heals() {
             $crate::ensemble::the_quorum_lost_and_healed($start).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_the_leader_isolated_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::LeaderIsolated).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_the_leader_cut_from_its_peers_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::LeaderCutFromPeers).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_a_follower_isolated_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::FollowerIsolated).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_the_client_cut_from_its_member_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::ClientCutFromItsMember)
+                .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_one_way_from_the_leader_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::OneWayFromTheLeader).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_a_bridge_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::Bridge).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_the_client_on_the_minority_side_is_told_lost_first() {
+            $crate::partitions::the_client_on_the_minority_side($partitionable).await;
         }
     };
 }

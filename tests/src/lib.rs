@@ -12,6 +12,8 @@ pub mod lifecycle;
 pub mod multiplexing;
 #[cfg(feature = "mysql")]
 pub mod mysql_server;
+pub mod netns;
+pub mod partitions;
 #[cfg(feature = "postgres")]
 pub mod pg_server;
 #[cfg(feature = "redis")]

@@ -19,12 +19,15 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::free_port;
+use crate::netns::{End, Net};
 use crate::server_process::ServerProcess;
 use crate::zk_server::{ZOOKEEPER_CONF_DIR, ZOOKEEPER_JAR};
 
 /// One member of a [`ZkEnsemble`].
 #[derive(Debug)]
 pub struct Member {
+    /// Its address: loopback, or its own in a partitionable ensemble.
+    pub ip: Ipv4Addr,
     /// The client port.
     pub port: u16,
     /// Its server process: `kill` (SIGKILL, as a crash), `restart` on its ports and data
@@ -34,14 +37,14 @@ pub struct Member {
 }
 
 impl Member {
-    /// `127.0.0.1:<port>`.
+    /// `<ip>:<port>`.
     pub fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.ip, self.port)
     }
 
     /// The member's mode (`leader`, `follower`), if it serves.
     pub fn mode(&self) -> Option<String> {
-        mode(self.port)
+        mode(self.ip, self.port)
     }
 }
 
@@ -49,6 +52,8 @@ impl Member {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<Member>,
+    /// The private network of a partitionable ensemble (after `members`: dropped after them).
+    net: Option<Net>,
 }
 
 impl ZkEnsemble {
@@ -56,6 +61,23 @@ impl ZkEnsemble {
     /// (failing the test) if `java` or the jar is missing or the ensemble does not form
     /// within 60 s.
     pub fn start(size: usize) -> ZkEnsemble {
+        Self::start_in(size, None)
+    }
+
+    /// An ensemble whose members each run in a network namespace of their own on a private
+    /// network with `clients` client namespaces (`netns`): links can be cut.
+    pub fn start_partitionable(size: usize, clients: usize) -> ZkEnsemble {
+        Self::start_in(size, Some(Net::new(size, clients)))
+    }
+
+    /// The private network, in a partitionable ensemble.
+    pub fn net(&self) -> Option<&Net> {
+        self.net.as_ref()
+    }
+
+    fn start_in(size: usize, net: Option<Net>) -> ZkEnsemble {
+        let ips: Vec<Ipv4Addr> =
+            (0..size).map(|i| net.as_ref().map_or(Ipv4Addr::LOCALHOST, |n| n.addr(End::Member(i)))).collect();
         assert!(
             std::path::Path::new(ZOOKEEPER_JAR).exists(),
             "{ZOOKEEPER_JAR} is missing: install the `zookeeper` package (scripts/test does)"
@@ -64,7 +86,7 @@ impl ZkEnsemble {
         let servers: String = ports
             .iter()
             .enumerate()
-            .map(|(i, (_, quorum, election))| format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1))
+            .map(|(i, (_, quorum, election))| format!("server.{}={}:{quorum}:{election}\n", i + 1, ips[i]))
             .collect();
         let mut members = Vec::with_capacity(size);
         for (i, &(port, _, _)) in ports.iter().enumerate() {
@@ -81,17 +103,24 @@ impl ZkEnsemble {
                  maxSessionTimeout=30000\n\
                  dataDir={data}\n\
                  clientPort={port}\n\
-                 clientPortAddress=127.0.0.1\n\
+                 clientPortAddress={ip}\n\
                  maxClientCnxns=0\n\
                  admin.enableServer=false\n\
                  4lw.commands.whitelist=ruok,srvr,mntr\n\
                  forceSync=no\n\
                  {servers}",
                 data = dir.join("data").display(),
+                ip = ips[i],
             );
             std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
-            let spawn = |dir: &std::path::Path| {
-                let mut java = Command::new("java");
+            let command = net.as_ref().map_or_else(|| Command::new("java"), |n| n.command(i, "java"));
+            let (program, args): (String, Vec<String>) = (
+                command.get_program().to_string_lossy().into_owned(),
+                command.get_args().map(|a| a.to_string_lossy().into_owned()).collect(),
+            );
+            let spawn = move |dir: &std::path::Path| {
+                let mut java = Command::new(&program);
+                java.args(&args);
                 java.args([
                     "-Xmx192m",
                     "-XX:+UseSerialGC",
@@ -108,15 +137,14 @@ impl ZkEnsemble {
             };
             // A member alone does not serve: "started" once its client port takes connections;
             // the ensemble waits below until every member has a mode.
-            let ready = move || {
-                TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), Duration::from_millis(200))
-                    .is_ok()
-            };
+            let ip = ips[i];
+            let ready =
+                move || TcpStream::connect_timeout(&SocketAddr::from((ip, port)), Duration::from_millis(200)).is_ok();
             let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(60));
             process.start();
-            members.push(Member { port, process });
+            members.push(Member { ip, port, process });
         }
-        let ensemble = ZkEnsemble { members };
+        let ensemble = ZkEnsemble { members, net };
         ensemble.wait_serving(Duration::from_secs(60));
         ensemble
     }
@@ -159,7 +187,7 @@ impl ZkEnsemble {
 
     /// Member `i`'s count of client connections (`mntr`), 0 when it does not answer.
     pub fn connections(&self, i: usize) -> u64 {
-        let answer = four_letter_word(self.members[i].port, "mntr").unwrap_or_default();
+        let answer = four_letter_word(self.members[i].ip, self.members[i].port, "mntr").unwrap_or_default();
         let line = answer.lines().find_map(|l| l.strip_prefix("zk_num_alive_connections"));
         line.and_then(|l| l.trim().parse().ok()).unwrap_or(0)
     }
@@ -180,8 +208,8 @@ impl ZkEnsemble {
 }
 
 /// A four-letter word's answer, if the member answers.
-fn four_letter_word(port: u16, word: &str) -> Option<String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+fn four_letter_word(ip: Ipv4Addr, port: u16, word: &str) -> Option<String> {
+    let addr = SocketAddr::from((ip, port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
     stream.write_all(word.as_bytes()).ok()?;
@@ -191,7 +219,7 @@ fn four_letter_word(port: u16, word: &str) -> Option<String> {
 }
 
 /// `srvr`'s `Mode:` line, when the member serves.
-fn mode(port: u16) -> Option<String> {
-    let answer = four_letter_word(port, "srvr")?;
+fn mode(ip: Ipv4Addr, port: u16) -> Option<String> {
+    let answer = four_letter_word(ip, port, "srvr")?;
     answer.lines().find_map(|l| l.strip_prefix("Mode: ")).map(|m| m.trim().to_owned())
 }

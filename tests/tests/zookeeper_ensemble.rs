@@ -27,4 +27,4 @@ lock_tests::conformance_suite!(
     inspect = true
 );
 
-lock_tests::ensemble_faults!(ZkEnsemble::start(3));
+lock_tests::ensemble_faults!(ZkEnsemble::start(3), ZkEnsemble::start_partitionable(3, 2));
