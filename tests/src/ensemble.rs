@@ -232,10 +232,14 @@ pub async fn the_quorum_lost_and_healed(mut ensemble: impl Ensemble) {
 
 /// The four fault cases above, and the partitions of [`partitions`](crate::partitions), as
 /// tests of the calling binary, each on an ensemble of its own: `$start` makes a fresh
-/// three-member ensemble, `$partitionable` one on a private network with two clients.
+/// three-member ensemble, `$partitionable` one on a private network with two clients, and
+/// `$minority` (if given; else `$partitionable`) the one the minority-side case runs on.
 #[macro_export]
 macro_rules! ensemble_faults {
     ($start:expr, $partitionable:expr) => {
+        $crate::ensemble_faults!($start, $partitionable, $partitionable);
+    };
+    ($start:expr, $partitionable:expr, $minority:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_follower_killed_changes_nothing() {
             $crate::ensemble::one_member_killed($start, false).await;
@@ -278,6 +282,11 @@ macro_rules! ensemble_faults {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_the_client_cut_from_two_members_of_three_fails_nothing() {
+            $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::ClientSeesOneMember).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn partition_one_way_from_the_leader_fails_nothing() {
             $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::OneWayFromTheLeader).await;
         }
@@ -289,7 +298,7 @@ macro_rules! ensemble_faults {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn partition_the_client_on_the_minority_side_is_told_lost_first() {
-            $crate::partitions::the_client_on_the_minority_side($partitionable).await;
+            $crate::partitions::the_client_on_the_minority_side($minority).await;
         }
     };
 }

@@ -6,7 +6,7 @@
 //! Two shapes:
 //! - [`a_minority_cut_off`]: any minority of the ensemble cut away from the rest (the leader
 //!   isolated, the leader cut from its peers while its clients still reach it, a follower
-//!   isolated, the client cut from the member it talks to, the leader's packets to its peers
+//!   isolated, the client cut from the member it talks to (or from two of three), the leader's packets to its peers
 //!   dropped one way, a bridge): the targets are those of a member killed, **no operation
 //!   fails** (a release sent as the cut happens, new callers), a waiter queued before the cut
 //!   outlives it, the holder keeps its lock (no `lost()`), and after healing new callers
@@ -41,6 +41,9 @@ pub enum Cut {
     FollowerIsolated,
     /// The client cut from the leader, the member it talks to; the ensemble whole.
     ClientCutFromItsMember,
+    /// The client cut from two members of three (the leader, which it talks to, and a
+    /// follower): it reaches the third only; the ensemble whole.
+    ClientSeesOneMember,
     /// Every packet the leader sends its peers dropped; what they send it arrives.
     OneWayFromTheLeader,
     /// The leader and a follower cut from each other; the third member sees both.
@@ -54,6 +57,7 @@ impl Cut {
             Cut::LeaderCutFromPeers => "leader cut from its peers",
             Cut::FollowerIsolated => "follower isolated",
             Cut::ClientCutFromItsMember => "client cut from its member",
+            Cut::ClientSeesOneMember => "client cut from two members of three",
             Cut::OneWayFromTheLeader => "leader's packets to its peers dropped",
             Cut::Bridge => "bridge",
         }
@@ -112,6 +116,10 @@ pub async fn a_minority_cut_off(ensemble: impl Ensemble, cut: Cut) {
         }
         Cut::FollowerIsolated => net.split(&[End::Member(follower)]),
         Cut::ClientCutFromItsMember => net.cut(End::Client(0), End::Member(leader)),
+        Cut::ClientSeesOneMember => {
+            net.cut(End::Client(0), End::Member(leader));
+            net.cut(End::Client(0), End::Member(follower));
+        }
         Cut::OneWayFromTheLeader => {
             net.cut_one_way(End::Member(leader), End::Member(follower));
             net.cut_one_way(End::Member(leader), End::Member(third));

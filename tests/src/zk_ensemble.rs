@@ -23,6 +23,9 @@ use crate::netns::{End, Net};
 use crate::server_process::ServerProcess;
 use crate::zk_server::{ZOOKEEPER_CONF_DIR, ZOOKEEPER_JAR};
 
+/// Ticks (of 250 ms) a follower waits for its leader before it gives up on it.
+const SYNC_LIMIT: u32 = 10;
+
 /// One member of a [`ZkEnsemble`].
 #[derive(Debug)]
 pub struct Member {
@@ -61,13 +64,21 @@ impl ZkEnsemble {
     /// (failing the test) if `java` or the jar is missing or the ensemble does not form
     /// within 60 s.
     pub fn start(size: usize) -> ZkEnsemble {
-        Self::start_in(size, None)
+        Self::start_in(size, None, SYNC_LIMIT)
     }
 
     /// An ensemble whose members each run in a network namespace of their own on a private
     /// network with `clients` client namespaces (`netns`): links can be cut.
     pub fn start_partitionable(size: usize, clients: usize) -> ZkEnsemble {
-        Self::start_in(size, Some(Net::new(size, clients)))
+        Self::start_in(size, Some(Net::new(size, clients)), SYNC_LIMIT)
+    }
+
+    /// [`start_partitionable`](Self::start_partitionable) with followers that notice a lost
+    /// leader only after 40 ticks (10 s), longer than the clients' 6 s sessions: a follower cut
+    /// from its leader answers its clients' pings past the moment the leader ends their sessions
+    /// (ZooKeeper's usual `tickTime=2000`, `syncLimit=5` beside 6 s sessions).
+    pub fn start_partitionable_slow_followers(size: usize, clients: usize) -> ZkEnsemble {
+        Self::start_in(size, Some(Net::new(size, clients)), 40)
     }
 
     /// The private network, in a partitionable ensemble.
@@ -75,7 +86,7 @@ impl ZkEnsemble {
         self.net.as_ref()
     }
 
-    fn start_in(size: usize, net: Option<Net>) -> ZkEnsemble {
+    fn start_in(size: usize, net: Option<Net>, sync_limit: u32) -> ZkEnsemble {
         let ips: Vec<Ipv4Addr> =
             (0..size).map(|i| net.as_ref().map_or(Ipv4Addr::LOCALHOST, |n| n.addr(End::Member(i)))).collect();
         assert!(
@@ -98,7 +109,7 @@ impl ZkEnsemble {
             let config = format!(
                 "tickTime=250\n\
                  initLimit=40\n\
-                 syncLimit=10\n\
+                 syncLimit={sync_limit}\n\
                  minSessionTimeout=500\n\
                  maxSessionTimeout=30000\n\
                  dataDir={data}\n\

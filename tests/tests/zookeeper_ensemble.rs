@@ -27,4 +27,10 @@ lock_tests::conformance_suite!(
     inspect = true
 );
 
-lock_tests::ensemble_faults!(ZkEnsemble::start(3), ZkEnsemble::start_partitionable(3, 2));
+// The client on the minority side is cut off with a follower that notices only after its
+// clients' sessions could have ended on the majority (`start_partitionable_slow_followers`).
+lock_tests::ensemble_faults!(
+    ZkEnsemble::start(3),
+    ZkEnsemble::start_partitionable(3, 2),
+    ZkEnsemble::start_partitionable_slow_followers(3, 2)
+);

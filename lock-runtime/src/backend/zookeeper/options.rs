@@ -89,8 +89,10 @@ impl ZookeeperOptions {
     }
 
     /// How long the client may stay disconnected before every lock held through the session is
-    /// reported lost and the session is abandoned. Default: half the negotiated session timeout
-    /// (see the [module docs](super) for why not all of it).
+    /// reported lost and the session is abandoned, if that is sooner than the session's own
+    /// deadline. Default: unset: locks are reported lost when the ensemble's leader has not
+    /// confirmed the session for 3/4 of the negotiated session timeout, connected or not (see
+    /// the [module docs](super)).
     pub fn lost_after_disconnect(mut self, grace: Duration) -> Self {
         self.lost_after_disconnect = Some(grace);
         self

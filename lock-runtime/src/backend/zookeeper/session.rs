@@ -137,8 +137,11 @@ impl Shared {
             return Ok(session);
         }
         let bound = self.options.get_operation_timeout();
-        let connector =
-            Client::connector().with_session_timeout(self.options.get_session_timeout()).with_fail_eagerly();
+        let session_timeout = self.options.get_session_timeout();
+        let connector = Client::connector()
+            .with_session_timeout(session_timeout)
+            .with_connection_timeout(connection_timeout(session_timeout, &self.hosts))
+            .with_fail_eagerly();
         let connector = match self.options.get_digest() {
             Some(d) => connector.with_auth("digest", format!("{}:{}", d.user, d.password).as_bytes()),
             None => connector,
@@ -190,13 +193,15 @@ impl Shared {
             Err(_) => return Err(gone(name, operation, format!("could not create the lock root within {bound:?}"))),
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        // Within range: the option is validated, the negotiated timeout is the server's (an i32
-        // of milliseconds).
-        let grace = self.options.get_lost_after_disconnect().unwrap_or(client.session_timeout() / 2);
+        let watch = Watch {
+            grace: self.options.get_lost_after_disconnect(),
+            confirm: Confirm::new(client.session_timeout()),
+            root: self.options.get_root().to_owned(),
+        };
         let watcher = client.state_watcher();
         let session = Arc::new(Session { client, generation, dead: AtomicBool::new(false), died: Default::default() });
         *lock(&self.current) = Some(session.clone());
-        tokio::spawn(supervise(Arc::downgrade(self), Arc::downgrade(&session), watcher, grace));
+        tokio::spawn(supervise(Arc::downgrade(self), Arc::downgrade(&session), watcher, watch));
         tracing::debug!(hosts = %self.hosts, generation, "ZooKeeper session established");
         Ok(session)
     }
@@ -271,36 +276,121 @@ impl Shared {
     }
 }
 
-/// Watches the session of one backend: fires `lost()` on its locks when it expires or stays
-/// disconnected past `grace`. Ends with the session (the backend dropped closes it).
+/// What the supervisor of a session watches for.
+struct Watch {
+    /// `lost_after_disconnect`, if set.
+    grace: Option<Duration>,
+    confirm: Confirm,
+    /// The lock root (the path synced).
+    root: String,
+}
+
+/// How a session is confirmed with the ensemble's leader: a `sync` every `every`; the session
+/// is believed alive for `within` after the last confirmed one was sent.
+///
+/// The connection alone cannot tell: a follower cut from its leader goes on answering its
+/// clients' pings until it notices (`syncLimit` ticks, 10 s with the usual settings), while the
+/// leader, which no longer hears of the session, ends it a session timeout after the cut and
+/// lets another client take its locks. A `sync` goes through the leader, so one answered says
+/// that the follower still reached it (and so, within half a tick, forwarded the session's
+/// touches) after it was sent.
+#[derive(Debug, Clone, Copy)]
+struct Confirm {
+    every: Duration,
+    within: Duration,
+}
+
+impl Confirm {
+    /// For a negotiated session timeout `t`: a sync every `t/8`, the session believed alive for
+    /// `3t/4` after the last confirmed one was sent. The ensemble can end it `t` after the leader
+    /// last heard of it, so `lost()` fires at least `t/4` less half a tick before (6 s sessions
+    /// on 2 s ticks: 0.5 s), and a leader's failure is survived if a new one is elected and
+    /// the session reconnected within `5t/8` of the last confirmation (ensembles that notice a
+    /// lost leader after `syncLimit` ticks need `syncLimit × tickTime` well below that).
+    fn new(t: Duration) -> Self {
+        Confirm { every: (t / 8).max(Duration::from_millis(1)), within: t * 3 / 4 }
+    }
+}
+
+/// Watches the session of one backend: fires `lost()` on its locks when it expires or is
+/// closed, when the ensemble's leader has not confirmed it for `confirm.within` ([`Confirm`]),
+/// or when it stays disconnected past `lost_after_disconnect` (if set). Ends with the session
+/// (the backend dropped closes it).
 async fn supervise(
     shared: Weak<Shared>,
     session: Weak<Session>,
     mut watcher: zookeeper_client::StateWatcher,
-    grace: Duration,
+    watch: Watch,
 ) {
     let generation = match session.upgrade() {
         Some(s) => s.generation,
         None => return,
     };
+    let Confirm { every, within } = watch.confirm;
     let mut state = watcher.peek_state();
+    let now = tokio::time::Instant::now();
+    // Just made: the session's creation went through the leader.
+    let (mut confirmed, mut next_sync, mut disconnected_at) = (now, now + every, now);
     let reason = loop {
-        state = match state {
-            SessionState::Disconnected => {
-                tokio::select! {
-                    next = watcher.changed() => next,
-                    _ = tokio::time::sleep(grace) => {
-                        break format!("the ZooKeeper session was disconnected for longer than {grace:?}");
-                    }
+        if state.is_terminated() {
+            break format!("the ZooKeeper session ended ({state})");
+        }
+        let grace = watch.grace.filter(|_| state == SessionState::Disconnected);
+        let disconnected_too_long = async {
+            match grace {
+                Some(grace) => tokio::time::sleep_until(disconnected_at + grace).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            next = watcher.changed() => {
+                state = next;
+                match state {
+                    SessionState::Disconnected => disconnected_at = tokio::time::Instant::now(),
+                    // Confirm at once after a reconnection.
+                    SessionState::SyncConnected => next_sync = tokio::time::Instant::now(),
+                    _ => {}
                 }
             }
-            s if s.is_terminated() => break format!("the ZooKeeper session ended ({s})"),
-            _ => watcher.changed().await,
-        };
+            () = disconnected_too_long => {
+                let grace = grace.unwrap_or_default();
+                break format!("the ZooKeeper session was disconnected for longer than {grace:?}");
+            }
+            () = tokio::time::sleep_until(confirmed + within) => {
+                break format!(
+                    "the ZooKeeper ensemble's leader did not confirm the session for {within:?} (the ensemble \
+                     may end it and grant its locks to others)"
+                );
+            }
+            synced = sync_once(&session, &watch.root, next_sync, every) => match synced {
+                None => return, // the backend is gone, and the session with it
+                Some((sent, answered)) => {
+                    if answered {
+                        confirmed = confirmed.max(sent);
+                    }
+                    next_sync = if answered { sent + every } else { tokio::time::Instant::now() + every / 4 };
+                }
+            },
+        }
     };
     if let Some(shared) = shared.upgrade() {
         shared.session_lost(session.upgrade(), generation, &reason);
     }
+}
+
+/// At `at`, a `sync` of `root` on the session, waited for at most `patience`: when it was sent
+/// and whether it was answered; `None` once the session is dropped.
+async fn sync_once(
+    session: &Weak<Session>,
+    root: &str,
+    at: tokio::time::Instant,
+    patience: Duration,
+) -> Option<(tokio::time::Instant, bool)> {
+    tokio::time::sleep_until(at).await;
+    let session = session.upgrade()?;
+    let sent = tokio::time::Instant::now();
+    let answered = matches!(tokio::time::timeout(patience, session.client.sync(root)).await, Ok(Ok(())));
+    Some((sent, answered))
 }
 
 /// Waits until `client` is connected again after a connection loss, at most `patience` (and
@@ -382,4 +472,17 @@ async fn handshake_failure(
     };
     let error = tokio::time::timeout_at(deadline, handshake).await.ok()??;
     Some(format!("a TLS handshake with `{first}` failed: {error}"))
+}
+
+/// How long a connection may stay silent (and a connect attempt may take) before the client
+/// moves to the next member: the client's own default (2/5 of the session timeout) with one
+/// server, and with `n` members `1/(2n)` of it (not below 500 ms), so that after a member goes
+/// silent every other member is tried within half the session timeout, before the holder is
+/// told `lost()` (see [`Confirm`]) and well before the session ends on the ensemble (a client
+/// cut from two members of three, its session on one of them, waited 2.4 s for each silent
+/// member at a 6 s session and was told `lost()` with the third one up).
+fn connection_timeout(session_timeout: Duration, hosts: &str) -> Duration {
+    let members = hosts.split(',').filter(|h| !h.trim().is_empty()).count().max(1) as u32;
+    let eager = session_timeout / (2 * members);
+    (session_timeout * 2 / 5).min(eager.max(Duration::from_millis(500)))
 }
