@@ -230,7 +230,8 @@ pub async fn the_quorum_lost_and_healed(mut ensemble: impl Ensemble) {
     assert!(held.release().await.expect_err("its lease was lost").is_lost());
 }
 
-/// The four fault cases above, and the partitions of [`partitions`](crate::partitions), as
+/// The four fault cases above, the partitions of [`partitions`](crate::partitions) and the
+/// clock faults of [`clocks`](crate::clocks) (with this package's `hold_worker`), as
 /// tests of the calling binary, each on an ensemble of its own: `$start` makes a fresh
 /// three-member ensemble, `$partitionable` one on a private network with two clients, and
 /// `$minority` (if given; else `$partitionable`) the one the minority-side case runs on.
@@ -294,6 +295,20 @@ macro_rules! ensemble_faults {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn partition_a_bridge_fails_nothing() {
             $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::Bridge).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn clock_a_holders_wall_clock_stepped_changes_nothing() {
+            $crate::clocks::the_wall_clock_of_a_holder_jumps($partitionable, env!("CARGO_BIN_EXE_hold_worker")).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn clock_a_slow_holder_cut_off_is_told_lost_first() {
+            $crate::clocks::a_slow_holder_clock_is_told_before_the_majority_grants(
+                $partitionable,
+                env!("CARGO_BIN_EXE_hold_worker"),
+            )
+            .await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,7 +93,7 @@ impl EtcdCluster {
         let mut members = Vec::with_capacity(size);
         for (i, &(port, peer_port, metrics_port)) in ports.iter().enumerate() {
             let (initial, token, ip) = (initial.clone(), token.clone(), ips[i]);
-            let command = net.as_ref().map_or_else(|| Command::new("etcd"), |n| n.command(i, "etcd"));
+            let command = net.as_ref().map_or_else(|| Command::new("etcd"), |n| n.command(End::Member(i), "etcd"));
             let (program, args): (String, Vec<String>) = (
                 command.get_program().to_string_lossy().into_owned(),
                 command.get_args().map(|a| a.to_string_lossy().into_owned()).collect(),

@@ -2,6 +2,7 @@
 //! harnesses that start real servers for the backend tests.
 
 pub use lock_runtime::{conformance, conformance_suite};
+pub mod clocks;
 pub mod ensemble;
 pub mod etcd_cluster;
 pub mod etcd_server;

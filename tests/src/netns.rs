@@ -101,11 +101,11 @@ impl Net {
         Ipv4Addr::new(10, 77, self.n as u8, 1)
     }
 
-    /// A command that runs `program` in member `i`'s namespace (`nsenter` execs it: its pid is
-    /// the program's, so kill and SIGSTOP reach the server itself).
-    pub fn command(&self, i: usize, program: &str) -> Command {
+    /// A command that runs `program` in the namespace of `end` (a server member, or a client
+    /// process); `nsenter` execs it: its pid is the program's, so kill and SIGSTOP reach it.
+    pub fn command(&self, end: End, program: &str) -> Command {
         let mut command = Command::new("nsenter");
-        command.arg(format!("--net=/var/run/netns/{}", self.namespace(End::Member(i)))).arg(program);
+        command.arg(format!("--net=/var/run/netns/{}", self.namespace(end))).arg(program);
         command
     }
 

@@ -124,7 +124,7 @@ impl ZkEnsemble {
                 ip = ips[i],
             );
             std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
-            let command = net.as_ref().map_or_else(|| Command::new("java"), |n| n.command(i, "java"));
+            let command = net.as_ref().map_or_else(|| Command::new("java"), |n| n.command(End::Member(i), "java"));
             let (program, args): (String, Vec<String>) = (
                 command.get_program().to_string_lossy().into_owned(),
                 command.get_args().map(|a| a.to_string_lossy().into_owned()).collect(),

@@ -110,7 +110,7 @@ async fn partitioned_holder_is_lost_before_another_client_is_granted() {
 async fn killed_holder_process_frees_the_lock_when_its_lease_expires() {
     let server = etcd_server::shared();
     let name = lock_tests::unique("crash");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_etcd_worker"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hold_worker"))
         .args([&server.endpoint(), "hold", &name, "2"])
         .stdout(Stdio::piped())
         .spawn()

@@ -57,6 +57,11 @@ impl Members {
         }
     }
 
+    /// How many members.
+    pub(super) fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
     /// The longest one try on one member may take: the whole bound with one member, its share
     /// (at least 250 ms) with several.
     pub(super) fn share(&self) -> Duration {
