@@ -126,6 +126,22 @@ impl Ensemble for crate::zk_ensemble::ZkEnsemble {
     }
 }
 
+/// A lock of a fresh name right after a fault that began at `fault_at`, released: it must
+/// succeed; reports (`figure`, as `<store>, <label>`) and returns the time from the fault to
+/// its grant.
+pub async fn first_lock_after(manager: &LockManager, fault_at: std::time::Instant, label: &str) -> Duration {
+    let guard = manager.lock(crate::unique("first-after")).wait(Duration::from_secs(30)).await;
+    let recovery = fault_at.elapsed();
+    let guard = guard.unwrap_or_else(|e| panic!("{label}: the first new lock failed: {e}"));
+    guard.release().await.unwrap_or_else(|e| panic!("{label}: its release failed: {e}"));
+    let store = manager.backend_kind();
+    crate::figure(
+        &format!("{store}, {label}"),
+        &format!("first new lock granted {} ms after the fault", recovery.as_millis()),
+    );
+    recovery
+}
+
 /// Ten new lock-and-release calls on fresh names: every one must succeed.
 pub async fn new_callers_succeed(manager: &LockManager, label: &str) {
     for i in 0..10 {
@@ -163,8 +179,10 @@ pub async fn one_member_killed(mut ensemble: impl Ensemble, leader: bool) {
     let url = ensemble.url_with_first(victim);
     let label = if leader { "leader killed" } else { "follower killed" };
     let (holder, waiter, held, queued) = holder_and_waiter(&url, "member-killed", Duration::from_secs(60)).await;
+    let fault_at = std::time::Instant::now();
     ensemble.kill(victim);
     ensemble.wait_serving();
+    first_lock_after(&holder, fault_at, label).await;
     new_callers_succeed(&holder, label).await;
     assert!(!held.is_lost(), "{label}: the holder was told lost() while the majority kept its lease");
     held.release().await.unwrap_or_else(|e| panic!("{label}: the holder's release failed: {e}"));
@@ -190,8 +208,10 @@ pub async fn the_leader_stopped(mut ensemble: impl Ensemble) {
         tokio::spawn(async move { waiter.lock(&name).wait(Duration::from_secs(90)).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await; // the waiter queues (see above)
+    let fault_at = std::time::Instant::now();
     ensemble.pause(leader);
     other.release().await.unwrap_or_else(|e| panic!("a release sent as the leader stopped failed: {e}"));
+    first_lock_after(&holder, fault_at, "leader stopped").await;
     // Longer than the operation bound (5 s): a waiter failing at its first look after the
     // stall fails by now.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -295,6 +315,11 @@ macro_rules! ensemble_faults {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn partition_a_bridge_fails_nothing() {
             $crate::partitions::a_minority_cut_off($partitionable, $crate::partitions::Cut::Bridge).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn contention_under_minority_faults_keeps_exclusion_and_fails_nothing_outside_them() {
+            $crate::contention::contention_under_faults($partitionable).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

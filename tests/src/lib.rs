@@ -3,6 +3,7 @@
 
 pub use lock_runtime::{conformance, conformance_suite};
 pub mod clocks;
+pub mod contention;
 pub mod ensemble;
 pub mod etcd_cluster;
 pub mod etcd_server;
