@@ -587,9 +587,9 @@ impl ZkHeld {
             }
             result
         };
-        // A server that stops answering is noticed by the client after 2/5 of the session
-        // timeout, and the next one serves once the ensemble has a leader again: longer than a
-        // release may take. The lock was held until now (the session was not reported lost),
+        // A server that stops answering is noticed by the client only after its connection
+        // timeout (`session::connection_timeout`), and the next one serves once the ensemble has
+        // a leader again: longer than a release may take. The lock was held until now (the session was not reported lost),
         // and the outcome is the same whether the delete is done now or owed: the delete goes
         // on in the background (`purge`, across the reconnection) and the release succeeds.
         let within = self.shared.options.get_operation_timeout() * 3 / 5;
