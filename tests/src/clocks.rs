@@ -43,7 +43,7 @@ struct Holder {
 
 impl Holder {
     /// Starts `worker hold-until-lost` on `url` for `name` in client `k`'s namespace, with
-    /// libfaketime given `env`.
+    /// libfaketime given `env` (none: the true clocks).
     fn start(
         worker: &str,
         ensemble: &impl Ensemble,
@@ -56,7 +56,10 @@ impl Holder {
         let net = ensemble.net().expect("a partitionable ensemble");
         let dir = crate::server_process::ServerProcess::temp_dir("clock");
         let mut command = net.command(End::Client(k), worker);
-        command.args([url, "hold-until-lost", name]).env("LD_PRELOAD", LIBFAKETIME);
+        command.args([url, "hold-until-lost", name]);
+        if !env.is_empty() {
+            command.env("LD_PRELOAD", LIBFAKETIME);
+        }
         for (key, value) in env {
             command.env(key, value);
         }
@@ -152,11 +155,40 @@ pub async fn the_wall_clock_of_a_holder_jumps(ensemble: impl Ensemble, worker: &
 /// A holder whose clocks run at 9/10 of real time, cut from every member (see the module's
 /// docs).
 pub async fn a_slow_holder_clock_is_told_before_the_majority_grants(ensemble: impl Ensemble, worker: &str) {
-    let net = ensemble.net().expect("a partitionable ensemble");
-    let name = crate::unique("clock-slow");
     let env = [("FAKETIME", "+0 x0.9".to_owned())];
+    a_holder_cut_off_is_told_before_the_majority_grants(ensemble, worker, &env, "a holder's clocks at 9/10 speed")
+        .await;
+}
+
+/// A holder on a true clock cut from every member of an ensemble whose members' clocks run
+/// fast ([`ZkEnsemble::start_partitionable_at_speed`](crate::zk_ensemble::ZkEnsemble)): the
+/// leader ends the session early by its clock, and the holder must still be told first.
+pub async fn a_holder_cut_off_from_fast_members_is_told_before_the_majority_grants(
+    ensemble: impl Ensemble,
+    worker: &str,
+    speed: f64,
+) {
+    a_holder_cut_off_is_told_before_the_majority_grants(
+        ensemble,
+        worker,
+        &[],
+        &format!("the members' clocks at {speed}x speed"),
+    )
+    .await;
+}
+
+/// A holder process (its libfaketime settings `env`) cut from every member: told `lost()`
+/// before a client on the majority side is granted its lock; reported as `label`.
+async fn a_holder_cut_off_is_told_before_the_majority_grants(
+    ensemble: impl Ensemble,
+    worker: &str,
+    env: &[(&str, String)],
+    label: &str,
+) {
+    let net = ensemble.net().expect("a partitionable ensemble");
+    let name = crate::unique("clock-cut-off");
     let url = ensemble.url_with_first(ensemble.leader());
-    let mut holder = Holder::start(worker, &ensemble, 0, &url, &name, &env);
+    let mut holder = Holder::start(worker, &ensemble, 0, &url, &name, env);
     holder.held().await;
     let other = LockManager::connect(&ensemble.url_with_first(0)).await.expect("connect the other client");
     let queued = {
@@ -182,7 +214,7 @@ pub async fn a_slow_holder_clock_is_told_before_the_majority_grants(ensemble: im
     granted.release().await.expect("release");
     net.heal();
     crate::figure(
-        "clock, a holder's clocks at 9/10 speed, cut off",
+        &format!("clock, {label}, the holder cut off"),
         &format!(
             "told lost() {} ms after the cut, the other side granted {} ms after it ({} ms later)",
             lost_at.duration_since(cut_at).as_millis(),

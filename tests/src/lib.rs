@@ -24,6 +24,7 @@ pub mod redis_cluster;
 pub mod redis_sentinel;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+pub mod server_clock;
 pub mod server_process;
 pub mod tls_certs;
 pub mod zk_ensemble;

@@ -30,7 +30,13 @@ impl RedisServer {
     /// [`start`](Self::start) with extra `redis-server` arguments (e.g. `--replicaof`), given
     /// again on every restart.
     pub fn start_with(args: &[&str]) -> Self {
-        Self::launch(args, false)
+        Self::launch(args, false, Vec::new())
+    }
+
+    /// [`start`](Self::start) on `clock`: the server's wall clock (its keys' expiries, `TIME`)
+    /// is the one the test sets, on every restart too.
+    pub fn start_on_clock(clock: &crate::server_clock::ServerClock) -> Self {
+        Self::launch(&[], false, clock.env())
     }
 
     /// A server that speaks TLS only (`--port 0 --tls-port ...`), with the server certificate
@@ -56,10 +62,10 @@ impl RedisServer {
         ];
         all.extend(args.iter().map(|a| (*a).to_owned()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        Self::launch(&all, true)
+        Self::launch(&all, true, Vec::new())
     }
 
-    fn launch(args: &[&str], tls: bool) -> Self {
+    fn launch(args: &[&str], tls: bool, env: Vec<(String, String)>) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
@@ -69,9 +75,11 @@ impl RedisServer {
             } else {
                 ["--port".to_owned(), port.to_string(), "--tls-port".to_owned(), "0".to_owned()]
             };
+            let env = env.clone();
             let spawn = move |dir: &std::path::Path| {
                 let mut redis = Command::new("redis-server");
                 redis
+                    .envs(env.iter().map(|(k, v)| (k, v)))
                     .args(&ports)
                     .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                     .args(["--dir", &dir.to_string_lossy(), "--protected-mode", "no", "--daemonize", "no"])

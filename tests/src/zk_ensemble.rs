@@ -37,6 +37,8 @@ pub struct Member {
     /// (waiting until it serves, when the ensemble has a quorum with it), `pause` (SIGSTOP),
     /// `resume` (SIGCONT).
     pub process: ServerProcess,
+    /// Its wall clock, in an ensemble [started on clocks](ZkEnsemble::start_on_clocks).
+    pub clock: Option<crate::server_clock::ServerClock>,
 }
 
 impl Member {
@@ -49,6 +51,17 @@ impl Member {
     pub fn mode(&self) -> Option<String> {
         mode(self.ip, self.port)
     }
+}
+
+/// The clocks of an ensemble's members.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Clocks {
+    /// The machine's.
+    True,
+    /// A wall clock of its own for each, which the test sets (`server_clock`).
+    Own,
+    /// Every clock of every member (monotonic included) at this speed, under libfaketime.
+    Speed(f64),
 }
 
 /// An ensemble of ZooKeeper members on loopback, each killed on drop.
@@ -64,13 +77,19 @@ impl ZkEnsemble {
     /// (failing the test) if `java` or the jar is missing or the ensemble does not form
     /// within 60 s.
     pub fn start(size: usize) -> ZkEnsemble {
-        Self::start_in(size, None, SYNC_LIMIT)
+        Self::start_in(size, None, SYNC_LIMIT, Clocks::True)
+    }
+
+    /// [`start`](Self::start) with each member's JVM on a wall clock of its own, which the test
+    /// sets ([`Member::clock`], `lock_tests::server_clock`).
+    pub fn start_on_clocks(size: usize) -> ZkEnsemble {
+        Self::start_in(size, None, SYNC_LIMIT, Clocks::Own)
     }
 
     /// An ensemble whose members each run in a network namespace of their own on a private
     /// network with `clients` client namespaces (`netns`): links can be cut.
     pub fn start_partitionable(size: usize, clients: usize) -> ZkEnsemble {
-        Self::start_in(size, Some(Net::new(size, clients)), SYNC_LIMIT)
+        Self::start_in(size, Some(Net::new(size, clients)), SYNC_LIMIT, Clocks::True)
     }
 
     /// [`start_partitionable`](Self::start_partitionable) with followers that notice a lost
@@ -78,7 +97,14 @@ impl ZkEnsemble {
     /// from its leader answers its clients' pings past the moment the leader ends their sessions
     /// (ZooKeeper's usual `tickTime=2000`, `syncLimit=5` beside 6 s sessions).
     pub fn start_partitionable_slow_followers(size: usize, clients: usize) -> ZkEnsemble {
-        Self::start_in(size, Some(Net::new(size, clients)), 40)
+        Self::start_in(size, Some(Net::new(size, clients)), 40, Clocks::True)
+    }
+
+    /// [`start_partitionable`](Self::start_partitionable) with every clock of every member
+    /// (monotonic included: the leader's count of session timeouts) running at `speed` times
+    /// real time, under libfaketime.
+    pub fn start_partitionable_at_speed(size: usize, clients: usize, speed: f64) -> ZkEnsemble {
+        Self::start_in(size, Some(Net::new(size, clients)), SYNC_LIMIT, Clocks::Speed(speed))
     }
 
     /// The private network, in a partitionable ensemble.
@@ -86,7 +112,7 @@ impl ZkEnsemble {
         self.net.as_ref()
     }
 
-    fn start_in(size: usize, net: Option<Net>, sync_limit: u32) -> ZkEnsemble {
+    fn start_in(size: usize, net: Option<Net>, sync_limit: u32, clocks: Clocks) -> ZkEnsemble {
         let ips: Vec<Ipv4Addr> =
             (0..size).map(|i| net.as_ref().map_or(Ipv4Addr::LOCALHOST, |n| n.addr(End::Member(i)))).collect();
         assert!(
@@ -129,9 +155,18 @@ impl ZkEnsemble {
                 command.get_program().to_string_lossy().into_owned(),
                 command.get_args().map(|a| a.to_string_lossy().into_owned()).collect(),
             );
+            let clock = (clocks == Clocks::Own).then(crate::server_clock::ServerClock::new);
+            let env = match clocks {
+                Clocks::True => Vec::new(),
+                Clocks::Own => clock.as_ref().map(crate::server_clock::ServerClock::env).unwrap_or_default(),
+                Clocks::Speed(speed) => vec![
+                    ("LD_PRELOAD".to_owned(), crate::clocks::LIBFAKETIME.to_owned()),
+                    ("FAKETIME".to_owned(), format!("+0 x{speed}")),
+                ],
+            };
             let spawn = move |dir: &std::path::Path| {
                 let mut java = Command::new(&program);
-                java.args(&args);
+                java.envs(env.iter().map(|(k, v)| (k, v))).args(&args);
                 java.args([
                     "-Xmx192m",
                     "-XX:+UseSerialGC",
@@ -153,7 +188,7 @@ impl ZkEnsemble {
                 move || TcpStream::connect_timeout(&SocketAddr::from((ip, port)), Duration::from_millis(200)).is_ok();
             let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(60));
             process.start();
-            members.push(Member { ip, port, process });
+            members.push(Member { ip, port, process, clock });
         }
         let ensemble = ZkEnsemble { members, net };
         ensemble.wait_serving(Duration::from_secs(60));

@@ -781,3 +781,87 @@ async fn inspection_counts_the_live_entries_of_a_locks_queue() {
     let _: () = redis::cmd("DEL").arg(&queue).query_async(&mut conn).await.expect("DEL");
     guard.release().await.expect("release");
 }
+
+/// The lease of the server clock tests.
+const CLOCK_LEASE: Duration = Duration::from_secs(3);
+
+/// A server on a wall clock the test sets, and two managers on it (leases of [`CLOCK_LEASE`]).
+async fn on_a_server_clock() -> (lock_tests::server_clock::ServerClock, RedisServer, LockManager, LockManager) {
+    let clock = lock_tests::server_clock::ServerClock::new();
+    let server = RedisServer::start_on_clock(&clock);
+    let timeout = Duration::from_secs(1);
+    let holder = LockManager::builder().default_lease(CLOCK_LEASE).backend(backend(&server, timeout).await);
+    let other = LockManager::builder().default_lease(CLOCK_LEASE).backend(backend(&server, timeout).await);
+    (clock, server, holder, other)
+}
+
+/// `manager` is refused `name` (held elsewhere) at every look, every 300 ms, for `span`.
+async fn refused_for(manager: &LockManager, name: &str, span: Duration, what: &str) {
+    let started = Instant::now();
+    while started.elapsed() < span {
+        let taken = manager.try_lock(name).await.unwrap_or_else(|e| panic!("{what}: try_lock failed: {e}"));
+        assert!(taken.is_none(), "{what}: another caller took a held lock");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The server's wall clock stepped an hour forward while a lock is held (an NTP step on the
+/// server, `lock_tests::server_clock`): a Redis lease is the key's TTL on the server's clock, so
+/// the key expires at once and another caller is granted before the holder hears of it (the
+/// documented "no" of GUARANTEES.md, `clock-jump`); the holder's next renewal tells it `lost()`
+/// (within a third of the lease plus a round trip), the new holder's token is above the old
+/// one's, and once the clock is set back the new holder keeps its lock and the next holder's
+/// token is above its own. Margins: a 3 s lease; `lost()` is awaited for the lease plus 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_clock_stepped_forward_ends_leases_at_once_and_the_holder_is_told_at_its_next_renewal() {
+    let (clock, _server, holder, other) = on_a_server_clock().await;
+    let held = holder.lock("stepped").await.expect("lock");
+    let stepped = Instant::now();
+    clock.set(3600);
+    let granted = other.lock("stepped").wait(Duration::from_secs(10)).await.expect("granted: the key expired");
+    let granted_after = stepped.elapsed();
+    tokio::time::timeout(CLOCK_LEASE + Duration::from_secs(2), held.lost()).await.expect("the holder is told lost()");
+    let told_after = stepped.elapsed();
+    assert!(
+        granted.fencing_token() > held.fencing_token(),
+        "{} after {}",
+        granted.fencing_token(),
+        held.fencing_token()
+    );
+    assert!(held.release().await.expect_err("its key expired with the step").is_lost());
+    clock.set(0);
+    refused_for(&holder, "stepped", 2 * CLOCK_LEASE, "the clock set back").await;
+    assert!(!granted.is_lost(), "the new holder was told lost() after the clock was set back");
+    let token = granted.fencing_token();
+    granted.release().await.expect("the new holder releases");
+    let next = holder.lock("stepped").wait(Duration::from_secs(2)).await.expect("the next holder");
+    assert!(next.fencing_token() > token, "{} after {token}", next.fencing_token());
+    next.release().await.expect("release");
+    lock_tests::figure(
+        "redis, the server's wall clock stepped +1 h",
+        &format!(
+            "another caller granted {} ms after the step, the holder told lost() {} ms after it (lease 3 s)",
+            granted_after.as_millis(),
+            told_after.as_millis()
+        ),
+    );
+}
+
+/// The server's wall clock stepped an hour back while a lock is held: the watchdog's renewals
+/// set the TTL from the server's clock again, so the holder keeps its lock (no `lost()`, another
+/// caller refused for two leases), its release frees the name at once, and the next token is
+/// above its own (the counter is kept; only data loss together with a clock set back can repeat
+/// a token, GUARANTEES.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_clock_stepped_back_changes_nothing_for_a_live_holder() {
+    let (clock, _server, holder, other) = on_a_server_clock().await;
+    let held = holder.lock("stepped-back").await.expect("lock");
+    clock.set(-3600);
+    refused_for(&other, "stepped-back", 2 * CLOCK_LEASE, "the clock stepped back").await;
+    assert!(!held.is_lost(), "the holder was told lost() after the clock stepped back");
+    let token = held.fencing_token();
+    held.release().await.expect("the holder releases");
+    let next = other.lock("stepped-back").wait(Duration::from_secs(2)).await.expect("granted at the release");
+    assert!(next.fencing_token() > token, "{} after {token}", next.fencing_token());
+    next.release().await.expect("release");
+}
