@@ -219,3 +219,95 @@ pub async fn the_client_on_the_minority_side(ensemble: impl Ensemble) {
         ),
     );
 }
+
+/// The lease of [`a_redis_primary_cut_off_with_its_clients`]'s managers.
+pub const PRIMARY_CUT_LEASE: Duration = Duration::from_secs(3);
+
+/// A Redis primary (member `primary_of(name)` of `net`, for the lock's name) cut off with its clients on its side (Jepsen's
+/// Redis Sentinel case; a Redis Cluster's primary alike): a holder on client 0 with the
+/// primary, another client on client 1 with the majority, each on a manager `connect` makes
+/// (leases of [`PRIMARY_CUT_LEASE`]). Redis cannot keep mutual exclusion here, and this
+/// measures what a user gets instead: the majority promotes a replica and the other client's
+/// waiter is granted (the majority side stays available), with a token above the holder's
+/// (the counter was replicated), so a fenced store refuses the stale holder; the holder is told
+/// `lost()`, before or after the grant (reported as `label`: when, and for how long both
+/// held), at the latest once the partition heals; then the next operations on both sides
+/// succeed. Margins: every wait is bounded by 60 s, many times a failover.
+pub async fn a_redis_primary_cut_off_with_its_clients<C, F>(
+    net: &crate::netns::Net,
+    primary_of: impl FnOnce(&str) -> usize,
+    connect: C,
+    label: &str,
+) where
+    C: Fn() -> F,
+    F: Future<Output = LockManager> + Send + 'static,
+{
+    let (minority, majority) = (net.client(0), net.client(1));
+    let holder = minority.spawn(connect()).await.expect("client task");
+    let other = majority.spawn(connect()).await.expect("client task");
+    let name = crate::unique("primary-cut-off");
+    let held = on(&minority, {
+        let (holder, name) = (holder.clone(), name.clone());
+        async move { holder.lock(&name).await }
+    })
+    .await
+    .expect("holder");
+    let token = held.fencing_token();
+    let queued = majority.spawn({
+        let (other, name) = (other.clone(), name.clone());
+        async move {
+            let guard = other.lock(&name).wait(Duration::from_secs(60)).await;
+            (guard, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await; // the waiter queues (no signal crosses managers)
+
+    let primary = primary_of(&name);
+    let cut_at = Instant::now();
+    net.split(&[End::Member(primary), End::Client(0)]);
+    let lost = minority.spawn(async move {
+        held.lost().await;
+        (held, Instant::now())
+    });
+    let (granted, granted_at) = tokio::time::timeout(Duration::from_secs(60), queued).await.expect("granted").unwrap();
+    let granted = granted.unwrap_or_else(|e| panic!("{label}: the majority's waiter failed: {e}"));
+    assert!(granted.fencing_token() > token, "{label}: {} after {token}", granted.fencing_token());
+    // Held on the majority side for a while, the holder's side renewing or failing to.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let healed_at = Instant::now();
+    net.heal();
+    let (held, lost_at) = tokio::time::timeout(Duration::from_secs(60), lost)
+        .await
+        .unwrap_or_else(|_| panic!("{label}: the holder was not told lost() within 60 s of the healing"))
+        .unwrap();
+    assert!(on(&minority, held.release()).await.expect_err("its lock was taken").is_lost());
+    on(&majority, granted.release()).await.expect("the majority's holder releases");
+    for (client, manager, side) in [(&minority, &holder, "minority"), (&majority, &other, "majority")] {
+        let manager = manager.clone();
+        let owned = label.to_owned();
+        on(client, async move {
+            let guard = manager.lock(crate::unique("healed")).wait(Duration::from_secs(10)).await;
+            let guard =
+                guard.unwrap_or_else(|e| panic!("{owned}: the {side} side's first lock after healing failed: {e}"));
+            guard.release().await
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{label}: the {side} side's release failed: {e}"));
+    }
+    let ms = |a: Instant, b: Instant| {
+        if a >= b {
+            format!("{} ms after", a.duration_since(b).as_millis())
+        } else {
+            format!("{} ms before", b.duration_since(a).as_millis())
+        }
+    };
+    crate::figure(
+        &format!("{label}, the primary cut off with its clients"),
+        &format!(
+            "the majority granted the lock {} ms after the cut; the holder told lost() {} the grant, {} the healing",
+            granted_at.duration_since(cut_at).as_millis(),
+            ms(lost_at, granted_at),
+            ms(lost_at, healed_at)
+        ),
+    );
+}

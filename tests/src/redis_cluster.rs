@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::backend::redis::{key_slot, KeyLayout};
 
 use crate::free_port;
+use crate::redis_server::Place;
 use crate::server_process::ServerProcess;
 
 /// How long a node may take to answer one command of the harness.
@@ -23,6 +24,7 @@ const MIGRATE_BATCH: usize = 100;
 /// One node of a [`RedisCluster`].
 #[derive(Debug)]
 struct Node {
+    ip: std::net::Ipv4Addr,
     port: u16,
     /// The TLS port of a node of [`RedisCluster::start_tls`].
     tls_port: Option<u16>,
@@ -33,6 +35,8 @@ struct Node {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<Node>,
+    /// The private network of a partitionable cluster (after the nodes: dropped after them).
+    net: Option<crate::netns::Net>,
 }
 
 /// A primary as a node sees it in `CLUSTER NODES`: its port and the slots it owns.
@@ -50,17 +54,35 @@ impl RedisCluster {
     /// Panics (it is test support) when `redis-server` / `redis-cli` are missing or the cluster
     /// does not form within 30 s.
     pub fn start(primaries: usize, replicas_per_primary: usize) -> Self {
-        Self::launch(primaries, replicas_per_primary, None)
+        Self::launch(primaries, replicas_per_primary, None, None)
+    }
+
+    /// [`start`](Self::start) on a private network with `clients` client namespaces
+    /// (`netns`): node `i` in the namespace of member `i` (a machine of its own; the first
+    /// `primaries` are the primaries), so that links can be cut.
+    pub fn start_partitionable(primaries: usize, replicas_per_primary: usize, clients: usize) -> Self {
+        let net = crate::netns::Net::new(primaries * (1 + replicas_per_primary), clients);
+        Self::launch(primaries, replicas_per_primary, None, Some(net))
+    }
+
+    /// The private network, in a partitionable cluster.
+    pub fn net(&self) -> Option<&crate::netns::Net> {
+        self.net.as_ref()
     }
 
     /// [`start`](Self::start) with a TLS port beside each node's plaintext one (the tests'
     /// own queries keep using the plaintext ports) and the cluster bus over TLS, so that a
     /// client connected over TLS is told the nodes' TLS ports; clients need no certificate.
     pub fn start_tls(certs: &crate::tls_certs::Certs, primaries: usize) -> Self {
-        Self::launch(primaries, 0, Some(certs))
+        Self::launch(primaries, 0, Some(certs), None)
     }
 
-    fn launch(primaries: usize, replicas_per_primary: usize, tls: Option<&crate::tls_certs::Certs>) -> Self {
+    fn launch(
+        primaries: usize,
+        replicas_per_primary: usize,
+        tls: Option<&crate::tls_certs::Certs>,
+        net: Option<crate::netns::Net>,
+    ) -> Self {
         assert!(primaries >= 1, "a cluster needs a primary");
         let total = primaries * (1 + replicas_per_primary);
         let mut taken = HashSet::new();
@@ -89,13 +111,14 @@ impl RedisCluster {
             ])
         };
         let nodes = (0..total)
-            .map(|_| {
+            .map(|i| {
                 let (p, bus, tls_port) = (port(), port(), port());
-                node(p, bus, tls_args(tls_port).map(|args| (tls_port, args)))
+                let place = net.as_ref().map_or_else(Place::loopback, |n| Place::member(n, i));
+                node(&place, p, bus, tls_args(tls_port).map(|args| (tls_port, args)))
             })
             .collect();
-        let cluster = RedisCluster { nodes };
-        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let cluster = RedisCluster { nodes, net };
+        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("{}:{}", n.ip, n.port)).collect();
         // Bounded: `redis-cli` waits for the nodes to join for as long as it takes.
         let out = Command::new("timeout")
             .args(["60", "redis-cli"])
@@ -134,9 +157,10 @@ impl RedisCluster {
         (0..self.nodes.len()).map(|i| self.url(i)).collect()
     }
 
-    /// `redis://127.0.0.1:<port>` of node `i`.
+    /// `redis://<ip>:<port>` of node `i` (loopback, or its member's address on a private
+    /// network).
     pub fn url(&self, i: usize) -> String {
-        format!("redis://127.0.0.1:{}", self.nodes[i].port)
+        format!("redis://{}:{}", self.nodes[i].ip, self.nodes[i].port)
     }
 
     /// `rediss://localhost:<TLS port>` of node `i` of a [`start_tls`](Self::start_tls) cluster.
@@ -330,7 +354,7 @@ impl RedisCluster {
         let (from_id, to_id) = (self.node_id(from), self.node_id(to));
         let _: String = self.query(to, &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id]).expect("IMPORTING");
         let _: String = self.query(from, &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id]).expect("MIGRATING");
-        let to_port = self.port(to).to_string();
+        let (to_ip, to_port) = (self.nodes[to].ip.to_string(), self.port(to).to_string());
         let batch = MIGRATE_BATCH.to_string();
         loop {
             let keys: Vec<String> =
@@ -338,7 +362,7 @@ impl RedisCluster {
             if keys.is_empty() {
                 break;
             }
-            let mut args = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+            let mut args = vec!["MIGRATE", &to_ip, &to_port, "", "0", "5000", "KEYS"];
             args.extend(keys.iter().map(String::as_str));
             let _: String = self.query(from, &args).expect("MIGRATE");
         }
@@ -360,13 +384,14 @@ pub fn slot_of(key: &str) -> u16 {
 /// Starts a cluster-mode node on `port` (cluster bus on `bus`; with `tls`, a TLS port and its
 /// arguments too), in a directory of its own with its cluster configuration, and waits until
 /// it answers `PING`.
-fn node(port: u16, bus: u16, tls: Option<(u16, Vec<String>)>) -> Node {
+fn node(place: &Place, port: u16, bus: u16, tls: Option<(u16, Vec<String>)>) -> Node {
     let tls_port = tls.as_ref().map(|(p, _)| *p);
     let tls_args = tls.map(|(_, args)| args).unwrap_or_default();
+    let (at, ip) = (place.clone(), place.ip);
     let spawn = move |dir: &std::path::Path| {
-        let mut redis = Command::new("redis-server");
+        let mut redis = at.command("redis-server");
         redis
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes"])
+            .args(["--port", &port.to_string(), "--bind", &ip.to_string(), "--cluster-enabled", "yes"])
             .args(["--cluster-port", &bus.to_string()])
             .args(["--cluster-config-file", &dir.join("nodes.conf").to_string_lossy()])
             .args(["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"])
@@ -377,10 +402,10 @@ fn node(port: u16, bus: u16, tls: Option<(u16, Vec<String>)>) -> Node {
         redis
     };
     let dir = ServerProcess::temp_dir("redis-cluster-node");
-    let ready = move || crate::redis_server::ping(port);
+    let ready = move || crate::redis_server::ping_at(ip, port);
     let mut process = ServerProcess::new("redis-server (cluster)", dir, spawn, ready, Duration::from_secs(10));
     process.start();
-    Node { port, tls_port, process }
+    Node { ip, port, tls_port, process }
 }
 
 /// One 3-primary cluster (no replicas) shared by the tests of a binary that neither kill,

@@ -5,11 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use std::net::Ipv4Addr;
+
 use crate::free_port;
-use crate::redis_server::RedisServer;
+use crate::netns::Net;
+use crate::redis_server::{Place, RedisServer};
 use crate::server_process::ServerProcess;
 
 /// The master name every sentinel monitors.
@@ -21,6 +23,7 @@ const SETTLE: Duration = Duration::from_secs(60);
 /// One `redis-sentinel` process.
 #[derive(Debug)]
 struct SentinelProcess {
+    ip: Ipv4Addr,
     port: u16,
     /// Its TLS port, in a [`SentinelSetup::start_tls`] setup.
     tls_port: Option<u16>,
@@ -33,11 +36,18 @@ struct SentinelProcess {
 pub struct SentinelSetup {
     nodes: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
+    /// The private network of a partitionable setup (after the processes: dropped after them).
+    net: Option<Net>,
 }
 
-/// One command on a fresh blocking connection, bounded by one second.
+/// One command on a fresh blocking connection to a loopback port, bounded by one second.
 fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, String> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
+    query_at(Ipv4Addr::LOCALHOST, port, cmd)
+}
+
+/// One command on a fresh blocking connection to `ip:port`, bounded by one second.
+fn query_at<T: redis::FromRedisValue>(ip: Ipv4Addr, port: u16, cmd: &redis::Cmd) -> Result<T, String> {
+    let client = redis::Client::open(format!("redis://{ip}:{port}")).map_err(|e| e.to_string())?;
     let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).map_err(|e| e.to_string())?;
     conn.set_read_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;
     cmd.query(&mut conn).map_err(|e| e.to_string())
@@ -60,34 +70,61 @@ impl SentinelSetup {
     ///
     /// Panics (it is test support) when the processes do not come up or settle.
     pub fn start(replicas: usize, sentinels: usize) -> Self {
+        Self::start_in(replicas, sentinels, None)
+    }
+
+    /// A primary, `nodes - 1` replicas and `nodes` sentinels on a private network with
+    /// `clients` client namespaces (`netns`): each data node with one sentinel beside it in the
+    /// namespace of member `i` (a machine of its own), so that links can be cut.
+    pub fn start_partitionable(nodes: usize, clients: usize) -> Self {
+        Self::start_in(nodes - 1, nodes, Some(Net::new(nodes, clients)))
+    }
+
+    /// The private network, in a partitionable setup.
+    pub fn net(&self) -> Option<&Net> {
+        self.net.as_ref()
+    }
+
+    fn start_in(replicas: usize, sentinels: usize, net: Option<Net>) -> Self {
         assert!(sentinels > 0, "at least one sentinel");
-        let primary = RedisServer::start();
+        let place = |i: usize| net.as_ref().map_or_else(Place::loopback, |n| Place::member(n, i));
+        let primary = RedisServer::start_at(&place(0), &[]);
         let primary_port = primary.port().to_string();
+        let primary_ip = primary.ip().to_string();
         let mut nodes = vec![primary];
-        for _ in 0..replicas {
-            nodes.push(RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary_port]));
+        for i in 1..=replicas {
+            nodes.push(RedisServer::start_at(&place(i), &["--replicaof", &primary_ip, &primary_port]));
         }
         for node in &nodes[1..] {
             settle("a replica in sync", || {
-                query::<String>(node.port(), redis::cmd("INFO").arg("replication"))
+                query_at::<String>(node.ip(), node.port(), redis::cmd("INFO").arg("replication"))
                     .is_ok_and(|info| info.contains("master_link_status:up"))
             });
         }
         let quorum = sentinels / 2 + 1;
-        let mut setup = SentinelSetup { nodes, sentinels: Vec::new() };
-        for _ in 0..sentinels {
-            setup.sentinels.push(spawn_sentinel(setup.nodes[0].port(), quorum));
+        let mut setup = SentinelSetup { nodes, sentinels: Vec::new(), net: None };
+        for i in 0..sentinels {
+            let at = place(i % setup.nodes.len());
+            setup.sentinels.push(spawn_sentinel_with(&at, setup.nodes[0].ip(), setup.nodes[0].port(), quorum, ""));
         }
+        setup.net = net;
         for sentinel in &setup.sentinels {
             settle("every sentinel knows the primary, its replicas and the other sentinels", || {
-                let master = query::<Option<(String, String)>>(
+                let master = query_at::<Option<(String, String)>>(
+                    sentinel.ip,
                     sentinel.port,
                     redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
                 );
-                let known =
-                    query::<Vec<redis::Value>>(sentinel.port, redis::cmd("SENTINEL").arg("replicas").arg(MASTER));
-                let peers =
-                    query::<Vec<redis::Value>>(sentinel.port, redis::cmd("SENTINEL").arg("sentinels").arg(MASTER));
+                let known = query_at::<Vec<redis::Value>>(
+                    sentinel.ip,
+                    sentinel.port,
+                    redis::cmd("SENTINEL").arg("replicas").arg(MASTER),
+                );
+                let peers = query_at::<Vec<redis::Value>>(
+                    sentinel.ip,
+                    sentinel.port,
+                    redis::cmd("SENTINEL").arg("sentinels").arg(MASTER),
+                );
                 master.is_ok_and(|m| m.is_some_and(|(_, port)| port == primary_port))
                     && known.is_ok_and(|k| k.len() == replicas)
                     && peers.is_ok_and(|p| p.len() == sentinels - 1)
@@ -110,7 +147,7 @@ impl SentinelSetup {
             path("server.key"),
             path("ca.pem")
         );
-        let mut sentinel = spawn_sentinel_with(primary.port(), 1, &tls);
+        let mut sentinel = spawn_sentinel_with(&Place::loopback(), primary.ip(), primary.port(), 1, &tls);
         sentinel.tls_port = Some(tls_port);
         let primary_port = primary.port().to_string();
         settle("the sentinel knows the primary", || {
@@ -120,7 +157,7 @@ impl SentinelSetup {
             )
             .is_ok_and(|m| m.is_some_and(|(_, port)| port == primary_port))
         });
-        SentinelSetup { nodes: vec![primary], sentinels: vec![sentinel] }
+        SentinelSetup { nodes: vec![primary], sentinels: vec![sentinel], net: None }
     }
 
     /// `rediss://localhost:<TLS port>` of every sentinel of a [`start_tls`](Self::start_tls)
@@ -138,9 +175,9 @@ impl SentinelSetup {
         SHARED.get_or_init(|| SentinelSetup::start(1, 3))
     }
 
-    /// `redis://127.0.0.1:<port>` of every sentinel.
+    /// `redis://<ip>:<port>` of every sentinel.
     pub fn sentinel_urls(&self) -> Vec<String> {
-        self.sentinels.iter().map(|s| format!("redis://127.0.0.1:{}", s.port)).collect()
+        self.sentinels.iter().map(|s| format!("redis://{}:{}", s.ip, s.port)).collect()
     }
 
     /// The data node at `index` (0 is the first primary).
@@ -156,7 +193,8 @@ impl SentinelSetup {
     /// The index of the data node the first answering sentinel names primary.
     pub fn primary_index(&self) -> usize {
         for sentinel in &self.sentinels {
-            let answer = query::<Option<(String, String)>>(
+            let answer = query_at::<Option<(String, String)>>(
+                sentinel.ip,
                 sentinel.port,
                 redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
             );
@@ -171,7 +209,8 @@ impl SentinelSetup {
 
     /// The role (`master` or `slave`) the node at `index` reports, if it answers.
     pub fn role(&self, index: usize) -> Option<String> {
-        let role = query::<Vec<redis::Value>>(self.nodes[index].port(), &redis::cmd("ROLE")).ok()?;
+        let node = &self.nodes[index];
+        let role = query_at::<Vec<redis::Value>>(node.ip(), node.port(), &redis::cmd("ROLE")).ok()?;
         match role.first() {
             Some(redis::Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
             _ => None,
@@ -208,7 +247,8 @@ impl SentinelSetup {
                 .sentinels
                 .iter()
                 .map(|s| {
-                    let answer = query::<Option<(String, String)>>(
+                    let answer = query_at::<Option<(String, String)>>(
+                        s.ip,
                         s.port,
                         redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER),
                     );
@@ -244,11 +284,12 @@ impl SentinelSetup {
     /// `config-epoch 2`). Panics with what each node and sentinel say after `SETTLE`.
     pub fn wait_for_replica_of(&self, indexes: &[usize]) -> usize {
         let in_sync = |index: usize| {
-            query::<String>(self.nodes[index].port(), redis::cmd("INFO").arg("replication"))
+            let node = &self.nodes[index];
+            query_at::<String>(node.ip(), node.port(), redis::cmd("INFO").arg("replication"))
                 .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
         };
-        let (index, port) = (indexes[0], self.nodes[indexes[0]].port());
-        let info = || query::<String>(port, redis::cmd("INFO").arg("replication"));
+        let (index, ip, port) = (indexes[0], self.nodes[indexes[0]].ip(), self.nodes[indexes[0]].port());
+        let info = || query_at::<String>(ip, port, redis::cmd("INFO").arg("replication"));
         let started = Instant::now();
         loop {
             if let Some(&replica) = indexes.iter().find(|&&i| in_sync(i)) {
@@ -259,9 +300,13 @@ impl SentinelSetup {
                     .sentinels
                     .iter()
                     .map(|s| {
-                        let master = query::<Vec<String>>(s.port, redis::cmd("SENTINEL").arg("master").arg(MASTER));
-                        let replicas =
-                            query::<Vec<Vec<String>>>(s.port, redis::cmd("SENTINEL").arg("replicas").arg(MASTER));
+                        let master =
+                            query_at::<Vec<String>>(s.ip, s.port, redis::cmd("SENTINEL").arg("master").arg(MASTER));
+                        let replicas = query_at::<Vec<Vec<String>>>(
+                            s.ip,
+                            s.port,
+                            redis::cmd("SENTINEL").arg("replicas").arg(MASTER),
+                        );
                         format!("sentinel {}: master {master:?}; replicas {replicas:?}", s.port)
                     })
                     .collect();
@@ -276,35 +321,41 @@ impl SentinelSetup {
     }
 }
 
-fn spawn_sentinel(primary: u16, quorum: usize) -> SentinelProcess {
-    spawn_sentinel_with(primary, quorum, "")
-}
-
-/// A sentinel monitoring `primary` with `quorum`, its configuration ending with `extra`.
-fn spawn_sentinel_with(primary: u16, quorum: usize, extra: &str) -> SentinelProcess {
+/// A sentinel at `place` monitoring the primary at `primary_ip:primary` with `quorum`, its
+/// configuration ending with `extra`.
+fn spawn_sentinel_with(
+    place: &Place,
+    primary_ip: Ipv4Addr,
+    primary: u16,
+    quorum: usize,
+    extra: &str,
+) -> SentinelProcess {
     let mut last_error = String::new();
     for _ in 0..5 {
         let dir = ServerProcess::temp_dir("sentinel");
         let port = free_port();
         let conf = dir.join("sentinel.conf");
         let text = format!(
-            "port {port}\nbind 127.0.0.1\ndaemonize no\nprotected-mode no\ndir {dir}\n\
-             sentinel monitor {MASTER} 127.0.0.1 {primary} {quorum}\n\
+            "port {port}\nbind {ip}\ndaemonize no\nprotected-mode no\ndir {dir}\n\
+             sentinel monitor {MASTER} {primary_ip} {primary} {quorum}\n\
              sentinel down-after-milliseconds {MASTER} 1000\n\
              sentinel failover-timeout {MASTER} 5000\n\
              sentinel parallel-syncs {MASTER} 1\n{extra}",
-            dir = dir.display()
+            dir = dir.display(),
+            ip = place.ip,
         );
         std::fs::write(&conf, text).expect("write sentinel.conf");
+        let at = place.clone();
         let spawn = move |_: &std::path::Path| {
-            let mut sentinel = Command::new("redis-sentinel");
+            let mut sentinel = at.command("redis-sentinel");
             sentinel.arg(&conf);
             sentinel
         };
-        let ready = move || query::<String>(port, &redis::cmd("PING")).is_ok();
+        let ip = place.ip;
+        let ready = move || query_at::<String>(ip, port, &redis::cmd("PING")).is_ok();
         let mut process = ServerProcess::new("redis-sentinel", dir, spawn, ready, Duration::from_secs(10));
         match process.try_start() {
-            Ok(()) => return SentinelProcess { port, tls_port: None, _process: process },
+            Ok(()) => return SentinelProcess { ip, port, tls_port: None, _process: process },
             Err(e) => last_error = e,
         }
     }

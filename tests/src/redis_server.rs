@@ -4,15 +4,55 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::server_process::ServerProcess;
 
+/// Where a server runs: its address, and the command that runs a program there (in a member's
+/// network namespace of a private network, `netns`), none on loopback.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// The address it binds and is reached at.
+    pub ip: Ipv4Addr,
+    /// The program and arguments to run `redis-server` through (`nsenter --net=...`).
+    pub prefix: Vec<String>,
+}
+
+impl Place {
+    /// Loopback, on this machine's network.
+    pub fn loopback() -> Place {
+        Place { ip: Ipv4Addr::LOCALHOST, prefix: Vec::new() }
+    }
+
+    /// Member `i` of `net`: its namespace and address.
+    pub fn member(net: &crate::netns::Net, i: usize) -> Place {
+        let end = crate::netns::End::Member(i);
+        let command = net.command(end, "true");
+        let mut prefix = vec![command.get_program().to_string_lossy().into_owned()];
+        prefix.extend(command.get_args().map(|a| a.to_string_lossy().into_owned()));
+        prefix.pop(); // the program itself
+        Place { ip: net.addr(end), prefix }
+    }
+
+    /// `program` run there.
+    pub fn command(&self, program: &str) -> Command {
+        match self.prefix.split_first() {
+            None => Command::new(program),
+            Some((first, rest)) => {
+                let mut command = Command::new(first);
+                command.args(rest).arg(program);
+                command
+            }
+        }
+    }
+}
+
 /// A `redis-server` process this test owns.
 #[derive(Debug)]
 pub struct RedisServer {
+    ip: Ipv4Addr,
     port: u16,
     /// Whether it speaks TLS only.
     tls: bool,
@@ -30,13 +70,18 @@ impl RedisServer {
     /// [`start`](Self::start) with extra `redis-server` arguments (e.g. `--replicaof`), given
     /// again on every restart.
     pub fn start_with(args: &[&str]) -> Self {
-        Self::launch(args, false, Vec::new())
+        Self::launch(args, false, Vec::new(), Place::loopback())
+    }
+
+    /// [`start_with`](Self::start_with) at `place` (a member of a private network).
+    pub fn start_at(place: &Place, args: &[&str]) -> Self {
+        Self::launch(args, false, Vec::new(), place.clone())
     }
 
     /// [`start`](Self::start) on `clock`: the server's wall clock (its keys' expiries, `TIME`)
     /// is the one the test sets, on every restart too.
     pub fn start_on_clock(clock: &crate::server_clock::ServerClock) -> Self {
-        Self::launch(&[], false, clock.env())
+        Self::launch(&[], false, clock.env(), Place::loopback())
     }
 
     /// A server that speaks TLS only (`--port 0 --tls-port ...`), with the server certificate
@@ -62,10 +107,10 @@ impl RedisServer {
         ];
         all.extend(args.iter().map(|a| (*a).to_owned()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        Self::launch(&all, true, Vec::new())
+        Self::launch(&all, true, Vec::new(), Place::loopback())
     }
 
-    fn launch(args: &[&str], tls: bool, env: Vec<(String, String)>) -> Self {
+    fn launch(args: &[&str], tls: bool, env: Vec<(String, String)>, place: Place) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
@@ -76,22 +121,25 @@ impl RedisServer {
                 ["--port".to_owned(), port.to_string(), "--tls-port".to_owned(), "0".to_owned()]
             };
             let env = env.clone();
+            let at = place.clone();
+            let ip = place.ip;
+            let bind = ip.to_string();
             let spawn = move |dir: &std::path::Path| {
-                let mut redis = Command::new("redis-server");
+                let mut redis = at.command("redis-server");
                 redis
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .args(&ports)
-                    .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .args(["--bind", &bind, "--save", "", "--appendonly", "no"])
                     .args(["--dir", &dir.to_string_lossy(), "--protected-mode", "no", "--daemonize", "no"])
                     .args(&args);
                 redis
             };
             let dir = ServerProcess::temp_dir("redis");
             // A TLS-only server is ready when it accepts connections (a plaintext `PING` gets no answer).
-            let ready = move || if tls { TcpStream::connect(("127.0.0.1", port)).is_ok() } else { ping(port) };
+            let ready = move || if tls { TcpStream::connect((ip, port)).is_ok() } else { ping_at(ip, port) };
             let mut process = ServerProcess::new("redis-server", dir, spawn, ready, Duration::from_secs(10));
             match process.try_start() {
-                Ok(()) => return RedisServer { port, tls, process },
+                Ok(()) => return RedisServer { ip, port, tls, process },
                 Err(e) => last_error = e,
             }
         }
@@ -101,9 +149,9 @@ impl RedisServer {
     /// Whether the server answers `PING` right now (a TLS one: accepts connections).
     pub fn ping(&self) -> bool {
         if self.tls {
-            return TcpStream::connect(("127.0.0.1", self.port)).is_ok();
+            return TcpStream::connect((self.ip, self.port)).is_ok();
         }
-        ping(self.port)
+        ping_at(self.ip, self.port)
     }
 
     /// The port it listens on.
@@ -111,13 +159,18 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>`, or for a TLS one `rediss://localhost:<port>` (the name
+    /// The address it listens on (loopback, or its member's on a private network).
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// `redis://<ip>:<port>`, or for a TLS one `rediss://localhost:<port>` (the name
     /// its certificate is for).
     pub fn url(&self) -> String {
         if self.tls {
             return format!("rediss://localhost:{}", self.port);
         }
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}:{}", self.ip, self.port)
     }
 
     /// Its own temporary directory (removed when it is dropped).
@@ -203,9 +256,11 @@ pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> std:
         .collect()
 }
 
-/// Whether a server on `port` answers `PING`.
-pub(crate) fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+/// Whether a server at `ip:port` answers `PING`.
+pub(crate) fn ping_at(ip: Ipv4Addr, port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect_timeout(&(ip, port).into(), Duration::from_millis(500)) else {
+        return false;
+    };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
     if stream.write_all(b"PING\r\n").is_err() {
         return false;

@@ -495,3 +495,25 @@ async fn a_failover_that_loses_a_just_granted_lock_reports_it_lost_and_tokens_st
     again.release().await.expect("release");
     println!("failover took {failed_over:?}");
 }
+
+/// A primary cut off with its clients on its side (Jepsen's Redis Sentinel case), on a private
+/// network (`lock_tests::netns`): three nodes, each with a sentinel beside it in a namespace of
+/// its own (node 0 the primary); see `lock_tests::partitions::a_redis_primary_cut_off_with_its_clients`
+/// for what is checked. Here, in the end, a replica of the majority side is the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_a_primary_cut_off_with_its_clients_lets_the_majority_grant_and_tokens_fence_it() {
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start_partitionable(3, 2));
+    let net = setup.net().expect("a private network");
+    let urls = setup.sentinel_urls();
+    let connect = move || {
+        let (urls, lease) = (urls.clone(), lock_tests::partitions::PRIMARY_CUT_LEASE);
+        async move {
+            let options = RedisOptions::default().command_timeout(TIMEOUT).ping_interval(Duration::from_millis(500));
+            let backend = RedisBackend::sentinel(&urls, MASTER, options).await.expect("connect");
+            LockManager::builder().default_lease(lease).backend(backend)
+        }
+    };
+    lock_tests::partitions::a_redis_primary_cut_off_with_its_clients(net, |_| 0, connect, "redis-sentinel").await;
+    let new = tokio::task::block_in_place(|| setup.wait_for_new_primary(0));
+    assert_ne!(new, 0, "a replica of the majority side is primary");
+}
