@@ -639,3 +639,25 @@ async fn hand_offs_reach(counter: &AtomicU64, want: u64, what: &str) {
     })
     .await;
 }
+
+/// A primary cut off with its clients on its side, on a private network (`lock_tests::netns`):
+/// three primaries with a replica each, every node in a namespace of its own; see
+/// `lock_tests::partitions::a_redis_primary_cut_off_with_its_clients` for what is checked. A
+/// primary that cannot reach the majority of primaries for `cluster-node-timeout` (1 s here)
+/// stops taking writes, so the holder's renewals fail on its side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_a_primary_cut_off_with_its_clients_lets_the_majority_grant_and_tokens_fence_it() {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start_partitionable(3, 1, 2));
+    let net = cluster.net().expect("a private network");
+    let urls = cluster.urls();
+    let connect = move || {
+        let urls = urls.clone();
+        async move {
+            let options = RedisOptions::default().command_timeout(Duration::from_secs(1));
+            let backend = RedisBackend::cluster(&urls, options).await.expect("connect");
+            LockManager::builder().default_lease(lock_tests::partitions::PRIMARY_CUT_LEASE).backend(backend)
+        }
+    };
+    let primary_of = |name: &str| cluster.primary_of(name);
+    lock_tests::partitions::a_redis_primary_cut_off_with_its_clients(net, primary_of, connect, "redis-cluster").await;
+}

@@ -76,7 +76,24 @@ pub(super) async fn connect_client(
 
 /// A connected cluster: its connection, its nodes (the source of pub/sub connections), the
 /// nodes as shown in messages, and the runtime.
-pub(super) type Connected = (ClusterConnection, Arc<Nodes>, String, tokio::runtime::Handle);
+pub(super) type Connected = (super::topology::Conn, Arc<Nodes>, String, tokio::runtime::Handle);
+
+/// How long a command waits for the node serving its key before it is sent on to another
+/// primary (see [`command`]), and how many times: a third of the command timeout, twice, so
+/// that the third try still has a third.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Silence {
+    after: Duration,
+}
+
+impl Silence {
+    /// Tries sent on after a silence: the first one's, then one more.
+    const TRIES: usize = 2;
+
+    fn of(timeout: Duration) -> Silence {
+        Silence { after: timeout / 3 }
+    }
+}
 
 /// Connects on cluster `client`, with `seeds` for the pub/sub connections.
 async fn on_cluster(
@@ -95,7 +112,7 @@ async fn on_cluster(
     };
     let source =
         Nodes { seeds, learned: Mutex::new(Vec::new()), next: AtomicUsize::new(spread()), conn: conn.clone(), timeout };
-    Ok((conn, Arc::new(source), shown, runtime))
+    Ok((super::topology::Conn::Cluster(conn, Silence::of(timeout)), Arc::new(source), shown, runtime))
 }
 
 /// The connection settings of each node URL in `given` (TCP only).
@@ -233,7 +250,14 @@ pub(super) async fn scan_primaries(conn: &ClusterConnection, pattern: &str, coun
 /// One command on the cluster. `SCRIPT LOAD` only records the source (answering its SHA1) and
 /// an `EVALSHA` answered `NOSCRIPT` is sent again as `EVAL` of the recorded source, so a
 /// script reaches exactly the node that runs it (see the [module docs](self)).
-pub(super) fn command<'a>(conn: &'a mut ClusterConnection, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+///
+/// A node that does not answer within `silence` may be a primary cut off from the cluster and
+/// replaced by its replica, while the cluster client's slot map still names it: nothing there
+/// answers `MOVED`, the client waits on it and sends again to it, and the slot's new primary is
+/// never asked. So the command goes on to a random primary, which runs it if it serves the slot
+/// now or answers `MOVED` to the one that does; the client follows the redirect and rebuilds
+/// its slot map (sending again is safe: `resend.rs`).
+pub(super) fn command<'a>(conn: &'a mut ClusterConnection, silence: Silence, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
     Box::pin(async move {
         let args = super::resend::args(cmd);
         let verb = |i: usize, word: &str| args.get(i).is_some_and(|a| a.eq_ignore_ascii_case(word.as_bytes()));
@@ -244,7 +268,22 @@ pub(super) fn command<'a>(conn: &'a mut ClusterConnection, cmd: &'a Cmd) -> Redi
                 return Ok(Value::BulkString(sha.into_bytes()));
             }
         }
-        let answer = conn.req_packed_command(cmd).await;
+        let mut answer = tokio::time::timeout(silence.after, conn.req_packed_command(cmd)).await;
+        for _ in 1..Silence::TRIES {
+            if answer.is_ok() {
+                break;
+            }
+            let elsewhere = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+            answer = tokio::time::timeout(silence.after, conn.route_command(cmd.clone(), elsewhere)).await;
+        }
+        let answer = match answer {
+            Ok(answer) => answer,
+            // The last try has the rest of the caller's bound.
+            Err(_) => {
+                let elsewhere = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+                conn.route_command(cmd.clone(), elsewhere).await
+            }
+        };
         match answer {
             _ if super::resend::noscript(&answer) && verb(0, "EVALSHA") && args.len() >= 3 => {
                 let Some(source) = super::resend::source(args[1]) else { return answer };

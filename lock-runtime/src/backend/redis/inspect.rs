@@ -44,7 +44,7 @@ impl RedisBackend {
     async fn scan_keys(&self, pattern: &str, start: &str, prefix: &str) -> Result<Vec<String>, LockError> {
         let found = match &self.shared.server.conn() {
             // A cluster's keys are spread over its primaries: each is scanned.
-            Conn::Cluster(cluster) => super::cluster::scan_primaries(cluster, pattern, SCAN_COUNT).await,
+            Conn::Cluster(cluster, _) => super::cluster::scan_primaries(cluster, pattern, SCAN_COUNT).await,
             conn => scan(conn, pattern).await,
         };
         let found = found.map_err(|e| LockError::backend(prefix, KIND, "list", e))?;

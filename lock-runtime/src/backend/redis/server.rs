@@ -50,7 +50,7 @@ impl Server {
 
     /// Whether the store is a Redis Cluster (its commands are routed by key slot).
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
+        matches!(self.conn, Conn::Cluster(..))
     }
 
     /// Sets what a command that finds the connection lost calls (once; later calls are ignored).

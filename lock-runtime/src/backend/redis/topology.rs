@@ -20,7 +20,7 @@ pub(super) enum Conn {
     Single(ConnectionManager),
     /// A Redis Cluster, through the `redis` crate's cluster client (routes by key, follows
     /// redirections, reconnects); scripts reach the node that runs them (see `cluster.rs`).
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(redis::cluster_async::ClusterConnection, super::cluster::Silence),
     /// The primary a set of Sentinels names, followed across failovers.
     Sentinel(super::sentinel::SentinelConn),
 }
@@ -31,7 +31,7 @@ impl ConnectionLike for Conn {
             // The manager starts a new connection as it reports a dropped one; a second send
             // waits for it (see `resend.rs`).
             Conn::Single(conn) => Box::pin(resend::command(conn, cmd, true)),
-            Conn::Cluster(conn) => super::cluster::command(conn, cmd),
+            Conn::Cluster(conn, silence) => super::cluster::command(conn, *silence, cmd),
             // Sent again on a dropped connection by the Sentinel client itself, after it
             // resolved the primary again.
             Conn::Sentinel(conn) => Box::pin(resend::command(conn, cmd, false)),
@@ -46,7 +46,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(conn) => Box::pin(resend::commands(conn, pipeline, (offset, count), true)),
-            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn, _) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Sentinel(conn) => Box::pin(resend::commands(conn, pipeline, (offset, count), false)),
         }
     }
@@ -54,7 +54,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(conn) => conn.get_db(),
-            Conn::Cluster(conn) => conn.get_db(),
+            Conn::Cluster(conn, _) => conn.get_db(),
             Conn::Sentinel(conn) => conn.get_db(),
         }
     }
@@ -81,12 +81,6 @@ impl Source {
             Source::Cluster(nodes) => nodes.pubsub().await,
             Source::Sentinel(conn) => conn.pubsub().await,
         }
-    }
-}
-
-impl From<redis::cluster_async::ClusterConnection> for Conn {
-    fn from(conn: redis::cluster_async::ClusterConnection) -> Self {
-        Conn::Cluster(conn)
     }
 }
 
