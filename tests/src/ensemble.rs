@@ -174,13 +174,31 @@ async fn holder_and_waiter(url: &str, label: &str, wait: Duration) -> (LockManag
 /// One member killed (`leader`: the leader, else a follower), the one the managers talk to
 /// first: the holder keeps its lock (no `lost()`) and releases it, the waiter queued before the
 /// fault is granted, new callers succeed.
-pub async fn one_member_killed(mut ensemble: impl Ensemble, leader: bool) {
+pub async fn one_member_killed(ensemble: impl Ensemble, leader: bool) {
     let victim = if leader { ensemble.leader() } else { (ensemble.leader() + 1) % ensemble.size() };
-    let url = ensemble.url_with_first(victim);
     let label = if leader { "leader killed" } else { "follower killed" };
+    members_killed(ensemble, &[victim], label).await;
+}
+
+/// The largest minority killed at once, the leader first (two of five): as
+/// [`one_member_killed`], the managers talking to the leader first.
+pub async fn the_largest_minority_killed(ensemble: impl Ensemble) {
+    let (size, leader) = (ensemble.size(), ensemble.leader());
+    let victims: Vec<usize> = (0..size.saturating_sub(1) / 2).map(|k| (leader + k) % size).collect();
+    let label = format!("{} of {size} killed, the leader with them", victims.len());
+    members_killed(ensemble, &victims, &label).await;
+}
+
+/// `victims` killed at once (a minority), the managers talking to the first one first: the
+/// holder keeps its lock (no `lost()`) and releases it, the waiter queued before the fault is
+/// granted, new callers succeed.
+async fn members_killed(mut ensemble: impl Ensemble, victims: &[usize], label: &str) {
+    let url = ensemble.url_with_first(victims[0]);
     let (holder, waiter, held, queued) = holder_and_waiter(&url, "member-killed", Duration::from_secs(60)).await;
     let fault_at = std::time::Instant::now();
-    ensemble.kill(victim);
+    for &victim in victims {
+        ensemble.kill(victim);
+    }
     ensemble.wait_serving();
     first_lock_after(&holder, fault_at, label).await;
     new_callers_succeed(&holder, label).await;
@@ -226,24 +244,27 @@ pub async fn the_leader_stopped(mut ensemble: impl Ensemble) {
     new_callers_succeed(&waiter, "leader resumed").await;
 }
 
-/// Two of three members killed: the holder is told `lost()`, a new caller fails within its
-/// bound with a backend error; once both are back, the next operations succeed, and the
-/// holder's release says its lock was lost.
+/// A majority killed (two of three, three of five), the leader with them: the holder is told
+/// `lost()`, a new caller fails within its bound with a backend error; once they are back, the
+/// next operations succeed, and the holder's release says its lock was lost.
 pub async fn the_quorum_lost_and_healed(mut ensemble: impl Ensemble) {
     let manager = LockManager::connect(&ensemble.url_with_first(0)).await.expect("connect");
     let held = manager.lock(crate::unique("quorum")).await.expect("holder");
-    let leader = ensemble.leader();
-    let follower = (leader + 1) % ensemble.size();
-    ensemble.kill(follower);
-    ensemble.kill(leader);
+    let (size, leader) = (ensemble.size(), ensemble.leader());
+    // Followers first, then the leader.
+    let victims: Vec<usize> = (1..=size / 2).map(|k| (leader + k) % size).chain([leader]).collect();
+    for &victim in &victims {
+        ensemble.kill(victim);
+    }
     tokio::time::timeout(Duration::from_secs(60), held.lost()).await.expect("lost() fired once the quorum was gone");
     let refused = tokio::time::timeout(Duration::from_secs(60), manager.try_lock(crate::unique("quorum-other")))
         .await
         .expect("try_lock ends within its bound");
     let err = refused.expect_err("no quorum, no lock");
     assert!(err.is_backend(), "{err}");
-    ensemble.restart(follower);
-    ensemble.restart(leader);
+    for &victim in &victims {
+        ensemble.restart(victim);
+    }
     ensemble.wait_serving();
     // The first operation after the healing succeeds.
     new_callers_succeed(&manager, "healed").await;
@@ -253,14 +274,26 @@ pub async fn the_quorum_lost_and_healed(mut ensemble: impl Ensemble) {
 /// The four fault cases above, the partitions of [`partitions`](crate::partitions) and the
 /// clock faults of [`clocks`](crate::clocks) (with this package's `hold_worker`), as
 /// tests of the calling binary, each on an ensemble of its own: `$start` makes a fresh
-/// three-member ensemble, `$partitionable` one on a private network with two clients, and
-/// `$minority` (if given; else `$partitionable`) the one the minority-side case runs on.
+/// three-member ensemble, `$partitionable` one on a private network with two clients,
+/// `$minority` (if given; else `$partitionable`) the one the minority-side case runs on, and
+/// `$five` a five-member one, on which two members are killed with the leader (the largest
+/// minority) and then three (the quorum).
 #[macro_export]
 macro_rules! ensemble_faults {
-    ($start:expr, $partitionable:expr) => {
-        $crate::ensemble_faults!($start, $partitionable, $partitionable);
+    ($start:expr, $partitionable:expr, five: $five:expr) => {
+        $crate::ensemble_faults!($start, $partitionable, $partitionable, five: $five);
     };
-    ($start:expr, $partitionable:expr, $minority:expr) => {
+    ($start:expr, $partitionable:expr, $minority:expr, five: $five:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn five_members_two_killed_with_the_leader_change_nothing() {
+            $crate::ensemble::the_largest_minority_killed($five).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn five_members_three_killed_fail_within_the_bound_and_heal() {
+            $crate::ensemble::the_quorum_lost_and_healed($five).await;
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_follower_killed_changes_nothing() {
             $crate::ensemble::one_member_killed($start, false).await;

@@ -27,4 +27,4 @@ lock_tests::conformance_suite!(
     inspect = true
 );
 
-lock_tests::ensemble_faults!(EtcdCluster::start(3), EtcdCluster::start_partitionable(3, 2));
+lock_tests::ensemble_faults!(EtcdCluster::start(3), EtcdCluster::start_partitionable(3, 2), five: EtcdCluster::start(5));

@@ -32,7 +32,8 @@ lock_tests::conformance_suite!(
 lock_tests::ensemble_faults!(
     ZkEnsemble::start(3),
     ZkEnsemble::start_partitionable(3, 2),
-    ZkEnsemble::start_partitionable_slow_followers(3, 2)
+    ZkEnsemble::start_partitionable_slow_followers(3, 2),
+    five: ZkEnsemble::start(5)
 );
 
 /// A node's `ctime` (the leader's wall clock when it was created), in ms since the epoch, and
