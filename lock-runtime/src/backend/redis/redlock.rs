@@ -2,11 +2,12 @@
 
 mod node;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::pubsub::Timings;
-use node::{gather, Answer, Chains, Gathered, Node};
+use node::{gather, gather_more, Answer, Chains, Gathered, Node};
 use redis::aio::ConnectionManager;
 use redis::ScriptInvocation;
 use tokio::sync::mpsc;
@@ -40,6 +41,10 @@ struct Inner {
     runtime: tokio::runtime::Handle,
     /// The local queues, told of releases by every node's pub/sub connection.
     waiters: Waiters,
+    /// The first node (by index) that answered the latest attempt sent to every node; a
+    /// contended attempt asks it alone first (see `RedlockAcquisition::attempt_inner`).
+    /// `usize::MAX` before any answer.
+    first: AtomicUsize,
 }
 
 impl std::fmt::Debug for RedlockBackend {
@@ -123,7 +128,9 @@ impl RedlockBackend {
         }
         let quorum = nodes.len() / 2 + 1;
         let waiters = Waiters::start(&runtime, sources, timings, None);
-        let backend = RedlockBackend { inner: Arc::new(Inner { nodes, quorum, options, runtime, waiters }) };
+        let backend = RedlockBackend {
+            inner: Arc::new(Inner { nodes, quorum, options, runtime, waiters, first: AtomicUsize::new(usize::MAX) }),
+        };
         backend.probe(&shown).await?;
         Ok(backend)
     }
@@ -231,15 +238,28 @@ impl RedlockBackend {
     where
         T: redis::FromRedisValue + Send + 'static,
     {
-        let inner = &*self.inner;
         let (tx, rx) = mpsc::unbounded_channel();
+        self.send_to(&tx, chains, on, invocation);
+        rx
+    }
+
+    /// [`send`](Self::send), the answers going to `tx`.
+    fn send_to<T>(
+        &self,
+        tx: &mpsc::UnboundedSender<(usize, Answer<T>)>,
+        chains: &Chains,
+        on: impl Fn(usize) -> bool,
+        invocation: impl Fn() -> ScriptInvocation<'static>,
+    ) where
+        T: redis::FromRedisValue + Send + 'static,
+    {
+        let inner = &*self.inner;
         for (i, node) in inner.nodes.iter().enumerate() {
             if on(i) {
                 let call = node.call::<T>(invocation(), inner.options.command_timeout);
                 chains.run(&inner.runtime, i, call, Some(tx.clone()));
             }
         }
-        rx
     }
 
     /// Owner-checked release of `layout` for `owner` on every node, in the background.
@@ -347,15 +367,61 @@ impl RedlockAcquisition {
             invocation
         };
         self.dirty = true;
-        let mut rx = backend.send::<(i64, i64)>(&self.chains, |_| true, acquire);
         let granted = |v: &(i64, i64)| v.0 == 1 && v.1 > 0;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut got = Gathered { answers: (0..n).map(|_| None).collect() };
+        // Contended (it found the lock busy before, or waits behind this process's waiters):
+        // the first node that answered alone first, the others only once it granted. Every
+        // contender of every process asks the same node first, which grants one of them, so
+        // the others take nothing and the vote does not split; sent to every node at once,
+        // contenders that each need every node left up (a minority down) split it again and
+        // again, each undoing its part and waking the others together (issue 56: ~2 grants/s).
+        // A first node silent for a quarter of the bound, or failing, is not waited on: the
+        // others are asked too, and its answer is counted when it comes.
+        let first = inner.first.load(Ordering::Relaxed);
+        let first = (first < n && self.slot.is_some()).then_some(first);
+        backend.send_to(&tx, &self.chains, |i| first.is_none_or(|f| i == f), &acquire);
+        if let Some(f) = first {
+            got = gather_more(got, &mut rx, sent + timeout / 4, |g| g.answers[f].is_some()).await;
+            let refused = match &got.answers[f] {
+                Some(Ok(v)) if !granted(v) => Some(v.1),
+                _ => None,
+            };
+            if let Some(left) = refused {
+                // Busy where it counts: nothing was taken anywhere (the others were not asked).
+                self.dirty = false;
+                self.splits = 0;
+                let pttl = if left >= 0 { left.saturating_add(1) } else { -1 };
+                if let Some(slot) = &self.slot {
+                    slot.busy(sent, pttl);
+                }
+                return Ok(Attempt::Busy);
+            }
+            backend.send_to(&tx, &self.chains, |i| i != f, &acquire);
+        }
+        drop(tx);
         // Decided once a quorum granted, or once no quorum can grant and it is known whether a
         // quorum answered (the lock is busy) or not (too few nodes reachable: an error).
-        let got = gather(&mut rx, n, sent + timeout, |g| {
+        let got = gather_more(got, &mut rx, sent + timeout, |g| {
             let (yes, answered, pending) = (g.count(granted), g.answered(), g.pending());
             yes >= quorum || (yes + pending < quorum && (answered >= quorum || answered + pending < quorum))
         })
         .await;
+        // The first node stays while it answers (one left out because the quorum was decided
+        // before it answered is not moved from); one that failed, or was silent for a quarter
+        // of the bound, gives way to the first node that answered.
+        let current = inner.first.load(Ordering::Relaxed);
+        let gone = current >= n
+            || match &got.answers[current] {
+                Some(Ok(_)) => false,
+                Some(Err(_)) => true,
+                None => crate::clock::now() >= sent + timeout / 4,
+            };
+        if gone {
+            if let Some(answered) = got.answers.iter().position(|a| matches!(a, Some(Ok(_)))) {
+                inner.first.store(answered, Ordering::Relaxed);
+            }
+        }
         let grants = got.count(granted);
         if grants >= quorum {
             if let Some(token) = self.fence(&got, rx).await {

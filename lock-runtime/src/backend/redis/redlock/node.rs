@@ -130,7 +130,16 @@ pub(super) async fn gather<T>(
     deadline: Instant,
     decided: impl Fn(&Gathered<T>) -> bool,
 ) -> Gathered<T> {
-    let mut gathered = Gathered { answers: (0..nodes).map(|_| None).collect() };
+    gather_more(Gathered { answers: (0..nodes).map(|_| None).collect() }, rx, deadline, decided).await
+}
+
+/// [`gather`] on from the answers `gathered` already holds.
+pub(super) async fn gather_more<T>(
+    mut gathered: Gathered<T>,
+    rx: &mut mpsc::UnboundedReceiver<(usize, Answer<T>)>,
+    deadline: Instant,
+    decided: impl Fn(&Gathered<T>) -> bool,
+) -> Gathered<T> {
     let timer = tokio::time::sleep_until(deadline.into());
     tokio::pin!(timer);
     while gathered.pending() > 0 && !decided(&gathered) {
