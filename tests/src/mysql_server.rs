@@ -1,7 +1,7 @@
 //! A real MariaDB server for the MySQL backend tests (the Debian `mariadb-server` package):
 //! `mariadb-install-db` once per test process into a template, then each server as the
 //! `mariadbd` process itself on a copy of it, on a free loopback port, stopped by its pid on
-//! drop. At startup an init file creates the user `app` (password `secret`, every privilege)
+//! drop. At startup an init file creates the user `app` (password `secret`, every privilege, and the right to grant them)
 //! and the database `app`.
 //!
 //! ```ignore
@@ -22,7 +22,7 @@ pub use crate::free_port;
 use crate::server_process::ServerProcess;
 
 const INIT: &str = "CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY 'secret';\n\
-                    GRANT ALL ON *.* TO 'app'@'%';\n\
+                    GRANT ALL ON *.* TO 'app'@'%' WITH GRANT OPTION;\n\
                     CREATE DATABASE IF NOT EXISTS app;\n";
 
 /// The `mariadb-install-db`-ed template data directory of this process.

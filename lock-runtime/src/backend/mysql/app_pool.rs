@@ -114,12 +114,28 @@ impl Sessions for AppSessions {
                 return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
             };
             let grant = key.grant();
-            let results = c.fetch_many(grant.as_str()).try_collect::<Vec<_>>().await;
-            match results {
-                Ok(results) => {
-                    let token = results.into_iter().find_map(|r| r.left()).map(|done| done.last_insert_id());
-                    super::sql::token(&key.name, operation, token).map(Some)
+            let mut results = c.fetch_many(grant.as_str());
+            let mut token = None;
+            let answer = loop {
+                match results.try_next().await {
+                    Ok(Some(step)) => {
+                        if let (None, Some(done)) = (token, step.left()) {
+                            token = Some(done.last_insert_id());
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    // The record's statement refused by the server (the table full, missing,
+                    // not allowed) after the counter's gave the token: granted all the same.
+                    Err(sqlx::Error::Database(e)) if token.is_some() => {
+                        super::backend::record_failed(&e);
+                        break Ok(());
+                    }
+                    Err(e) => break Err(e),
                 }
+            };
+            drop(results);
+            match answer {
+                Ok(()) => super::sql::token(&key.name, operation, token).map(Some),
                 Err(e) => Err(failure(conn, &key.name, operation, e)),
             }
         })

@@ -12,7 +12,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::conn::MyConn;
 pub use super::options::MysqlOptions;
-use super::sql::{counter_sql, token as token_of, MyKey, Recorded};
+use super::sql::{sweep_sql, token as token_of, MyKey, Recorded};
 use super::{my_error, KIND};
 use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
@@ -24,6 +24,8 @@ use crate::lost::LostSignal;
 pub(super) struct MySessions {
     opts: Opts,
     options: MysqlOptions,
+    /// Dropped with the backend: the records sweeper ([`sweep_while_alive`]) stops at once.
+    _sweeping: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl MySessions {
@@ -104,12 +106,32 @@ async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Resul
     let granted = async {
         let result = conn.query_iter(key.grant()).await?;
         let token = result.last_insert_id();
-        result.drop_result().await?;
+        // The record's statement: the server refusing it (the table full, missing, not
+        // allowed) does not fail the grant; a broken connection does.
+        match result.drop_result().await {
+            Err(mysql_async::Error::Server(e)) => record_failed(&e),
+            other => other?,
+        }
         Ok::<_, mysql_async::Error>(token)
     };
     match granted.await {
         Ok(token) => token_of(&key.name, operation, token).map(Some),
         Err(e) => Err(failure(&key.name, operation, e)),
+    }
+}
+
+/// A holder's record the server would not write: the lock is granted anyway (inspection shows
+/// it held with no holder, as another client's `GET_LOCK`); said once per process, at `warn`.
+pub(super) fn record_failed(why: &dyn fmt::Display) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a MySQL lock was granted without its holder's record in `{}` ({why}): inspection shows such locks \
+             held with no holder; said once",
+            super::HOLDERS
+        );
+    } else {
+        tracing::debug!(error = %why, "a MySQL holder's record was not written");
     }
 }
 
@@ -146,6 +168,57 @@ where
     }
 }
 
+/// How often a carrier that holds locks sweeps the holders' records of ended sessions (beside
+/// the sweep of every new connection): records of killed carriers and cancelled grants are gone
+/// within this, however long the service runs.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
+/// Deletes the holders' records no live session holds ([`sweep_sql`]): whether the server
+/// answered (a refusal, such as a missing table, is said at `debug` only).
+async fn sweep(conn: &mut Conn) -> bool {
+    match conn.query_drop(sweep_sql()).await {
+        Ok(()) => true,
+        Err(mysql_async::Error::Server(e)) => {
+            tracing::debug!(error = %e, "could not sweep the MySQL holders' records");
+            true
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "the MySQL holders' records sweep failed");
+            false
+        }
+    }
+}
+
+/// Sweeps the holders' records every [`SWEEP_EVERY`] on an idle connection of `pool` (none is
+/// opened for it, so a backend shut down or never used sweeps nothing), until the backend is
+/// dropped (`stopped` then fires): the records of carriers killed while this process holds
+/// nothing else go too.
+fn sweep_while_alive(pool: &Arc<Pool<MySessions>>, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let pool = Arc::downgrade(pool);
+    runtime.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(SWEEP_EVERY) => {}
+                _ = &mut stopped => return,
+            }
+            let Some(pool) = pool.upgrade() else { return };
+            let Some(conn) = pool.take_idle() else { continue };
+            let bound = pool.sessions.options.operation_timeout;
+            let swept = tokio::time::timeout(bound, async {
+                match conn.lock().await.as_mut() {
+                    Some(open) => sweep(open).await,
+                    None => false,
+                }
+            })
+            .await;
+            if matches!(swept, Ok(true)) {
+                pool.checkin(conn);
+            }
+        }
+    });
+}
+
 /// A failed query: [`Failure::Closed`] when the connection is broken.
 fn failure(name: &str, operation: &'static str, e: mysql_async::Error) -> Failure {
     if e.is_fatal() {
@@ -174,8 +247,16 @@ impl Sessions for MySessions {
         MyKey::of(req, self.options.record_holders)
     }
 
+    /// A new connection first sweeps the holders' records of sessions that ended (a carrier or
+    /// connection opens after others were lost, so that is when stale records are likely).
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<MyConn, LockError>> {
-        Box::pin(async move { self.connect_once(name).await.map(MyConn::new) })
+        Box::pin(async move {
+            let mut conn = self.connect_once(name).await?;
+            if self.options.record_holders {
+                sweep(&mut conn).await;
+            }
+            Ok(MyConn::new(conn))
+        })
     }
 
     fn is_closed(conn: &MyConn) -> bool {
@@ -273,7 +354,11 @@ impl Carry for MySessions {
     fn serve_carrier(sessions: &Arc<Self>, carrier: std::sync::Weak<Carrier<Self>>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (every, bound) = (sessions.options.heartbeat, sessions.options.operation_timeout);
+        let records = sessions.options.record_holders;
+        // Every `SWEEP_EVERY` the beat sweeps the holders' records of ended sessions too.
+        let sweep_every = (SWEEP_EVERY.as_millis() / every.as_millis().max(1)).max(1);
         runtime.spawn(async move {
+            let mut beats = 0u128;
             loop {
                 tokio::time::sleep(every).await;
                 let Some(carrier) = carrier.upgrade() else { return };
@@ -283,8 +368,10 @@ impl Carry for MySessions {
                 if !carrier.holds_any() {
                     continue;
                 }
+                beats += 1;
                 let alive = tokio::time::timeout(bound, async {
                     match carrier.conn.lock().await.as_mut() {
+                        Some(open) if records && beats.is_multiple_of(sweep_every) => sweep(open).await,
                         Some(open) => open.ping().await.is_ok(),
                         None => false,
                     }
@@ -386,15 +473,26 @@ impl MysqlBackend {
             .stmt_cache_size(0)
             .prefer_socket(false)
             .into();
-        let pool = Pool::new(MySessions { opts, options });
-        let bound = pool.sessions.options.operation_timeout;
-        let mut conn = match tokio::time::timeout(bound, pool.sessions.connect_once("")).await {
-            Ok(conn) => conn?,
+        let mut sessions = MySessions { opts, options, _sweeping: None };
+        let bound = sessions.options.operation_timeout;
+        let made = async {
+            let mut conn = sessions.connect_once("").await?;
+            let records = super::setup::setup(&mut conn, sessions.options.record_holders).await?;
+            Ok::<_, LockError>((conn, records))
+        };
+        let (conn, records) = match tokio::time::timeout(bound, made).await {
+            Ok(made) => made?,
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         };
-        setup(bound, &mut conn, pool.sessions.options.record_holders).await?;
+        sessions.options.record_holders = records;
+        let (sweeping, stopped) = tokio::sync::oneshot::channel();
+        sessions._sweeping = records.then_some(sweeping);
+        let pool = Arc::new(Pool::new(sessions));
         pool.checkin(MyConn::new(conn));
-        Ok(MysqlBackend { pools: Pools::Own(Arc::new(pool)) })
+        if records {
+            sweep_while_alive(&pool, stopped);
+        }
+        Ok(MysqlBackend { pools: Pools::Own(pool) })
     }
 
     /// Locks on connections of the application's sqlx `pool` (its TLS, credentials and
@@ -426,7 +524,6 @@ impl MysqlBackend {
     #[cfg(feature = "sqlx")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
     pub async fn from_pool_with(pool: sqlx::MySqlPool, options: MysqlOptions) -> Result<Self, LockError> {
-        use sqlx::Executor;
         if options.operation_timeout.is_zero() || options.heartbeat.is_zero() {
             return Err(LockError::invalid("", "the MySQL operation timeout and heartbeat must be more than zero"));
         }
@@ -435,24 +532,15 @@ impl MysqlBackend {
             return Err(LockError::invalid("", "TLS settings were given beside a pool: the pool's own apply"));
         }
         let bound = options.operation_timeout;
-        let (exists, create) = counter_sql(options.record_holders);
         let setup = async {
-            let mut conn = pool.acquire().await?;
-            let found = match sqlx::query_scalar::<_, i64>(&exists).persistent(false).fetch_one(&mut *conn).await {
-                Ok(count) => count == 1,
-                Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42S02") => false,
-                Err(e) => return Err(e),
-            };
-            if !found {
-                conn.execute(create.as_str()).await?;
-            }
-            Ok(())
+            let mut conn = pool.acquire().await.map_err(|e| super::app_pool::error("", "connect", e))?;
+            super::setup::setup(&mut conn, options.record_holders).await
         };
-        match tokio::time::timeout(bound, setup).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(super::app_pool::error("", "connect", e)),
+        let records = match tokio::time::timeout(bound, setup).await {
+            Ok(records) => records?,
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
-        }
+        };
+        let options = options.record_holders(records);
         let sessions = super::app_pool::AppSessions { pool, options };
         Ok(MysqlBackend { pools: Pools::App(Arc::new(Pool::new(sessions))) })
     }
@@ -508,26 +596,6 @@ fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
         }
         None => Ok(opts),
     }
-}
-
-/// Makes sure the counter table, its row and the holders' table exist (a least-privilege user
-/// needs them made beforehand; then they are only used).
-async fn setup(bound: Duration, conn: &mut Conn, record_holders: bool) -> Result<(), LockError> {
-    let (exists, create) = counter_sql(record_holders);
-    let found = match tokio::time::timeout(bound, conn.query_first::<u64, _>(exists)).await {
-        Ok(Ok(count)) => count == Some(1),
-        Ok(Err(mysql_async::Error::Server(e))) if e.code == 1146 => false, // no such table yet
-        Ok(Err(e)) => return Err(my_error("", "connect", e)),
-        Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
-    };
-    if !found {
-        match tokio::time::timeout(bound, conn.query_drop(create)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(my_error("", "connect", e)),
-            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
-        }
-    }
-    Ok(())
 }
 
 impl LockBackend for MysqlBackend {

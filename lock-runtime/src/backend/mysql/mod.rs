@@ -14,6 +14,7 @@ mod backend;
 mod conn;
 mod inspect;
 mod options;
+mod setup;
 mod sql;
 
 pub use backend::{MysqlBackend, MysqlOptions};

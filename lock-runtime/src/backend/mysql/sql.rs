@@ -120,25 +120,26 @@ fn cut(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-/// Whether the tables exist (the counter table with its row; the holders' table when
-/// `record_holders`): `1`, or an error 1146 when a table is missing; and what creates them
-/// and the row.
-pub(super) fn counter_sql(record_holders: bool) -> (String, String) {
-    let (check, holders) = match record_holders {
-        true => (format!(" AND NOT EXISTS (SELECT 1 FROM {HOLDERS} WHERE 1 = 0)"), format!("; {}", holders_sql())),
-        false => (String::new(), String::new()),
-    };
-    let exists = format!("SELECT COUNT(*) FROM {COUNTER} WHERE id = 1{check}");
-    let create = format!(
+/// What makes the counter table and its row (each only if missing).
+pub(super) fn counter_create_sql() -> String {
+    format!(
         "CREATE TABLE IF NOT EXISTS {COUNTER} (id TINYINT UNSIGNED PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) \
-         ENGINE=InnoDB; INSERT IGNORE INTO {COUNTER} VALUES (1, 0){holders}"
-    );
-    (exists, create)
+         ENGINE=InnoDB; INSERT IGNORE INTO {COUNTER} VALUES (1, 0)"
+    )
+}
+
+/// Deletes the records no live session holds: of sessions that ended without releasing
+/// (killed, disconnected, the process gone) and of grants undone after their record was
+/// written. A record is valid while `IS_USED_LOCK(name)` is its connection; a grant writes its
+/// record after `GET_LOCK` returned, so no record of a lock being granted is ever deleted.
+pub(super) fn sweep_sql() -> String {
+    format!("DELETE FROM {HOLDERS} WHERE NOT (IS_USED_LOCK(CONVERT(name USING utf8mb4)) <=> connection)")
 }
 
 /// The table of holders' records: one row per held lock, keyed by the server-side name and
 /// valid while `IS_USED_LOCK(name)` is its `connection` (a session that ended without
-/// releasing leaves a row that is never shown, and is replaced at the name's next grant).
+/// releasing leaves a row that is never shown, replaced at the name's next grant or deleted
+/// by the next sweep, [`sweep_sql`]).
 /// In memory (`ENGINE=MEMORY`): a record means nothing once its session is gone, and every
 /// session ends with the server, so nothing of it needs to reach the disk, and its writes cost
 /// no commit (an InnoDB table made each lock and release 1.5 times as long: two more commits).

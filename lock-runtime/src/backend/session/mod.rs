@@ -61,6 +61,12 @@ impl<S: Carry> Pool<S> {
         }
     }
 
+    /// An idle connection, if one is kept and open (none is made): for a backend's own
+    /// housekeeping, which gives it back with [`checkin`](Self::checkin).
+    pub(crate) fn take_idle(&self) -> Option<S::Conn> {
+        std::iter::from_fn(|| self.idle.take()).find(|conn| !S::is_closed(conn))
+    }
+
     /// Keeps `conn` for the next acquisitions, if there is room.
     pub(crate) fn checkin(&self, conn: S::Conn) {
         if S::is_closed(&conn) {
