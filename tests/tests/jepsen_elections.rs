@@ -17,7 +17,7 @@ use std::time::Duration;
 use lock_tests::jepsen::nemesis::{self, Backend, Config};
 
 fn elections(backend: Backend) -> Config {
-    let mut config = Config::new(backend, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(2);
+    let mut config = Config::new(backend, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(4);
     config.elect = true;
     config
 }

@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_etcd() {
-    let config = Config::new(Backend::Etcd, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(2);
+    let config = Config::new(Backend::Etcd, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(4);
     // Bounds of the checker, from the workers' settings (1 s operation timeout, 2 s lease TTL):
     // - wait_slack: a `wait` may be overrun by one request still in flight at its deadline (the
     //   operation timeout), plus 250 ms of scheduling on a busy 2-core machine.

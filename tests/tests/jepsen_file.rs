@@ -14,7 +14,7 @@ use lock_tests::jepsen::nemesis::{self, Backend, Config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_file() {
-    let config = Config::new(Backend::File, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(2);
+    let config = Config::new(Backend::File, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(4);
     // Bounds of the checker, from the workers' settings (1 s operation timeout):
     // - wait_slack: a `wait` may be overrun by one attempt still in flight at its deadline (the
     //   operation timeout), plus 250 ms of scheduling on a busy 2-core machine.

@@ -14,7 +14,7 @@ use mysql_async::prelude::Queryable;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_mysql() {
-    let config = Config::new(Backend::Mysql, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(2);
+    let config = Config::new(Backend::Mysql, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(4);
     // Bounds of the checker, from the workers' settings (1 s operation timeout, 250 ms
     // heartbeat):
     // - wait_slack: a `wait` may be overrun by one query still in flight at its deadline (the

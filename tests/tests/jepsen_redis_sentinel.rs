@@ -19,7 +19,7 @@ mod jepsen_support;
 async fn jepsen_redis_sentinel() {
     for wait_for_replicas in [None, Some(1)] {
         let mut config =
-            Config::new(Backend::RedisSentinel, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(2);
+            Config::new(Backend::RedisSentinel, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(4);
         config.wait_for_replicas = wait_for_replicas;
         eprintln!("jepsen_redis_sentinel: wait_for_replicas {wait_for_replicas:?}");
         // Bounds of the checker, from the workers' settings (1 s lease, 1 s command timeout):

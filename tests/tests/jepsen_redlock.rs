@@ -22,7 +22,7 @@ mod jepsen_support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_redlock() {
-    let config = Config::new(Backend::Redlock, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(2);
+    let config = Config::new(Backend::Redlock, env!("CARGO_BIN_EXE_jepsen_worker")).with_tasks(4);
     // Bounds of the checker, from the workers' settings (1 s lease, 1 s command timeout):
     // - wait_slack: a `wait` may be overrun by one round of commands still in flight at its
     //   deadline (the command timeout), plus 250 ms of scheduling on a busy 2-core machine.

@@ -16,7 +16,7 @@ use lock_tests::zk_server::{self, CONTAINER_CHECK_INTERVAL};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jepsen_zookeeper() {
-    let config = Config::new(Backend::Zookeeper, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(2);
+    let config = Config::new(Backend::Zookeeper, env!("CARGO_BIN_EXE_jepsen_worker")).with_kinds().with_tasks(4);
     // Bounds of the checker, from the workers' settings (1.5 s session, 1 s operation timeout,
     // 1 s fixed leases for half the workers):
     // - wait_slack: a `wait` may be overrun by one operation still in flight at its deadline

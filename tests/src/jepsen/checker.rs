@@ -139,7 +139,38 @@ pub struct Report {
     recoveries_us: Vec<u64>,
     /// The recovery target: one second plus the hand-off bound.
     recovery_target_us: u64,
+    /// Grants, and the run's time, inside fault windows (their union) and outside them.
+    rates: Rates,
     violations: Vec<String>,
+}
+
+/// Grants inside and outside the fault windows, and how long each part of the run lasted.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Rates {
+    /// Grants while some fault was on.
+    pub grants_in_faults: usize,
+    /// Time some fault was on, in µs.
+    pub fault_us: u64,
+    /// Grants while none was.
+    pub grants_outside: usize,
+    /// Time none was, in µs (from the first record to the last).
+    pub quiet_us: u64,
+}
+
+impl Rates {
+    /// Grants per second outside the fault windows and inside them (`None` for a part of no
+    /// length).
+    pub fn per_second(&self) -> (Option<f64>, Option<f64>) {
+        let rate = |grants: usize, us: u64| (us > 0).then(|| grants as f64 * 1e6 / us as f64);
+        (rate(self.grants_outside, self.quiet_us), rate(self.grants_in_faults, self.fault_us))
+    }
+
+    /// `outside X/s, inside Y/s`.
+    fn shown(&self) -> String {
+        let show = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}/s"));
+        let (outside, inside) = self.per_second();
+        format!("grants {} outside fault windows, {} inside", show(outside), show(inside))
+    }
 }
 
 impl Report {
@@ -231,11 +262,17 @@ impl Report {
             None => "no fault end followed by a grant".to_owned(),
         };
         format!(
-            "{} failed outside fault windows; {recovery}; {} grants, {} violations",
+            "{} failed outside fault windows; {recovery}; {} grants ({}), {} violations",
             self.failed_outside_faults,
             self.counts.grants,
+            self.rates.shown(),
             self.violations.len()
         )
+    }
+
+    /// Grants inside and outside the fault windows (the rate of each, [`Rates::per_second`]).
+    pub fn rates(&self) -> Rates {
+        self.rates
     }
 
     /// The longest stranded wait: over all, and outside fault windows (the one held to the bound).
@@ -299,6 +336,7 @@ impl fmt::Display for Report {
             )?,
             None => writeln!(f, "availability: {} failed outside fault windows", self.failed_outside_faults)?,
         }
+        writeln!(f, "contention: {}", self.rates.shown())?;
         let silent = self.silent_overlap_classes();
         if !silent.is_empty() {
             writeln!(f, "overlaps whose holder ran on without lost(): {}", silent.join(", "))?;
@@ -606,6 +644,30 @@ pub fn check(input: &CheckInput<'_>) -> Report {
     report
 }
 
+/// Grants inside the union of the fault windows and outside it, and each part's length (the
+/// run: from its first record to its last).
+fn rates(run: &Run<'_>, grants: &[u64]) -> Rates {
+    let (Some(first), Some(last)) = (run.sorted.first(), run.sorted.last()) else { return Rates::default() };
+    let mut windows: Vec<(u64, u64)> = run.faults.iter().map(|f| (f.start, f.end.max(f.start))).collect();
+    windows.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in windows {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    let fault_us: u64 = merged.iter().map(|(s, e)| e - s).sum();
+    let inside = |t: u64| merged.iter().any(|&(s, e)| s <= t && t <= e);
+    let grants_in_faults = grants.iter().filter(|&&t| inside(t)).count();
+    Rates {
+        grants_in_faults,
+        fault_us,
+        grants_outside: grants.len() - grants_in_faults,
+        quiet_us: (last.t_us - first.t_us).saturating_sub(fault_us),
+    }
+}
+
 /// The availability rule (see the module docs): failures outside fault windows, and the time
 /// from each fault's end to the next grant.
 fn check_availability(run: &Run<'_>, handoff_bound: Duration, report: &mut Report) {
@@ -630,6 +692,7 @@ fn check_availability(run: &Run<'_>, handoff_bound: Duration, report: &mut Repor
     }
     // The grants' times, in order (the records are sorted).
     let grants: Vec<u64> = run.grants.iter().map(|g| g.t).collect();
+    report.rates = rates(run, &grants);
     report.recovery_target_us = allowance;
     for f in &run.faults {
         let after = grants.partition_point(|&t| t < f.end);
@@ -1055,6 +1118,22 @@ mod tests {
         3400 w2 released a 2 ok
         9000 w1 exit 0
         9000 w2 exit 0";
+
+    /// Grants are counted inside the union of the fault windows and outside it, with each
+    /// part's length: two overlapping faults (2500-3200 and 2900-3300 µs) make one window of
+    /// 800 µs holding the grant at 3000; the run lasts 8000 µs (1000 to 9000).
+    #[test]
+    fn grants_are_counted_inside_and_outside_fault_windows() {
+        let history = format!(
+            "{CLEAN}\n2500 nemesis fault pause w1 start\n3200 nemesis fault pause w1 end\n\
+             2900 nemesis fault delay w2 start\n3300 nemesis fault delay w2 end"
+        );
+        let rates = run(&history).rates();
+        assert_eq!(rates, Rates { grants_in_faults: 1, fault_us: 800, grants_outside: 1, quiet_us: 7200 });
+        let (outside, inside) = rates.per_second();
+        assert!((outside.unwrap() - 1e6 / 7200.0).abs() < 1e-6 && (inside.unwrap() - 1e6 / 800.0).abs() < 1e-6);
+        assert_eq!(run(CLEAN).rates().per_second().1, None, "no fault: no rate inside");
+    }
 
     /// A failure for another reason than contention fails the run outside fault windows (and
     /// their recovery allowance: 1 s plus the hand-off bound of 50 ms), and not inside them;
