@@ -127,7 +127,7 @@ impl Sessions for AppSessions {
                     // The record's statement refused by the server (the table full, missing,
                     // not allowed) after the counter's gave the token: granted all the same.
                     Err(sqlx::Error::Database(e)) if token.is_some() => {
-                        super::backend::record_failed(&e);
+                        super::sql::record_failed(&e);
                         break Ok(());
                     }
                     Err(e) => break Err(e),

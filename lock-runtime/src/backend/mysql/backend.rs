@@ -109,7 +109,7 @@ async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Resul
         // The record's statement: the server refusing it (the table full, missing, not
         // allowed) does not fail the grant; a broken connection does.
         match result.drop_result().await {
-            Err(mysql_async::Error::Server(e)) => record_failed(&e),
+            Err(mysql_async::Error::Server(e)) => super::sql::record_failed(&e),
             other => other?,
         }
         Ok::<_, mysql_async::Error>(token)
@@ -117,21 +117,6 @@ async fn get_lock(conn: &mut Conn, key: &MyKey, wait: Option<Duration>) -> Resul
     match granted.await {
         Ok(token) => token_of(&key.name, operation, token).map(Some),
         Err(e) => Err(failure(&key.name, operation, e)),
-    }
-}
-
-/// A holder's record the server would not write: the lock is granted anyway (inspection shows
-/// it held with no holder, as another client's `GET_LOCK`); said once per process, at `warn`.
-pub(super) fn record_failed(why: &dyn fmt::Display) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            "a MySQL lock was granted without its holder's record in `{}` ({why}): inspection shows such locks \
-             held with no holder; said once",
-            super::HOLDERS
-        );
-    } else {
-        tracing::debug!(error = %why, "a MySQL holder's record was not written");
     }
 }
 

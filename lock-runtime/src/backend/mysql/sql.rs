@@ -191,3 +191,18 @@ pub(super) fn inspect_sql(key: &str) -> String {
         lit = literal(&server),
     )
 }
+
+/// A holder's record the server would not write: the lock is granted anyway (inspection shows
+/// it held with no holder, as another client's `GET_LOCK`); said once per process, at `warn`.
+pub(super) fn record_failed(why: &dyn std::fmt::Display) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "a MySQL lock was granted without its holder's record in `{}` ({why}): inspection shows such locks \
+             held with no holder; said once",
+            super::HOLDERS
+        );
+    } else {
+        tracing::debug!(error = %why, "a MySQL holder's record was not written");
+    }
+}

@@ -127,8 +127,8 @@ impl RedisBackend {
     /// ```
     pub async fn cluster<E: AsRef<str>, S: AsRef<[E]>>(urls: S, options: RedisOptions) -> Result<Self, LockError> {
         let given: Vec<&str> = urls.as_ref().iter().map(AsRef::as_ref).collect();
-        let (conn, nodes, shown, runtime) = cluster::connect(&given, &options).await?;
-        Ok(Self::on(conn, nodes, options, shown, &runtime))
+        let ((conn, silence), nodes, shown, runtime) = cluster::connect(&given, &options).await?;
+        Ok(Self::on(Conn::Cluster(conn, silence), nodes, options, shown, &runtime))
     }
 
     /// Locks on the application's own Redis Cluster `client` (its credentials, TLS, routing and
@@ -154,8 +154,8 @@ impl RedisBackend {
         options: RedisOptions,
     ) -> Result<Self, LockError> {
         let given: Vec<&str> = nodes.as_ref().iter().map(AsRef::as_ref).collect();
-        let (conn, nodes, shown, runtime) = cluster::connect_client(client, &given, &options).await?;
-        Ok(Self::on(conn, nodes, options, shown, &runtime))
+        let ((conn, silence), nodes, shown, runtime) = cluster::connect_client(client, &given, &options).await?;
+        Ok(Self::on(Conn::Cluster(conn, silence), nodes, options, shown, &runtime))
     }
 
     /// Locks on the primary the sentinels at `sentinels` (`redis://host:port` URLs) name

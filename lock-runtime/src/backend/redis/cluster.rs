@@ -74,9 +74,9 @@ pub(super) async fn connect_client(
     on_cluster(client, seeds, options, shown).await
 }
 
-/// A connected cluster: its connection, its nodes (the source of pub/sub connections), the
+/// A connected cluster: its connection (with how long a command waits on one node), its nodes (the source of pub/sub connections), the
 /// nodes as shown in messages, and the runtime.
-pub(super) type Connected = (super::topology::Conn, Arc<Nodes>, String, tokio::runtime::Handle);
+pub(super) type Connected = ((ClusterConnection, Silence), Arc<Nodes>, String, tokio::runtime::Handle);
 
 /// How long a command waits for the node serving its key before it is sent on to another
 /// primary (see [`command`]), and how many times: a third of the command timeout, twice, so
@@ -112,7 +112,7 @@ async fn on_cluster(
     };
     let source =
         Nodes { seeds, learned: Mutex::new(Vec::new()), next: AtomicUsize::new(spread()), conn: conn.clone(), timeout };
-    Ok((super::topology::Conn::Cluster(conn, Silence::of(timeout)), Arc::new(source), shown, runtime))
+    Ok(((conn, Silence::of(timeout)), Arc::new(source), shown, runtime))
 }
 
 /// The connection settings of each node URL in `given` (TCP only).
