@@ -74,8 +74,8 @@ pub(super) async fn connect_client(
     on_cluster(client, seeds, options, shown).await
 }
 
-/// A connected cluster: its connection (with how long a command waits on one node), its nodes (the source of pub/sub connections), the
-/// nodes as shown in messages, and the runtime.
+/// A connected cluster: its connection (with how long a command waits on one node), its nodes
+/// (the source of pub/sub connections), the nodes as shown in messages, and the runtime.
 pub(super) type Connected = ((ClusterConnection, Silence), Arc<Nodes>, String, tokio::runtime::Handle);
 
 /// How long a command waits for the node serving its key before it is sent on to another
