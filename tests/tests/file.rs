@@ -305,6 +305,34 @@ async fn inspecting_a_lock_never_denies_it() {
     granted.unwrap().release().await.expect("release");
 }
 
+/// A look never shows a grant half made (regression, issue 56: `lockctl watch` printed
+/// ``acquired `…:ledger` (unknown) by unknown (owner unknown) (token unknown)`` and failed the
+/// `lockctl` tests of a CI run: it looked between the holder's taking the file lock and its
+/// writing the record, after syncing its token). Here a holder takes the file lock and writes
+/// its record 50 ms later (on a loaded machine the look may start after the write: then the
+/// test passes either way); the look shows the record, not `unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_waits_for_the_record_of_a_grant_being_made() {
+    use std::io::Write;
+    let dir = TempDir::new();
+    let manager = LockManager::file(dir.path()).expect("open");
+    let path = dir.path().join(file_name("ledger"));
+    let mut holder =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).expect("open");
+    holder.try_lock().expect("the holder's file lock");
+    let writing = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let granted = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+        holder.write_all(format!("7\t{granted}\t0\towner-7\thost-1/4242/billing\tledger\n").as_bytes()).unwrap();
+        holder
+    });
+    let seen = manager.inspect("ledger").await.expect("inspect").expect("held");
+    let holder = writing.join().expect("holder");
+    assert_eq!((seen.owner.as_str(), seen.fencing_token), ("owner-7", Some(7)), "a grant half made: {seen:?}");
+    drop(holder);
+    assert_eq!(manager.inspect("ledger").await.expect("inspect"), None, "freed");
+}
+
 /// `leader()` never reports a term that has resigned: right after `resign()` returns, with a
 /// campaigner of the same process taking over the file, a look sees the successor or a term
 /// just begun (holder not written yet), never the resigned token (6,381 of 18,939 looks did,

@@ -205,3 +205,45 @@ async fn a_forced_release_of_a_carried_lock_spares_its_neighbours() {
     assert!(victim.release().await.expect_err("forced").is_lost());
     neighbour.release().await.expect("the neighbour's release");
 }
+
+/// A look never shows a carried grant half made (issue 56): while a holder takes and frees a
+/// carried lock in a loop, another backend's inspections find the lock granted on the server
+/// either with its owner and token or not at all, never as an unnamed advisory lock with no
+/// owner (the carrier answered an inspection before its own attempt's answer was read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_never_shows_a_carried_grant_half_made() {
+    let server = PgServer::start();
+    let backend = PostgresBackend::connect_with(server.url(), PostgresOptions::new().multiplexing(1)).await.unwrap();
+    let holder = LockManager::builder().label("carrier-test").backend(backend);
+    let inspector = PostgresBackend::connect(server.url()).await.unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cycling = tokio::spawn({
+        let done = done.clone();
+        async move {
+            let mut cycles = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                holder.lock("busy").await.expect("lock").release().await.expect("release");
+                cycles += 1;
+            }
+            cycles
+        }
+    });
+    let (mut looks, mut half) = (0, Vec::new());
+    while looks < 300 {
+        for info in inspector.list("").await.expect("list") {
+            if info.owner.is_empty() || info.fencing_token.is_none() {
+                half.push(info);
+            }
+        }
+        looks += 1;
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cycles = cycling.await.expect("holder");
+    assert!(cycles > 0, "the holder never cycled");
+    assert!(
+        half.is_empty(),
+        "{} of {looks} looks showed a grant half made ({cycles} grants): {:?}",
+        half.len(),
+        half.first()
+    );
+}

@@ -1,6 +1,10 @@
 //! The lock files as an inspection tool sees them ([`Inspect`], for `lockctl --file DIR`): each
 //! holder writes a record into its file when it is granted (token, grant time, fixed lease,
-//! owner, process, key), and a file is held when a shared lock on it cannot be had.
+//! owner, process, key), and a file is held when a shared lock on it cannot be had. A look
+//! that finds a file held with no record yet (its holder is between taking the file lock and
+//! writing the record, after syncing its token: a few milliseconds) looks again until the
+//! record is there, for at most [`GRANTING`]; a holder stalled longer is shown with what is
+//! known (owner `unknown`), never as a grant half made that is then reported again.
 
 use std::fs::{File, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -48,15 +52,44 @@ pub(super) fn clear(file: &File) {
     }
 }
 
-/// What the lock file at `path` tells, if it is held.
-fn look(path: &Path) -> io::Result<Option<LockInfo>> {
+/// How long a look waits for the record of a holder that has the file lock but has not written
+/// its record yet.
+const GRANTING: Duration = Duration::from_secs(1);
+
+/// What a lock file tells.
+enum Look {
+    Free,
+    Held(LockInfo),
+    /// Held, its record not written yet: what is known.
+    Granting(LockInfo),
+}
+
+/// What the lock file at `path` tells, once its holder has written its record (or after
+/// [`GRANTING`]).
+async fn look(path: &Path) -> io::Result<Option<LockInfo>> {
+    let deadline = crate::clock::now() + GRANTING;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match look_once(path)? {
+            Look::Free => return Ok(None),
+            Look::Held(info) => return Ok(Some(info)),
+            Look::Granting(info) if crate::clock::now() >= deadline => return Ok(Some(info)),
+            // The file gives no signal when its record is written: looked at again, soon.
+            Look::Granting(_) => tokio::time::sleep(pause).await,
+        }
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// What the lock file at `path` tells now.
+fn look_once(path: &Path) -> io::Result<Look> {
     let mut file = match File::open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Look::Free),
         Err(e) => return Err(e),
     };
     match file.try_lock_shared() {
-        Ok(()) => return Ok(None), // nobody holds it (closing the file lets go at once)
+        Ok(()) => return Ok(Look::Free), // nobody holds it (closing the file lets go at once)
         Err(TryLockError::WouldBlock) => {}
         Err(TryLockError::Error(e)) => return Err(e),
     }
@@ -68,7 +101,7 @@ fn look(path: &Path) -> io::Result<Option<LockInfo>> {
         // Taken a moment ago, its record not written yet.
         let mut info = LockInfo::new(path::unescape_name(&shown), "unknown");
         info.session_bound = true;
-        return Ok(Some(info));
+        return Ok(Look::Granting(info));
     };
     let mut info = LockInfo::new(key, owner);
     info.kind = Some(crate::backend::LockKind::Exclusive); // lock files are mutexes
@@ -82,7 +115,7 @@ fn look(path: &Path) -> io::Result<Option<LockInfo>> {
             info.remaining_lease = granted.map(|g| Duration::from_millis((g + lease).saturating_sub(now_ms())));
         }
     }
-    Ok(Some(info))
+    Ok(Look::Held(info))
 }
 
 impl Inspect for FileBackend {
@@ -91,28 +124,31 @@ impl Inspect for FileBackend {
     }
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockInfo>, LockError>> {
-        let listed = (|| {
-            let mut locks = Vec::new();
-            for entry in std::fs::read_dir(self.dir())? {
-                let entry = entry?;
-                if !entry.file_name().to_string_lossy().ends_with(path::SUFFIX) {
-                    continue;
-                }
-                if let Some(info) = look(&entry.path())? {
-                    if info.key.starts_with(prefix) {
-                        locks.push(info);
+        Box::pin(async move {
+            let listed = async {
+                let mut locks = Vec::new();
+                for entry in std::fs::read_dir(self.dir())? {
+                    let entry = entry?;
+                    if !entry.file_name().to_string_lossy().ends_with(path::SUFFIX) {
+                        continue;
+                    }
+                    if let Some(info) = look(&entry.path()).await? {
+                        if info.key.starts_with(prefix) {
+                            locks.push(info);
+                        }
                     }
                 }
-            }
-            locks.sort_by(|a, b| a.key.cmp(&b.key));
-            Ok::<_, io::Error>(locks)
-        })();
-        Box::pin(std::future::ready(listed.map_err(|e| LockError::backend(prefix, KIND, "list", e))))
+                locks.sort_by(|a, b| a.key.cmp(&b.key));
+                Ok::<_, io::Error>(locks)
+            };
+            listed.await.map_err(|e| LockError::backend(prefix, KIND, "list", e))
+        })
     }
 
     fn inspect<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, LockError>> {
-        let info = look(&self.dir().join(file_name(key))).map_err(|e| LockError::backend(key, KIND, "inspect", e));
-        Box::pin(std::future::ready(info))
+        Box::pin(async move {
+            look(&self.dir().join(file_name(key))).await.map_err(|e| LockError::backend(key, KIND, "inspect", e))
+        })
     }
 
     /// Refused: a file lock belongs to its holder's process until it lets go or ends.
@@ -121,19 +157,23 @@ impl Inspect for FileBackend {
         key: &'a str,
         _expected_owner: Option<&'a str>,
     ) -> BoxFuture<'a, Result<ForceRelease, LockError>> {
-        let refused = match look(&self.dir().join(file_name(key))) {
-            Ok(None) => Ok(ForceRelease::NotHeld),
-            Ok(Some(info)) => {
-                let pid =
-                    info.holder.as_ref().and_then(Holder::pid).map_or("its process".to_owned(), |p| format!("pid {p}"));
-                Err(LockError::invalid(
+        Box::pin(async move {
+            match look(&self.dir().join(file_name(key))).await {
+                Ok(None) => Ok(ForceRelease::NotHeld),
+                Ok(Some(info)) => {
+                    let pid = info
+                        .holder
+                        .as_ref()
+                        .and_then(Holder::pid)
+                        .map_or("its process".to_owned(), |p| format!("pid {p}"));
+                    Err(LockError::invalid(
                     key,
                     format!("a lock file's lock belongs to its holder's process and cannot be taken from it: end {pid} (its locks go with it)"),
                 ))
+                }
+                Err(e) => Err(LockError::backend(key, KIND, "release", e)),
             }
-            Err(e) => Err(LockError::backend(key, KIND, "release", e)),
-        };
-        Box::pin(std::future::ready(refused))
+        })
     }
 
     fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {

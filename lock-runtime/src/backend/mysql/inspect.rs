@@ -18,6 +18,10 @@ use crate::backend::inspect::Unannounced;
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
 use crate::error::LockError;
 
+/// How long a look waits for the record of a lock held with no record (see
+/// [`MysqlBackend::holder`]).
+const GRANTING: Duration = Duration::from_secs(1);
+
 /// A row as what it tells of the lock.
 fn info((key, owner, holder, token, age, _): Recorded) -> LockInfo {
     let text =
@@ -49,11 +53,25 @@ impl MysqlBackend {
         }
     }
 
-    /// The holder of `key`, with its connection.
+    /// The holder of `key`, with its connection. A lock held with no record while records are
+    /// on is looked at again for up to [`GRANTING`]: a grant writes its record in the round trip
+    /// after `GET_LOCK` answered, so such a lock is usually one being granted; after that it is
+    /// shown held with no holder (another client's `GET_LOCK`, or a record the server refused).
     async fn holder(&self, key: &str) -> Result<Option<(LockInfo, u64)>, LockError> {
-        let mut rows = self.recorded(inspect_sql(key)).await?;
-        // A recorded holder first; else the session that holds it without a record.
-        rows.sort_by_key(|row| row.3.is_none());
+        let deadline = crate::clock::now() + GRANTING;
+        let mut pause = Duration::from_millis(1);
+        let rows = loop {
+            let mut rows = self.recorded(inspect_sql(key)).await?;
+            // A recorded holder first; else the session that holds it without a record.
+            rows.sort_by_key(|row| row.3.is_none());
+            let granting = rows.first().is_some_and(|row| row.3.is_none());
+            if !granting || !self.options().record_holders || crate::clock::now() >= deadline {
+                break rows;
+            }
+            // Nothing tells when the record is written: looked at again, soon.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
+        };
         Ok(rows.into_iter().next().map(|row| {
             let connection = row.5;
             // The key asked for (a record keeps at most 512 bytes of it).

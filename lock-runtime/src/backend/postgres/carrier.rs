@@ -8,7 +8,9 @@
 //! carrier's process answers on `lock_runtime_answers`, from that carrier's session (the
 //! notification's pid is the carrier's), with one line per held lock: its key, token, age and
 //! the same record a session-held lock keeps. Nothing is written per grant; an inspection
-//! costs a round trip to the holders' processes. A forced release asks the same way, and the
+//! costs a round trip to the holders' processes. A carrier answers once the attempts on
+//! their way when it was asked are answered, so a lock the server showed granted is answered
+//! for with its record, or left out when it was freed meanwhile. A forced release asks the same way, and the
 //! holder frees the lock and fires its `lost()`; a holder that does not answer within the
 //! operation timeout (a paused process) has its carrier's session ended, with every lock on
 //! it.
@@ -30,6 +32,8 @@ pub(super) const MARK: &str = "/* lock-runtime carrier */ ";
 const ASK: &str = "lock_runtime_ask";
 /// The channel they answer on.
 const ANSWERS: &str = "lock_runtime_answers";
+/// How long an answer waits for the attempts on their way (one round trip each).
+const SETTLE: Duration = Duration::from_millis(250);
 /// Under PostgreSQL's 8000-byte limit of a notification's payload.
 const CHUNK: usize = 7000;
 
@@ -97,7 +101,8 @@ async fn answer(
     match verb {
         "ask" => {
             let mut chunk = String::new();
-            for held in carrier.held() {
+            // A lock the asker saw granted may still be on its way back to its holder here.
+            for held in carrier.held_settled(SETTLE).await {
                 let (a, b) = held.key.key;
                 let mode = if held.key.shared { 's' } else { 'x' };
                 let line =
@@ -252,21 +257,7 @@ async fn ask(
 pub(super) async fn carried(sessions: &PgSessions) -> Result<Vec<CarriedRow>, LockError> {
     let bound = sessions.options.operation_timeout;
     with_listener(sessions, async |listener| {
-        let mut found = Vec::new();
-        for row in rows(listener, CARRIED, bound).await? {
-            let field = |i: usize| row.get(i).map(String::as_str).unwrap_or_default();
-            let (Ok(pid), Ok(a), Ok(b)) = (field(0).parse::<i32>(), field(1).parse::<u32>(), field(2).parse::<u32>())
-            else {
-                continue;
-            };
-            found.push(CarriedRow {
-                pid,
-                key: (a as i32, b as i32),
-                shared: field(3) == "true",
-                waiters: field(4).parse().ok(),
-                answer: None,
-            });
-        }
+        let mut found = scan(listener, bound).await?;
         if found.is_empty() {
             return Ok(found);
         }
@@ -286,9 +277,34 @@ pub(super) async fn carried(sessions: &PgSessions) -> Result<Vec<CarriedRow>, Lo
                 Some((token, age, parts.next()?.to_owned()))
             });
         }
+        // A holder answers once the attempts on their way when asked are answered (see
+        // `answer`): a lock its answer leaves out was free when it was asked (freed since the
+        // scan; taken again after, it is newer than this look). Only a holder that did not
+        // answer (a paused process) leaves a lock shown without its record.
+        found.retain(|row| row.answer.is_some() || !answers.contains_key(&row.pid));
         Ok(found)
     })
     .await
+}
+
+/// Every carrier's advisory lock the server shows granted, none answered for yet.
+async fn scan(listener: &Listener, bound: Duration) -> Result<Vec<CarriedRow>, LockError> {
+    let mut found = Vec::new();
+    for row in rows(listener, CARRIED, bound).await? {
+        let field = |i: usize| row.get(i).map(String::as_str).unwrap_or_default();
+        let (Ok(pid), Ok(a), Ok(b)) = (field(0).parse::<i32>(), field(1).parse::<u32>(), field(2).parse::<u32>())
+        else {
+            continue;
+        };
+        found.push(CarriedRow {
+            pid,
+            key: (a as i32, b as i32),
+            shared: field(3) == "true",
+            waiters: field(4).parse().ok(),
+            answer: None,
+        });
+    }
+    Ok(found)
 }
 
 /// Asks the holder of `key` on carrier `pid` to free it (for `owner`, if given; `shown` is the

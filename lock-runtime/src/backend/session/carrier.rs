@@ -82,6 +82,8 @@ pub(crate) struct Carrier<S: Carry> {
     keys: Mutex<HashMap<u64, Entry<S>>>,
     /// Closed by us (its state unknown): no acquisition is tried on it any more.
     dead: AtomicBool,
+    /// Told whenever an attempt ends (its key held, or forgotten).
+    settled: tokio::sync::Notify,
 }
 
 /// A key on a carrier.
@@ -109,7 +111,12 @@ pub(crate) struct CarriedInfo<K> {
 
 impl<S: Carry> Carrier<S> {
     fn new(conn: S::Conn) -> Self {
-        Carrier { conn, keys: Mutex::new(HashMap::new()), dead: AtomicBool::new(false) }
+        Carrier {
+            conn,
+            keys: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            settled: tokio::sync::Notify::new(),
+        }
     }
 
     /// Whether acquisitions may still be tried on it.
@@ -136,6 +143,7 @@ impl<S: Carry> Carrier<S> {
 
     fn forget(&self, id: u64) {
         lock(&self.keys).remove(&id);
+        self.settled.notify_waiters();
     }
 
     /// Whether it holds or is taking any key.
@@ -155,6 +163,31 @@ impl<S: Carry> Carrier<S> {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The locks it holds once the attempts on their way now are answered (a round trip each),
+    /// waiting at most `bound` for them: an inspection that found a lock granted on the server
+    /// sees it with its token, not as a grant half made.
+    pub(crate) async fn held_settled(&self, bound: Duration) -> Vec<CarriedInfo<S::Key>> {
+        let deadline = tokio::time::Instant::now() + bound;
+        // The attempts on their way now (later ones were not seen granted by the asker).
+        let taking = |only: Option<&[u64]>| -> Vec<u64> {
+            lock(&self.keys)
+                .iter()
+                .filter(|(id, e)| matches!(e.state, State::Taking) && only.is_none_or(|o| o.contains(id)))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        let mut waited = taking(None);
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            waited = taking(Some(&waited));
+            if waited.is_empty() || tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return self.held();
+            }
+        }
     }
 
     /// A forced release of the lock held under `id` (by `owner`, if given, checked by
@@ -313,6 +346,7 @@ impl<S: Carry> Carriers<S> {
                     if let Some(entry) = lock(&carrier.keys).get_mut(&id) {
                         entry.state = State::Held { token, since: crate::clock::now(), lost: lost.clone() };
                     }
+                    carrier.settled.notify_waiters();
                     return Ok(Carried::Granted(token, taken));
                 }
                 Ok(None) => {
