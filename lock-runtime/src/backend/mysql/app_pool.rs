@@ -17,7 +17,7 @@ use sqlx::{Executor, MySql, Row};
 use super::options::MysqlOptions;
 use super::sql::MyKey;
 use super::KIND;
-use crate::backend::session::{Carry, Failure, Idle, Sessions};
+use crate::backend::session::{Beat, Carry, Failure, Idle, Sessions};
 use crate::backend::{Acquire, BoxFuture};
 use crate::error::LockError;
 
@@ -186,12 +186,27 @@ impl Sessions for AppSessions {
         Some(self.options.get_heartbeat())
     }
 
-    fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, bool> {
+    /// With records on, the heartbeat asks whether an operator asked for the lock to be freed
+    /// (see `sql::mark_sql`); a refusal of the server (no table) still says it answers.
+    fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, Beat> {
+        let records = self.options.record_holders;
         Box::pin(async move {
-            let Some(c) = conn.conn.as_mut() else { return false };
-            let alive = c.execute("SELECT 1").await.is_ok();
-            conn.clean &= alive;
-            alive
+            let Some(c) = conn.conn.as_mut() else { return Beat::Dead };
+            let beat = if records {
+                match sqlx::query(super::sql::forced_sql().as_str()).fetch_all(&mut **c).await {
+                    Ok(rows) if rows.is_empty() => Beat::Alive,
+                    Ok(_) => Beat::Forced,
+                    Err(sqlx::Error::Database(_)) => Beat::Alive,
+                    Err(_) => Beat::Dead,
+                }
+            } else {
+                match c.execute("SELECT 1").await {
+                    Ok(_) => Beat::Alive,
+                    Err(_) => Beat::Dead,
+                }
+            };
+            conn.clean &= beat == Beat::Alive;
+            beat
         })
     }
 }

@@ -12,9 +12,9 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::conn::MyConn;
 pub use super::options::MysqlOptions;
-use super::sql::{sweep_sql, token as token_of, MyKey, Recorded};
+use super::sql::{forced_sql, id_of, sweep_sql, token as token_of, MyKey, Recorded};
 use super::{my_error, KIND};
-use crate::backend::session::{Carrier, Carry, Failure, Idle, Pool, Sessions};
+use crate::backend::session::{Beat, Carrier, Carry, Failure, Idle, Pool, Sessions};
 use crate::backend::{Acquire, Acquisition, BoxFuture, LockBackend};
 use crate::error::LockError;
 use crate::lost::LostSignal;
@@ -174,6 +174,23 @@ async fn sweep(conn: &mut Conn) -> bool {
     }
 }
 
+/// The locks of `conn`'s session whose release an operator asked for, by server-side name and
+/// owner ([`forced_sql`]); `None` when the connection did not answer (a refusal of the server,
+/// such as a missing table, is an answer: none asked).
+async fn forced(conn: &mut Conn) -> Option<Vec<(String, String)>> {
+    match rows::<(Vec<u8>, Vec<u8>)>(conn, forced_sql()).await {
+        Ok(rows) => Some(
+            rows.into_iter()
+                .map(|(name, owner)| {
+                    (String::from_utf8_lossy(&name).into_owned(), String::from_utf8_lossy(&owner).into_owned())
+                })
+                .collect(),
+        ),
+        Err(mysql_async::Error::Server(_)) => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
+
 /// Sweeps the holders' records every [`SWEEP_EVERY`] on an idle connection of `pool` (none is
 /// opened for it, so a backend shut down or never used sweeps nothing), until the backend is
 /// dropped (`stopped` then fires): the records of carriers killed while this process holds
@@ -314,11 +331,22 @@ impl Sessions for MySessions {
         Some(self.options.heartbeat)
     }
 
-    fn alive<'a>(&'a self, conn: &'a mut MyConn) -> BoxFuture<'a, bool> {
+    /// With records on, the heartbeat asks whether an operator asked for the lock to be freed
+    /// (see `sql::mark_sql`): a connection of its own holds one lock, which is then freed.
+    fn alive<'a>(&'a self, conn: &'a mut MyConn) -> BoxFuture<'a, Beat> {
+        let records = self.options.record_holders;
         Box::pin(async move {
             match conn.lock().await.as_mut() {
-                Some(open) => open.ping().await.is_ok(),
-                None => false,
+                Some(open) if records => match forced(open).await {
+                    Some(asked) if asked.is_empty() => Beat::Alive,
+                    Some(_) => Beat::Forced,
+                    None => Beat::Dead,
+                },
+                Some(open) => match open.ping().await {
+                    Ok(()) => Beat::Alive,
+                    Err(_) => Beat::Dead,
+                },
+                None => Beat::Dead,
             }
         })
     }
@@ -342,6 +370,7 @@ impl Carry for MySessions {
         let records = sessions.options.record_holders;
         // Every `SWEEP_EVERY` the beat sweeps the holders' records of ended sessions too.
         let sweep_every = (SWEEP_EVERY.as_millis() / every.as_millis().max(1)).max(1);
+        let sessions = Arc::downgrade(sessions);
         runtime.spawn(async move {
             let mut beats = 0u128;
             loop {
@@ -356,15 +385,27 @@ impl Carry for MySessions {
                 beats += 1;
                 let alive = tokio::time::timeout(bound, async {
                     match carrier.conn.lock().await.as_mut() {
-                        Some(open) if records && beats.is_multiple_of(sweep_every) => sweep(open).await,
-                        Some(open) => open.ping().await.is_ok(),
-                        None => false,
+                        Some(open) if records => {
+                            let asked = forced(open).await;
+                            if asked.is_some() && beats.is_multiple_of(sweep_every) {
+                                sweep(open).await;
+                            }
+                            asked
+                        }
+                        Some(open) => open.ping().await.ok().map(|()| Vec::new()),
+                        None => None,
                     }
                 })
                 .await;
-                if !matches!(alive, Ok(true)) {
+                let Ok(Some(asked)) = alive else {
                     carrier.close();
                     return;
+                };
+                // An operator asked for these locks to be freed: each one alone, and only while
+                // its holder is the owner asked about.
+                let Some(sessions) = sessions.upgrade() else { return };
+                for (name, owner) in asked {
+                    let _ = carrier.force(&sessions, id_of(&name), |key| key.owner == owner).await;
                 }
             }
         });

@@ -3,16 +3,23 @@
 //! holder in the round trip that raises the fencing counter (the table `lock_runtime_holders`:
 //! key, owner, holding process, token, connection, time), and the release deletes it. A record is shown only
 //! while `IS_USED_LOCK` names its connection, so a session that ended without releasing (a
-//! crash, an operator's `KILL`) leaves a row that is never shown. A forced release ends the
-//! holder's session (`KILL CONNECTION`): the server frees its locks at once, a waiter is
-//! granted, and the holder's heartbeat fires its `lost()`. A lock carried on a shared
-//! connection goes with the others on that connection (each of their holders is told
-//! `lost()`). Nothing announces changes: a live view looks again every interval.
+//! crash, an operator's `KILL`) leaves a row that is never shown.
+//!
+//! A forced release names the owner it expects (as `lockctl release` does) and asks that
+//! holder: one statement marks the record while it names that owner and its session still
+//! holds the lock; the holder's next heartbeat finds the mark, frees that one lock and fires
+//! its `lost()` (the other locks on a shared connection stay held). The server cannot check
+//! an owner and end a session in one step, and the next holder of a name usually sits on the
+//! same carrier, so `KILL` is only the last resort: for a holder that does not answer within
+//! the operation timeout and a heartbeat (a paused process), whose session then ends with
+//! every lock on it, and for a forced release that names no owner, or of a lock held with no
+//! record (another client's `GET_LOCK`). Nothing announces changes: a live view looks again
+//! every interval.
 
 use std::time::Duration;
 
 use super::backend::{MysqlBackend, Pools};
-use super::sql::{inspect_sql, list_sql, Recorded};
+use super::sql::{inspect_sql, list_sql, mark_sql, marked_sql, Recorded};
 use super::KIND;
 use crate::backend::inspect::Unannounced;
 use crate::backend::{BoxFuture, ChangeFeed, ForceRelease, Holder, Inspect, LockInfo, LockKind};
@@ -29,7 +36,8 @@ fn info((key, owner, holder, token, age, _): Recorded) -> LockInfo {
     let mut info = LockInfo::new(text(key), text(owner));
     info.holder = Holder::parse(&text(holder));
     info.kind = token.is_some().then_some(LockKind::Exclusive);
-    info.fencing_token = token;
+    // 0: its release was asked for (see `force_release`), the token no longer kept.
+    info.fencing_token = token.filter(|t| *t > 0);
     info.age = age.map(|us| Duration::from_micros(us.max(0) as u64));
     info.session_bound = true;
     info
@@ -103,19 +111,68 @@ impl Inspect for MysqlBackend {
             if expected_owner.is_some_and(|owner| owner != info.owner) {
                 return Ok(ForceRelease::OwnerChanged(info.owner));
             }
-            // Ending the session frees its locks at once; its holder's heartbeat finds it
-            // closed and fires `lost()`.
-            match self.recorded(format!("KILL CONNECTION {connection}")).await {
-                Ok(_) => Ok(ForceRelease::Released(info.owner)),
-                // The session ended on its own meanwhile (error 1094; both drivers' messages carry
-                // the server's text, and only the text is common to them).
-                Err(e) if e.to_string().contains("Unknown thread id") => Ok(ForceRelease::NotHeld),
-                Err(e) => Err(e),
+            if let (Some(owner), true) = (expected_owner, info.kind.is_some()) {
+                return self.ask_holder(key, owner, connection).await;
             }
+            self.kill(connection, info.owner).await
         })
     }
 
     fn changes<'a>(&'a self, _prefix: &'a str) -> BoxFuture<'a, Result<Box<dyn ChangeFeed>, LockError>> {
         Box::pin(std::future::ready(Ok(Box::new(Unannounced) as Box<dyn ChangeFeed>)))
+    }
+}
+
+impl MysqlBackend {
+    /// A forced release of `owner`'s recorded lock `key`, held on `connection`: asks its holder
+    /// (the record marked, in one statement that checks the owner, see [`mark_sql`]), whose
+    /// heartbeat frees that one lock and fires its `lost()`; the other locks on a shared
+    /// connection stay held. Nothing announces the release: the record is looked at again until
+    /// it is gone. A holder that does not answer within the operation timeout and a heartbeat
+    /// (a paused process) has its session ended, with every lock on it, while the record still
+    /// names it asked (a check and a `KILL`, two round trips: a paused holder does not release
+    /// in between).
+    async fn ask_holder(&self, key: &str, owner: &str, connection: u64) -> Result<ForceRelease, LockError> {
+        self.recorded(mark_sql(key, owner, connection)).await?;
+        let options = self.options();
+        let deadline = crate::clock::now() + options.operation_timeout + options.heartbeat;
+        let mut pause = Duration::from_millis(5);
+        let mut asked = false;
+        loop {
+            let marked = self.recorded(marked_sql(key, owner)).await?;
+            let Some(row) = marked.into_iter().next() else {
+                if asked {
+                    return Ok(ForceRelease::Released(owner.to_owned()));
+                }
+                // Not marked: released meanwhile, or another owner's now.
+                return Ok(match self.holder(key).await? {
+                    Some((info, _)) if info.owner != owner => ForceRelease::OwnerChanged(info.owner),
+                    _ => ForceRelease::NotHeld,
+                });
+            };
+            asked = true;
+            if crate::clock::now() >= deadline {
+                tracing::warn!(
+                    connection = row.5,
+                    "the holder of a MySQL lock did not answer a forced release: its session was ended, with every \
+                     lock on it"
+                );
+                return self.kill(row.5, owner.to_owned()).await;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// Ends the session on `connection`: the server frees its locks at once; each holder's
+    /// heartbeat finds it closed and fires `lost()`.
+    async fn kill(&self, connection: u64, owner: String) -> Result<ForceRelease, LockError> {
+        match self.recorded(format!("KILL CONNECTION {connection}")).await {
+            Ok(_) => Ok(ForceRelease::Released(owner)),
+            // The session ended on its own meanwhile (error 1094; both drivers' messages carry
+            // the server's text, and only the text is common to them).
+            Err(e) if e.to_string().contains("Unknown thread id") => Ok(ForceRelease::NotHeld),
+            Err(e) => Err(e),
+        }
     }
 }

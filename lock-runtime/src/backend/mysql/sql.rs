@@ -22,6 +22,8 @@ pub(super) struct MyKey {
     /// `X'key', X'owner', X'holder'`: the holder's record but for its token, connection and
     /// time; `None` when holders are not recorded.
     record: Option<String>,
+    /// The owner as a record keeps it (cut to its column's width).
+    pub(super) owner: String,
     /// Equal for every two names the server could take as one (see [`MyKey::of`]).
     pub(super) id: u64,
 }
@@ -32,21 +34,18 @@ impl MyKey {
     /// two names the server may take as one are never held side by side on one session
     /// (where `GET_LOCK` is re-entrant).
     pub(super) fn of(req: &Acquire, record_holders: bool) -> Self {
-        use std::hash::{Hash, Hasher};
         let server = lock_name(&req.key);
-        let mut hasher = std::hash::DefaultHasher::new();
-        for c in server.chars() {
-            (if c.is_ascii() { c.to_ascii_lowercase() } else { '\u{fffd}' }).hash(&mut hasher);
-        }
+        let owner = cut(&req.owner.to_string(), OWNER_BYTES).to_owned();
         let record = record_holders.then(|| {
             format!(
                 "X'{}', X'{}', X'{}'",
                 hex(cut(&req.key, KEY_BYTES)),
-                hex(cut(&req.owner.to_string(), OWNER_BYTES)),
+                hex(&owner),
                 hex(cut(req.holder.as_str(), HOLDER_BYTES))
             )
         });
-        MyKey { name: req.name.clone(), literal: literal(&server), server: hex(&server), record, id: hasher.finish() }
+        let id = id_of(&server);
+        MyKey { name: req.name.clone(), literal: literal(&server), server: hex(&server), record, owner, id }
     }
 
     /// `SELECT GET_LOCK(..)` at once (`wait` is `None`) or waiting at most `wait`, with
@@ -89,6 +88,16 @@ impl MyKey {
             ),
         }
     }
+}
+
+/// A server-side name's identity on a carrier (see [`MyKey::of`]).
+pub(super) fn id_of(server: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    for c in server.chars() {
+        (if c.is_ascii() { c.to_ascii_lowercase() } else { '\u{fffd}' }).hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// A granted session's token, as [`MyKey::grant`]'s first result gave it: `None` is an error
@@ -190,6 +199,36 @@ pub(super) fn inspect_sql(key: &str) -> String {
         key = hex(key),
         lit = literal(&server),
     )
+}
+
+/// A forced release's request to the holder (records on): the record of `key`'s holder
+/// `owner`, while it holds the lock on `connection`, has its token set to 0, which the holder's
+/// heartbeat finds ([`forced_sql`]); then it frees that one lock and fires its `lost()`. The
+/// check and the mark are one statement: a record of another owner, or of the same owner's
+/// lock released meanwhile, is never marked.
+pub(super) fn mark_sql(key: &str, owner: &str, connection: u64) -> String {
+    format!(
+        "UPDATE {HOLDERS} SET token = 0 WHERE name = X'{}' AND owner = X'{}' AND connection = {connection} \
+         AND IS_USED_LOCK(CONVERT(name USING utf8mb4)) = connection",
+        hex(&lock_name(key)),
+        hex(cut(owner, OWNER_BYTES))
+    )
+}
+
+/// The marked record of `key`'s holder `owner`, while it still holds the lock.
+pub(super) fn marked_sql(key: &str, owner: &str) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM {HOLDERS} WHERE name = X'{}' AND owner = X'{}' AND token = 0 \
+         AND IS_USED_LOCK(CONVERT(name USING utf8mb4)) = connection",
+        hex(&lock_name(key)),
+        hex(cut(owner, OWNER_BYTES))
+    )
+}
+
+/// The server-side names and owners of the locks of this session whose release was asked for
+/// ([`mark_sql`]): a heartbeat's question when records are on.
+pub(super) fn forced_sql() -> String {
+    format!("SELECT CAST(name AS BINARY), CAST(owner AS BINARY) FROM {HOLDERS} WHERE connection = CONNECTION_ID() AND token = 0")
 }
 
 /// A holder's record the server would not write: the lock is granted anyway (inspection shows

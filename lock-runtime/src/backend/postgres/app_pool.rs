@@ -17,7 +17,7 @@ use sqlx::{Executor, Postgres, Row};
 
 use super::sql::{PgKey, PgSql};
 use super::KIND;
-use crate::backend::session::{Carry, Failure, Idle, Sessions};
+use crate::backend::session::{Beat, Carry, Failure, Idle, Sessions};
 use crate::backend::{Acquire, BoxFuture};
 use crate::error::LockError;
 
@@ -168,8 +168,13 @@ impl Sessions for AppSessions {
         Some(HEARTBEAT)
     }
 
-    fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, bool> {
-        Box::pin(async move { Self::last(conn, "", "heartbeat", "SELECT 1").await.is_ok() })
+    fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, Beat> {
+        Box::pin(async move {
+            match Self::last(conn, "", "heartbeat", "SELECT 1").await {
+                Ok(_) => Beat::Alive,
+                Err(_) => Beat::Dead,
+            }
+        })
     }
 }
 

@@ -203,7 +203,7 @@ impl<S: Carry> Carrier<S> {
             let mut keys = lock(&self.keys);
             let entry = keys.get_mut(&id).filter(|e| owned(&e.key))?;
             let State::Held { lost, .. } = &entry.state else { return None };
-            lost.fire("an operator forced its release");
+            lost.fire(super::FORCED);
             entry.state = State::Forced;
             entry.key.clone()
         };

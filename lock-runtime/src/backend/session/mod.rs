@@ -20,7 +20,10 @@ mod sessions;
 
 use carrier::{Carried, CarriedLock, Carriers};
 pub(crate) use carrier::{Carrier, Carry};
-pub(crate) use sessions::{Failure, Idle, Sessions};
+pub(crate) use sessions::{Beat, Failure, Idle, Sessions};
+
+/// What a lock's holder is told when an operator forced its release.
+pub(crate) const FORCED: &str = "an operator forced its release";
 
 /// A store and its idle connections (from released locks), shared by a backend's clones.
 pub(crate) struct Pool<S: Carry> {
@@ -326,9 +329,17 @@ impl<S: Carry> Monitor<S> {
                     Woke::Heartbeat => {
                         let bound = sessions.operation_timeout();
                         let Kept::Own(conn) = &mut kept else { continue };
-                        if !matches!(tokio::time::timeout(bound, sessions.alive(conn)).await, Ok(true)) {
-                            lost.fire(S::LOST);
-                            return None;
+                        match tokio::time::timeout(bound, sessions.alive(conn)).await {
+                            Ok(Beat::Alive) => {}
+                            // Its own connection closed (dropped) frees the lock.
+                            Ok(Beat::Forced) => {
+                                lost.fire(FORCED);
+                                return None;
+                            }
+                            Ok(Beat::Dead) | Err(_) => {
+                                lost.fire(S::LOST);
+                                return None;
+                            }
                         }
                     }
                 }

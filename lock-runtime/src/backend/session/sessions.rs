@@ -56,11 +56,22 @@ pub(crate) trait Sessions: Send + Sync + Sized + 'static {
     fn heartbeat(&self) -> Option<Duration> {
         None
     }
-    /// Whether `conn` still answers.
-    fn alive<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, bool> {
+    /// Whether `conn` still answers, and whether its lock was asked to be freed.
+    fn alive<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Beat> {
         let _ = conn;
-        Box::pin(std::future::ready(true))
+        Box::pin(std::future::ready(Beat::Alive))
     }
+}
+
+/// What a held lock's connection answered its heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Beat {
+    Alive,
+    /// Closed or not answering: its locks are gone.
+    Dead,
+    /// Answering, and an operator asked for its lock to be freed (a forced release the store
+    /// cannot do from outside without ending other holders' locks: MySQL's).
+    Forced,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
