@@ -219,3 +219,25 @@ async fn a_forced_release_ends_only_the_named_owners_lock() {
     assert!(!neighbour.is_lost());
     neighbour.release().await.expect("the neighbour's release");
 }
+
+/// With multiplexing off, a forced release that names its owner frees the lock through its
+/// holder's heartbeat on the connection of its own: the holder is told `lost()` and the name is
+/// free (issue 56).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_asks_the_holder_on_a_connection_of_its_own() {
+    use lock_runtime::backend::{ForceRelease, Inspect};
+    let server = MysqlServer::start();
+    let options = MysqlOptions::new().multiplexing(0);
+    let backend = MysqlBackend::connect_with(server.url(), options).await.unwrap();
+    let manager = LockManager::builder().backend(backend.clone());
+    let held = manager.lock("ledger").await.unwrap();
+    let owner = backend.inspect("ledger").await.unwrap().expect("held").owner;
+    assert_eq!(
+        backend.force_release("ledger", Some("someone-else")).await.unwrap(),
+        ForceRelease::OwnerChanged(owner.clone())
+    );
+    assert_eq!(backend.force_release("ledger", Some(&owner)).await.unwrap(), ForceRelease::Released(owner));
+    tokio::time::timeout(std::time::Duration::from_secs(10), held.lost()).await.expect("the holder is told");
+    let other = LockManager::mysql(server.url()).await.expect("other");
+    other.try_lock("ledger").await.unwrap().expect("freed").release().await.unwrap();
+}

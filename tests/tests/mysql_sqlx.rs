@@ -82,3 +82,24 @@ async fn the_applications_pool_carries_the_managers_locks() {
     holder.release().await.expect("release");
     assert_eq!(count(&app, "SELECT CAST(1 AS SIGNED)").await, 1, "the application's pool still serves");
 }
+
+/// A forced release that names its owner frees a lock held on a connection of the
+/// application's pool through its holder's heartbeat: the holder is told `lost()`, the name is
+/// free, and a lock of the same pool beside it stays held (issue 56).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_asks_the_holder_on_the_applications_pool() {
+    use lock_runtime::backend::{ForceRelease, Inspect};
+    let server = MysqlServer::start();
+    let app = pool(&server.url(), 4).await;
+    let backend = MysqlBackend::from_pool(app.clone()).await.expect("from the pool");
+    let manager = LockManager::builder().backend(backend.clone());
+    let (victim, neighbour) = (manager.lock("victim").await.unwrap(), manager.lock("neighbour").await.unwrap());
+    let owner = backend.inspect("victim").await.unwrap().expect("held").owner;
+    assert_eq!(backend.force_release("victim", Some(&owner)).await.unwrap(), ForceRelease::Released(owner));
+    tokio::time::timeout(std::time::Duration::from_secs(10), victim.lost()).await.expect("the holder is told");
+    let other = LockManager::mysql(server.url()).await.expect("other");
+    other.try_lock("victim").await.unwrap().expect("freed").release().await.unwrap();
+    assert!(other.try_lock("neighbour").await.unwrap().is_none(), "its neighbour is still held");
+    assert!(!neighbour.is_lost());
+    neighbour.release().await.unwrap();
+}
