@@ -128,6 +128,8 @@ def main():
     jobs.sort(key=lambda job: order(job[0]))
     parallel = int(os.environ.get("TEST_JOBS", "3"))
     failed = []
+    # Each failure's panic messages, printed again last: a log cut in the middle still says why.
+    why = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as logs, ThreadPoolExecutor(max_workers=parallel) as pool:
         # Figures the tests measured (`lock_tests::figure`), printed at the end.
@@ -145,14 +147,30 @@ def main():
                 failed.append(name)
                 print(f"\n==================== {name} FAILED (exit {code}, {took:.1f}s) ====================")
                 print(output, flush=True)
+                why.append((name, panics(output)))
         if os.path.exists(figures):
             with open(figures, errors="replace") as f:
                 print("\nFigures measured by the tests:\n" + f.read(), end="", flush=True)
     print(f"\n{len(jobs)} test jobs in {time.monotonic() - started:.0f}s, {parallel} at a time")
+    for name, lines in why:
+        print(f"\n{name}: why it failed")
+        print("\n".join(lines) or "(no panic message: see its log above)", flush=True)
     if failed:
         print("FAILED: " + ", ".join(failed))
         return 1
     return 0
+
+
+def panics(output):
+    """The lines of each `panicked at` and the message that follows it (up to 6 lines), at most 40."""
+    lines, out = output.splitlines(), []
+    for i, line in enumerate(lines):
+        if "panicked at" in line:
+            for text in lines[i : i + 7]:
+                if text.startswith("stack backtrace:") or text.startswith("note: "):
+                    break
+                out.append("  " + text[:400])
+    return out[:40]
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ impl EtcdCluster {
             members.push(Member { ip, port, metrics_port, process });
         }
         let cluster = EtcdCluster { members, net };
-        cluster.wait_healthy(Duration::from_secs(30));
+        cluster.wait_healthy(Duration::from_secs(60));
         cluster
     }
 

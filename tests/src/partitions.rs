@@ -232,10 +232,12 @@ pub const PRIMARY_CUT_LEASE: Duration = Duration::from_secs(3);
 /// (the counter was replicated), so a fenced store refuses the stale holder; the holder is told
 /// `lost()`, before or after the grant (reported as `label`: when, and for how long both
 /// held), at the latest once the partition heals; then the next operations on both sides
-/// succeed. Margins: every wait is bounded by 60 s, many times a failover.
+/// succeed, on every primary (the partition held 6 s past the grant, long enough for the
+/// retransmissions of a connection whose packets were dropped to back off past a command's
+/// bound). Margins: every wait is bounded by 60 s, many times a failover.
 pub async fn a_redis_primary_cut_off_with_its_clients<C, F>(
     net: &crate::netns::Net,
-    primary_of: impl FnOnce(&str) -> usize,
+    primary_of: impl Fn(&str) -> usize,
     connect: C,
     label: &str,
 ) where
@@ -272,8 +274,10 @@ pub async fn a_redis_primary_cut_off_with_its_clients<C, F>(
     let (granted, granted_at) = tokio::time::timeout(Duration::from_secs(60), queued).await.expect("granted").unwrap();
     let granted = granted.unwrap_or_else(|e| panic!("{label}: the majority's waiter failed: {e}"));
     assert!(granted.fencing_token() > token, "{label}: {} after {token}", granted.fencing_token());
-    // Held on the majority side for a while, the holder's side renewing or failing to.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Held on the majority side for a while, the holder's side renewing or failing to, its
+    // requests to the majority's nodes dropped: their connections' retransmissions back off
+    // (6 s more of the cut: the next one up to 3.2 s away at the healing, past a 1 s command).
+    tokio::time::sleep(Duration::from_secs(6)).await;
     let healed_at = Instant::now();
     net.heal();
     let (held, lost_at) = tokio::time::timeout(Duration::from_secs(60), lost)
@@ -282,17 +286,30 @@ pub async fn a_redis_primary_cut_off_with_its_clients<C, F>(
         .unwrap();
     assert!(on(&minority, held.release()).await.expect_err("its lock was taken").is_lost());
     on(&majority, granted.release()).await.expect("the majority's holder releases");
+    // A name on each primary (the cluster's, after the failover), so that each side's first
+    // locks go to every node, the ones its packets were dropped by included.
+    let mut names: Vec<(usize, String)> = Vec::new();
+    for _ in 0..64 {
+        let name = crate::unique("healed");
+        let primary = primary_of(&name);
+        if !names.iter().any(|(p, _)| *p == primary) {
+            names.push((primary, name));
+        }
+    }
     for (client, manager, side) in [(&minority, &holder, "minority"), (&majority, &other, "majority")] {
-        let manager = manager.clone();
-        let owned = label.to_owned();
-        on(client, async move {
-            let guard = manager.lock(crate::unique("healed")).wait(Duration::from_secs(10)).await;
-            let guard =
-                guard.unwrap_or_else(|e| panic!("{owned}: the {side} side's first lock after healing failed: {e}"));
-            guard.release().await
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{label}: the {side} side's release failed: {e}"));
+        for (primary, name) in &names {
+            let (manager, name, primary) = (manager.clone(), name.clone(), *primary);
+            let owned = label.to_owned();
+            on(client, async move {
+                let guard = manager.lock(&name).wait(Duration::from_secs(10)).await;
+                let guard = guard.unwrap_or_else(|e| {
+                    panic!("{owned}: the {side} side's first lock after healing on primary {primary} failed: {e}")
+                });
+                guard.release().await
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{label}: the {side} side's release failed: {e}"));
+        }
     }
     let ms = |a: Instant, b: Instant| {
         if a >= b {

@@ -44,6 +44,7 @@ pub(super) async fn connect(given: &[&str], options: &RedisOptions) -> Result<Co
         None => builder,
     };
     let client = builder
+        .tcp_settings(url::tcp_settings(Default::default(), options))
         .connection_timeout(timeout)
         .response_timeout(timeout)
         .min_retry_wait(RETRY_WAIT_MS.0)

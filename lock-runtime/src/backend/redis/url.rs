@@ -10,10 +10,44 @@ use super::options::RedisOptions;
 use crate::error::LockError;
 
 /// `url` (a server, a Cluster node, a Sentinel, a Redlock primary) as connection info for
-/// `options`. What cannot be used is an [`is_invalid`](LockError::is_invalid) error that shows
-/// `example` of what is expected: a malformed URL, a `rediss://` URL without the `tls`
-/// feature, TLS settings with a `redis://` URL, or TLS material that cannot be read.
+/// `options`, its TCP connections given [`tcp_settings`]. What cannot be used is an
+/// [`is_invalid`](LockError::is_invalid) error that shows `example` of what is expected: a
+/// malformed URL, a `rediss://` URL without the `tls` feature, TLS settings with a `redis://`
+/// URL, or TLS material that cannot be read.
 pub(super) fn connection_info(url: &str, options: &RedisOptions, example: &str) -> Result<ConnectionInfo, LockError> {
+    let info = parsed(url, options, example)?;
+    let settings = tcp_settings(info.tcp_settings().clone(), options);
+    Ok(info.set_tcp_settings(settings))
+}
+
+/// How long a request may stay unacknowledged by the server's host before the kernel closes
+/// its connection (`TCP_USER_TIMEOUT`): the command timeout, at least [`UNACKED_FLOOR`].
+///
+/// Without it a connection whose packets were dropped (a partition, a host gone) stays open
+/// with its retransmissions backed off (1.6 s after 3 s of a cut, 2 min at most), and once the
+/// network heals the first requests on it wait for the next retransmission: a CI run saw the
+/// first lock after a Redis Cluster partition healed fail with no answer in its 1 s. Closed,
+/// the connection is made again at the next request, at once on a healed network.
+/// (Linux only: elsewhere the kernel's own retransmission limits apply.)
+pub(super) fn tcp_settings(
+    settings: redis::io::tcp::TcpSettings,
+    options: &RedisOptions,
+) -> redis::io::tcp::TcpSettings {
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    return settings.set_user_timeout(options.get_command_timeout().max(UNACKED_FLOOR));
+    #[cfg(not(any(target_os = "android", target_os = "fuchsia", target_os = "linux")))]
+    {
+        let _ = options;
+        settings
+    }
+}
+
+/// The shortest [`tcp_settings`] bound: a lost packet is sent again after 200 ms, then 400 ms
+/// more, so a healthy path has acknowledged well within it.
+#[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+const UNACKED_FLOOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn parsed(url: &str, options: &RedisOptions, example: &str) -> Result<ConnectionInfo, LockError> {
     let shown = redact(url);
     let tls = url.trim_start().starts_with("rediss://");
     if tls && !cfg!(feature = "_tls") {
