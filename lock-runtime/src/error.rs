@@ -21,7 +21,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockError {
-    /// Someone else held the lock for the whole `wait` (or all `retry` attempts).
+    /// The lock was not acquired within the whole `wait` (or all `retry` attempts): someone
+    /// else held it, or (`held: false`) nobody did but contenders split a quorum store's votes.
     Contended {
         /// The lock's name (without the manager prefix).
         name: String,
@@ -29,6 +30,11 @@ pub enum LockError {
         waited: Duration,
         /// How many acquisition attempts were made.
         attempts: u32,
+        /// Whether the last attempt found the lock held by another owner. `false` when the
+        /// nodes of a quorum store (Redlock) that answered were split between contenders and no
+        /// owner held a majority of them ([`Attempt::Split`](crate::backend::Attempt::Split)):
+        /// nobody held it, and a later try may win.
+        held: bool,
     },
     /// The lease ran out, or the lock was taken away, while it was held.
     Lost {
@@ -98,10 +104,16 @@ pub enum LockError {
 impl std::fmt::Display for LockError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LockError::Contended { name, waited, attempts } => write!(
+            LockError::Contended { name, waited, attempts, held: true } => write!(
                 f,
                 "lock `{name}` is held by someone else: not acquired after {attempts} attempt(s) in {waited:?}; \
                  retry later, raise `wait`, or give a `fallback`"
+            ),
+            LockError::Contended { name, waited, attempts, held: false } => write!(
+                f,
+                "lock `{name}` was not acquired after {attempts} attempt(s) in {waited:?}, though nobody held it: \
+                 contenders split the votes of the store's nodes and none won a majority (nodes down leave fewer \
+                 to split); retry later, raise `wait`, or give a `fallback`"
             ),
             LockError::Lost { name, reason } => write!(
                 f,
@@ -148,7 +160,8 @@ impl std::error::Error for LockError {
 }
 
 impl LockError {
-    /// The lock was held by someone else for the whole `wait` / all `retry` attempts.
+    /// The lock was not acquired within the whole `wait` / all `retry` attempts: held by
+    /// someone else, or split between contenders ([`LockError::Contended`]'s `held`).
     pub fn is_contended(&self) -> bool {
         matches!(self, LockError::Contended { .. })
     }

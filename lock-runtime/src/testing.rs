@@ -463,7 +463,7 @@ impl TestAcquisition {
         }
         Ok(match self.inner.attempt().await? {
             Attempt::Acquired(grant) => Attempt::Acquired(self.shared.granted(&self.name, &self.lost, grant)),
-            Attempt::Busy => Attempt::Busy,
+            refused => refused,
         })
     }
 

@@ -265,6 +265,17 @@ pub async fn a_redis_primary_cut_off_with_its_clients<C, F>(
     tokio::time::sleep(Duration::from_millis(300)).await; // the waiter queues (no signal crosses managers)
 
     let primary = primary_of(&name);
+    // A name on each primary (as the topology is before the cut: the cut primary's slots are
+    // its replica's after the failover), so that each side's first locks after the healing go
+    // to every primary, the ones its packets were dropped by included.
+    let mut names: Vec<(usize, String)> = Vec::new();
+    for _ in 0..64 {
+        let name = crate::unique("healed");
+        let primary = primary_of(&name);
+        if !names.iter().any(|(p, _)| *p == primary) {
+            names.push((primary, name));
+        }
+    }
     let cut_at = Instant::now();
     net.split(&[End::Member(primary), End::Client(0)]);
     let lost = minority.spawn(async move {
@@ -286,16 +297,6 @@ pub async fn a_redis_primary_cut_off_with_its_clients<C, F>(
         .unwrap();
     assert!(on(&minority, held.release()).await.expect_err("its lock was taken").is_lost());
     on(&majority, granted.release()).await.expect("the majority's holder releases");
-    // A name on each primary (the cluster's, after the failover), so that each side's first
-    // locks go to every node, the ones its packets were dropped by included.
-    let mut names: Vec<(usize, String)> = Vec::new();
-    for _ in 0..64 {
-        let name = crate::unique("healed");
-        let primary = primary_of(&name);
-        if !names.iter().any(|(p, _)| *p == primary) {
-            names.push((primary, name));
-        }
-    }
     for (client, manager, side) in [(&minority, &holder, "minority"), (&majority, &other, "majority")] {
         for (primary, name) in &names {
             let (manager, name, primary) = (manager.clone(), name.clone(), *primary);

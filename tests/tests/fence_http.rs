@@ -19,7 +19,7 @@ async fn post(addr: SocketAddr, path: &str, token: Option<&str>) -> Response {
 }
 
 fn busy() -> LockError {
-    LockError::Contended { name: "orders:42".into(), waited: Duration::from_secs(2), attempts: 1 }
+    LockError::Contended { name: "orders:42".into(), waited: Duration::from_secs(2), attempts: 1, held: true }
 }
 
 /// The same checks against either framework's app, serving `/write` (fenced), `/unfenced`

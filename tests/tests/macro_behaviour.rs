@@ -645,7 +645,7 @@ impl Acquisition for AwaitedAcquisition {
         Box::pin(async move {
             Ok(match self.inner.attempt().await? {
                 Attempt::Acquired(grant) => Attempt::Acquired(self.wrap(grant)),
-                Attempt::Busy => Attempt::Busy,
+                refused => refused,
             })
         })
     }

@@ -667,3 +667,39 @@ async fn contention_with_one_node_of_three_down_keeps_granting() {
 async fn contention_with_two_nodes_of_five_down_keeps_granting() {
     contention_with_nodes_down(5, 2).await;
 }
+
+/// Regression (issue 56): a wait that ran out while nobody held the lock said "held by someone
+/// else". Two other owners each hold the name on one node of three (a split vote, frozen):
+/// nobody holds a majority, and the error says so (`held: false`), through the first vote and
+/// the waits after it, which ask the first node alone; then one owner holding it on every node
+/// makes the same wait say that it is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_run_out_on_split_votes_says_that_nobody_held_the_lock() {
+    use lock_runtime::backend::redis::RedisBackend;
+    use lock_runtime::LockError;
+    let servers = start(3);
+    let m = manager(&servers, Duration::from_secs(1), "split:").await;
+    let mut strays = Vec::new();
+    for server in &servers[..2] {
+        let one = RedisBackend::connect(&server.url()).await.expect("one node");
+        let one = LockManager::builder().prefix("split:").backend(one);
+        strays.push(one.lock("job").lease(Duration::from_secs(60)).await.expect("a stray key on one node"));
+    }
+    for wait in [Duration::ZERO, Duration::from_millis(400)] {
+        let err = m.lock("job").wait(wait).await.expect_err("nobody can win the vote");
+        assert!(err.is_contended(), "{err}");
+        assert!(matches!(err, LockError::Contended { held: false, .. }), "wait {wait:?}: {err:?}");
+        assert!(err.to_string().contains("nobody held it"), "{err}");
+    }
+    for stray in strays {
+        stray.release().await.expect("release a stray key");
+    }
+    let holder = m.lock("job").await.expect("a quorum");
+    let other = manager(&servers, Duration::from_secs(1), "split:").await;
+    for wait in [Duration::ZERO, Duration::from_millis(400)] {
+        let err = other.lock("job").wait(wait).await.expect_err("held");
+        assert!(matches!(err, LockError::Contended { held: true, .. }), "wait {wait:?}: {err:?}");
+        assert!(err.to_string().contains("held by someone else"), "{err}");
+    }
+    holder.release().await.expect("release");
+}

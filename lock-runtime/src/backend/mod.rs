@@ -333,6 +333,12 @@ pub enum Attempt {
     Acquired(Grant),
     /// Someone else holds it.
     Busy,
+    /// Nobody holds it, and this attempt could not take it either: the nodes of a quorum store
+    /// that answered were split between contenders (Redlock), and no owner held a majority of
+    /// them. The runtime waits and tries again as after [`Busy`](Attempt::Busy); a wait that
+    /// runs out after it says that nobody held the lock
+    /// ([`LockError::Contended`]'s `held` is `false`).
+    Split,
 }
 
 /// How an [`Acquisition::wait`] ended.

@@ -195,7 +195,7 @@ pub(crate) mod tests {
     /// One error of each class.
     pub(crate) fn samples() -> Vec<LockError> {
         vec![
-            LockError::Contended { name: "order:42".into(), waited: Duration::from_secs(2), attempts: 3 },
+            LockError::Contended { name: "order:42".into(), waited: Duration::from_secs(2), attempts: 3, held: true },
             LockError::backend("order:42", "redis", "acquire", "connection refused"),
             LockError::lost("order:42", "its lease ran out"),
             LockError::invalid("order:42", "lease 0ns is shorter than the least accepted, 1ms"),

@@ -72,7 +72,7 @@ impl LockManager {
                 acquiring,
                 plan.hold,
             ))),
-            Some(Ok(Attempt::Busy)) => FastPath::Slow { plan, busy: true, acquiring },
+            Some(Ok(Attempt::Busy | Attempt::Split)) => FastPath::Slow { plan, busy: true, acquiring },
             Some(Err(e)) => {
                 acquiring.failed(&e);
                 FastPath::Done(Err(e))
@@ -178,9 +178,15 @@ impl LockManager {
         let lost = LostSignal::new();
         let mut acquisition = backend.begin(plan.req.clone(), lost.clone());
         let deadline = started.checked_add(plan.wait).unwrap_or(started);
-        let contended =
-            |attempts| LockError::Contended { name: plan.req.name.to_string(), waited: started.elapsed(), attempts };
+        let contended = |attempts, held| LockError::Contended {
+            name: plan.req.name.to_string(),
+            waited: started.elapsed(),
+            attempts,
+            held,
+        };
         let mut attempts = 1u32;
+        // What the last attempt found: another owner's (`true`), or a split with nobody holding.
+        let mut held = true;
         if !busy {
             match self.bounded(&plan.req.name, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => {
@@ -196,12 +202,13 @@ impl LockManager {
                     return self.admit(guard).await;
                 }
                 Attempt::Busy => {}
+                Attempt::Split => held = false,
             }
         }
         let _waiting = acquiring.waiting();
         let grant = loop {
             if crate::clock::now() >= deadline || plan.retry.is_some_and(|r| attempts > r) {
-                return Err(contended(attempts));
+                return Err(contended(attempts, held));
             }
             let bound_wait = deadline.saturating_duration_since(crate::clock::now()).saturating_add(bound);
             let wait = self.bounded(&plan.req.name, "wait for", bound_wait, acquisition.wait(deadline));
@@ -213,14 +220,15 @@ impl LockManager {
             };
             match woken {
                 Wake::Acquired(grant) => break grant,
-                Wake::TimedOut => return Err(contended(attempts)),
+                Wake::TimedOut => return Err(contended(attempts, held)),
                 Wake::Retry => {}
             }
             attempts += 1;
             acquiring.attempts(attempts);
             match self.bounded(&plan.req.name, "acquire", bound, acquisition.attempt()).await? {
                 Attempt::Acquired(grant) => break grant,
-                Attempt::Busy => {}
+                Attempt::Busy => held = true,
+                Attempt::Split => held = false,
             }
         };
         acquiring.waited_since(started);

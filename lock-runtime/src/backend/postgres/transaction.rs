@@ -211,7 +211,7 @@ async fn take<T: InTransaction>(tx: &mut T, key: &str, wait: Duration) -> Result
     if let Some(token) = tx.try_lock(key, k1, k2).await.map_err(|f| failed(key, f))? {
         return Ok(token as u64);
     }
-    let contended = || LockError::Contended { name: key.to_owned(), waited: wait, attempts: 1 };
+    let contended = || LockError::Contended { name: key.to_owned(), waited: wait, attempts: 1, held: true };
     if wait.is_zero() {
         return Err(contended());
     }

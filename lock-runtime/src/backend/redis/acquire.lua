@@ -31,7 +31,9 @@
 --                      before for any key of this slot, and never below the server's clock in
 --                      microseconds (see the function's first lines)
 --          {0, pttl}   held by someone else (now marked waited on); `pttl` is its remaining
---                      lease in milliseconds (-1 if the key has no expiry)
+--                      lease in milliseconds (-1 if the key has no expiry); `attempt` answers
+--                      the holder's value third (Redlock's vote, scripts.rs, tells by it a lock
+--                      held on a majority by one owner from votes split between contenders)
 --
 -- Why the mark: release.lua publishes only for a marked value. The mark is set in the same
 -- atomic step that sees the lock held, so a release either comes before that step (and this
@@ -94,7 +96,7 @@ local function attempt(lock, fence, owner, lease, floor, now, suffix)
       if string.sub(holder, -1) ~= '+' then
         redis.call('append', lock, '+')
       end
-      return 0, redis.call('pttl', lock)
+      return 0, redis.call('pttl', lock), holder
     end
     -- This owner's already: an earlier answer of the same acquisition lost, or a grant from
     -- the queue (queue.lua) being claimed. The same grant, so the same token (one term, one

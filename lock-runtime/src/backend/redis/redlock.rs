@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::layout::KeyLayout;
 use super::options::RedisOptions;
-use super::scripts::{ACQUIRE, EXTEND, FENCE, RELEASE, RELEASE_AFTER};
+use super::scripts::{EXTEND, FENCE, RELEASE, RELEASE_AFTER, VOTE};
 use super::server::{lease_millis, Server};
 use super::topology::{Conn, Source};
 use super::url::{self, redact};
@@ -158,7 +158,7 @@ impl RedlockBackend {
                     };
                     // Its scripts (lock, release, fencing raise, renewal), so that its first
                     // calls are one call each.
-                    server.load(&[&*ACQUIRE, &*RELEASE, &*FENCE, &*EXTEND]).await;
+                    server.load(&[&*VOTE, &*RELEASE, &*FENCE, &*EXTEND]).await;
                     Ok(id)
                 };
                 let answer = match tokio::time::timeout(timeout, ask).await {
@@ -304,6 +304,27 @@ impl RedlockBackend {
     }
 }
 
+/// A node's answer to [`VOTE`]: `(1, token, "")` granted, `(0, pttl, holder's value)` refused.
+type Vote = (i64, i64, String);
+
+/// The owner in a lock key's value (before its first `#`).
+fn owner_of(value: &str) -> &str {
+    value.split('#').next().unwrap_or(value)
+}
+
+/// The holders of the nodes that refused, one entry per node. When no owner is there `quorum`
+/// times, the votes were split between contenders (this attempt's own undone): nobody holds
+/// the lock.
+fn holders(got: &Gathered<Vote>) -> Vec<String> {
+    got.answers
+        .iter()
+        .filter_map(|a| match a {
+            Some(Ok((0, _, holder))) => Some(owner_of(holder).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A lock's Redis names, shared by its acquisition and its held lock.
 struct Keys {
     lock: Arc<str>,
@@ -334,6 +355,9 @@ struct RedlockAcquisition {
     /// random, growing delay; otherwise it waits as its place in the local queue says (a
     /// release heard, the smallest lease left seen run out, its turn at the head).
     splits: u32,
+    /// The holders its last vote was refused by, when none of them held a majority (a split):
+    /// a refusal by one of them on the first node alone is a split still.
+    unheld: Vec<String>,
 }
 
 impl RedlockAcquisition {
@@ -362,12 +386,12 @@ impl RedlockAcquisition {
         let owner = self.owner.clone();
         let floor = token_floor();
         let acquire = move || {
-            let mut invocation = ACQUIRE.prepare_invoke();
+            let mut invocation = VOTE.prepare_invoke();
             invocation.key(&*keys.lock).key(&*keys.fence).arg(&*owner).arg(lease_millis(lease)).arg(floor);
             invocation
         };
         self.dirty = true;
-        let granted = |v: &(i64, i64)| v.0 == 1 && v.1 > 0;
+        let granted = |v: &Vote| v.0 == 1 && v.1 > 0;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut got = Gathered { answers: (0..n).map(|_| None).collect() };
         // Contended (it found the lock busy before, or waits behind this process's waiters):
@@ -384,10 +408,10 @@ impl RedlockAcquisition {
         if let Some(f) = first {
             got = gather_more(got, &mut rx, sent + timeout / 4, |g| g.answers[f].is_some()).await;
             let refused = match &got.answers[f] {
-                Some(Ok(v)) if !granted(v) => Some(v.1),
+                Some(Ok(v)) if !granted(v) => Some((v.1, owner_of(&v.2).to_owned())),
                 _ => None,
             };
-            if let Some(left) = refused {
+            if let Some((left, holder)) = refused {
                 // Busy where it counts: nothing was taken anywhere (the others were not asked).
                 self.dirty = false;
                 self.splits = 0;
@@ -395,6 +419,12 @@ impl RedlockAcquisition {
                 if let Some(slot) = &self.slot {
                     slot.busy(sent, pttl);
                 }
+                // Held by an owner the last vote saw without a majority: as far as is known,
+                // still nobody holds the lock.
+                if self.unheld.contains(&holder) {
+                    return Ok(Attempt::Split);
+                }
+                self.unheld.clear();
                 return Ok(Attempt::Busy);
             }
             backend.send_to(&tx, &self.chains, |i| i != f, &acquire);
@@ -459,7 +489,7 @@ impl RedlockAcquisition {
             .answers
             .iter()
             .filter_map(|a| match a {
-                Some(Ok((0, pttl))) if *pttl >= 0 => Some(*pttl),
+                Some(Ok((0, pttl, _))) if *pttl >= 0 => Some(*pttl),
                 _ => None,
             })
             .min();
@@ -473,7 +503,12 @@ impl RedlockAcquisition {
                 self.slot = Some(inner.waiters.busy(&self.keys.channel, capture, sent, pttl, false));
             }
         }
-        Ok(Attempt::Busy)
+        self.unheld = holders(&got);
+        if self.unheld.iter().any(|h| self.unheld.iter().filter(|o| *o == h).count() >= quorum) {
+            self.unheld.clear();
+            return Ok(Attempt::Busy);
+        }
+        Ok(Attempt::Split)
     }
 
     /// Raises the counters of the granting nodes below the largest token to it (fence.lua);
@@ -485,18 +520,14 @@ impl RedlockAcquisition {
     /// A node that has not answered (its answer arriving on `late`) is raised unchecked too once
     /// it has, unless it granted at the top, without waiting for it. Nothing is sent when every
     /// node minted the same token.
-    async fn fence(
-        &self,
-        got: &Gathered<(i64, i64)>,
-        late: mpsc::UnboundedReceiver<(usize, Answer<(i64, i64)>)>,
-    ) -> Option<u64> {
+    async fn fence(&self, got: &Gathered<Vote>, late: mpsc::UnboundedReceiver<(usize, Answer<Vote>)>) -> Option<u64> {
         let inner = &*self.backend.inner;
         let (n, quorum, timeout) = (inner.nodes.len(), inner.quorum, inner.options.command_timeout);
         let tokens: Vec<Option<i64>> = got
             .answers
             .iter()
             .map(|a| match a {
-                Some(Ok((1, token))) if *token > 0 => Some(*token),
+                Some(Ok((1, token, _))) if *token > 0 => Some(*token),
                 _ => None,
             })
             .collect();
@@ -544,7 +575,7 @@ impl RedlockAcquisition {
                         late.1[i].take()
                     };
                     match answer {
-                        Some(Ok((1, token))) if token >= top => Ok(0),
+                        Some(Ok((1, token, _))) if token >= top => Ok(0),
                         _ => raised.await,
                     }
                 };
@@ -775,6 +806,7 @@ impl LockBackend for RedlockBackend {
             dirty: false,
             slot: None,
             splits: 0,
+            unheld: Vec::new(),
         })
     }
 

@@ -20,9 +20,21 @@ pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     with_lock_functions!(
         "local now = redis.call('time')\n",
         "local status, value, again = attempt(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)\n",
+        // (A refusal's third value is the holder's.)
+        "again = status == 1 and again\n",
         // A grant that was this owner's already left no entry: the grant before removed it.
         "if KEYS[3] then queued(KEYS[3], ARGV[1], {status, value}, ARGV[4], again and '0' or ARGV[5], now) end\n",
         "return {status, value}\n"
+    )
+});
+/// Redlock's attempt on one node: `acquire.lua`'s `attempt`, answering `{1, token, ''}`, or
+/// `{0, pttl, holder}` refused (the holder's value, its owner before the first `#`), so that a
+/// lock held on a majority by one owner is told from votes split between contenders.
+pub(super) static VOTE: LazyLock<Script> = LazyLock::new(|| {
+    with_lock_functions!(
+        "local now = redis.call('time')\n",
+        "local status, value, holder = attempt(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], now)\n",
+        "return {status, value, status == 1 and '' or holder}\n"
     )
 });
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| resend::script(include_str!("extend.lua")));
