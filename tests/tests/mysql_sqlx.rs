@@ -35,7 +35,7 @@ lock_tests::conformance_suite!(
 
 /// A count the observer `app` reads.
 async fn count(app: &MySqlPool, sql: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql).fetch_one(app).await.expect("count")
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql)).fetch_one(app).await.expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,7 +55,7 @@ async fn the_applications_pool_carries_the_managers_locks() {
     // The holder's connection killed: lost() by the heartbeat (1 s; 30 s is the margin).
     let held = manager.lock("app:2").await.expect("lock");
     let id = count(&observer, "SELECT CAST(IS_USED_LOCK('app:2') AS SIGNED)").await;
-    sqlx::raw_sql(&format!("KILL {id}")).execute(&observer).await.expect("kill");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&observer).await.expect("kill");
     tokio::time::timeout(Duration::from_secs(30), held.lost()).await.expect("lost() fires");
     other.lock("app:2").wait(Duration::from_secs(10)).await.expect("free").release().await.unwrap();
 

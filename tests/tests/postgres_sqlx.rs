@@ -214,3 +214,36 @@ async fn the_applications_pool_carries_the_managers_locks() {
     let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&app).await.expect("the pool works");
     assert_eq!(one, 1);
 }
+
+/// Regression (issue 57): a lock held through `from_pool` vanished from inspection (and from
+/// `lockctl list`, `show`, `watch`) at the first heartbeat, whose `SELECT 1` replaced the grant's
+/// query, and its comment, in `pg_stat_activity`. Looked at from another process's backend
+/// (as `lockctl` does) once the holder's session has run a heartbeat (its last query ends in
+/// `SELECT 1`; heartbeats come every second, 30 s is the margin): still held, by its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_through_the_pool_stays_visible_to_inspection_past_its_heartbeats() {
+    use lock_runtime::backend::Inspect;
+    let server = PgServer::start();
+    let app = pool(&server.url(), 3).await;
+    let manager = LockManager::builder().backend(PostgresBackend::from_pool(app.clone()).await.expect("from the pool"));
+    let held = manager.lock("visible:1").await.expect("lock");
+    let admin = server.admin().await;
+    let beat = "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                WHERE l.locktype = 'advisory' AND l.granted";
+    let started = std::time::Instant::now();
+    loop {
+        let rows = admin.query(beat, &[]).await.expect("the holder's last query");
+        if rows.iter().any(|r| r.get::<_, String>(0).trim_end().ends_with("SELECT 1")) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no heartbeat within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let looker = PostgresBackend::connect(&server.url()).await.expect("another process's backend");
+    let info = looker.inspect("visible:1").await.expect("inspect").expect("still held after a heartbeat");
+    assert_eq!(info.fencing_token, Some(held.fencing_token()), "{info:?}");
+    assert!(info.holder.is_some() && !info.owner.is_empty(), "the holder is named: {info:?}");
+    let listed = looker.list("visible:").await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    held.release().await.expect("release");
+}

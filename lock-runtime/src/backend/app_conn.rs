@@ -17,13 +17,17 @@ pub(crate) struct AppConn<DB: sqlx::Database> {
     pub(crate) id: Option<u64>,
     /// Holds and waits for nothing: may go back to the pool.
     pub(crate) clean: bool,
+    /// What a held lock's heartbeat starts with, where a store needs it (PostgreSQL: the
+    /// grant's comment, which inspection reads in the session's last query).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) record: Option<std::sync::Arc<str>>,
 }
 
 impl<DB: sqlx::Database> AppConn<DB> {
     /// A connection of `pool`, for an acquisition of the `kind` backend.
     pub(crate) async fn acquire(pool: &sqlx::Pool<DB>, kind: &'static str, name: &str) -> Result<Self, LockError> {
         let conn = pool.acquire().await.map_err(|e| error(kind, name, "connect", e))?;
-        Ok(AppConn { conn: Some(conn), id: None, clean: true })
+        Ok(AppConn { conn: Some(conn), id: None, clean: true, record: None })
     }
 
     /// Whether the connection is gone (closed after a failure).

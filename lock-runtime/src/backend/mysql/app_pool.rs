@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use sqlx::mysql::MySqlRow;
-use sqlx::{Executor, MySql, Row};
+use sqlx::{AssertSqlSafe, Executor, MySql, Row};
 
 use super::options::MysqlOptions;
 use super::sql::MyKey;
@@ -38,7 +38,7 @@ pub(super) fn error(name: &str, operation: &'static str, e: sqlx::Error) -> Lock
 impl AppSessions {
     /// The rows `sql` answers, on a connection of the pool.
     pub(super) async fn inspect(&self, sql: String) -> Result<Vec<super::sql::Recorded>, LockError> {
-        let rows = self.pool.fetch_all(sql.as_str()).await.map_err(|e| error("", "inspect", e))?;
+        let rows = self.pool.fetch_all(AssertSqlSafe(sql)).await.map_err(|e| error("", "inspect", e))?;
         let decode = |row: &MySqlRow| {
             Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?, row.try_get(4)?, row.try_get(5)?))
         };
@@ -94,7 +94,10 @@ impl Sessions for AppSessions {
             };
             // Until answered, the session may hold or wait: not to be given back.
             conn.clean = false;
-            let answer = sqlx::query_as::<_, (Option<i64>, u64)>(&sql).persistent(false).fetch_one(&mut **c).await;
+            let answer = sqlx::query_as::<_, (Option<i64>, u64)>(AssertSqlSafe(sql.as_str()))
+                .persistent(false)
+                .fetch_one(&mut **c)
+                .await;
             match answer {
                 Ok((Some(1), id)) => conn.id = Some(id),
                 Ok((Some(_), id)) => {
@@ -114,7 +117,7 @@ impl Sessions for AppSessions {
                 return Err(Failure::Closed(LockError::backend(&*key.name, KIND, operation, "closed")));
             };
             let grant = key.grant();
-            let mut results = c.fetch_many(grant.as_str());
+            let mut results = c.fetch_many(AssertSqlSafe(grant));
             let mut token = None;
             let answer = loop {
                 match results.try_next().await {
@@ -147,7 +150,7 @@ impl Sessions for AppSessions {
                 return Err(Failure::Closed(LockError::backend(&*key.name, KIND, "release", "closed")));
             };
             let sql = key.release_lock();
-            let answer = c.fetch_all(sql.as_str()).await;
+            let answer = c.fetch_all(AssertSqlSafe(sql)).await;
             match answer.and_then(|rows| rows.first().map(|row| row.try_get::<Option<i64>, _>(0)).transpose()) {
                 Ok(answer) => {
                     conn.clean = answer == Some(Some(1));
@@ -168,7 +171,7 @@ impl Sessions for AppSessions {
             let bound = sessions.options.get_operation_timeout();
             let kill = async {
                 let mut other = sessions.pool.acquire().await?;
-                other.execute(format!("KILL QUERY {id}").as_str()).await
+                other.execute(AssertSqlSafe(format!("KILL QUERY {id}"))).await
             };
             if !matches!(tokio::time::timeout(bound, kill).await, Ok(Ok(_))) {
                 tracing::debug!("could not end a dropped MySQL lock waiter's query; closing its connection");
@@ -193,7 +196,7 @@ impl Sessions for AppSessions {
         Box::pin(async move {
             let Some(c) = conn.conn.as_mut() else { return Beat::Dead };
             let beat = if records {
-                match sqlx::query(super::sql::forced_sql().as_str()).fetch_all(&mut **c).await {
+                match sqlx::query(AssertSqlSafe(super::sql::forced_sql())).fetch_all(&mut **c).await {
                     Ok(rows) if rows.is_empty() => Beat::Alive,
                     Ok(_) => Beat::Forced,
                     Err(sqlx::Error::Database(_)) => Beat::Alive,

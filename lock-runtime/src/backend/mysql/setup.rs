@@ -125,7 +125,7 @@ impl SetupConn for sqlx::pool::PoolConnection<sqlx::MySql> {
         use sqlx::{Executor, Row};
         Box::pin(async move {
             let mut first = None;
-            let mut results = (&mut **self).fetch_many(sql);
+            let mut results = (&mut **self).fetch_many(sqlx::AssertSqlSafe(sql));
             while let Some(step) = results.try_next().await.map_err(app_refused)? {
                 if let (None, Some(row)) = (&first, step.right()) {
                     first = Some(row.try_get::<Option<i64>, _>(0).map_err(app_refused)?);

@@ -4,7 +4,8 @@
 //! and gives it back at the release. The statements are the backend's own ([`PgSql`]).
 //!
 //! What sqlx does not offer is made up for: a connection closed under a held lock is found by a
-//! heartbeat (`SELECT 1` every second; sqlx tells nothing until the next query), and a dropped
+//! heartbeat (`SELECT 1` every second, after the grant's comment, which inspection reads in the
+//! session's last query; sqlx tells nothing until the next query), and a dropped
 //! waiter's connection is closed instead of cancelled (sqlx has no cancel request; the server
 //! ends the session at its next check of the client, `client_connection_check_interval`,
 //! 500 ms, on PostgreSQL 14 and later). A connection whose session may hold or wait for a lock
@@ -46,7 +47,7 @@ fn text(row: &sqlx::postgres::PgRow, i: usize) -> Option<String> {
 
 /// Runs `sql` (the simple protocol: several statements) on `conn`: every row's columns as text.
 pub(super) async fn rows(conn: &mut sqlx::PgConnection, sql: &str) -> Result<Vec<Vec<String>>, sqlx::Error> {
-    let rows = conn.fetch_all(sql).await?;
+    let rows = conn.fetch_all(sqlx::AssertSqlSafe(sql)).await?;
     Ok(rows.iter().map(|row| (0..row.len()).map(|i| text(row, i).unwrap_or_default()).collect()).collect())
 }
 
@@ -128,7 +129,10 @@ impl Sessions for AppSessions {
             match Self::ask(conn, &sql).await {
                 Ok(None) if wait.is_none() => refused(conn).await,
                 Ok(value) => match value.as_deref().and_then(super::inspect::token) {
-                    Some(token) => Ok(Some(token)),
+                    Some(token) => {
+                        conn.record = Some(key.record.clone());
+                        Ok(Some(token))
+                    }
                     None => Err(Failure::Failed(LockError::backend(
                         &*key.name,
                         KIND,
@@ -170,7 +174,10 @@ impl Sessions for AppSessions {
 
     fn alive<'a>(&'a self, conn: &'a mut AppConn) -> BoxFuture<'a, Beat> {
         Box::pin(async move {
-            match Self::last(conn, "", "heartbeat", "SELECT 1").await {
+            // The grant's comment again: the session's last query is where inspection reads
+            // the holder (a bare `SELECT 1` hid the lock from `lockctl` at the first beat).
+            let beat = format!("{}SELECT 1", conn.record.as_deref().unwrap_or_default());
+            match Self::last(conn, "", "heartbeat", &beat).await {
                 Ok(_) => Beat::Alive,
                 Err(_) => Beat::Dead,
             }

@@ -108,7 +108,10 @@ impl InTransaction for &mut sqlx::PgConnection {
             let attempt = format!("SELECT CASE WHEN pg_try_advisory_xact_lock($1, $2) THEN nextval('{SEQUENCE}') END");
             // Not prepared for keeps: a transaction-mode pooler hands the next transaction to
             // another server connection, which has no such statement.
-            let query = sqlx::query_scalar::<_, Option<i64>>(&attempt).bind(k1).bind(k2).persistent(false);
+            let query = sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(attempt.as_str()))
+                .bind(k1)
+                .bind(k2)
+                .persistent(false);
             query.fetch_one(&mut **self).await.map_err(|e| Failed::of_sqlx(&key, e))
         })
     }
@@ -270,7 +273,7 @@ fn failed(key: &str, f: Failed) -> LockError {
 #[cfg(feature = "sqlx")]
 async fn sqlx_simple(conn: &mut sqlx::PgConnection, sql: String) -> Result<Vec<String>, Failed> {
     use sqlx::{Executor, Row};
-    let rows = conn.fetch_all(sql.as_str()).await.map_err(|e| Failed::of_sqlx("", e))?;
+    let rows = conn.fetch_all(sqlx::AssertSqlSafe(sql)).await.map_err(|e| Failed::of_sqlx("", e))?;
     Ok(rows.iter().filter_map(|row| row.try_get::<Option<String>, _>(0).ok().flatten()).collect())
 }
 
