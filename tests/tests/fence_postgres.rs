@@ -240,3 +240,43 @@ async fn a_fence_never_installed_names_the_servers_error() {
     assert!(text.contains("42883") && text.contains("lock_runtime_fence"), "{text}");
     assert!(!text.contains("db error"), "{text}");
 }
+
+/// Regression (issue 57): two replicas running `INSTALL_SQL` at startup at once failed (`CREATE
+/// … IF NOT EXISTS` is not safe against a concurrent create: `duplicate key value violates
+/// unique constraint "pg_class_relname_nsp_index"`). Eight sessions install on a fresh database
+/// at once, ten rounds (each on a database of its own): every install succeeds, and the fence
+/// works after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installs_from_many_sessions_at_once_all_succeed() {
+    let server = PgServer::start();
+    let admin = server.admin().await;
+    for round in 0..10 {
+        let db = format!("install_{round}");
+        admin.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("a fresh database");
+        let url = format!("postgres://postgres@127.0.0.1:{}/{db}", server.port());
+        let mut sessions = Vec::new();
+        for _ in 0..8 {
+            let (client, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+            tokio::spawn(connection);
+            sessions.push(client);
+        }
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(sessions.len()));
+        let installs: Vec<_> = sessions
+            .into_iter()
+            .map(|client| {
+                let start = start.clone();
+                tokio::spawn(async move {
+                    start.wait().await;
+                    client.batch_execute(INSTALL_SQL).await.map(|()| client)
+                })
+            })
+            .collect();
+        let mut clients = Vec::new();
+        for install in installs {
+            clients.push(install.await.unwrap().unwrap_or_else(|e| panic!("round {round}: an install failed: {e:?}")));
+        }
+        let tx = clients[0].transaction().await.expect("begin");
+        check(&tx, "orders:1", 5).await.expect("the fence works");
+        tx.commit().await.expect("commit");
+    }
+}

@@ -5,6 +5,15 @@
 -- higher token, otherwise records `token` and returns it. The upsert locks the resource's fence
 -- row until the transaction ends, so concurrent writers serialise on it and the stale one fails;
 -- a refused transaction rolls back as a whole.
+--
+-- Safe from many sessions at once (replicas that install at startup): `CREATE ... IF NOT
+-- EXISTS` is not safe against a concurrent create, so the script first takes a
+-- transaction-scoped advisory lock (the key the backend takes to create its sequence; single
+-- bigint, never one of the locks' two-int keys). It holds until the script's transaction ends:
+-- send the script as one batch (tokio-postgres `batch_execute`, `sqlx::raw_sql`: one implicit
+-- transaction), as a migration (which runs in one), or `psql --single-transaction -f`.
+SELECT pg_advisory_xact_lock(7226519712410372941);
+
 -- The sequence every PostgreSQL lock's fencing token is drawn from (a PostgresBackend creates it
 -- too, at its first connect); `lock_in_transaction` draws from it inside the caller's transaction.
 CREATE SEQUENCE IF NOT EXISTS lock_runtime_fence;

@@ -42,8 +42,12 @@ use crate::backend::BoxFuture;
 use crate::error::LockError;
 
 /// The SQL that installs the fence: the table `lock_runtime_fences` and the function
-/// `lock_runtime_fence(resource text, token bigint) RETURNS bigint`. Idempotent: run it in
-/// every migration run or at startup; running it twice is harmless.
+/// `lock_runtime_fence(resource text, token bigint) RETURNS bigint` (and the token sequence).
+/// Idempotent, and safe from any number of sessions at once (it serialises on an advisory
+/// lock held to the end of its transaction): run it at every startup, or put it in a
+/// migration file of your own (`sqlx::migrate!`, refinery, …). Send it as one batch
+/// (tokio-postgres `batch_execute`, `sqlx::raw_sql`), which PostgreSQL runs as one
+/// transaction; with psql, `psql --single-transaction -f`.
 ///
 /// ```
 /// assert!(lock_runtime::fence::postgres::INSTALL_SQL.contains("CREATE TABLE IF NOT EXISTS lock_runtime_fences"));
