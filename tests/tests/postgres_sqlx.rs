@@ -247,3 +247,43 @@ async fn a_lock_held_through_the_pool_stays_visible_to_inspection_past_its_heart
     assert_eq!(listed.len(), 1, "{listed:?}");
     held.release().await.expect("release");
 }
+
+/// Regression (issue 57): `lock_in_transaction(&mut *tx, "order:42", ..)` took the name without
+/// the manager's prefix, so it was granted while a manager with `prefix("shop:")` held
+/// `order:42`. Through the manager (`manager.lock(name).in_transaction(&mut *tx)`) the
+/// transaction's lock has the prefix: it waits out the manager's holder, is granted once it
+/// goes (a token above the holder's), excludes the manager's locks until the commit, and a
+/// kind other than a mutex is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_in_the_callers_transaction_has_the_managers_prefix() {
+    let (server, app) = installed().await;
+    let backend = PostgresBackend::connect(&server.url()).await.expect("connect");
+    let manager = LockManager::builder().prefix("shop:").backend(backend);
+    let held = manager.lock("order:42").await.expect("the attribute's lock");
+    let mut tx = app.begin().await.expect("begin");
+    let busy = manager.lock("order:42").wait(Duration::ZERO).in_transaction(&mut *tx).await;
+    assert!(busy.as_ref().is_err_and(LockError::is_contended), "granted beside the manager's holder: {busy:?}");
+    let raw = lock_in_transaction(&mut *tx, "order:42", Duration::ZERO).await.expect("no prefix, another lock");
+    assert!(raw > 0);
+    let first = held.fencing_token();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *tx).await.expect("pid");
+    let waiting = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            let mut tx = tx;
+            let token = manager.lock("order:42").wait(Duration::from_secs(30)).in_transaction(&mut *tx).await;
+            (tx, token)
+        })
+    };
+    PgServer::until_blocked(&server.admin().await, pid).await;
+    held.release().await.expect("release");
+    let (tx, token) = waiting.await.unwrap();
+    let token = token.expect("granted once the holder went");
+    assert!(token > first, "{token} after {first}");
+    assert!(manager.try_lock("order:42").await.expect("try").is_none(), "the transaction's lock excludes");
+    tx.commit().await.expect("commit");
+    manager.try_lock("order:42").await.expect("try").expect("free after the commit").release().await.unwrap();
+    let mut tx = app.begin().await.expect("begin");
+    let read = manager.read_lock("order:42").in_transaction(&mut *tx).await;
+    assert!(read.as_ref().is_err_and(LockError::is_invalid), "{read:?}");
+}

@@ -28,6 +28,7 @@ mod credentials;
 pub mod etcd;
 pub mod file;
 mod identity;
+mod in_transaction;
 mod inspect;
 pub mod memory;
 #[cfg(feature = "mysql")]
@@ -52,6 +53,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub use crate::kind::LockKind;
 pub use crate::options::Lease;
 pub use identity::{Holder, OwnerId};
+pub use in_transaction::LockInTransaction;
 pub use inspect::{ChangeFeed, ForceRelease, Inspect, LockInfo};
 
 /// What an acquisition asks for: handed to [`LockBackend::begin`], kept by the acquisition.

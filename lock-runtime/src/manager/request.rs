@@ -41,6 +41,45 @@ impl LockRequest<'_> {
     }
 
     crate::options::option_setters!();
+
+    /// Takes the lock inside the caller's own transaction, where a store can (PostgreSQL: a
+    /// tokio-postgres `&Transaction`, or `&mut *tx` of a `sqlx::Transaction`; see
+    /// [`LockInTransaction`](crate::backend::LockInTransaction)): held until the transaction
+    /// commits or rolls back, with no guard, no connection of the manager's and no session of
+    /// its own, so it works through any pooler. Its key has the manager's prefix, as the
+    /// manager's other locks of the name do, so the two exclude each other: the lock a handler
+    /// takes here and the one an attribute takes on `order:42`. Returns the fencing token.
+    ///
+    /// The request's `wait` (or the manager's default) applies; `lease`, `retry` and
+    /// `hold_at_least` do not (the transaction ends the lock). A kind other than a mutex is an
+    /// [`is_invalid`](LockError::is_invalid) error; held past `wait`,
+    /// [`is_contended`](LockError::is_contended), the transaction still usable. The rest is
+    /// [`lock_in_transaction`](https://docs.rs/lock-runtime/latest/lock_runtime/backend/postgres/fn.lock_in_transaction.html)'s.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn settle(db: &mut tokio_postgres::Client, manager: &lock_runtime::LockManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// let tx = db.transaction().await?;
+    /// let token = manager.lock("order:42").wait(Duration::from_secs(2)).in_transaction(&tx).await?;
+    /// lock_runtime::fence::postgres::check(&tx, "order:42", token).await?;
+    /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = 42", &[]).await?;
+    /// tx.commit().await?; // the lock ends here
+    /// # Ok(()) }
+    /// ```
+    pub async fn in_transaction<T: crate::backend::LockInTransaction>(self, tx: T) -> Result<u64, LockError> {
+        let inner = &*self.manager.inner;
+        crate::options::check_name(&self.name)?;
+        if self.kind != LockKind::Exclusive {
+            let why = format!("a lock in a transaction is a mutex; {:?} was asked for", self.kind);
+            return Err(LockError::invalid(&*self.name, why));
+        }
+        let wait = self.options.wait_for().unwrap_or(inner.default_wait);
+        crate::options::check_wait(&self.name, wait)?;
+        let key = format!("{}{}", inner.prefix, self.name);
+        tx.lock_key(&key, wait).await
+    }
 }
 
 impl<'m> IntoFuture for LockRequest<'m> {

@@ -143,7 +143,10 @@ const SAVEPOINT: &str = "lock_runtime_wait";
 ///
 /// - `key` is the lock's key as a manager writes it (its prefix followed by the name): the
 ///   lock is the same advisory lock a `PostgresBackend` takes, so a
-///   transaction and a manager's guard of the same key exclude each other.
+///   transaction and a manager's guard of the same key exclude each other. A manager's
+///   request writes it for you: `manager.lock("orders:42").in_transaction(&tx)`
+///   ([`LockRequest::in_transaction`](crate::LockRequest::in_transaction)), the way to use
+///   when a manager has a prefix.
 /// - `wait`: how long to wait for a holder to go (on the server, under `lock_timeout`, no
 ///   polling); zero tries once. Still held after it: [`is_contended`](LockError::is_contended),
 ///   and the transaction stays usable (the wait ran under a savepoint, rolled back).
@@ -205,6 +208,17 @@ pub async fn lock_in_transaction<T: InTransaction>(mut tx: T, key: &str, wait: D
             taken
         }
         Err(_) => Err(LockError::timed_out(key, KIND, "lock in the transaction", bound)),
+    }
+}
+
+/// Every transaction [`lock_in_transaction`] takes is one a manager's request can lock in
+/// ([`LockRequest::in_transaction`](crate::LockRequest::in_transaction)).
+impl<T: InTransaction> crate::backend::LockInTransaction for T {
+    fn lock_key<'a>(self, key: &'a str, wait: Duration) -> BoxFuture<'a, Result<u64, LockError>>
+    where
+        Self: 'a,
+    {
+        Box::pin(lock_in_transaction(self, key, wait))
     }
 }
 
