@@ -10,6 +10,8 @@
 //! - `GET /metrics` (feature `metrics`): the locks' metrics in the Prometheus text format, from
 //!   the recorder of [`crate::metrics`] (`503` when none is installed).
 
+use std::time::Duration;
+
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -49,7 +51,36 @@ pub async fn metrics() -> Response {
 
 /// Serves [`router`] on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).await
+    let locks = state.locks.clone();
+    axum::serve(listener, router(state)).with_graceful_shutdown(stop_signal()).await?;
+    // The platform kills the process a grace period after SIGTERM (Kubernetes 30 s by
+    // default, Docker 10 s, systemd 90 s): the requests' drain above and this hand-over must
+    // end before it. A lock still held when the process is killed is freed by the store a
+    // lease (or a session timeout) later.
+    if tokio::time::timeout(Duration::from_secs(5), locks.shutdown()).await.is_err() {
+        eprintln!("the locks' shutdown did not end within 5 s; the store frees what is left");
+    }
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what containers and systemd send to stop a service).
+pub async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => drop(term.recv().await),
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
 }
 
 /// What a handler can fail with.
