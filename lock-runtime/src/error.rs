@@ -160,6 +160,18 @@ impl std::error::Error for LockError {
 }
 
 impl LockError {
+    /// A failure to connect that names no subject, named by `shown` (the URL connected to,
+    /// its password masked): the message then says which server it was.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn connecting_to(self, shown: &str) -> Self {
+        match self {
+            LockError::Backend { name, backend, operation, source } if name.is_empty() => {
+                LockError::Backend { name: shown.to_owned(), backend, operation, source }
+            }
+            other => other,
+        }
+    }
+
     /// The lock was not acquired within the whole `wait` / all `retry` attempts: held by
     /// someone else, or split between contenders ([`LockError::Contended`]'s `held`).
     pub fn is_contended(&self) -> bool {
@@ -313,8 +325,6 @@ fn hint(backend: &str, source: &BoxError) -> &'static str {
         "check the lock directory: that it exists, is on a local file system, and this process may write in it"
     } else if has(&["WRONGTYPE"]) {
         "a key this library uses holds a value of another type: check what else writes under the lock prefix"
-    } else if has(&["certificate", "handshake", "TLS", "tls", "SSL", "CertificateRequired", "alert"]) {
-        "check the TLS settings (the CA trusted, the client certificate, the host name in the URL) against the server's"
     } else if has(&[
         "WRONGPASS",
         "NOAUTH",
@@ -323,10 +333,16 @@ fn hint(backend: &str, source: &BoxError) -> &'static str {
         "password",
         "authentication",
         "Authentication",
+        "Access denied",
         "pg_hba.conf",
         "permission denied",
     ]) {
+        // Before TLS: a refused login over plaintext may add that a TLS-only server refuses so.
         "check the credentials, and what the server lets this user do (its ACL or grants)"
+    } else if has(&["certificate", "handshake", "TLS", "tls", "SSL", "CertificateRequired", "alert"]) {
+        "check the TLS settings (the CA trusted, the client certificate, the host name in the URL) against the server's"
+    } else if has(&["3D000", "does not exist", "Unknown database"]) {
+        "check the names in the URL (the database, the user) against the server's"
     } else {
         "check that the server is reachable and healthy, then retry"
     }

@@ -256,7 +256,8 @@ pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> std:
         .collect()
 }
 
-/// Whether a server at `ip:port` answers `PING`.
+/// Whether a server at `ip:port` answers `PING` (a server that wants a password answers
+/// `-NOAUTH`: it serves too).
 pub(crate) fn ping_at(ip: Ipv4Addr, port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&(ip, port).into(), Duration::from_millis(500)) else {
         return false;
@@ -266,7 +267,7 @@ pub(crate) fn ping_at(ip: Ipv4Addr, port: u16) -> bool {
         return false;
     }
     let mut buf = [0u8; 7];
-    stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    stream.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || &buf == b"-NOAUTH")
 }
 
 pub use crate::free_port;

@@ -21,7 +21,6 @@ use crate::lost::LostSignal;
 
 #[cfg(all(feature = "sqlx", any(feature = "postgres", feature = "mysql")))]
 mod app_conn;
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod credentials;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]

@@ -56,7 +56,7 @@ pub async fn connect(url: &str) -> Result<Box<dyn LockBackend>, LockError> {
     parts.check_feature(compiled)?;
     match parts.scheme.as_str() {
         "memory" => {
-            parts.no_more()?;
+            parts.no_more(&[])?;
             if parts.userinfo.is_some() || !parts.hosts.is_empty() || !matches!(parts.path, "" | "/") {
                 return Err(parts.invalid("the in-process backend takes nothing after the scheme: `memory://`"));
             }
@@ -71,7 +71,7 @@ pub async fn connect(url: &str) -> Result<Box<dyn LockBackend>, LockError> {
             if let Some(allow) = parts.flag("allow_network_file_system")? {
                 options = options.allow_network_file_system(allow);
             }
-            parts.no_more()?;
+            parts.no_more(&["operation_timeout", "allow_network_file_system"])?;
             let local = parts.userinfo.is_none() && matches!(parts.hosts, "" | "localhost");
             if !(local && parts.path.starts_with('/')) {
                 return Err(parts.invalid("a lock directory is an absolute path: `file:///var/lock/myapp`"));
@@ -106,7 +106,7 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(root) = parts.take("root") {
                 options = options.root(root);
             }
-            parts.no_more()?;
+            parts.no_more(&["operation_timeout", "session_timeout", "lost_after_disconnect", "root"])?;
             if let Some((user, password)) = parts.credentials() {
                 options = options.digest_auth(user, password);
             }
@@ -124,7 +124,7 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(ttl) = parts.duration("lease_ttl")? {
                 options = options.lease_ttl(ttl);
             }
-            parts.no_more()?;
+            parts.no_more(&["operation_timeout", "lease_ttl"])?;
             if let Some((user, password)) = parts.credentials() {
                 options = options.credentials(user, password);
             }
@@ -153,6 +153,10 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(carriers) = parts.count("multiplexing")? {
                 options = options.multiplexing(carriers);
             }
+            parts.only_drivers(
+                &["operation_timeout", "max_idle", "transaction_pooling", "multiplexing"],
+                POSTGRES_DRIVER,
+            )?;
             Ok(Box::new(PostgresBackend::connect_with(parts.passed_on(), options).await?))
         }
         #[cfg(feature = "mysql")]
@@ -190,6 +194,7 @@ async fn connect_redis(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>, Lo
         let timeout = parts.duration("replica_timeout")?.unwrap_or(options.get_command_timeout() / 2);
         options = options.wait_for_replicas(replicas, timeout);
     }
+    parts.only_drivers(&["operation_timeout", "wait_for_replicas", "replica_timeout"], REDIS_DRIVER)?;
     match parts.scheme.as_str() {
         "redis+cluster" | "rediss+cluster" => {
             let nodes = parts.redis_nodes("redis+cluster://host:port,host:port")?;
@@ -231,6 +236,38 @@ pub fn redis_nodes(url: &str) -> Result<Vec<String>, LockError> {
     }
     parts.redis_nodes("redlock://a:6379,b:6379,c:6379")
 }
+
+/// The parameters of a Redis URL the `redis` crate reads (passed on to it).
+#[cfg(feature = "redis")]
+const REDIS_DRIVER: &[&str] = &["protocol", "db", "user", "pass"];
+
+/// The parameters of a PostgreSQL URL tokio-postgres reads, and libpq's TLS ones the backend
+/// reads (passed on).
+#[cfg(feature = "postgres")]
+const POSTGRES_DRIVER: &[&str] = &[
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
 
 /// "known schemes: …", for an unknown one.
 fn known() -> String {
@@ -346,14 +383,25 @@ impl<'a> Parts<'a> {
     }
 
     /// Refuses the parameters left: the scheme takes none but lock-runtime's.
-    fn no_more(&self) -> Result<(), LockError> {
-        match self.query.first() {
-            Some((key, _)) => Err(self.invalid(format!(
-                "`{}://` URLs take no parameter `{key}` (see the `backend::url` docs for those each scheme takes)",
-                self.scheme
-            ))),
-            None => Ok(()),
-        }
+    fn no_more(&self, ours: &[&str]) -> Result<(), LockError> {
+        self.only_drivers(ours, &[])
+    }
+
+    /// Refuses a parameter left (lock-runtime's own, `ours`, are taken already) that the
+    /// scheme's driver does not take either (`drivers`: those passed on to it), naming both
+    /// lists: a misspelled one is caught at once, not ignored.
+    fn only_drivers(&self, ours: &[&str], drivers: &[&str]) -> Result<(), LockError> {
+        let Some((key, _)) = self.query.iter().find(|(k, _)| !drivers.contains(k)) else { return Ok(()) };
+        let listed = |names: &[&str]| names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+        let known = match (ours, drivers) {
+            ([], []) => "none".to_owned(),
+            (ours, []) => listed(ours),
+            (ours, drivers) => format!("{}; and the driver's: {}", listed(ours), listed(drivers)),
+        };
+        Err(self.invalid(format!(
+            "`{}://` URLs take no parameter `{key}`; known: {known} (see the `backend::url` docs)",
+            self.scheme
+        )))
     }
 
     /// The URL to give the scheme's own driver: as given, with lock-runtime's parameters taken
@@ -428,21 +476,7 @@ fn decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `url` with its password masked, for messages and `Debug`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') { format!("{user}:***") } else { "***".to_owned() };
-            format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
-        }
-        None => url.to_owned(),
-    }
-}
+pub(crate) use super::credentials::redact;
 
 #[cfg(test)]
 mod tests {

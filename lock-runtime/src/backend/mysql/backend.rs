@@ -506,9 +506,10 @@ impl MysqlBackend {
             let records = super::setup::setup(&mut conn, sessions.options.record_holders).await?;
             Ok::<_, LockError>((conn, records))
         };
+        let shown = crate::backend::credentials::redact(&url);
         let (conn, records) = match tokio::time::timeout(bound, made).await {
-            Ok(made) => made?,
-            Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
+            Ok(made) => made.map_err(|e| e.connecting_to(&shown))?,
+            Err(_) => return Err(LockError::timed_out(&shown, KIND, "connect", bound)),
         };
         sessions.options.record_holders = records;
         let (sweeping, stopped) = tokio::sync::oneshot::channel();

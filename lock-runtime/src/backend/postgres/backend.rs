@@ -229,7 +229,7 @@ impl PostgresBackend {
         let sql = PgSql::new(options, config.get_application_name().unwrap_or("lock-runtime"));
         let sessions = PgSessions { config, tls, sql, listener: Default::default() };
         let pool = Arc::new(Pool::new(sessions));
-        setup(&pool).await?;
+        setup(&pool).await.map_err(|e| e.connecting_to(&crate::backend::credentials::redact(&url)))?;
         Ok(PostgresBackend { pools: Pools::Own(pool) })
     }
 

@@ -93,11 +93,15 @@ impl RedisBackend {
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_secs(1));
         // One plain connection first: the connection manager retries every failure until the
-        // bound, which would hide why the server refused (a TLS handshake, a password).
+        // bound, which would hide why the server refused (a TLS handshake, a password). Its
+        // `PING` finds a server that wants a password the URL lacks (it accepts the connection
+        // and answers `NOAUTH` to every command: found here, not at the first `lock()`).
         let probe =
             AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
         let connected = async {
-            drop(client.get_multiplexed_async_connection_with_config(&probe).await?);
+            let mut probe = client.get_multiplexed_async_connection_with_config(&probe).await?;
+            redis::cmd("PING").query_async::<()>(&mut probe).await?;
+            drop(probe);
             ConnectionManager::new_with_config(client.clone(), config).await
         };
         let conn = match tokio::time::timeout(timeout, connected).await {

@@ -110,7 +110,7 @@ pub(super) fn at(template: &ConnectionInfo, host: &str, port: u16) -> Connection
     template.clone().set_addr(addr)
 }
 
-pub(super) use crate::backend::url::redact;
+pub(super) use crate::backend::credentials::redact;
 
 #[cfg(test)]
 mod tests {

@@ -66,6 +66,7 @@ impl<S: Carry> Pool<S> {
 
     /// An idle connection, if one is kept and open (none is made): for a backend's own
     /// housekeeping, which gives it back with [`checkin`](Self::checkin).
+    #[cfg_attr(not(all(feature = "mysql", feature = "sqlx")), allow(dead_code))]
     pub(crate) fn take_idle(&self) -> Option<S::Conn> {
         std::iter::from_fn(|| self.idle.take()).find(|conn| !S::is_closed(conn))
     }

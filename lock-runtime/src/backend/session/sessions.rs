@@ -65,12 +65,14 @@ pub(crate) trait Sessions: Send + Sync + Sized + 'static {
 
 /// What a held lock's connection answered its heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlx")), allow(dead_code))] // PostgreSQL's own connections need none
 pub(crate) enum Beat {
     Alive,
     /// Closed or not answering: its locks are gone.
     Dead,
     /// Answering, and an operator asked for its lock to be freed (a forced release the store
     /// cannot do from outside without ending other holders' locks: MySQL's).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     Forced,
 }
 
