@@ -186,12 +186,14 @@ impl ZkEnsemble {
             let ip = ips[i];
             let ready =
                 move || TcpStream::connect_timeout(&SocketAddr::from((ip, port)), Duration::from_millis(200)).is_ok();
-            let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(60));
+            let mut process = ServerProcess::new("java (ZooKeeper)", dir, spawn, ready, Duration::from_secs(120));
             process.start();
             members.push(Member { ip, port, process, clock });
         }
         let ensemble = ZkEnsemble { members, net };
-        ensemble.wait_serving(Duration::from_secs(60));
+        // Three JVMs starting at once beside other test binaries on a loaded 2-core machine:
+        // a CI run with a CPU hog beside it saw an ensemble not serving after 60 s.
+        ensemble.wait_serving(Duration::from_secs(120));
         ensemble
     }
 

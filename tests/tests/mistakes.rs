@@ -39,6 +39,8 @@ async fn a_misspelled_url_parameter_is_refused_naming_the_known_ones() {
         "redis+cluster://127.0.0.1:1,127.0.0.1:2?opertion_timeout=2s",
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?opertion_timeout=2s",
         "postgres://u@127.0.0.1:1/db?opertion_timeout=2s",
+        #[cfg(feature = "mysql")]
+        "mysql://u:p@127.0.0.1:1/db?opertion_timeout=2s",
     ] {
         let e = LockManager::connect(url).await.expect_err("refused");
         assert!(e.is_invalid(), "{url}: {e}");

@@ -175,6 +175,7 @@ async fn connect_networked(parts: &mut Parts<'_>) -> Result<Box<dyn LockBackend>
             if let Some(carriers) = parts.count("multiplexing")? {
                 options = options.multiplexing(carriers);
             }
+            parts.only_drivers(&["operation_timeout", "heartbeat", "max_idle", "multiplexing"], MYSQL_DRIVER)?;
             let url = parts.passed_on().replacen("mariadb://", "mysql://", 1);
             Ok(Box::new(MysqlBackend::connect_with(url, options).await?))
         }
@@ -267,6 +268,34 @@ const POSTGRES_DRIVER: &[&str] = &[
     "target_session_attrs",
     "channel_binding",
     "load_balance_hosts",
+];
+
+/// The parameters of a MySQL URL `mysql_async` reads (passed on).
+#[cfg(feature = "mysql")]
+const MYSQL_DRIVER: &[&str] = &[
+    "pool_min",
+    "pool_max",
+    "inactive_connection_ttl",
+    "ttl_check_interval",
+    "conn_ttl",
+    "abs_conn_ttl",
+    "abs_conn_ttl_jitter",
+    "tcp_keepalive",
+    "max_allowed_packet",
+    "wait_timeout",
+    "enable_cleartext_plugin",
+    "reset_connection",
+    "tcp_nodelay",
+    "stmt_cache_size",
+    "prefer_socket",
+    "secure_auth",
+    "client_found_rows",
+    "socket",
+    "compression",
+    "require_ssl",
+    "verify_ca",
+    "verify_identity",
+    "built_in_roots",
 ];
 
 /// "known schemes: …", for an unknown one.
