@@ -341,6 +341,8 @@ fn hint(backend: &str, source: &BoxError) -> &'static str {
         "check the credentials, and what the server lets this user do (its ACL or grants)"
     } else if has(&["certificate", "handshake", "TLS", "tls", "SSL", "CertificateRequired", "alert"]) {
         "check the TLS settings (the CA trusted, the client certificate, the host name in the URL) against the server's"
+    } else if has(&["pool had no free connection"]) {
+        "raise the pool's `max_connections`, or give the locks a pool (or connections) of their own"
     } else if has(&["3D000", "does not exist", "Unknown database"]) {
         "check the names in the URL (the database, the user) against the server's"
     } else {

@@ -287,3 +287,29 @@ async fn a_lock_in_the_callers_transaction_has_the_managers_prefix() {
     let read = manager.read_lock("order:42").in_transaction(&mut *tx).await;
     assert!(read.as_ref().is_err_and(LockError::is_invalid), "{read:?}");
 }
+
+/// Regression (issue 57): a manager on an application's pool with no connection free failed
+/// with "check that the server is reachable" after its whole bound. Now, before the bound, it
+/// says that the pool had none free (and how many it has), and what to do; once the
+/// application gives a connection back, the next lock succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_is_reported_as_exactly_that() {
+    let server = PgServer::start();
+    let app = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&server.url())
+        .await
+        .expect("the application's pool");
+    let options = lock_runtime::backend::postgres::PostgresOptions::new().operation_timeout(Duration::from_secs(1));
+    let manager = LockManager::builder()
+        .backend(PostgresBackend::from_pool_with(app.clone(), options).await.expect("from the pool"));
+    let (first, second) = (app.acquire().await.expect("one"), app.acquire().await.expect("two"));
+    let e = manager.lock("exhausted:1").await.expect_err("no connection free");
+    let text = e.to_string();
+    assert!(e.is_backend(), "{text}");
+    assert!(text.contains("no free connection") && text.contains("all 2"), "{text}");
+    assert!(text.contains("max_connections") && !text.contains("reachable"), "{text}");
+    drop((first, second));
+    manager.lock("exhausted:1").await.expect("a connection is free again").release().await.unwrap();
+}

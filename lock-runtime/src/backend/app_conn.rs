@@ -24,9 +24,30 @@ pub(crate) struct AppConn<DB: sqlx::Database> {
 }
 
 impl<DB: sqlx::Database> AppConn<DB> {
-    /// A connection of `pool`, for an acquisition of the `kind` backend.
-    pub(crate) async fn acquire(pool: &sqlx::Pool<DB>, kind: &'static str, name: &str) -> Result<Self, LockError> {
-        let conn = pool.acquire().await.map_err(|e| error(kind, name, "connect", e))?;
+    /// A connection of `pool`, for an acquisition of the `kind` backend, waited for at most
+    /// `patience` (and the pool's own acquire timeout): a pool with none free within it is an
+    /// error that says so (not a server to reach), before the caller's bound runs out.
+    pub(crate) async fn acquire(
+        pool: &sqlx::Pool<DB>,
+        kind: &'static str,
+        name: &str,
+        patience: std::time::Duration,
+    ) -> Result<Self, LockError> {
+        let patience = patience.min(pool.options().get_acquire_timeout());
+        let exhausted = || {
+            let why = format!(
+                "the application's pool had no free connection within {patience:?}: all {} of its connections \
+                 are in use (by the application, and by this manager's locks: each lock held or waited for keeps \
+                 one)",
+                pool.size()
+            );
+            LockError::backend(name, kind, "connect", why)
+        };
+        let conn = match tokio::time::timeout(patience, pool.acquire()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) => return Err(exhausted()),
+            Ok(Err(e)) => return Err(error(kind, name, "connect", e)),
+        };
         Ok(AppConn { conn: Some(conn), id: None, clean: true, record: None })
     }
 

@@ -73,7 +73,8 @@ impl Sessions for AppSessions {
     }
 
     fn connect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<AppConn, LockError>> {
-        Box::pin(AppConn::acquire(&self.pool, KIND, name))
+        // Four fifths of the bound: a pool with none free says so before the bound runs out.
+        Box::pin(AppConn::acquire(&self.pool, KIND, name, self.options.get_operation_timeout() * 4 / 5))
     }
 
     fn is_closed(conn: &AppConn) -> bool {
