@@ -49,7 +49,9 @@ mod template;
 ///
 /// ## The same code without the attribute
 ///
-/// The attribute expands to `LockRequest::run`, which you can call yourself: it runs a future
+/// What the attribute does for a function, `LockRequest::run` does for a future you give it
+/// (both run on the runtime's one run engine, the attribute through the runtime's
+/// `__private` entry points, which also render the name and fall back): it runs the future
 /// under the lock, with the same release on every exit (return, `?`, panic, cancellation),
 /// stopping on a lost lease, task-scoped reentrancy and `current()`.
 ///
