@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     #[cfg(feature = "metrics")]
     examples::metrics::install()?;
     let (addr, locks) = orders::from_env("127.0.0.1:3000").await?;
-    let backend = locks.backend_kind();
+    let backend = locks.backend_name();
     // The payment provider and the warehouse take a moment, so concurrent requests overlap.
     let shop = orders::shop_from_env(Arc::new(Simulated { latency: Duration::from_millis(500) })).await?;
     let state = AppState::with_shop(locks, shop);

@@ -155,7 +155,7 @@ pub async fn supports_exactly_the_declared_kinds(make: &impl Factory, declared: 
             m.supports(kind),
             expected,
             "the {} backend {} a {kind}, but its suite declares {declared:?}",
-            m.backend_kind(),
+            m.backend_name(),
             if expected { "does not offer" } else { "offers" }
         );
     }

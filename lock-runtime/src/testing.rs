@@ -33,7 +33,7 @@ const TAKEN_AWAY: &str = "it was taken away by `testing::TestBackend::lose`";
 /// ```
 ///
 /// It is transparent otherwise: every acquisition goes to the wrapped backend, and its
-/// [`kind`](LockBackend::kind) and [`operation_timeout`](LockBackend::operation_timeout) are
+/// [`name`](LockBackend::name) and [`operation_timeout`](LockBackend::operation_timeout) are
 /// the wrapped backend's (so error messages name the real store). Two things differ, on
 /// purpose: every acquisition goes through [`begin`](LockBackend::begin) (no synchronous fast
 /// path, so that each guard has a [`LostSignal`] that [`lose`](TestBackend::lose) can fire), and
@@ -105,7 +105,7 @@ impl fmt::Debug for TestBackend {
         let held = state.names.values().filter(|n| !n.held.is_empty()).count();
         let holdings = state.names.values().filter(|n| n.holdings > 0).count();
         f.debug_struct("TestBackend")
-            .field("inner", &self.shared.inner.kind())
+            .field("inner", &self.shared.inner.name())
             .field("held", &held)
             .field("holdings", &holdings)
             .finish_non_exhaustive()
@@ -118,7 +118,7 @@ impl TestBackend {
     /// ```
     /// let backend = lock_runtime::testing::TestBackend::new();
     /// let manager = lock_runtime::LockManager::builder().backend(backend.clone());
-    /// assert_eq!(manager.backend_kind(), "memory"); // the wrapped backend's kind
+    /// assert_eq!(manager.backend_name(), "memory"); // the wrapped backend's kind
     /// ```
     pub fn new() -> Self {
         Self::wrap(MemoryBackend::new())
@@ -254,7 +254,7 @@ impl TestBackend {
                 let released = match held.release_now() {
                     Some(released) => released,
                     None => {
-                        let (bound, kind) = (self.shared.inner.operation_timeout(), self.shared.inner.kind());
+                        let (bound, kind) = (self.shared.inner.operation_timeout(), self.shared.inner.name());
                         crate::bounded::bounded(bound, held.release())
                             .await
                             .unwrap_or_else(|| Err(LockError::timed_out(&*granted.name, kind, "release", bound)))
@@ -389,7 +389,7 @@ impl Shared {
     fn outage(&self, name: &str) -> LockError {
         LockError::backend(
             name,
-            self.inner.kind(),
+            self.inner.name(),
             "acquire",
             "an outage injected by `testing::TestBackend::fail_next` (or `fail_next_for`)",
         )
@@ -418,8 +418,8 @@ impl Shared {
 
 impl LockBackend for TestBackend {
     /// The wrapped backend's kind.
-    fn kind(&self) -> &'static str {
-        self.shared.inner.kind()
+    fn name(&self) -> &'static str {
+        self.shared.inner.name()
     }
 
     /// The wrapped backend's kinds.

@@ -526,7 +526,7 @@ async fn connect_url(url: &str, matches: &ArgMatches) -> Result<Box<dyn Inspect>
     }
     let backend = lock_runtime::backend::url::connect(url).await?;
     if backend.inspector().is_none() {
-        return Err(Failure::Error(format!("the {} backend cannot be inspected", backend.kind())));
+        return Err(Failure::Error(format!("the {} backend cannot be inspected", backend.name())));
     }
     Ok(Box::new(Inspected(backend)))
 }

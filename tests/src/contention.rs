@@ -147,7 +147,7 @@ pub async fn contention_under_faults(mut ensemble: impl Ensemble) {
     for (k, client) in clients.iter().enumerate() {
         // Client 0 talks to the leader first, client 1 to a follower.
         let manager = ensemble.manager_on((leader + k) % ensemble.size(), Some(client)).await;
-        kind = manager.backend_kind();
+        kind = manager.backend_name();
         for t in 0..3 {
             let (manager, name, record, stop) = (manager.clone(), name.clone(), record.clone(), stop.clone());
             tasks.push(client.spawn(contend(k * 3 + t, manager, name, record, stop)));

@@ -151,7 +151,7 @@ pub async fn first_lock_after(manager: &LockManager, fault_at: std::time::Instan
     let recovery = fault_at.elapsed();
     let guard = guard.unwrap_or_else(|e| panic!("{label}: the first new lock failed: {e}"));
     guard.release().await.unwrap_or_else(|e| panic!("{label}: its release failed: {e}"));
-    let store = manager.backend_kind();
+    let store = manager.backend_name();
     crate::figure(
         &format!("{store}, {label}"),
         &format!("first new lock granted {} ms after the fault", recovery.as_millis()),

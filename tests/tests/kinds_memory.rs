@@ -86,7 +86,7 @@ async fn kinds_leave_nothing_behind() {
 struct MutexOnly(MemoryBackend);
 
 impl LockBackend for MutexOnly {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "mutex-only"
     }
 

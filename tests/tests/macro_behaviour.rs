@@ -619,7 +619,7 @@ struct Awaited {
 use lock_runtime::backend::{Acquire, Acquisition, Attempt, BoxFuture, Grant, Held, HeldLock, LockBackend, Wake};
 
 impl LockBackend for Awaited {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "awaited-memory"
     }
 

@@ -72,7 +72,7 @@ mod axum_app {
 
     #[distributed_locked(name = "axum-state:{id}", wait = "0s", manager = &state.locks)]
     pub(super) async fn with_state(State(state): State<AppState>, Path(id): Path<u64>) -> Result<String, HttpError> {
-        Ok(format!("{id} on {}", state.locks.backend_kind()))
+        Ok(format!("{id} on {}", state.locks.backend_name()))
     }
 }
 

@@ -217,7 +217,7 @@ async fn lose_aborts_a_run() {
 #[tokio::test(start_paused = true)]
 async fn the_wrapper_is_the_wrapped_kind_but_not_the_fast_path() {
     let (backend, manager) = setup();
-    assert_eq!(manager.backend_kind(), "memory");
+    assert_eq!(manager.backend_name(), "memory");
     assert!(format!("{backend:?}").contains("TestBackend"));
     let guard = manager.lock("fast").await.expect("uncontended");
     assert!(backend.lose("fast").await);

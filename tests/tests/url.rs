@@ -10,7 +10,7 @@ use lock_runtime::LockManager;
 /// reached by its own constructor) until released.
 async fn same_store(url: &str, kind: &str, other: &LockManager) {
     let manager = LockManager::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
-    assert_eq!(manager.backend_kind(), kind, "{url}");
+    assert_eq!(manager.backend_name(), kind, "{url}");
     let name = format!("url:{kind}");
     let guard = manager.lock(&name).await.unwrap_or_else(|e| panic!("{url}: lock: {e}"));
     assert!(other.try_lock(&name).await.expect("try_lock").is_none(), "{url}: the other manager got {name}");
@@ -22,7 +22,7 @@ async fn same_store(url: &str, kind: &str, other: &LockManager) {
 #[tokio::test]
 async fn memory_and_lock_file_urls() {
     let manager = LockManager::connect("memory://").await.expect("memory");
-    assert_eq!(manager.backend_kind(), "memory");
+    assert_eq!(manager.backend_name(), "memory");
     let dir = std::env::temp_dir().join(format!("lock-tests-url-{}", std::process::id()));
     let other = LockManager::file(&dir).expect("file");
     same_store(&format!("file://{}", dir.display()), "file", &other).await;
@@ -78,7 +78,7 @@ mod redis_urls {
         let other = LockManager::redis_sentinel(sentinels.sentinel_urls(), MASTER).await.expect("sentinel");
         let hosts: Vec<String> =
             sentinels.sentinel_urls().iter().map(|u| u.trim_start_matches("redis://").to_owned()).collect();
-        same_store(&format!("redis+sentinel://{}/{MASTER}", hosts.join(",")), other.backend_kind(), &other).await;
+        same_store(&format!("redis+sentinel://{}/{MASTER}", hosts.join(",")), other.backend_name(), &other).await;
         let err = LockManager::connect(format!("redis+sentinel://{}/nosuchmaster", hosts.join(","))).await.err();
         assert!(err.is_some(), "an unknown master connected");
     }

@@ -648,7 +648,7 @@ impl MemoryBackend {
 }
 
 impl LockBackend for MemoryBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "memory"
     }
 

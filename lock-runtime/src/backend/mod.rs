@@ -468,8 +468,9 @@ pub trait Renewal: Send + Sync + 'static {
     doc = "[conformance]: https://docs.rs/lock-runtime/latest/lock_runtime/conformance/index.html"
 )]
 pub trait LockBackend: Send + Sync + 'static {
-    /// A short name for messages and metrics (`"memory"`, `"redis"`, …).
-    fn kind(&self) -> &'static str;
+    /// The store's short name, for messages and metrics (`"memory"`, `"redis"`, …): which
+    /// store, never which kind of lock (that is [`LockKind`]).
+    fn name(&self) -> &'static str;
 
     /// Whether this backend offers `kind`. The default offers [`LockKind::Exclusive`] only;
     /// the runtime refuses the others at once with an [`is_invalid`](LockError::is_invalid)

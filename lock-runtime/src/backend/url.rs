@@ -36,7 +36,7 @@ const SCHEMES: &[(&str, Option<&str>)] = &[
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lock_runtime::LockError> {
 /// let backend = lock_runtime::backend::url::connect("memory://").await?;
-/// assert_eq!(backend.kind(), "memory");
+/// assert_eq!(backend.name(), "memory");
 ///
 /// let Err(err) = lock_runtime::backend::url::connect("consul://127.0.0.1:8500").await else { unreachable!() };
 /// assert!(err.is_invalid());
@@ -560,19 +560,19 @@ mod tests {
 
     async fn refused(url: &str) -> LockError {
         match connect(url).await {
-            Ok(backend) => panic!("{url} connected to {}", backend.kind()),
+            Ok(backend) => panic!("{url} connected to {}", backend.name()),
             Err(e) => e,
         }
     }
 
     #[tokio::test]
     async fn memory_and_file_urls_connect_and_bad_ones_say_why() {
-        assert_eq!(connect("memory://").await.unwrap().kind(), "memory");
-        assert_eq!(connect("MEMORY://").await.unwrap().kind(), "memory");
+        assert_eq!(connect("memory://").await.unwrap().name(), "memory");
+        assert_eq!(connect("MEMORY://").await.unwrap().name(), "memory");
         assert!(refused("memory://host").await.is_invalid());
         let dir = std::env::temp_dir().join(format!("lock-runtime-url-{}", std::process::id()));
         let file = connect(&format!("file://{}", dir.display())).await.unwrap();
-        assert_eq!(file.kind(), "file");
+        assert_eq!(file.name(), "file");
         let _ = std::fs::remove_dir_all(&dir);
         let err = refused("file://relative/dir").await;
         assert!(err.to_string().contains("absolute path"), "{err}");

@@ -34,7 +34,7 @@ async fn observable(m: &LockManager) -> bool {
     assert!(refused.is_invalid(), "{refused}");
     let refused = election.observe().changed().await.expect_err("observe() on a store without inspection");
     assert!(refused.is_invalid(), "{refused}");
-    eprintln!("skipped: the {} backend cannot tell who leads", m.backend_kind());
+    eprintln!("skipped: the {} backend cannot tell who leads", m.backend_name());
     false
 }
 
@@ -46,7 +46,7 @@ pub async fn inspection_is_offered_as_declared(make: &impl Factory, declared: bo
         m.can_inspect(),
         declared,
         "the {} backend's inspection differs from its suite's declaration ({declared})",
-        m.backend_kind()
+        m.backend_name()
     );
 }
 

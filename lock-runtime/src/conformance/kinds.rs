@@ -15,7 +15,7 @@ use crate::LockManager;
 fn offers(m: &LockManager, kind: LockKind) -> bool {
     let offered = m.supports(kind);
     if !offered {
-        eprintln!("skipped: the {} backend does not support a {kind}", m.backend_kind());
+        eprintln!("skipped: the {} backend does not support a {kind}", m.backend_name());
     }
     offered
 }
@@ -136,7 +136,7 @@ pub async fn unsupported_kinds_are_refused_at_once(make: &impl Factory) {
         let err = request.wait(Duration::from_secs(30)).await.expect_err("refused");
         assert!(err.is_invalid(), "{err}");
         let text = err.to_string();
-        assert!(text.contains(m.backend_kind()) && text.contains(&kind.to_string()), "{text}");
+        assert!(text.contains(m.backend_name()) && text.contains(&kind.to_string()), "{text}");
         assert!(started.elapsed() < Duration::from_secs(1), "refused after {:?}", started.elapsed());
     }
 }

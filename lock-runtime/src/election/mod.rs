@@ -31,7 +31,7 @@ pub struct Election {
 
 impl std::fmt::Debug for Election {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Election").field("name", &self.name).field("backend", &self.manager.backend_kind()).finish()
+        f.debug_struct("Election").field("name", &self.name).field("backend", &self.manager.backend_name()).finish()
     }
 }
 

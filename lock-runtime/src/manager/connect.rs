@@ -206,7 +206,7 @@ impl LockManagerBuilder {
     /// ```
     pub async fn connect(self, url: impl AsRef<str>) -> Result<LockManager, LockError> {
         let backend = crate::backend::url::connect(url.as_ref()).await?;
-        Ok(match backend.kind() {
+        Ok(match backend.name() {
             "memory" => self.memory(),
             _ => self.backend_arc(backend.into()),
         })

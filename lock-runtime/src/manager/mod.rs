@@ -73,7 +73,7 @@ pub(crate) struct Inner {
 impl std::fmt::Debug for LockManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockManager")
-            .field("backend", &self.inner.backend.kind())
+            .field("backend", &self.inner.backend.name())
             .field("prefix", &self.inner.prefix)
             .field("default_wait", &self.inner.default_wait)
             .field("default_lease", &self.inner.default_lease)
@@ -161,9 +161,9 @@ impl LockManager {
         &self.inner.holder
     }
 
-    /// The backend's short name (`"memory"`, `"redis"`, …).
-    pub fn backend_kind(&self) -> &'static str {
-        self.inner.backend.kind()
+    /// The backend's short name (`"memory"`, `"redis"`, …: [`LockBackend::name`]).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.backend.name()
     }
 
     /// Whether the backend offers `kind` ([`LockBackend::supports`]): the others are refused
@@ -236,7 +236,7 @@ impl LockManager {
                 format!(
                     "the {} backend cannot tell who holds a lock (it offers no inspection: \
                      `LockBackend::inspector` is `None`)",
-                    self.inner.backend.kind()
+                    self.inner.backend.name()
                 ),
             )
         })

@@ -141,7 +141,7 @@ impl EtcdBackend {
 }
 
 impl LockBackend for EtcdBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 

@@ -161,7 +161,7 @@ impl FileBackend {
 }
 
 impl LockBackend for FileBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 

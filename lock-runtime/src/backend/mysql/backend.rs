@@ -626,7 +626,7 @@ fn tls_opts(opts: Opts, _: &MysqlOptions) -> Result<Opts, LockError> {
 }
 
 impl LockBackend for MysqlBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 

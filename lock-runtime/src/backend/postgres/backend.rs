@@ -448,7 +448,7 @@ async fn backend_pid(conn: &Conn, bound: Duration) -> Result<Option<String>, Loc
 }
 
 impl LockBackend for PostgresBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 

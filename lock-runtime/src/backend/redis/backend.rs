@@ -224,7 +224,7 @@ impl RedisBackend {
 }
 
 impl LockBackend for RedisBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 

@@ -783,7 +783,7 @@ impl Renewal for RedlockRenewal {
 }
 
 impl LockBackend for RedlockBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 

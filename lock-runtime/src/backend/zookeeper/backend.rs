@@ -115,7 +115,7 @@ impl ZookeeperBackend {
 }
 
 impl LockBackend for ZookeeperBackend {
-    fn kind(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         KIND
     }
 
