@@ -286,6 +286,10 @@ async fn a_lock_in_the_callers_transaction_has_the_managers_prefix() {
     let mut tx = app.begin().await.expect("begin");
     let read = manager.read_lock("order:42").in_transaction(&mut *tx).await;
     assert!(read.as_ref().is_err_and(LockError::is_invalid), "{read:?}");
+    // Refused after the manager's shutdown, as its other acquisitions are (it was granted).
+    manager.shutdown().await;
+    let late = manager.lock("order:43").in_transaction(&mut *tx).await;
+    assert!(late.as_ref().is_err_and(LockError::is_shut_down), "{late:?}");
 }
 
 /// Regression (issue 57): a manager on an application's pool with no connection free failed

@@ -51,7 +51,8 @@ impl LockRequest<'_> {
     /// takes here and the one an attribute takes on `order:42`. Returns the fencing token.
     ///
     /// The request's `wait` (or the manager's default) applies; `lease`, `retry` and
-    /// `hold_at_least` do not (the transaction ends the lock). A kind other than a mutex is an
+    /// `hold_at_least` do not (the transaction ends the lock). After
+    /// [`shutdown`](LockManager::shutdown), [`is_shut_down`](LockError::is_shut_down). A kind other than a mutex is an
     /// [`is_invalid`](LockError::is_invalid) error; held past `wait`,
     /// [`is_contended`](LockError::is_contended), the transaction still usable. The rest is
     /// [`lock_in_transaction`](https://docs.rs/lock-runtime/latest/lock_runtime/backend/postgres/fn.lock_in_transaction.html)'s.
@@ -70,6 +71,10 @@ impl LockRequest<'_> {
     /// ```
     pub async fn in_transaction<T: crate::backend::LockInTransaction>(self, tx: T) -> Result<u64, LockError> {
         let inner = &*self.manager.inner;
+        // As every other acquisition of a manager that was shut down.
+        if inner.shutdown.is_closed() {
+            return Err(LockError::ShutDown { name: self.name.to_string() });
+        }
         crate::options::check_name(&self.name)?;
         if self.kind != LockKind::Exclusive {
             let why = format!("a lock in a transaction is a mutex; {:?} was asked for", self.kind);
