@@ -317,3 +317,55 @@ async fn an_exhausted_pool_is_reported_as_exactly_that() {
     drop((first, second));
     manager.lock("exhausted:1").await.expect("a connection is free again").release().await.unwrap();
 }
+
+/// Regression (issue 57): every waiter through `from_pool` kept one of the application's
+/// connections for its whole wait, so waiters drained the pool (40 waiting requests against a
+/// pool of 10: the handlers' own queries found none free). Now waits on the server take at most
+/// half the pool (here 3 of 6); the others queue in the process without a connection. With one
+/// holder and six waiters on one name: three wait on the server, never more, the application
+/// still gets two connections of its own, and once the holder goes every waiter is granted in
+/// turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_take_at_most_half_of_the_applications_pool() {
+    let server = PgServer::start();
+    let app = PgPoolOptions::new()
+        .max_connections(6)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&server.url())
+        .await
+        .expect("the application's pool");
+    let manager = LockManager::builder().backend(PostgresBackend::from_pool(app.clone()).await.expect("from the pool"));
+    let held = manager.lock("share:1").await.expect("the holder");
+    let waiters: Vec<_> = (0..6)
+        .map(|_| {
+            let manager = manager.clone();
+            tokio::spawn(async move {
+                let guard = manager.lock("share:1").wait(Duration::from_secs(120)).await?;
+                guard.release().await
+            })
+        })
+        .collect();
+    let admin = server.admin().await;
+    let on_server = || async {
+        let row = admin.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).await.unwrap();
+        row.get::<_, i64>(0)
+    };
+    let started = std::time::Instant::now();
+    while on_server().await < 3 {
+        assert!(started.elapsed() < Duration::from_secs(60), "three waits on the server within 60 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every waiter has had its attempt (each a round trip of its own) when the application asks:
+    // with the waits bounded, two of its six connections are free for it.
+    let mine = tokio::time::timeout(Duration::from_secs(10), async {
+        (app.acquire().await.expect("one"), app.acquire().await.expect("two"))
+    })
+    .await
+    .expect("the application still gets two connections of its own while six wait");
+    assert_eq!(on_server().await, 3, "at most half the pool waits on the server");
+    drop(mine);
+    held.release().await.expect("release");
+    for waiter in waiters {
+        waiter.await.unwrap().expect("each waiter granted in turn");
+    }
+}

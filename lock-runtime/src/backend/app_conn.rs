@@ -68,6 +68,14 @@ impl<DB: sqlx::Database> Drop for AppConn<DB> {
     }
 }
 
+/// The waits on the server a backend on `pool` allows at once: half the pool's
+/// `max_connections`, at least one (each keeps one of its connections while it waits; the rest
+/// stay free for the application and for held locks).
+pub(crate) fn waits<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> std::sync::Arc<tokio::sync::Semaphore> {
+    let share = (pool.options().get_max_connections() / 2).max(1);
+    std::sync::Arc::new(tokio::sync::Semaphore::new(share as usize))
+}
+
 /// A driver error as a [`LockError`] of the `kind` backend, with the server's code.
 pub(crate) fn error(kind: &'static str, name: &str, operation: &'static str, e: sqlx::Error) -> LockError {
     match e.as_database_error() {

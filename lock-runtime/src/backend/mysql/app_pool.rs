@@ -1,7 +1,8 @@
 //! The application's own sqlx pool as the backend's connections
 //! ([`MysqlBackend::from_pool`](super::MysqlBackend::from_pool), features `mysql` and `sqlx`):
-//! each acquisition takes a connection of the pool for as long as it waits and holds, and
-//! gives it back at the release; the statements are the backend's own (`GET_LOCK`, the counter
+//! each acquisition takes a connection of the pool for as long as it waits and holds (waits
+//! take at most half the pool: [`waits`](crate::backend::app_conn::waits)), and gives it back
+//! at the release; the statements are the backend's own (`GET_LOCK`, the counter
 //! row, `RELEASE_LOCK`). As with the backend's own connections, a heartbeat finds a closed
 //! connection under a held lock, and a dropped waiter's query is ended by `KILL QUERY` from
 //! another of the pool's connections. A connection whose session may hold or wait for a lock
@@ -25,6 +26,8 @@ use crate::error::LockError;
 pub(super) struct AppSessions {
     pub(super) pool: sqlx::MySqlPool,
     pub(super) options: MysqlOptions,
+    /// The waits on the server allowed at once ([`waits`](crate::backend::app_conn::waits)).
+    pub(super) waits: Arc<tokio::sync::Semaphore>,
 }
 
 /// One connection of the application's pool, for one acquisition.
@@ -61,6 +64,10 @@ impl Sessions for AppSessions {
 
     fn operation_timeout(&self) -> Duration {
         self.options.get_operation_timeout()
+    }
+
+    fn waits(&self) -> Option<&Arc<tokio::sync::Semaphore>> {
+        Some(&self.waits)
     }
 
     /// None: a connection goes back to the application's pool.

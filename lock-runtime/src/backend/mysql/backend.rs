@@ -542,10 +542,12 @@ impl MysqlBackend {
 
     /// Locks on connections of the application's sqlx `pool`, with `options` (TLS settings
     /// there are refused: the pool's own apply; `max_idle` does not apply: connections go back
-    /// to the pool). Each acquisition takes one of the pool's connections for as long as it
-    /// waits and holds (so the pool's size bounds the locks held and awaited at once, beside
-    /// the application's own work), and gives it back at the release; one whose session may
-    /// hold a lock is closed instead. Every guarantee of [`connect_with`](Self::connect_with)
+    /// to the pool). A held lock keeps one of the pool's connections until its release (one whose
+    /// session may hold a lock is closed instead of given back); a wait on the server keeps one
+    /// while it waits, and **waits take at most half the pool** (`max_connections / 2`, at
+    /// least one): a wait beyond them queues in the process, without a connection, in arrival
+    /// order, until one ends or its own `wait` runs out. The rest stays for the application and
+    /// for held locks. Every guarantee of [`connect_with`](Self::connect_with)
     /// holds: the same statements, heartbeat and `KILL QUERY` of a dropped waiter. Creates the
     /// fencing counter table and the holders' table if they are missing.
     #[cfg(feature = "sqlx")]
@@ -568,7 +570,7 @@ impl MysqlBackend {
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         };
         let options = options.record_holders(records);
-        let sessions = super::app_pool::AppSessions { pool, options };
+        let sessions = super::app_pool::AppSessions { waits: crate::backend::app_conn::waits(&pool), pool, options };
         Ok(MysqlBackend { pools: Pools::App(Arc::new(Pool::new(sessions))) })
     }
 

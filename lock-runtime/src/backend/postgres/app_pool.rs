@@ -1,7 +1,8 @@
 //! The application's own sqlx pool as the backend's connections
 //! ([`PostgresBackend::from_pool`](super::PostgresBackend::from_pool), features `postgres` and
 //! `sqlx`): each acquisition takes a connection of the pool for as long as it waits and holds,
-//! and gives it back at the release. The statements are the backend's own ([`PgSql`]).
+//! and gives it back at the release; waits take at most half the pool
+//! ([`waits`](crate::backend::app_conn::waits)). The statements are the backend's own ([`PgSql`]).
 //!
 //! What sqlx does not offer is made up for: a connection closed under a held lock is found by a
 //! heartbeat (`SELECT 1` every second, after the grant's comment, which inspection reads in the
@@ -29,6 +30,8 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 pub(super) struct AppSessions {
     pub(super) pool: sqlx::PgPool,
     pub(super) sql: PgSql,
+    /// The waits on the server allowed at once ([`waits`](crate::backend::app_conn::waits)).
+    pub(super) waits: Arc<tokio::sync::Semaphore>,
 }
 
 /// One connection of the application's pool, for one acquisition.
@@ -90,6 +93,10 @@ impl Sessions for AppSessions {
 
     fn operation_timeout(&self) -> Duration {
         self.sql.options.operation_timeout
+    }
+
+    fn waits(&self) -> Option<&Arc<tokio::sync::Semaphore>> {
+        Some(&self.waits)
     }
 
     /// None: a connection goes back to the application's pool.

@@ -254,10 +254,15 @@ impl PostgresBackend {
     }
 
     /// Locks on connections of the application's sqlx `pool`, with `options` (TLS settings
-    /// there are refused: the pool's own apply). Each acquisition takes one of the pool's
-    /// connections for as long as it waits and holds (so the pool's size bounds the locks held
-    /// and awaited at once, beside the application's own work), and gives it back at the
-    /// release. Every guarantee of [`connect_with`](Self::connect_with) holds (fencing from
+    /// there are refused: the pool's own apply). A held lock keeps one of the pool's connections
+    /// until its release; a wait on the server keeps one while it waits, and **waits take at
+    /// most half the pool** (`max_connections / 2`, at least one): a wait beyond them queues in
+    /// the process, without a connection, in arrival order, until one ends or its own `wait`
+    /// runs out (then it is busy, as any wait that ran out). The rest of the pool stays for the
+    /// application and for held locks; a pool with none free is an error that says so. sqlx
+    /// logs each statement slower than its `log_slow_statements` setting (1 s by default),
+    /// which a wait on the server is: raise it on the pool's connect options, or filter the
+    /// `sqlx::query` target. Every guarantee of [`connect_with`](Self::connect_with) holds (fencing from
     /// the same sequence, waiting on the server, read-write locks, inspection, the transaction
     /// mode for a pooler), but for what sqlx cannot do: `lost()` comes from a heartbeat
     /// (`SELECT 1` every second) instead of the connection's own notice, and a dropped waiter
@@ -291,7 +296,7 @@ impl PostgresBackend {
             Ok(Err(e)) => return Err(super::app_pool::error("", "connect", e)),
             Err(_) => return Err(LockError::timed_out("", KIND, "connect", bound)),
         }
-        let sessions = AppSessions { pool, sql };
+        let sessions = AppSessions { waits: crate::backend::app_conn::waits(&pool), pool, sql };
         Ok(PostgresBackend { pools: Pools::App(Arc::new(Pool::new(sessions))) })
     }
 

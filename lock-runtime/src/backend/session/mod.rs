@@ -98,6 +98,7 @@ impl<S: Carry> Pool<S> {
             lost: Some(lost),
             conn: None,
             in_flight: false,
+            waiting: None,
         })
     }
 }
@@ -113,6 +114,9 @@ struct SessionAcquisition<S: Carry> {
     /// A query was sent and its answer not read (the future was dropped): the session may be
     /// waiting on the server, or hold the lock.
     in_flight: bool,
+    /// Its place among the waits the store allows at once ([`Sessions::waits`]), while it
+    /// waits.
+    waiting: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<S: Carry> Drop for SessionAcquisition<S> {
@@ -181,6 +185,7 @@ impl<S: Carry> SessionAcquisition<S> {
     }
 
     fn grant(&mut self, token: u64, granted_at: Instant) -> Result<Grant, LockError> {
+        self.waiting = None; // a held lock is not a wait
         let Some(conn) = self.conn.take() else {
             return Err(LockError::backend(&*self.req.name, S::KIND, "grant", "no connection after the grant"));
         };
@@ -224,11 +229,42 @@ impl<S: Carry> SessionAcquisition<S> {
         if remaining.is_zero() {
             return Ok(Wake::TimedOut);
         }
+        if !self.wait_turn(deadline).await {
+            return Ok(Wake::TimedOut);
+        }
+        let remaining = deadline.saturating_duration_since(crate::clock::now());
         let bound = remaining.saturating_add(self.pool.sessions.operation_timeout());
         match self.lock(Some(remaining), bound, "wait").await? {
             Some(token) => Ok(Wake::Acquired(self.grant(token, crate::clock::now())?)),
             None if crate::clock::now() < deadline => Ok(Wake::Retry),
             None => Ok(Wake::TimedOut),
+        }
+    }
+}
+
+impl<S: Carry> SessionAcquisition<S> {
+    /// A place among the waits the store allows at once, if it bounds them: at once, or,
+    /// with its connection given back meanwhile, in arrival order until `deadline` (`false`:
+    /// the deadline came first).
+    async fn wait_turn(&mut self, deadline: Instant) -> bool {
+        let Some(waits) = self.pool.sessions.waits() else { return true };
+        if self.waiting.is_some() {
+            return true;
+        }
+        let waits = waits.clone();
+        if let Ok(turn) = waits.clone().try_acquire_owned() {
+            self.waiting = Some(turn);
+            return true;
+        }
+        if let Some(conn) = self.conn.take() {
+            self.pool.checkin(conn); // none in flight: it holds and waits for nothing
+        }
+        match tokio::time::timeout_at(deadline.into(), waits.acquire_owned()).await {
+            Ok(Ok(turn)) => {
+                self.waiting = Some(turn);
+                true
+            }
+            Ok(Err(_)) | Err(_) => false,
         }
     }
 }

@@ -56,6 +56,13 @@ pub(crate) trait Sessions: Send + Sync + Sized + 'static {
     fn heartbeat(&self) -> Option<Duration> {
         None
     }
+    /// The waits on the server this store allows at once, if bounded (an application's pool:
+    /// a wait keeps one of its connections for as long as it waits). A wait beyond them gives
+    /// its connection back and queues in the process, in arrival order, until one ends or its
+    /// deadline comes.
+    fn waits(&self) -> Option<&Arc<tokio::sync::Semaphore>> {
+        None
+    }
     /// Whether `conn` still answers, and whether its lock was asked to be freed.
     fn alive<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Beat> {
         let _ = conn;
