@@ -369,3 +369,48 @@ async fn waiters_take_at_most_half_of_the_applications_pool() {
         waiter.await.unwrap().expect("each waiter granted in turn");
     }
 }
+
+/// Issue 57: the fence ships as a migration. The crate's `migrations/` folder, copied beside an
+/// application's own migration into the folder its sqlx `Migrator` reads, runs from four
+/// replicas starting at once (each its own pool): every run succeeds, the fence works after,
+/// and a replica that also runs `INSTALL_SQL` at startup (the same text) changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_installs_as_a_sqlx_migration_from_replicas_at_once() {
+    let server = PgServer::start();
+    let dir = lock_tests::server_process::ServerProcess::temp_dir("migrations");
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lock-runtime/migrations");
+    for entry in std::fs::read_dir(&shipped).expect("the crate's migrations") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).expect("copy");
+    }
+    std::fs::write(
+        dir.join("20260601000000_orders.sql"),
+        "CREATE TABLE orders (id int PRIMARY KEY, state text NOT NULL, token bigint NOT NULL);",
+    )
+    .expect("the application's own migration");
+    let migrator = std::sync::Arc::new(sqlx::migrate::Migrator::new(dir.clone()).await.expect("the migrations"));
+    assert_eq!(migrator.iter().count(), 2);
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+    let replicas: Vec<_> = (0..4)
+        .map(|_| {
+            let (migrator, start, url) = (migrator.clone(), start.clone(), server.url());
+            tokio::spawn(async move {
+                let replica = pool(&url, 2).await;
+                start.wait().await;
+                migrator.run(&replica).await.map(|()| replica)
+            })
+        })
+        .collect();
+    let mut pools = Vec::new();
+    for replica in replicas {
+        pools.push(replica.await.unwrap().expect("every replica's migration run succeeds"));
+    }
+    sqlx::raw_sql(INSTALL_SQL).execute(&pools[0]).await.expect("INSTALL_SQL after the migration");
+    let mut tx = pools[1].begin().await.expect("begin");
+    check(&mut *tx, "orders:7", 3).await.expect("the fence works");
+    tx.commit().await.expect("commit");
+    let mut tx = pools[2].begin().await.expect("begin");
+    let stale = check(&mut *tx, "orders:7", 2).await;
+    assert!(stale.as_ref().is_err_and(LockError::is_fenced), "{stale:?}");
+    std::fs::remove_dir_all(&dir).expect("the folder removed");
+}

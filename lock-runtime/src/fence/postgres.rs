@@ -44,15 +44,17 @@ use crate::error::LockError;
 /// The SQL that installs the fence: the table `lock_runtime_fences` and the function
 /// `lock_runtime_fence(resource text, token bigint) RETURNS bigint` (and the token sequence).
 /// Idempotent, and safe from any number of sessions at once (it serialises on an advisory
-/// lock held to the end of its transaction): run it at every startup, or put it in a
-/// migration file of your own (`sqlx::migrate!`, refinery, …). Send it as one batch
+/// lock held to the end of its transaction): run it at every startup, or as a migration: the
+/// crate ships it as one, `migrations/20260101000000_lock_runtime_fence.sql` in its package
+/// (copy it into the folder `sqlx::migrate!` or refinery reads; it runs in the migration's
+/// transaction). Send it as one batch
 /// (tokio-postgres `batch_execute`, `sqlx::raw_sql`), which PostgreSQL runs as one
 /// transaction; with psql, `psql --single-transaction -f`.
 ///
 /// ```
 /// assert!(lock_runtime::fence::postgres::INSTALL_SQL.contains("CREATE TABLE IF NOT EXISTS lock_runtime_fences"));
 /// ```
-pub const INSTALL_SQL: &str = include_str!("install.sql");
+pub const INSTALL_SQL: &str = include_str!("../../migrations/20260101000000_lock_runtime_fence.sql");
 
 /// The SQLSTATE of a write refused by the fence.
 pub const SQLSTATE: &str = "LR409";

@@ -149,8 +149,8 @@ impl PgSql {
     }
 
     /// Creates the sequence, serialised by a transaction-scoped advisory lock (single-bigint
-    /// key space, never one of the locks' two-int keys; `fence/install.sql` takes the same):
-    /// concurrent `CREATE SEQUENCE IF NOT EXISTS` can collide.
+    /// key space, never one of the locks' two-int keys; the fence's migration in
+    /// `lock-runtime/migrations/` takes the same): concurrent `CREATE SEQUENCE IF NOT EXISTS` can collide.
     pub(super) fn create_sequence() -> String {
         format!(
             "BEGIN; SELECT pg_advisory_xact_lock(7226519712410372941); CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}; COMMIT"

@@ -1,4 +1,5 @@
--- lock-runtime's fence for PostgreSQL: run in a migration (idempotent: running it again is harmless).
+-- lock-runtime's fence for PostgreSQL, as a migration (sqlx, refinery, …: copy this file into your
+-- migrations; `fence::postgres::INSTALL_SQL` is the same text). Idempotent: running it again is harmless.
 --
 -- `SELECT lock_runtime_fence(resource, token)` inside the transaction that writes `resource`:
 -- raises SQLSTATE LR409 ("fenced", naming both tokens) when a newer holder already wrote with a
